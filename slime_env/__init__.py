@@ -1,0 +1,32 @@
+"""slime_env: async Gymnasium-style environments and exact token-level trajectories for agentic RL.
+
+Core API (this package never imports `envs`, `agents`, `tools_sandbox` or `trainers`):
+- `Env`, `Wrapper`: the async env contract; `from_sync` adapts synchronous text envs.
+- `register`, `make`, `spec`, `registry_ids`: the env registry (mirrored as `gymnasium.make("slime_env/<id>")`).
+- `run_episode`: drives a `Policy` through an env and returns a `Trajectory` (token ledger).
+- `get_renderer`: chat-template renderers that bridge the ledger between turns.
+- `get_parser`: tool-call parsers (hermes, qwen3_coder, search_r1, python_block).
+- `ScriptedPolicy`: a deterministic policy for tests and demos.
+"""
+
+from slime_env.env import Env, Wrapper
+from slime_env.errors import (InvalidInput, RegistryError, RenderError, RenderMismatch, SlimeEnvError)
+from slime_env.ledger import Span, TokenLedger
+from slime_env.parsers import ParseResult, get_parser, parser_names, register_parser
+from slime_env.policy import Policy, ScriptedPolicy
+from slime_env.registry import EnvSpec, make, register, registry_ids, spec
+from slime_env.renderers import TemplateRenderer, get_renderer, register_renderer
+from slime_env.runner import run_episode
+from slime_env.sync_env import SyncEnv, from_sync
+from slime_env.trajectory import STATUSES, Trajectory
+from slime_env.types import Action, Generation, Message, ParseError, Task, ToolCall
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Action", "Env", "EnvSpec", "Generation", "InvalidInput", "Message", "ParseError", "ParseResult", "Policy",
+    "RegistryError", "RenderError", "RenderMismatch", "STATUSES", "ScriptedPolicy", "SlimeEnvError", "Span",
+    "SyncEnv", "Task", "TemplateRenderer", "TokenLedger", "ToolCall", "Trajectory", "Wrapper", "from_sync",
+    "get_parser", "get_renderer", "make", "parser_names", "register", "register_parser", "register_renderer",
+    "registry_ids", "run_episode", "spec",
+]

@@ -1,0 +1,3 @@
+from slime_env.cli import main
+
+main()

@@ -1,0 +1,31 @@
+"""Resolve extension points given as import paths (`pkg.mod:attr` or slime's `pkg.mod.attr`)."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from slime_env.errors import InvalidInput
+
+
+def load_object(path: str) -> Any:
+    """Import and return the object named by `path` ("pkg.mod:attr" or "pkg.mod.attr")."""
+    if not isinstance(path, str) or not path:
+        raise InvalidInput(f"import path must be a non-empty string, got {path!r}")
+    if ":" in path:
+        module_name, _, attr = path.partition(":")
+    else:
+        module_name, _, attr = path.rpartition(".")
+    if not module_name or not attr:
+        raise InvalidInput(f"import path {path!r} must look like 'package.module:name' or 'package.module.name'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise InvalidInput(f"cannot import module {module_name!r} of {path!r}: {e}") from e
+    obj: Any = module
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise InvalidInput(f"module {module_name!r} has no attribute {attr!r} (from {path!r})") from None
+    return obj

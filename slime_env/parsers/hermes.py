@@ -1,0 +1,58 @@
+"""Hermes / Qwen2.5 tool calls: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, any number per turn."""
+
+from __future__ import annotations
+
+import json
+import re
+
+from slime_env.parsers import ParseResult
+from slime_env.types import ParseError, ToolCall
+
+NAME = "hermes"
+_OPEN, _CLOSE = "<tool_call>", "</tool_call>"
+_BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+
+
+def parse(text: str) -> ParseResult:
+    calls: list[ToolCall] = []
+    errors: list[ParseError] = []
+    end = 0
+    for m in _BLOCK.finditer(text):
+        end = m.end()
+        raw = m.group(0)
+        call = _decode(m.group(1), raw, errors)
+        if call is not None:
+            calls.append(call)
+    tail = text[end:]
+    if _OPEN in tail:  # opened but never closed (e.g. cut by max_new_tokens)
+        errors.append(ParseError("<tool_call> is not closed", tail[tail.index(_OPEN):]))
+    return ParseResult(tuple(calls), tuple(errors))
+
+
+def _decode(body: str, raw: str, errors: list[ParseError]) -> ToolCall | None:
+    try:
+        obj = json.loads(body)
+    except ValueError as e:
+        errors.append(ParseError(f"tool call is not valid JSON: {e}", raw))
+        return None
+    if not isinstance(obj, dict):
+        errors.append(ParseError(f"tool call must be a JSON object, got {type(obj).__name__}", raw))
+        return None
+    name = obj.get("name")
+    if not isinstance(name, str) or not name:
+        errors.append(ParseError("tool call has no string 'name'", raw))
+        return None
+    args = obj.get("arguments", obj.get("parameters", {}))
+    if isinstance(args, str):  # some models emit the arguments as a JSON string
+        try:
+            args = json.loads(args)
+        except ValueError:
+            errors.append(ParseError(f"arguments of {name!r} are a string that is not JSON", raw))
+            return None
+    if args is None:
+        args = {}
+    if not isinstance(args, dict):
+        errors.append(ParseError(f"arguments of {name!r} must be an object, got {type(args).__name__}", raw))
+        return None
+    call_id = obj.get("id")
+    return ToolCall(name=name, arguments=args, raw=raw, id=call_id if isinstance(call_id, str) else None)

@@ -1,0 +1,55 @@
+"""Qwen3-Coder tool calls: `<tool_call><function=NAME><parameter=P>V</parameter>...</function></tool_call>`.
+
+Parameter values lose one leading and one trailing newline (as the format writes them); a value that
+is valid JSON (number, bool, null, object, list, quoted string) is decoded, otherwise it stays text.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from slime_env.parsers import ParseResult
+from slime_env.types import ParseError, ToolCall
+
+NAME = "qwen3_coder"
+_BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+_FUNCTION = re.compile(r"\s*<function=([^>\n]+)>(.*?)</function>\s*\Z", re.DOTALL)
+_PARAM = re.compile(r"<parameter=([^>\n]+)>(.*?)</parameter>", re.DOTALL)
+
+
+def parse(text: str) -> ParseResult:
+    calls: list[ToolCall] = []
+    errors: list[ParseError] = []
+    end = 0
+    for m in _BLOCK.finditer(text):
+        end = m.end()
+        raw = m.group(0)
+        fm = _FUNCTION.match(m.group(1))
+        if fm is None:
+            errors.append(ParseError("tool call has no complete <function=...>...</function>", raw))
+            continue
+        name, body = fm.group(1).strip(), fm.group(2)
+        args = {}
+        for pm in _PARAM.finditer(body):
+            args[pm.group(1).strip()] = _value(pm.group(2))
+        leftover = _PARAM.sub("", body).strip()
+        if leftover:
+            errors.append(ParseError(f"unexpected text in function {name!r}: {leftover[:80]!r}", raw))
+            continue
+        calls.append(ToolCall(name=name, arguments=args, raw=raw))
+    tail = text[end:]
+    if "<tool_call>" in tail:
+        errors.append(ParseError("<tool_call> is not closed", tail[tail.index("<tool_call>"):]))
+    return ParseResult(tuple(calls), tuple(errors))
+
+
+def _value(raw: str):
+    if raw.startswith("\n"):
+        raw = raw[1:]
+    if raw.endswith("\n"):
+        raw = raw[:-1]
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw

@@ -1,0 +1,103 @@
+"""The `Policy` protocol and `ScriptedPolicy`, a deterministic policy for tests and demos."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import zlib
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+from slime_env.errors import InvalidInput
+from slime_env.types import Generation
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """Anything that generates tokens: SGLang, an OpenAI-compatible server, a local model, a script.
+
+    `generate(input_ids, sampling_params)` continues `input_ids` (the episode's whole ledger; do not
+    mutate or keep it) and returns the sampled ids with their log-probs. `sampling_params` follows
+    SGLang's names: `max_new_tokens`, `temperature`, `top_p`, `top_k`, `stop`, `stop_token_ids`.
+    A generation stopped by a stop token includes that token; one stopped by a stop string keeps it.
+    """
+
+    async def generate(self, input_ids: Sequence[int], sampling_params: Mapping[str, Any]) -> Generation: ...
+
+
+Reply = str | Callable[[str], str]
+
+
+class ScriptedPolicy:
+    """Replies from a list (in call order, cycling) or from `fn(context_text) -> reply`.
+
+    Each reply is tokenized with the real tokenizer and followed by `end_token_id` (default: the
+    tokenizer's eos). SGLang semantics are honoured: `max_new_tokens` cuts the reply ("length"),
+    the first stop string ends it and is kept ("stop", no end token), a stop token id ends it.
+    Log-probs are synthetic but deterministic (a hash of token and position mapped into
+    [-3, -0.01]): real numbers for the ledger, not a model's.
+    """
+
+    def __init__(self, tokenizer: Any, replies: Sequence[str] | Callable[[str], str], *,
+                 end_token_id: int | None = None, latency_s: float = 0.0):
+        if isinstance(replies, str) or (not callable(replies) and not isinstance(replies, Sequence)):
+            raise InvalidInput("ScriptedPolicy replies must be a list of strings or a function")
+        if not callable(replies) and not replies:
+            raise InvalidInput("ScriptedPolicy needs at least one reply")
+        self.tokenizer = tokenizer
+        self._backend = getattr(tokenizer, "backend_tokenizer", None)
+        self._replies = replies
+        self._counter = itertools.count()
+        self.end_token_id = end_token_id if end_token_id is not None else tokenizer.eos_token_id
+        self.latency_s = latency_s
+        self.calls = 0
+
+    def _encode(self, text: str) -> list[int]:
+        if self._backend is not None:
+            return self._backend.encode(text, add_special_tokens=False).ids
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def _decode(self, ids: Sequence[int]) -> str:
+        if self._backend is not None:
+            return self._backend.decode(list(ids), skip_special_tokens=False)
+        return self.tokenizer.decode(list(ids), skip_special_tokens=False)
+
+    def reply_for(self, input_ids: Sequence[int]) -> str:
+        if callable(self._replies):
+            reply = self._replies(self._decode(input_ids))
+        else:
+            reply = self._replies[next(self._counter) % len(self._replies)]
+        if not isinstance(reply, str):
+            raise InvalidInput(f"ScriptedPolicy reply must be str, got {type(reply).__name__}")
+        return reply
+
+    async def generate(self, input_ids: Sequence[int], sampling_params: Mapping[str, Any]) -> Generation:
+        self.calls += 1
+        if self.latency_s:
+            await asyncio.sleep(self.latency_s)
+        text = self.reply_for(input_ids)
+        finish = "stop"
+        ended_by_string = False
+        stops = sampling_params.get("stop") or ()
+        cut = min((text.find(s) + len(s) for s in ([stops] if isinstance(stops, str) else stops) if s in text),
+                  default=-1)
+        if cut >= 0:
+            text, ended_by_string = text[:cut], True
+        ids = self._encode(text)
+        if not ended_by_string and self.end_token_id is not None:
+            ids.append(self.end_token_id)
+        stop_ids = set(sampling_params.get("stop_token_ids") or ())
+        for i, t in enumerate(ids):
+            if t in stop_ids:
+                ids = ids[:i + 1]
+                break
+        limit = sampling_params.get("max_new_tokens")
+        if limit is not None and len(ids) > limit:
+            ids, finish = ids[:max(0, int(limit))], "length"
+        logprobs = tuple(_synthetic_logprob(t, len(input_ids) + i) for i, t in enumerate(ids))
+        return Generation(token_ids=tuple(ids), logprobs=logprobs, finish_reason=finish,
+                          text=self._decode(ids), prompt_tokens=len(input_ids))
+
+
+def _synthetic_logprob(token: int, position: int) -> float:
+    return -0.01 - 2.99 * zlib.crc32(f"{token}:{position}".encode()) / 0xFFFFFFFF

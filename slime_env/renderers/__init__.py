@@ -1,0 +1,58 @@
+"""Renderers: the token ledger's bridge between chat messages and token ids.
+
+`get_renderer(tokenizer)` picks the family from the tokenizer's chat template (or pass
+`family="chatml" | "qwen3" | "llama3" | "deepseek_r1" | "template"`, or an import path).
+Register your own with `register_renderer(name, cls)`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from slime_env.errors import InvalidInput
+from slime_env.loading import load_object
+from slime_env.renderers.families import ChatMLRenderer, DeepSeekR1Renderer, Llama3Renderer, Qwen3Renderer
+from slime_env.renderers.template import TemplateRenderer
+
+_FAMILIES: dict[str, type[TemplateRenderer]] = {
+    "template": TemplateRenderer,
+    "chatml": ChatMLRenderer,
+    "qwen2.5": ChatMLRenderer,
+    "smollm2": ChatMLRenderer,
+    "qwen3": Qwen3Renderer,
+    "llama3": Llama3Renderer,
+    "deepseek_r1": DeepSeekR1Renderer,
+}
+
+
+def register_renderer(name: str, cls: type[TemplateRenderer]) -> None:
+    """Make `cls` selectable as `family=name`."""
+    _FAMILIES[name] = cls
+
+
+def detect_family(chat_template: str) -> str:
+    """Guess the family from a chat template's text."""
+    if "<|im_start|>" in chat_template:
+        return "qwen3" if "enable_thinking" in chat_template or "<think>" in chat_template else "chatml"
+    if "<|start_header_id|>" in chat_template:
+        return "llama3"
+    if "<｜Assistant｜>" in chat_template:
+        return "deepseek_r1"
+    return "template"
+
+
+def get_renderer(tokenizer: Any, family: str = "auto", **kwargs: Any) -> TemplateRenderer:
+    """A renderer for `tokenizer`. `family`: "auto", a registered name, or "pkg.mod:Class"."""
+    if family == "auto":
+        family = detect_family(kwargs.get("chat_template") or getattr(tokenizer, "chat_template", "") or "")
+    if family in _FAMILIES:
+        cls = _FAMILIES[family]
+    elif "." in family or ":" in family:
+        cls = load_object(family)
+    else:
+        raise InvalidInput(f"unknown renderer family {family!r}; known: {sorted(_FAMILIES)}")
+    return cls(tokenizer, **kwargs)
+
+
+__all__ = ["ChatMLRenderer", "DeepSeekR1Renderer", "Llama3Renderer", "Qwen3Renderer", "TemplateRenderer",
+           "detect_family", "get_renderer", "register_renderer"]

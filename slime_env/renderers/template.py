@@ -1,0 +1,209 @@
+"""The generic renderer: bridges the token ledger using any Hugging Face chat template.
+
+How a bridge is computed (never re-rendering history): the template renders a small fixed base
+conversation, then an assistant turn whose content is a sentinel, then the new messages with the
+generation prompt. Everything after the sentinel is what the template writes between an assistant
+turn's content and the next generation: the turn's close (e.g. `<|im_end|>\\n`), the observation
+messages, and the generation prompt. Its cost does not grow with the history.
+
+Strict mode checks each bridge against the real conversation (see `check_bridge` / `check_full`)
+and raises `RenderMismatch` naming the first differing token.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+import jinja2
+
+from slime_env.errors import InvalidInput, RenderError, RenderMismatch
+from slime_env.renderers.jinja import compile_template
+from slime_env.types import Message
+
+# Private-use code points: no tokenizer merges them with template text and no template edits them.
+SENTINEL = "\ue000slime_env_assistant\ue001"
+_BASE = ({"role": "system", "content": "S"}, {"role": "user", "content": "U"})
+
+HistoryPolicy = Literal["keep", "error"]
+
+
+class TemplateRenderer:
+    """Turns chat messages into token ids for one model family.
+
+    `render_prompt` renders the first prompt; `bridge(generated_ids, messages)` returns the ids
+    to insert after a generated turn (close of that turn, the observation messages, the next
+    generation prompt). `rewrites_history` lists the ways this template re-renders earlier turns
+    differently from how they were generated; the ledger always keeps what was generated.
+    In strict mode (`check_*`), such a rewrite is recorded (`on_history_rewrite="keep"`) or raised
+    (`"error"`); any other difference from a full render always raises `RenderMismatch`.
+    """
+
+    family = "template"
+    rewrites_history: tuple[str, ...] = ()
+
+    def __init__(self, tokenizer: Any, *, chat_template: str | None = None,
+                 template_kwargs: Mapping[str, Any] | None = None,
+                 stop_token_ids: Sequence[int] | None = None, strict: bool = False,
+                 on_history_rewrite: HistoryPolicy = "keep", cache_size: int = 4096):
+        source = chat_template or getattr(tokenizer, "chat_template", None)
+        if not isinstance(source, str) or not source:
+            raise InvalidInput("tokenizer has no chat_template; pass chat_template=")
+        if on_history_rewrite not in ("keep", "error"):
+            raise InvalidInput(f"on_history_rewrite must be 'keep' or 'error', got {on_history_rewrite!r}")
+        self.tokenizer = tokenizer
+        self.strict = strict
+        self.on_history_rewrite = on_history_rewrite
+        self._template = compile_template(source)
+        self._backend = getattr(tokenizer, "backend_tokenizer", None)
+        special = {k: v for k, v in getattr(tokenizer, "special_tokens_map", {}).items() if isinstance(v, str)}
+        self._kwargs = {**special, **dict(template_kwargs or {})}
+        self._cache: OrderedDict[tuple, tuple[int, ...]] = OrderedDict()
+        self._cache_size = cache_size
+
+        close = self._after_sentinel([], add_generation_prompt=False)
+        close_ids = self.encode(close)
+        specials = set(getattr(tokenizer, "all_special_ids", ()))
+        # The end-of-turn token: the close starts with it (`<|im_end|>`, `<|eot_id|>`, ...). A generation
+        # that already ends with it must not get a second copy.
+        self.end_of_turn_id: int | None = close_ids[0] if close_ids and close_ids[0] in specials else None
+        stops = list(stop_token_ids) if stop_token_ids is not None else self._default_stop_ids()
+        if self.end_of_turn_id is not None and self.end_of_turn_id not in stops:
+            stops.insert(0, self.end_of_turn_id)
+        self.stop_token_ids: tuple[int, ...] = tuple(stops)
+
+    # --- rendering -------------------------------------------------------------------------------
+    def render_text(self, messages: Sequence[Message | Mapping[str, Any]], *, tools: Sequence[Mapping] | None = None,
+                    add_generation_prompt: bool = True) -> str:
+        """The template's text for a whole conversation (used for the first prompt and strict checks)."""
+        dicts = [m.to_dict() if isinstance(m, Message) else dict(m) for m in messages]
+        return self._render(dicts, tools=tools, add_generation_prompt=add_generation_prompt)
+
+    def render_prompt(self, messages: Sequence[Message], *, tools: Sequence[Mapping] | None = None) -> list[int]:
+        """Token ids of the first prompt, ending with the generation prompt."""
+        return self.encode(self.render_text(messages, tools=tools, add_generation_prompt=True))
+
+    def bridge(self, generated_ids: Sequence[int], messages: Sequence[Message]) -> list[int]:
+        """Ids to append after a generated turn so the next generation can start.
+
+        A single `assistant` message is spliced into the ongoing assistant turn verbatim (no close,
+        no header): this is how Search-R1-style envs insert `<information>` mid-turn.
+        """
+        if len(messages) == 1 and messages[0].role == "assistant":
+            return self.encode(messages[0].content)
+        if any(m.role == "assistant" for m in messages):
+            raise InvalidInput("an observation may hold one 'assistant' message (a mid-turn insert) "
+                               "or none, not assistant messages mixed with others")
+        key = tuple((m.role, m.content, m.name, m.tool_call_id) for m in messages)
+        ids = self._cache.get(key)
+        if ids is None:
+            ids = tuple(self.encode(self._after_sentinel([m.to_dict() for m in messages])))
+            self._cache[key] = ids
+            if len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
+        else:
+            self._cache.move_to_end(key)
+        return self._dedupe_end_of_turn(generated_ids, ids)
+
+    def assistant_text(self, generated_ids: Sequence[int]) -> str:
+        """The content of a generated turn: its text without the trailing stop token."""
+        if generated_ids and generated_ids[-1] in self.stop_token_ids:
+            generated_ids = generated_ids[:-1]
+        return self.decode(generated_ids)
+
+    # --- tokens ----------------------------------------------------------------------------------
+    def encode(self, text: str) -> list[int]:
+        if self._backend is not None:  # the Rust tokenizer directly: same ids, a third less overhead
+            return self._backend.encode(text, add_special_tokens=False).ids
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        if self._backend is not None:
+            return self._backend.decode(list(ids), skip_special_tokens=False)
+        return self.tokenizer.decode(list(ids), skip_special_tokens=False)
+
+    # --- strict mode -----------------------------------------------------------------------------
+    def check_bridge(self, history: Sequence[Message], generated_ids: Sequence[int],
+                     new: Sequence[Message], bridge_ids: Sequence[int], *,
+                     tools: Sequence[Mapping] | None = None) -> None:
+        """Check `bridge_ids` against the template applied to the real history (not the base).
+
+        `history` ends with the assistant turn that `generated_ids` produced.
+        """
+        if len(new) == 1 and new[0].role == "assistant":
+            return  # a mid-turn insert is the env's own text, checked by check_full
+        dicts = [m.to_dict() for m in history]
+        if not dicts or dicts[-1]["role"] != "assistant":
+            raise InvalidInput("check_bridge: history must end with the assistant turn")
+        dicts[-1] = {"role": "assistant", "content": SENTINEL}
+        text = self._render(dicts + [m.to_dict() for m in new], tools=tools, add_generation_prompt=True)
+        expected = self._dedupe_end_of_turn(generated_ids, self.encode(_after(text, SENTINEL)))
+        if list(expected) != list(bridge_ids):
+            i = _first_difference(expected, bridge_ids)
+            raise self._mismatch("bridge", i, expected, bridge_ids)
+
+    def check_full(self, messages: Sequence[Message], ledger_ids: Sequence[int], *,
+                   tools: Sequence[Mapping] | None = None) -> str | None:
+        """Compare the whole ledger with a full render of `messages` (ending at a generation prompt).
+
+        Returns None when they agree, a note when they differ by one of this template's known
+        history rewrites (policy "keep"); raises `RenderMismatch` otherwise.
+        """
+        text = self.render_text(messages, tools=tools, add_generation_prompt=True)
+        expected = self.encode(text)
+        if list(expected) == list(ledger_ids):
+            return None
+        if self.decode(ledger_ids) == text:
+            return None  # same text; the policy sampled a non-canonical tokenization, which is its right
+        i = _first_difference(expected, ledger_ids)
+        if self.rewrites_history and self.on_history_rewrite == "keep":
+            return f"{self.family} template re-renders history ({'; '.join(self.rewrites_history)}); " \
+                   f"ledger kept the generated tokens (first difference at token {i})"
+        raise self._mismatch("full render", i, expected, ledger_ids)
+
+    # --- internals -------------------------------------------------------------------------------
+    def _render(self, dicts: list[dict], *, tools, add_generation_prompt: bool) -> str:
+        try:
+            return self._template.render(messages=dicts, tools=list(tools) if tools else None,
+                                         add_generation_prompt=add_generation_prompt, **self._kwargs)
+        except jinja2.TemplateError as e:
+            roles = [d.get("role") for d in dicts]
+            raise RenderError(f"{self.family} chat template failed on roles {roles}: {e}") from e
+
+    def _after_sentinel(self, new: list[dict], add_generation_prompt: bool = True) -> str:
+        dicts = [*_BASE, {"role": "assistant", "content": SENTINEL}, *new]
+        return _after(self._render(dicts, tools=None, add_generation_prompt=add_generation_prompt), SENTINEL)
+
+    def _dedupe_end_of_turn(self, generated_ids: Sequence[int], ids: Sequence[int]) -> list[int]:
+        eot = self.end_of_turn_id
+        if eot is not None and generated_ids and generated_ids[-1] == eot and ids and ids[0] == eot:
+            return list(ids[1:])
+        return list(ids)
+
+    def _default_stop_ids(self) -> list[int]:
+        eos = getattr(self.tokenizer, "eos_token_id", None)
+        return [eos] if isinstance(eos, int) else []
+
+    def _mismatch(self, what: str, i: int, expected: Sequence[int], actual: Sequence[int]) -> RenderMismatch:
+        exp = expected[i] if i < len(expected) else None
+        act = actual[i] if i < len(actual) else None
+        show = lambda t: "end" if t is None else f"{t} {self.decode([t])!r}"  # noqa: E731
+        context = self.decode(list(expected[max(0, i - 8):i]))
+        return RenderMismatch(f"{self.family} renderer: {what} differs from the chat template at token {i}: "
+                              f"template has {show(exp)}, ledger has {show(act)} (after {context!r})",
+                              index=i, expected=exp, actual=act)
+
+
+def _after(text: str, marker: str) -> str:
+    at = text.find(marker)
+    if at < 0:
+        raise RenderError("chat template dropped the assistant content; this template cannot be bridged")
+    return text[at + len(marker):]
+
+
+def _first_difference(a: Sequence[int], b: Sequence[int]) -> int:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return min(len(a), len(b))

@@ -1,0 +1,121 @@
+"""`Trajectory`: the result of one agent in one episode, and its exports (JSON, slime `Sample`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from slime_env.errors import InvalidInput
+from slime_env.ledger import Span, check_invariants
+from slime_env.types import Message, Task, _jsonable
+
+Status = Literal["completed", "truncated", "aborted", "failed"]
+STATUSES: tuple[str, ...] = ("completed", "truncated", "aborted", "failed")
+
+
+@dataclass(frozen=True, slots=True)
+class Trajectory:
+    """Token-level record of one agent's episode.
+
+    `prompt_ids + response_ids` is every id the engine saw or produced, in order. `loss_mask[i]` is 1
+    where the policy sampled `response_ids[i]` (its log-prob in `rollout_logprobs[i]`) and 0 where
+    the framework inserted it (log-prob 0.0). `spans` say which turn produced which ids.
+    `turn_rewards[k]` is the env's reward for turn k; `reward` is their sum. `status` is one of
+    completed / truncated / aborted / failed, with a human-readable `reason` when not completed.
+    `timings` has `total_s`, `generate_s`, `env_s`, `framework_s`; `info` is the env's last info.
+    """
+
+    task: Task
+    prompt_ids: list[int]
+    response_ids: list[int]
+    loss_mask: list[int]
+    rollout_logprobs: list[float]
+    spans: list[Span]
+    turn_rewards: list[float]
+    reward: float
+    status: str
+    reason: str = ""
+    agent_id: str = "agent"
+    num_turns: int = 0
+    messages: list[Message] = field(default_factory=list)
+    response_text: str = ""
+    timings: dict[str, float] = field(default_factory=dict)
+    info: dict[str, Any] = field(default_factory=dict)
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise InvalidInput(f"trajectory status {self.status!r} is not one of {STATUSES}")
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.prompt_ids + self.response_ids
+
+    def check(self) -> None:
+        """Raise AssertionError unless the ledger invariants hold."""
+        check_invariants(self.prompt_ids, self.response_ids, self.loss_mask, self.rollout_logprobs, self.spans)
+
+    def to_slime_sample(self) -> dict[str, Any]:
+        """The fields of a slime `Sample` (slime/utils/types.py), satisfying its invariants.
+
+        A failed episode is exported in slime's safe form: `remove_sample=True`, reward 0.0, a mask of
+        zeros and log-probs 0.0, so it can never reach the loss. `status` is slime's status string.
+        """
+        failed = self.status == "failed"
+        n = len(self.response_ids)
+        md = self.metadata
+        return {
+            "tokens": self.prompt_ids + self.response_ids,
+            "response_length": n,
+            "loss_mask": [0] * n if failed else list(self.loss_mask),
+            "rollout_log_probs": [0.0] * n if failed else list(self.rollout_logprobs),
+            "reward": 0.0 if failed else float(self.reward),
+            "status": self.status,
+            "response": self.response_text,
+            "prompt": self.task.to_dict()["prompt"],
+            "label": _jsonable(self.task.label),
+            "metadata": self._export_metadata(),
+            "index": md.get("index"),
+            "group_index": md.get("group_index"),
+            "rollout_id": md.get("rollout_id"),
+            "remove_sample": failed,
+            "session_id": md.get("session_id"),
+            "weight_versions": [v for v in md.get("weight_versions", []) if v is not None],
+            "non_generation_time": float(self.timings.get("total_s", 0.0) - self.timings.get("generate_s", 0.0)),
+        }
+
+    def _export_metadata(self) -> dict[str, Any]:
+        return _jsonable({**self.task.metadata, **self.metadata, "agent_id": self.agent_id,
+                          "turn_rewards": self.turn_rewards, "num_turns": self.num_turns,
+                          "status_reason": self.reason, "spans": [s.to_dict() for s in self.spans],
+                          "timings": self.timings, "task_id": self.task.id})
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict; `Trajectory.from_dict(t.to_dict()) == t` for JSON-representable info."""
+        return {
+            "task": self.task.to_dict(), "prompt_ids": self.prompt_ids, "response_ids": self.response_ids,
+            "loss_mask": self.loss_mask, "rollout_logprobs": self.rollout_logprobs,
+            "spans": [s.to_dict() for s in self.spans], "turn_rewards": self.turn_rewards,
+            "reward": self.reward, "status": self.status, "reason": self.reason, "agent_id": self.agent_id,
+            "num_turns": self.num_turns, "messages": [m.to_dict() for m in self.messages],
+            "response_text": self.response_text, "timings": self.timings, "info": _jsonable(self.info),
+            "metadata": _jsonable(self.metadata),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Trajectory:
+        try:
+            return cls(
+                task=Task.coerce(d["task"], "trajectory.task"), prompt_ids=list(d["prompt_ids"]),
+                response_ids=list(d["response_ids"]), loss_mask=list(d["loss_mask"]),
+                rollout_logprobs=[float(x) for x in d["rollout_logprobs"]],
+                spans=[Span(**s) for s in d["spans"]], turn_rewards=[float(x) for x in d["turn_rewards"]],
+                reward=float(d["reward"]), status=d["status"], reason=d.get("reason", ""),
+                agent_id=d.get("agent_id", "agent"), num_turns=int(d.get("num_turns", 0)),
+                messages=[Message.coerce(m, "trajectory.messages") for m in d.get("messages", [])],
+                response_text=d.get("response_text", ""), timings=dict(d.get("timings", {})),
+                info=dict(d.get("info", {})), metadata=dict(d.get("metadata", {})))
+        except KeyError as e:
+            raise InvalidInput(f"trajectory record has no field {e.args[0]!r}") from None
+        except TypeError as e:
+            raise InvalidInput(f"trajectory record is malformed: {e}") from None
