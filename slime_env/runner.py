@@ -83,7 +83,7 @@ async def run_episode(env: Env, policy: Policy, task: Task | Mapping[str, Any] |
             if episode.turn >= max_turns:
                 raise _EpisodeEnd("truncated", f"max_turns={max_turns} reached")
             episode.phase = "render observation"
-            bridge = renderer.bridge(gen.token_ids, obs)
+            bridge = renderer.bridge(gen.token_ids, obs, episode.messages)
             if max_context_tokens is not None and len(episode.ledger) + len(bridge) >= max_context_tokens:
                 raise _EpisodeEnd("truncated", f"the observation ({len(bridge)} tokens) leaves no room in the "
                                                f"context budget of {max_context_tokens} tokens")
@@ -122,6 +122,7 @@ class _Episode:
         self.generate_s = self.env_s = 0.0
         self.t0 = time.perf_counter()
         self.last_content = ""
+        self.continuing = False  # the next generation continues the current assistant turn
 
     async def reset(self, seed: int | None, deadline_at: float | None) -> None:
         t = time.perf_counter()
@@ -153,13 +154,13 @@ class _Episode:
         self.ledger.add_generated(gen.token_ids, gen.logprobs, self.turn)
         self.finish_reasons.append(gen.finish_reason)
         self.weight_versions.append(gen.weight_version)
-        content = self.renderer.assistant_text(gen.token_ids)
-        if self.messages and self.messages[-1].role == "assistant":  # continuing a turn spliced mid-way
-            content = self.messages[-1].content + content
-            self.messages[-1] = Message("assistant", content)
+        # The action carries this generation's text only; the conversation record joins a turn that
+        # an env continued mid-way (a single assistant observation) into one assistant message.
+        self.last_content = self.renderer.assistant_text(gen.token_ids)
+        if self.continuing:
+            self.messages[-1] = Message("assistant", self.messages[-1].content + self.last_content)
         else:
-            self.messages.append(Message("assistant", content))
-        self.last_content = content
+            self.messages.append(Message("assistant", self.last_content))
         return gen
 
     async def step(self, action: Action, deadline_at: float | None) -> tuple[list[Message], bool, bool]:
@@ -192,7 +193,8 @@ class _Episode:
         if self.strict:
             self.renderer.check_bridge(self.messages, gen.token_ids, obs, bridge, tools=self.env.tools)
         self.ledger.add_inserted(bridge, self.turn - 1)
-        if len(obs) == 1 and obs[0].role == "assistant":
+        self.continuing = len(obs) == 1 and obs[0].role == "assistant"
+        if self.continuing:
             self.messages[-1] = Message("assistant", self.messages[-1].content + obs[0].content)
         else:
             self.messages.extend(obs)

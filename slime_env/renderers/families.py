@@ -7,10 +7,11 @@ earlier turns (`rewrites_history`), which strict mode records or raises on.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from slime_env.renderers.template import TemplateRenderer
+from slime_env.renderers.template import _BASE, TemplateRenderer
+from slime_env.types import Message
 
 
 def _ids(tokenizer: Any, *tokens: str) -> list[int]:
@@ -82,3 +83,10 @@ class DeepSeekR1Renderer(TemplateRenderer):
     family = "deepseek_r1"
     rewrites_history = ("keeps only the text after </think> of every assistant turn",
                         "moves all system messages to the start")
+
+    def _base(self, history: Sequence[Message]) -> tuple[tuple[str, str], ...]:
+        # The template opens `<｜tool▁outputs▁begin｜>` only before the first tool output of the whole
+        # conversation, so once the history has one, the bridge is rendered after a base that has one too.
+        if any(m.role == "tool" for m in history):
+            return (*_BASE, ("assistant", "A"), ("tool", "T"))
+        return _BASE

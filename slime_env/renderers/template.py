@@ -24,7 +24,7 @@ from slime_env.types import Message
 
 # Private-use code points: no tokenizer merges them with template text and no template edits them.
 SENTINEL = "\ue000slime_env_assistant\ue001"
-_BASE = ({"role": "system", "content": "S"}, {"role": "user", "content": "U"})
+_BASE = (("system", "S"), ("user", "U"))
 
 HistoryPolicy = Literal["keep", "error"]
 
@@ -84,21 +84,25 @@ class TemplateRenderer:
         """Token ids of the first prompt, ending with the generation prompt."""
         return self.encode(self.render_text(messages, tools=tools, add_generation_prompt=True))
 
-    def bridge(self, generated_ids: Sequence[int], messages: Sequence[Message]) -> list[int]:
+    def bridge(self, generated_ids: Sequence[int], messages: Sequence[Message],
+               history: Sequence[Message] = ()) -> list[int]:
         """Ids to append after a generated turn so the next generation can start.
 
-        A single `assistant` message is spliced into the ongoing assistant turn verbatim (no close,
-        no header): this is how Search-R1-style envs insert `<information>` mid-turn.
+        `history` is the conversation so far; only families whose template renders a message
+        differently depending on earlier ones look at it (`_base`). A single `assistant` message is
+        spliced into the ongoing assistant turn verbatim (no close, no header): this is how
+        Search-R1-style envs insert `<information>` mid-turn.
         """
         if len(messages) == 1 and messages[0].role == "assistant":
             return self.encode(messages[0].content)
         if any(m.role == "assistant" for m in messages):
             raise InvalidInput("an observation may hold one 'assistant' message (a mid-turn insert) "
                                "or none, not assistant messages mixed with others")
-        key = tuple((m.role, m.content, m.name, m.tool_call_id) for m in messages)
+        base = self._base(history)
+        key = (base, *((m.role, m.content, m.name, m.tool_call_id) for m in messages))
         ids = self._cache.get(key)
         if ids is None:
-            ids = tuple(self.encode(self._after_sentinel([m.to_dict() for m in messages])))
+            ids = tuple(self.encode(self._after_sentinel([m.to_dict() for m in messages], base=base)))
             self._cache[key] = ids
             if len(self._cache) > self._cache_size:
                 self._cache.popitem(last=False)
@@ -171,8 +175,14 @@ class TemplateRenderer:
             roles = [d.get("role") for d in dicts]
             raise RenderError(f"{self.family} chat template failed on roles {roles}: {e}") from e
 
-    def _after_sentinel(self, new: list[dict], add_generation_prompt: bool = True) -> str:
-        dicts = [*_BASE, {"role": "assistant", "content": SENTINEL}, *new]
+    def _base(self, history: Sequence[Message]) -> tuple[tuple[str, str], ...]:
+        """The fixed conversation the bridge is rendered after, as (role, content) pairs."""
+        return _BASE
+
+    def _after_sentinel(self, new: list[dict], add_generation_prompt: bool = True,
+                        base: tuple[tuple[str, str], ...] = None) -> str:
+        base = _BASE if base is None else base
+        dicts = [*({"role": r, "content": c} for r, c in base), {"role": "assistant", "content": SENTINEL}, *new]
         return _after(self._render(dicts, tools=None, add_generation_prompt=add_generation_prompt), SENTINEL)
 
     def _dedupe_end_of_turn(self, generated_ids: Sequence[int], ids: Sequence[int]) -> list[int]:

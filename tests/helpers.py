@@ -1,0 +1,78 @@
+"""Small envs and policies used by several test modules."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from slime_env import Env, Generation, Message, Task
+
+
+class ScriptedEnv(Env):
+    """Returns pre-scripted observations, one list per step; terminates after the last one.
+
+    Reward of step k is `rewards[k]` (default 0.0, and 1.0 on the final step).
+    """
+
+    parser = "hermes"
+
+    def __init__(self, observations: Sequence[Sequence[Message]] = (), rewards: Sequence[float] | None = None,
+                 prompt: Sequence[Message] | None = None, fail_at: int | None = None):
+        self.observations = [list(o) for o in observations]
+        self.rewards = list(rewards) if rewards is not None else None
+        self.prompt = list(prompt) if prompt is not None else None
+        self.fail_at = fail_at
+        self.actions = []
+        self.closed = False
+
+    async def reset(self, *, seed=None, options=None):
+        task = self.task_from(options)
+        self.actions = []
+        return (self.prompt if self.prompt is not None else task.messages()), {"seed": seed}
+
+    async def step(self, action):
+        k = len(self.actions)
+        self.actions.append(action)
+        if self.fail_at == k:
+            raise RuntimeError(f"env exploded at step {k}")
+        last = k >= len(self.observations)
+        obs = [] if last else self.observations[k]
+        if self.rewards is not None:
+            reward = self.rewards[k] if k < len(self.rewards) else 0.0
+        else:
+            reward = 1.0 if last else 0.0
+        return obs, reward, last, False, {"step": k}
+
+    async def close(self):
+        self.closed = True
+
+
+class RecordingPolicy:
+    """Wraps a policy and records a copy of every input it was given."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.inputs: list[list[int]] = []
+        self.params: list[dict] = []
+
+    async def generate(self, input_ids, sampling_params) -> Generation:
+        self.inputs.append(list(input_ids))
+        self.params.append(dict(sampling_params))
+        return await self.inner.generate(input_ids, sampling_params)
+
+
+class FixedIdsPolicy:
+    """Returns given token ids (e.g. a non-canonical tokenization) with fixed log-probs."""
+
+    def __init__(self, turns: Sequence[Sequence[int]], finish_reason: str = "stop"):
+        self.turns = [list(t) for t in turns]
+        self.finish_reason = finish_reason
+        self.calls = 0
+
+    async def generate(self, input_ids, sampling_params) -> Generation:
+        ids = self.turns[min(self.calls, len(self.turns) - 1)]
+        self.calls += 1
+        return Generation(tuple(ids), tuple(-0.5 for _ in ids), self.finish_reason)
+
+
+def task(prompt: str = "Hello?", label=None) -> Task:
+    return Task(prompt=prompt, label=label)
