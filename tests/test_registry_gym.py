@@ -1,0 +1,84 @@
+"""Registry, entry-point plugins, and the Gymnasium mirror (`gymnasium.make("slime_env/<id>")`)."""
+
+from __future__ import annotations
+
+import gymnasium
+import pytest
+from gymnasium.utils.env_checker import check_env
+from helpers import ScriptedEnv
+
+import slime_env
+from slime_env import RegistryError, get_renderer, make, register, registry_ids, spec
+from slime_env.errors import InvalidInput
+
+
+def test_register_make_and_list():
+    register("TestScripted-v0", "helpers:ScriptedEnv", description="scripted", observations=())
+    assert "TestScripted-v0" in registry_ids()
+    env = make("TestScripted-v0", fail_at=2)
+    assert isinstance(env, ScriptedEnv) and env.fail_at == 2
+    assert spec("TestScripted-v0").description == "scripted"
+    register("TestScripted-v0", "helpers:ScriptedEnv")  # same entry point again: harmless
+    with pytest.raises(RegistryError, match="already registered"):
+        register("TestScripted-v0", "helpers:FixedIdsPolicy")
+
+
+def test_errors_name_the_problem():
+    with pytest.raises(RegistryError, match="no env registered as 'calculator-v1'.*Calculator-v0"):
+        make("calculator-v1")
+    with pytest.raises(InvalidInput, match="must start with a letter"):
+        register("9bad", "helpers:ScriptedEnv")
+    register("TestNotAnEnv-v0", "helpers:FixedIdsPolicy")
+    with pytest.raises(InvalidInput, match="cannot make 'TestNotAnEnv-v0'"):
+        make("TestNotAnEnv-v0")
+    register("TestWrongType-v0", lambda: object())
+    with pytest.raises(RegistryError, match="not a slime_env.Env"):
+        make("TestWrongType-v0")
+    register("TestMissing-v0", "no_such_module:Env")
+    with pytest.raises(InvalidInput, match="cannot import module 'no_such_module'"):
+        make("TestMissing-v0")
+
+
+def test_builtin_env_comes_from_the_entry_point():
+    assert "Calculator-v0" in registry_ids()
+    assert spec("Calculator-v0").entry_point == "envs.calculator:CalculatorEnv"
+
+
+def test_gymnasium_make_and_check_env():
+    assert "slime_env/Calculator-v0" in gymnasium.registry
+    env = gymnasium.make("slime_env/Calculator-v0")
+    try:
+        check_env(env.unwrapped, skip_render_check=True)
+        obs, info = env.reset(seed=3)
+        assert "What is" in obs and info["label"] == env.unwrapped.env._task.label
+        obs2, _ = env.reset(seed=3)
+        assert obs2 == obs  # seeded resets are reproducible
+        call = '<tool_call>{"name": "calculator", "arguments": {"expression": "2*21"}}</tool_call>'
+        obs, reward, terminated, truncated, _ = env.step(call)
+        assert obs == "tool: 42" and reward == 0.0 and not terminated
+        obs, reward, terminated, truncated, info = env.step(f"<answer>{info['label']}</answer>")
+        assert reward == 1.0 and terminated and info["correct"]
+    finally:
+        env.close()
+
+
+def test_gymnasium_env_with_renderer_shows_template_text(smollm2_tok):
+    env = gymnasium.make("slime_env/Calculator-v0", renderer=get_renderer(smollm2_tok))
+    try:
+        obs, _ = env.reset(seed=1, options={"task": {"prompt": "What is 1+1?", "label": 2}})
+        assert obs.startswith("<|im_start|>system\n") and obs.endswith("<|im_start|>assistant\n")
+        obs, *_ = env.step('<tool_call>{"name": "calculator", "arguments": {"expression": "1+1"}}</tool_call>')
+        assert obs == "<|im_end|>\n<|im_start|>tool\n2<|im_end|>\n<|im_start|>assistant\n"
+    finally:
+        env.close()
+
+
+def test_core_does_not_import_the_other_packages():
+    import subprocess
+    import sys
+
+    code = ("import sys, slime_env; slime_env.registry_ids(); "
+            "bad = [m for m in ('agents', 'tools_sandbox', 'trainers') if m in sys.modules]; "
+            "assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True)
+    assert slime_env.__version__
