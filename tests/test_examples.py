@@ -1,0 +1,17 @@
+"""The examples users copy must keep running."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_guess_number_example():
+    out = subprocess.run([sys.executable, str(ROOT / "examples" / "guess_number_env.py")], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "status=completed turns=3 reward=1.0" in out.stdout
+    assert "status=completed" in out.stdout.splitlines()[-1]
