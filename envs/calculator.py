@@ -86,7 +86,10 @@ def random_task(rng: random.Random) -> Task:
 
 
 class CalculatorEnv(Env):
-    """See the module docstring. `max_steps` bounds the env's own turns (then `truncated`)."""
+    """Arithmetic with a calculator tool (hermes tool calls), reward 1/0 on the <answer>.
+
+    `max_steps` bounds the env's own turns (then `truncated`); see the module docstring.
+    """
 
     parser = "hermes"
     tools = (TOOL_SCHEMA,)

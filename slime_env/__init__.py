@@ -23,6 +23,10 @@ from slime_env.types import Action, Generation, Message, ParseError, Task, ToolC
 
 __version__ = "0.1.0"
 
+from slime_env.registry import register_entry_points as _register_entry_points  # noqa: E402
+
+_register_entry_points()
+
 __all__ = [
     "Action", "Env", "EnvSpec", "Generation", "InvalidInput", "Message", "ParseError", "ParseResult", "Policy",
     "RegistryError", "RenderError", "RenderMismatch", "STATUSES", "ScriptedPolicy", "SlimeEnvError", "Span",

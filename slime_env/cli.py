@@ -11,10 +11,10 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
 @app.command("list")
 def list_envs() -> None:
     """List the registered env ids, one per line."""
-    from slime_env.registry import registry_specs
+    from slime_env.registry import describe, registry_specs
 
     for spec in registry_specs():
-        typer.echo(f"{spec.id}\t{spec.description}" if spec.description else spec.id)
+        typer.echo(f"{spec.id}\t{describe(spec)}")
 
 
 @app.command()

@@ -6,7 +6,6 @@ import asyncio
 import random
 
 from rich.console import Console
-from rich.table import Table
 from rich.text import Text
 
 from slime_env.offline_tokenizers import smollm2
@@ -38,15 +37,12 @@ def show(console: Console, traj: Trajectory, renderer) -> None:
         text.append(piece, style="bold green" if span.kind == "generated" else "dim cyan")
     console.print(text)
     n_gen = sum(traj.loss_mask)
-    table = Table(show_header=True, header_style="bold")
-    for col in ("status", "reason", "turns", "reward", "prompt ids", "response ids", "mask=1", "mask=0",
-                "mean logprob (mask=1)"):
-        table.add_column(col)
     mean_lp = sum(lp for lp, m in zip(traj.rollout_logprobs, traj.loss_mask) if m) / max(1, n_gen)
-    table.add_row(traj.status, traj.reason or "-", str(traj.num_turns), f"{traj.reward:.2f}",
-                  str(len(traj.prompt_ids)), str(len(traj.response_ids)), str(n_gen),
-                  str(len(traj.loss_mask) - n_gen), f"{mean_lp:.3f}")
-    console.print(table)
+    reason = f" ({traj.reason})" if traj.reason else ""
+    console.print(f"[bold]status[/] {traj.status}{reason}  [bold]reward[/] {traj.reward:.2f}  "
+                  f"[bold]turns[/] {traj.num_turns}  [bold]ids[/] {len(traj.prompt_ids)} prompt + "
+                  f"{len(traj.response_ids)} response = [green]{n_gen} generated[/] (mask 1, mean log-prob "
+                  f"{mean_lp:.2f}) + [cyan]{len(traj.loss_mask) - n_gen} inserted[/] (mask 0)\n")
 
 
 async def run_demo(env_id: str = "Calculator-v0", episodes: int = 3, seed: int = 0) -> list[Trajectory]:

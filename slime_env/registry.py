@@ -1,9 +1,10 @@
 """Env registry: `register` / `make` / `spec` / `registry_ids`, mirrored into Gymnasium.
 
-Built-in and third-party envs are found through the `slime_env.envs` entry-point group: each entry
-point names a function that calls `register(...)`. They are loaded lazily, the first time an
-unknown id is looked up or the ids are listed, so `import slime_env` never imports `envs`.
-Every id is also registered with Gymnasium as `slime_env/<id>` (a synchronous text env).
+Built-in and third-party envs are declared in the `slime_env.envs` entry-point group, one entry
+point per env: its name is the env id and its value the `module:Class` to build. They are
+registered when `slime_env` is imported, from package metadata alone: the module is imported only
+when the env is made, so `import slime_env` never imports `envs`. Every id is also registered with
+Gymnasium as `slime_env/<id>` (a synchronous text env).
 """
 
 from __future__ import annotations
@@ -44,7 +45,6 @@ class EnvSpec:
 
 
 _REGISTRY: dict[str, EnvSpec] = {}
-_plugins_loaded = False
 
 
 def register(id: str, entry_point: str | Callable[..., Env], *, description: str = "", override: bool = False,
@@ -63,9 +63,7 @@ def register(id: str, entry_point: str | Callable[..., Env], *, description: str
 
 
 def spec(id: str) -> EnvSpec:
-    """The spec of a registered id (loading plugins if needed); RegistryError naming close matches if none."""
-    if id not in _REGISTRY:
-        load_plugins()
+    """The spec of a registered id; RegistryError naming close matches if none."""
     try:
         return _REGISTRY[id]
     except KeyError:
@@ -81,26 +79,29 @@ def make(id: str, **kwargs: Any) -> Env:
 
 def registry_ids() -> list[str]:
     """All registered env ids, sorted (built-in and plugin envs included)."""
-    load_plugins()
     return sorted(_REGISTRY)
 
 
 def registry_specs() -> list[EnvSpec]:
-    load_plugins()
     return [_REGISTRY[k] for k in sorted(_REGISTRY)]
 
 
-def load_plugins() -> None:
-    """Call every `slime_env.envs` entry point once (each registers its envs)."""
-    global _plugins_loaded
-    if _plugins_loaded:
-        return
-    _plugins_loaded = True
+def describe(spec_: EnvSpec) -> str:
+    """The spec's description, else the first line of its env class's docstring."""
+    if spec_.description:
+        return spec_.description
+    try:
+        target = load_object(spec_.entry_point) if isinstance(spec_.entry_point, str) else spec_.entry_point
+    except InvalidInput as e:
+        return f"(cannot load: {e})"
+    return ((target.__doc__ or "").strip().splitlines() or [""])[0]
+
+
+def register_entry_points() -> None:
+    """Register every env declared in the `slime_env.envs` entry-point group (without importing it)."""
     for ep in entry_points(group=ENTRY_POINT_GROUP):
-        try:
-            ep.load()()
-        except Exception as e:  # noqa: BLE001 - one broken plugin must not hide the others
-            raise RegistryError(f"env plugin {ep.name!r} ({ep.value}) failed to load: {e}") from e
+        if ep.name not in _REGISTRY:
+            register(ep.name, ep.value)
 
 
 def _register_with_gymnasium(id: str) -> None:
