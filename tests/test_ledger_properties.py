@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 
 import pytest
 from helpers import RecordingPolicy, ScriptedEnv
@@ -85,7 +86,9 @@ def _assert_ledger(traj, policy):
         assert (traj.rollout_logprobs[i] < 0) if m else (traj.rollout_logprobs[i] == 0.0)
 
 
-SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# SLIME_ENV_HYPOTHESIS_EXAMPLES=500 for a deeper search than the default CI budget.
+SETTINGS = settings(max_examples=int(os.environ.get("SLIME_ENV_HYPOTHESIS_EXAMPLES", 40)), deadline=None,
+                    suppress_health_check=[HealthCheck.too_slow])
 
 
 @pytest.mark.parametrize("name", ["smollm2", "qwen2.5"])
