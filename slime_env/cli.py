@@ -29,5 +29,18 @@ def demo(episodes: int = typer.Option(3, min=1, help="episodes to run"),
     asyncio.run(run_demo(env_id=env_id, episodes=episodes, seed=seed))
 
 
+@app.command("serve-engine")
+def serve_engine(model: str = typer.Option("default", help="'default' (embedded SmolLM2-135M-Instruct) or a "
+                                                           "Hugging Face model folder"),
+                 host: str = typer.Option("127.0.0.1", help="address to bind"),
+                 port: int = typer.Option(30000, help="port (0 picks a free one)"),
+                 max_batch_size: int = typer.Option(16, min=1, help="requests generated together"),
+                 batch_window_ms: float = typer.Option(5.0, min=0, help="how long to wait to fill a batch")) -> None:
+    """Serve a local transformers model through SGLang's native HTTP API (/generate, ...)."""
+    from agents.engine_server import serve
+
+    serve(model=model, host=host, port=port, max_batch_size=max_batch_size, batch_window_s=batch_window_ms / 1000)
+
+
 def main() -> None:
     app()

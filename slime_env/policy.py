@@ -20,6 +20,8 @@ class Policy(Protocol):
     mutate or keep it) and returns the sampled ids with their log-probs. `sampling_params` follows
     SGLang's names: `max_new_tokens`, `temperature`, `top_p`, `top_k`, `stop`, `stop_token_ids`.
     A generation stopped by a stop token includes that token; one stopped by a stop string keeps it.
+    Optionally, `for_episode(session_id)` returns the policy one episode should use (session
+    affinity, abortable requests); `run_episode` calls it when present.
     """
 
     async def generate(self, input_ids: Sequence[int], sampling_params: Mapping[str, Any]) -> Generation: ...

@@ -6,6 +6,7 @@ import asyncio
 import math
 import time
 import traceback
+import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -45,12 +46,18 @@ async def run_episode(env: Env, policy: Policy, task: Task | Mapping[str, Any] |
     `deadline_s`), `aborted` (the policy returned finish_reason "abort") or `failed` (an exception
     in the env, the policy or the renderer, or an invalid generation), with the reason.
     The caller owns `env` (reset here, not closed). `parser` defaults to `env.parser`.
+    A policy with `for_episode(session_id)` is asked for a per-episode view first; the session id
+    (`metadata["session_id"]`, generated if absent) is recorded in the trajectory.
     """
     if max_turns < 1 or max_new_tokens < 1:
         raise InvalidInput(f"max_turns and max_new_tokens must be >= 1, got {max_turns} and {max_new_tokens}")
     task = Task.coerce(task)
+    metadata = dict(metadata or {})
+    metadata["session_id"] = str(metadata.get("session_id") or uuid.uuid4().hex)
+    if callable(getattr(policy, "for_episode", None)):  # e.g. SGLang: routing key + abortable rids
+        policy = policy.for_episode(metadata["session_id"])
     episode = _Episode(env, policy, task, renderer, agent_id,
-                       renderer.strict if strict is None else strict, dict(metadata or {}))
+                       renderer.strict if strict is None else strict, metadata)
     parse = get_parser(env.parser if parser == _FROM_ENV else parser)
     loop = asyncio.get_running_loop()
     deadline_at = None if deadline_s is None else loop.time() + deadline_s

@@ -1,0 +1,216 @@
+"""`slime-env serve-engine`: the local transformers engine behind SGLang's native HTTP API.
+
+A drop-in local stand-in for an SGLang server (`POST /generate` with the same request and response
+JSON, plus `/health`, `/health_generate`, `/get_model_info`, `/flush_cache`, `/abort_request`,
+`/update_weights_from_disk`, `/pause_generation`, `/continue_generation`), so `SGLangPolicy`,
+slime's rollout code and our tests can drive a real model where SGLang itself cannot run.
+There is no prefix cache: `/flush_cache` succeeds and `cached_tokens` is always 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import Any
+
+from aiohttp import web
+
+from agents.transformers_policy import TransformersPolicy
+from slime_env.errors import InvalidInput
+
+
+def _bad(message: str) -> web.Response:
+    return web.json_response({"error": {"message": message, "code": 400}}, status=400)
+
+
+async def _json(request: web.Request) -> dict[str, Any] | web.Response:
+    try:
+        body = await request.json()
+    except Exception:  # noqa: BLE001 - any undecodable body is the client's error
+        return _bad("request body is not valid JSON")
+    if not isinstance(body, dict):
+        return _bad("request body must be a JSON object")
+    return body
+
+
+def _finish_reason(finish: str, gen, stop_token_ids) -> dict[str, Any]:
+    if finish == "abort":
+        return {"type": "abort", "message": "Abort request"}
+    if finish == "length":
+        return {"type": "length", "length": len(gen.token_ids)}
+    last = gen.token_ids[-1] if gen.token_ids else None
+    return {"type": "stop", "matched": last if last in stop_token_ids else None}
+
+
+class EngineServer:
+    """aiohttp handlers over one `TransformersPolicy`."""
+
+    def __init__(self, policy: TransformersPolicy, model_path: str):
+        self.policy = policy
+        self.model_path = model_path
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.add_routes([
+            web.post("/generate", self.generate),
+            web.get("/health", self.health), web.get("/health_generate", self.health_generate),
+            web.get("/get_model_info", self.model_info),
+            web.get("/flush_cache", self.flush_cache), web.post("/flush_cache", self.flush_cache),
+            web.post("/abort_request", self.abort_request),
+            web.post("/pause_generation", self.pause), web.post("/continue_generation", self.resume),
+            web.post("/update_weights_from_disk", self.update_weights_from_disk),
+        ])
+        return app
+
+    async def generate(self, request: web.Request) -> web.Response:
+        body = await _json(request)
+        if isinstance(body, web.Response):
+            return body
+        try:
+            prompts, batched = self._prompts(body)
+        except InvalidInput as e:
+            return _bad(str(e))
+        params = body.get("sampling_params") or {}
+        if not isinstance(params, dict):
+            return _bad("sampling_params must be an object")
+        rids = body.get("rid")
+        if batched:
+            rids = rids if isinstance(rids, list) else [None] * len(prompts)
+            if len(rids) != len(prompts):
+                return _bad(f"rid has {len(rids)} entries for {len(prompts)} prompts")
+        else:
+            rids = [rids]
+        want_logprobs = bool(body.get("return_logprob", False))
+        try:
+            results = await asyncio.gather(*(self._one(ids, params, rid, want_logprobs)
+                                             for ids, rid in zip(prompts, rids)))
+        except InvalidInput as e:
+            return _bad(str(e))
+        return web.json_response(results if batched else results[0])
+
+    def _prompts(self, body: dict[str, Any]) -> tuple[list[list[int]], bool]:
+        if "input_ids" in body:
+            ids = body["input_ids"]
+            batched = bool(ids) and isinstance(ids[0], list)
+            rows = ids if batched else [ids]
+            for row in rows:
+                if not isinstance(row, list) or not row or not all(isinstance(t, int) and t >= 0 for t in row):
+                    raise InvalidInput("input_ids must be a non-empty list of non-negative ints (or a list of them)")
+            return rows, batched
+        if "text" in body:
+            text = body["text"]
+            batched = isinstance(text, list)
+            rows = text if batched else [text]
+            if not all(isinstance(t, str) and t for t in rows):
+                raise InvalidInput("text must be a non-empty string (or a list of them)")
+            return [self.policy.tokenizer.encode(t, add_special_tokens=False) for t in rows], batched
+        raise InvalidInput("request needs 'input_ids' or 'text'")
+
+    async def _one(self, ids: list[int], params: dict[str, Any], rid: str | None, logprobs: bool) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        rid = rid or uuid.uuid4().hex
+        gen = await self.policy.generate(ids, params, rid=rid)
+        stop_ids = set(params.get("stop_token_ids") or ()) | {self.policy.eos_id}
+        meta: dict[str, Any] = {
+            "id": rid, "finish_reason": _finish_reason(gen.finish_reason, gen, stop_ids),
+            "prompt_tokens": len(ids), "completion_tokens": len(gen.token_ids), "cached_tokens": 0,
+            "weight_version": gen.weight_version, "e2e_latency": time.perf_counter() - t0,
+        }
+        if logprobs:
+            meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(gen.logprobs, gen.token_ids)]
+        return {"text": gen.text, "output_ids": list(gen.token_ids), "meta_info": meta}
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response(text="")
+
+    async def health_generate(self, request: web.Request) -> web.Response:
+        try:
+            await asyncio.wait_for(self.policy.generate([self.policy.eos_id or 0], {"max_new_tokens": 1,
+                                                                                     "temperature": 0}), 60)
+        except Exception as e:  # noqa: BLE001
+            return web.Response(status=503, text=f"generation failed: {e}")
+        return web.Response(text="")
+
+    async def model_info(self, request: web.Request) -> web.Response:
+        return web.json_response({"model_path": self.model_path, "tokenizer_path": self.model_path,
+                                  "is_generation": True, "weight_version": self.policy.weight_version})
+
+    async def flush_cache(self, request: web.Request) -> web.Response:
+        return web.Response(text="Cache flushed (this engine keeps no prefix cache).")
+
+    async def abort_request(self, request: web.Request) -> web.Response:
+        body = await _json(request)
+        if isinstance(body, web.Response):
+            return body
+        if body.get("abort_all"):
+            return web.json_response({"success": True, "aborted": self.policy.abort_all()})
+        rid = body.get("rid")
+        if not isinstance(rid, str) or not rid:
+            return _bad("abort_request needs 'rid' (a string) or 'abort_all': true")
+        return web.json_response({"success": self.policy.abort(rid)})
+
+    async def pause(self, request: web.Request) -> web.Response:
+        self.policy.pause()
+        return web.json_response({"success": True})
+
+    async def resume(self, request: web.Request) -> web.Response:
+        self.policy.resume()
+        return web.json_response({"success": True})
+
+    async def update_weights_from_disk(self, request: web.Request) -> web.Response:
+        body = await _json(request)
+        if isinstance(body, web.Response):
+            return body
+        path = body.get("model_path")
+        if not isinstance(path, str) or not path:
+            return _bad("update_weights_from_disk needs 'model_path'")
+        version = body.get("weight_version")
+        try:
+            await self.policy.update_weights(path, str(version) if version is not None else path)
+        except (InvalidInput, OSError) as e:
+            return web.json_response({"success": False, "message": str(e)}, status=400)
+        self.model_path = path
+        return web.json_response({"success": True, "message": f"loaded weights from {path}",
+                                  "weight_version": self.policy.weight_version})
+
+
+def load_policy(model: str, *, max_batch_size: int = 16, batch_window_s: float = 0.005,
+                device: str = "cpu") -> tuple[TransformersPolicy, str]:
+    """`model` is "default" (the embedded SmolLM2) or a Hugging Face model folder."""
+    if model == "default":
+        from agents.default_model import default_model_path, load_default_model
+
+        m, tok = load_default_model(device)
+        path = str(default_model_path())
+    else:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        m = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).to(device).eval()
+        tok, path = AutoTokenizer.from_pretrained(model), model
+    return TransformersPolicy(m, tok, max_batch_size=max_batch_size, batch_window_s=batch_window_s), path
+
+
+def serve(model: str = "default", host: str = "127.0.0.1", port: int = 30000, max_batch_size: int = 16,
+          batch_window_s: float = 0.005) -> None:
+    """Load the model and serve until interrupted. Prints `listening on http://HOST:PORT` when ready."""
+    policy, path = load_policy(model, max_batch_size=max_batch_size, batch_window_s=batch_window_s)
+
+    async def main() -> None:
+        runner = web.AppRunner(EngineServer(policy, path).app(), access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+        bound = site._server.sockets[0].getsockname()[1]  # the real port when port=0
+        print(f"listening on http://{host}:{bound}", flush=True)
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await runner.cleanup()
+            policy.close()
+
+    try:
+        asyncio.run(main())
+    except KeyboardInterrupt:
+        pass

@@ -1,0 +1,87 @@
+"""HTTP plumbing shared by the engine clients: pooled aiohttp sessions, timeouts and retries.
+
+Retries (with exponential backoff and jitter) happen on connection errors and 5xx answers only:
+a 4xx is the request's fault and is raised at once with the server's message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from collections.abc import Mapping
+from typing import Any
+
+import aiohttp
+
+from slime_env.errors import SlimeEnvError
+
+
+class EngineError(SlimeEnvError):
+    """An engine answered with an error, or could not be reached after all retries."""
+
+    def __init__(self, message: str, status: int | None = None):
+        super().__init__(message)
+        self.status = status
+
+
+class ProtocolError(EngineError):
+    """An engine answered, but not in the shape the protocol requires (e.g. no log-probs)."""
+
+
+class HttpClient:
+    """One pooled aiohttp session per event loop, with retrying JSON requests."""
+
+    def __init__(self, base_url: str, *, max_connections: int = 256, timeout_s: float = 600.0,
+                 connect_timeout_s: float = 10.0, max_retries: int = 3, backoff_s: float = 0.2,
+                 headers: Mapping[str, str] | None = None):
+        self.base_url = base_url.rstrip("/")
+        self.max_connections = max_connections
+        self.timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=connect_timeout_s)
+        self.max_retries = max_retries
+        self.backoff_s = backoff_s
+        self.headers = dict(headers or {})
+        self._session: aiohttp.ClientSession | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.retries = 0  # total retries made, for metrics and tests
+
+    def session(self) -> aiohttp.ClientSession:
+        loop = asyncio.get_running_loop()
+        if self._session is None or self._session.closed or self._loop is not loop:
+            # aiohttp sessions belong to one loop; a new loop (e.g. a new asyncio.run) gets a new pool
+            connector = aiohttp.TCPConnector(limit=self.max_connections, limit_per_host=self.max_connections)
+            self._session = aiohttp.ClientSession(connector=connector, timeout=self.timeout, headers=self.headers)
+            self._loop = loop
+        return self._session
+
+    async def request(self, method: str, path: str, body: Any = None, *,
+                      headers: Mapping[str, str] | None = None, expect_json: bool = True) -> Any:
+        url = f"{self.base_url}{path}"
+        last: Exception | None = None
+        for attempt in range(self.max_retries + 1):
+            if attempt:
+                self.retries += 1
+                await asyncio.sleep(self.backoff_s * (2 ** (attempt - 1)) * (0.5 + random.random()))
+            try:
+                async with self.session().request(method, url, json=body, headers=headers) as resp:
+                    text = await resp.text()
+                    if resp.status >= 500:
+                        last = EngineError(f"{method} {url} answered {resp.status}: {text[:300]}", resp.status)
+                        continue
+                    if resp.status >= 400:
+                        raise EngineError(f"{method} {url} answered {resp.status}: {text[:500]}", resp.status)
+                    if not expect_json:
+                        return text
+                    try:
+                        return json.loads(text)
+                    except ValueError:
+                        raise ProtocolError(f"{method} {url} answered non-JSON: {text[:200]!r}") from None
+            except aiohttp.ClientConnectionError as e:  # refused, reset, server disconnected
+                last = EngineError(f"{method} {url}: connection failed: {e!r}")
+        raise EngineError(f"{last} (after {self.max_retries} retries)",
+                          getattr(last, "status", None)) from last
+
+    async def close(self) -> None:
+        if self._session is not None and not self._session.closed:
+            await self._session.close()
+        self._session = None

@@ -1,0 +1,162 @@
+"""`SGLangPolicy`: SGLang's native `/generate` API (engine or router), token ids in, token ids out.
+
+The request sends `input_ids`, `sampling_params` and `return_logprob: true`; the generated ids and
+their log-probs are read from `meta_info.output_token_logprobs` (never by re-tokenizing `text`).
+`for_episode(session_id)` gives a per-episode view that sends `X-SMG-Routing-Key: <session_id>`
+(router session affinity keeps the episode's prefix cache on one worker) and names each request
+with a `rid`, so `abort()` stops that episode's in-flight request through `/abort_request`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from agents.http import EngineError, HttpClient, ProtocolError
+from slime_env import Generation
+
+ROUTING_HEADER = "X-SMG-Routing-Key"
+_FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
+
+
+def parse_generate_response(body: Any) -> Generation:
+    """A `Generation` from one SGLang `/generate` answer; ProtocolError naming what is missing."""
+    if not isinstance(body, dict) or not isinstance(body.get("meta_info"), dict):
+        raise ProtocolError(f"/generate answer has no meta_info object: {str(body)[:200]}")
+    meta = body["meta_info"]
+    pairs = meta.get("output_token_logprobs")
+    if pairs is None:
+        raise ProtocolError("/generate answer has no meta_info.output_token_logprobs: the server must support "
+                            "return_logprob (token ids and log-probs are never recovered from text)")
+    ids, logprobs = [], []
+    for i, entry in enumerate(pairs):
+        if not isinstance(entry, (list, tuple)) or len(entry) < 2:
+            raise ProtocolError(f"output_token_logprobs[{i}] is {entry!r}, not [logprob, token_id, ...]")
+        lp, tid = entry[0], entry[1]
+        if not isinstance(tid, int) or isinstance(tid, bool):
+            raise ProtocolError(f"output_token_logprobs[{i}] has no integer token id: {entry!r}")
+        if not isinstance(lp, (int, float)) or isinstance(lp, bool):
+            raise ProtocolError(f"output_token_logprobs[{i}] has no log-prob: {entry!r}")
+        ids.append(tid)
+        logprobs.append(float(lp))
+    completion = meta.get("completion_tokens")
+    if isinstance(completion, int) and completion != len(ids):
+        raise ProtocolError(f"meta_info.completion_tokens={completion} but {len(ids)} output_token_logprobs")
+    finish = meta.get("finish_reason")
+    kind = finish.get("type") if isinstance(finish, dict) else finish
+    if kind not in _FINISH:
+        raise ProtocolError(f"meta_info.finish_reason {finish!r} is not stop / length / abort")
+    return Generation(token_ids=tuple(ids), logprobs=tuple(logprobs), finish_reason=_FINISH[kind],
+                      text=body.get("text") or "", weight_version=_str_or_none(meta.get("weight_version")),
+                      prompt_tokens=int(meta.get("prompt_tokens") or 0),
+                      cached_tokens=int(meta.get("cached_tokens") or 0))
+
+
+def _str_or_none(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+class SGLangPolicy:
+    """A `slime_env.Policy` for an SGLang server or router at `url` (e.g. "http://127.0.0.1:30000").
+
+    Connection pool sized by `max_connections` (set it to your episode concurrency), per-request
+    `timeout_s`, and `max_retries` with exponential backoff on connection errors and 5xx (never on
+    4xx). Also the control calls a trainer needs (`health`, `flush_cache`, `pause_generation`,
+    `continue_generation`, `update_weights_from_disk`, `abort`, `abort_all`, `get_model_info`).
+    """
+
+    def __init__(self, url: str, *, max_connections: int = 256, timeout_s: float = 600.0,
+                 connect_timeout_s: float = 10.0, max_retries: int = 3, backoff_s: float = 0.2,
+                 headers: Mapping[str, str] | None = None):
+        self.url = url.rstrip("/")
+        self.http = HttpClient(self.url, max_connections=max_connections, timeout_s=timeout_s,
+                               connect_timeout_s=connect_timeout_s, max_retries=max_retries, backoff_s=backoff_s,
+                               headers=headers)
+        self.usage = {"calls": 0, "prompt_tokens": 0, "completion_tokens": 0, "cached_tokens": 0, "latency_s": 0.0}
+
+    async def generate(self, input_ids: Sequence[int], sampling_params: Mapping[str, Any], *,
+                       rid: str | None = None, routing_key: str | None = None) -> Generation:
+        body: dict[str, Any] = {"input_ids": list(input_ids), "sampling_params": dict(sampling_params),
+                                "return_logprob": True, "rid": rid or uuid.uuid4().hex}
+        headers = {ROUTING_HEADER: routing_key} if routing_key else None
+        t0 = time.perf_counter()
+        gen = parse_generate_response(await self.http.request("POST", "/generate", body, headers=headers))
+        latency = time.perf_counter() - t0
+        u = self.usage
+        u["calls"] += 1
+        u["prompt_tokens"] += gen.prompt_tokens or len(input_ids)
+        u["completion_tokens"] += len(gen.token_ids)
+        u["cached_tokens"] += gen.cached_tokens
+        u["latency_s"] += latency
+        return Generation(gen.token_ids, gen.logprobs, gen.finish_reason, gen.text, gen.weight_version,
+                          gen.prompt_tokens or len(input_ids), gen.cached_tokens, latency)
+
+    def for_episode(self, session_id: str) -> SGLangSession:
+        """A per-episode policy: routing key `session_id`, one rid per call, `abort()` for the live one."""
+        return SGLangSession(self, session_id)
+
+    # --- control calls ----------------------------------------------------------------------------
+    async def health(self) -> bool:
+        try:
+            await self.http.request("GET", "/health_generate", expect_json=False)
+            return True
+        except EngineError:
+            return False
+
+    async def flush_cache(self) -> None:
+        await self.http.request("POST", "/flush_cache", expect_json=False)
+
+    async def pause_generation(self) -> None:
+        await self.http.request("POST", "/pause_generation", {}, expect_json=False)
+
+    async def continue_generation(self) -> None:
+        await self.http.request("POST", "/continue_generation", {}, expect_json=False)
+
+    async def update_weights_from_disk(self, model_path: str, weight_version: str | None = None) -> dict[str, Any]:
+        body = {"model_path": model_path}
+        if weight_version is not None:
+            body["weight_version"] = weight_version
+        result = await self.http.request("POST", "/update_weights_from_disk", body)
+        if isinstance(result, dict) and result.get("success") is False:
+            raise EngineError(f"update_weights_from_disk({model_path!r}) failed: {result.get('message')}")
+        return result
+
+    async def abort(self, rid: str) -> None:
+        await self.http.request("POST", "/abort_request", {"rid": rid}, expect_json=False)
+
+    async def abort_all(self) -> None:
+        await self.http.request("POST", "/abort_request", {"abort_all": True}, expect_json=False)
+
+    async def get_model_info(self) -> dict[str, Any]:
+        return await self.http.request("GET", "/get_model_info")
+
+    async def close(self) -> None:
+        await self.http.close()
+
+
+class SGLangSession:
+    """One episode's view of an `SGLangPolicy` (see `SGLangPolicy.for_episode`)."""
+
+    def __init__(self, policy: SGLangPolicy, session_id: str):
+        self.policy, self.session_id = policy, session_id
+        self._turns = itertools.count()
+        self.live_rid: str | None = None
+
+    async def generate(self, input_ids: Sequence[int], sampling_params: Mapping[str, Any]) -> Generation:
+        self.live_rid = f"{self.session_id}-{next(self._turns)}"
+        try:
+            return await self.policy.generate(input_ids, sampling_params, rid=self.live_rid,
+                                              routing_key=self.session_id)
+        finally:
+            self.live_rid = None
+
+    async def abort(self) -> bool:
+        """Abort this episode's in-flight request; it then returns with finish_reason "abort"."""
+        rid = self.live_rid
+        if rid is None:
+            return False
+        await self.policy.abort(rid)
+        return True

@@ -1,0 +1,251 @@
+"""SGLangPolicy against `slime-env serve-engine` running the real SmolLM2 model on 127.0.0.1.
+
+Real SGLang cannot run on these machines (no GPU, no network to fetch it), so the SGLang protocol is
+exercised against our own server that speaks it (agents/engine_server.py), started as a subprocess
+through the CLI. Faults are injected by a small proxy in front of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from aiohttp import ClientSession, web  # noqa: E402
+
+from agents.default_model import default_model_path, load_default_model  # noqa: E402
+from agents.http import EngineError, ProtocolError  # noqa: E402
+from agents.sglang_policy import SGLangPolicy, parse_generate_response  # noqa: E402
+from agents.transformers_policy import TransformersPolicy  # noqa: E402
+from slime_env import Message, Task, get_renderer, make, run_episode  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def engine_url():
+    default_model_path()  # convert once here, not inside the server's start-up wait
+    proc = subprocess.Popen([sys.executable, "-m", "slime_env", "serve-engine", "--port", "0", "--max-batch-size",
+                             "8"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
+    url, deadline, seen = None, time.time() + 180, []
+    while time.time() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        seen.append(line)
+        if line.startswith("listening on "):
+            url = line.split()[-1]
+            break
+    if url is None:
+        proc.kill()
+        pytest.fail("serve-engine did not start:\n" + "".join(seen[-30:]))
+    yield url
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def local():
+    model, tok = load_default_model()
+    policy = TransformersPolicy(model, tok)
+    yield model, tok, policy
+    policy.close()
+
+
+def prompts(tok):
+    r = get_renderer(tok)
+    return [r.render_prompt([Message("user", q)]) for q in ("What is 2+2?", "Name a fruit.", "Count to five.")]
+
+
+def test_ids_and_logprobs_match_the_in_process_engine(engine_url, local):
+    _, tok, inproc = local
+    params = {"temperature": 0, "max_new_tokens": 12}
+
+    async def main():
+        remote = SGLangPolicy(engine_url)
+        try:
+            a = await asyncio.gather(*(remote.generate(p, params) for p in prompts(tok)))
+            b = [await inproc.generate(p, params) for p in prompts(tok)]
+            return a, b, remote.usage
+        finally:
+            await remote.close()
+
+    remote_gens, local_gens, usage = asyncio.run(main())
+    for r, loc in zip(remote_gens, local_gens):
+        assert r.token_ids == loc.token_ids
+        assert max(abs(x - y) for x, y in zip(r.logprobs, loc.logprobs)) < 1e-4
+        assert r.weight_version == "0" and r.prompt_tokens > 0 and r.latency_s > 0
+    assert usage["calls"] == 3 and usage["completion_tokens"] == sum(len(g.token_ids) for g in remote_gens)
+
+
+def test_abort_one_in_flight_request(engine_url, local):
+    _, tok, _ = local
+    p = prompts(tok)
+
+    async def main():
+        policy = SGLangPolicy(engine_url)
+        a, b = policy.for_episode("episode-a"), policy.for_episode("episode-b")
+        long = {"temperature": 0, "max_new_tokens": 400, "ignore_eos": True}
+        short = {"temperature": 0, "max_new_tokens": 40, "ignore_eos": True}
+        ta = asyncio.create_task(a.generate(p[0], long))
+        tb = asyncio.create_task(b.generate(p[1], short))
+        await asyncio.sleep(1.0)
+        assert a.live_rid == "episode-a-0"
+        assert await a.abort()
+        ga, gb = await asyncio.gather(ta, tb)
+        await policy.close()
+        return ga, gb
+
+    ga, gb = asyncio.run(main())
+    assert ga.finish_reason == "abort" and 0 < len(ga.token_ids) < 400
+    assert gb.finish_reason == "length" and len(gb.token_ids) == 40
+
+
+def test_pause_and_continue(engine_url, local):
+    _, tok, _ = local
+
+    async def main():
+        policy = SGLangPolicy(engine_url)
+        await policy.pause_generation()
+        task = asyncio.create_task(policy.generate(prompts(tok)[0], {"temperature": 0, "max_new_tokens": 2}))
+        await asyncio.sleep(0.5)
+        held = not task.done()
+        await policy.continue_generation()
+        gen = await asyncio.wait_for(task, 60)
+        ok = await policy.health()
+        await policy.flush_cache()
+        await policy.close()
+        return held, gen, ok
+
+    held, gen, ok = asyncio.run(main())
+    assert held and len(gen.token_ids) == 2 and ok
+
+
+class FaultyProxy:
+    """Forwards to the engine; the first `fail` requests get `mode`: 503, 400 or a dropped connection."""
+
+    def __init__(self, target: str, mode: str, fail: int):
+        self.target, self.mode, self.fail, self.seen = target, mode, fail, 0
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        self.seen += 1
+        body = await request.read()
+        if self.seen <= self.fail:
+            if self.mode == "drop":
+                request.transport.close()  # the client sees the server disconnect mid-request
+                return web.Response()
+            return web.Response(status=503 if self.mode == "503" else 400, text=f"injected {self.mode}")
+        async with ClientSession() as s:
+            async with s.post(self.target + request.path, data=body,
+                              headers={"content-type": "application/json"}) as r:
+                return web.Response(status=r.status, body=await r.read(), content_type="application/json")
+
+    async def __aenter__(self):
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", self.handle)
+        self.runner = web.AppRunner(app, access_log=None)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        await site.start()
+        self.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.runner.cleanup()
+
+
+@pytest.mark.parametrize("mode,fail,ok,retries", [("503", 2, True, 2), ("drop", 1, True, 1),
+                                                   ("400", 1, False, 0), ("503", 10, False, 2)])
+def test_retries_on_5xx_and_dropped_connections_only(engine_url, local, mode, fail, ok, retries):
+    _, tok, _ = local
+
+    async def main():
+        async with FaultyProxy(engine_url, mode, fail) as proxy:
+            policy = SGLangPolicy(proxy.url, max_retries=2, backoff_s=0.01)
+            try:
+                gen = await policy.generate(prompts(tok)[0], {"temperature": 0, "max_new_tokens": 3})
+                return gen, None, policy.http.retries, proxy.seen
+            except EngineError as e:
+                return None, e, policy.http.retries, proxy.seen
+            finally:
+                await policy.close()
+
+    gen, err, made, seen = asyncio.run(main())
+    assert (gen is not None) == ok and made == retries and seen == retries + 1
+    if not ok:
+        assert str(err).count("injected") == 1 and (err.status == (400 if mode == "400" else 503))
+
+
+def test_update_weights_from_disk_changes_outputs(engine_url, local, tmp_path):
+    model, tok, _ = local
+    noisy = tmp_path / "noisy"
+    original = {k: v.clone() for k, v in model.state_dict().items()}
+    with torch.no_grad():
+        for v in model.state_dict().values():
+            if v.dtype.is_floating_point:
+                v.add_(0.05 * torch.randn_like(v))
+    model.save_pretrained(str(noisy))
+    model.load_state_dict(original)
+    params = {"temperature": 0, "max_new_tokens": 6}
+
+    async def main():
+        policy = SGLangPolicy(engine_url)
+        before = await policy.generate(prompts(tok)[0], params)
+        await policy.update_weights_from_disk(str(noisy), "step-1")
+        after = await policy.generate(prompts(tok)[0], params)
+        info = await policy.get_model_info()
+        with pytest.raises(EngineError, match="no .safetensors"):
+            await policy.update_weights_from_disk(str(tmp_path / "missing"), "x")
+        await policy.update_weights_from_disk(str(default_model_path()), "step-2")
+        restored = await policy.generate(prompts(tok)[0], params)
+        await policy.close()
+        return before, after, info, restored
+
+    before, after, info, restored = asyncio.run(main())
+    assert after.weight_version == "step-1" and after.logprobs != before.logprobs
+    assert info["weight_version"] == "step-1"
+    assert restored.token_ids == before.token_ids and restored.weight_version == "step-2"
+
+
+def test_episode_through_sglang_records_session_and_versions(engine_url, local):
+    _, tok, _ = local
+
+    async def main():
+        policy = SGLangPolicy(engine_url)
+        try:
+            return await run_episode(make("Calculator-v0"), policy, Task(prompt="What is 2 + 3?", label=5),
+                                     renderer=get_renderer(tok), max_turns=2, max_new_tokens=24,
+                                     sampling_params={"temperature": 0.7, "sampling_seed": 1})
+        finally:
+            await policy.close()
+
+    traj = asyncio.run(main())
+    traj.check()
+    assert traj.status in ("completed", "truncated"), traj.reason
+    assert set(traj.metadata["weight_versions"]) <= {"0", "step-2"}
+    assert traj.to_slime_sample()["session_id"] == traj.metadata["session_id"]
+
+
+def test_protocol_errors_are_named():
+    with pytest.raises(ProtocolError, match="no meta_info"):
+        parse_generate_response({"text": "x"})
+    with pytest.raises(ProtocolError, match="output_token_logprobs: the server must support return_logprob"):
+        parse_generate_response({"text": "x", "meta_info": {"finish_reason": {"type": "stop"}}})
+    with pytest.raises(ProtocolError, match=r"\[1\] has no log-prob"):
+        parse_generate_response({"meta_info": {"output_token_logprobs": [[-1.0, 5, None], [None, 6, None]],
+                                               "finish_reason": {"type": "stop"}}})
+    with pytest.raises(ProtocolError, match="completion_tokens=3 but 1"):
+        parse_generate_response({"meta_info": {"output_token_logprobs": [[-1.0, 5]], "completion_tokens": 3,
+                                               "finish_reason": {"type": "stop"}}})
+    with pytest.raises(ProtocolError, match="finish_reason"):
+        parse_generate_response({"meta_info": {"output_token_logprobs": [], "finish_reason": {"type": "eos"}}})
+    g = parse_generate_response({"text": "hi", "meta_info": {"output_token_logprobs": [[-0.5, 7, "hi"]],
+                                                             "finish_reason": {"type": "length"},
+                                                             "weight_version": 3, "cached_tokens": 4}})
+    assert (g.token_ids, g.logprobs, g.finish_reason, g.weight_version, g.cached_tokens) == \
+        ((7,), (-0.5,), "length", "3", 4)
