@@ -212,15 +212,16 @@ class TransformersPolicy:
         steps = max(r.max_new_tokens for r in batch)
         for _ in range(steps):
             tokens = torch.full((n, 1), self.pad_id, dtype=torch.long, device=self.device)
-            for i, r in enumerate(batch):
+            for r in batch:
                 if r.finish is None and r.aborted:
                     r.finish = "abort"
-                if r.finish is None:
-                    token, logprob = self._sample(logits[i], r)
-                    r.out_ids.append(token)
-                    r.out_logprobs.append(logprob)
-                    r.finish = self._finished(r)
-                    tokens[i, 0] = token
+            active = [i for i, r in enumerate(batch) if r.finish is None]
+            for i, (token, logprob) in zip(active, self._sample([batch[i] for i in active], logits[active])):
+                r = batch[i]
+                r.out_ids.append(token)
+                r.out_logprobs.append(logprob)
+                r.finish = self._finished(r)
+                tokens[i, 0] = token
             if all(r.finish is not None for r in batch):
                 break
             mask = torch.cat([mask, torch.ones((n, 1), dtype=mask.dtype, device=self.device)], dim=1)
@@ -235,23 +236,37 @@ class TransformersPolicy:
         self.usage["generate_s"] += time.perf_counter() - t0
 
     @staticmethod
-    def _sample(logits: torch.Tensor, r: _Request) -> tuple[int, float]:
-        if r.temperature == 0 or r.top_k == 1:
-            logp = torch.log_softmax(logits, dim=-1)
-            token = int(torch.argmax(logits))
-            return token, float(logp[token])
-        scaled = logits / r.temperature
-        if 0 < r.top_k < scaled.numel():
-            kth = torch.topk(scaled, r.top_k).values[-1]
-            scaled = scaled.masked_fill(scaled < kth, float("-inf"))
-        if r.top_p < 1.0:
-            sorted_logits, order = torch.sort(scaled, descending=True)
-            cum = torch.softmax(sorted_logits, dim=-1).cumsum(-1)
-            drop = cum - torch.softmax(sorted_logits, dim=-1) > r.top_p  # keep the token that crosses top_p
-            scaled = scaled.masked_fill(torch.zeros_like(drop).scatter(0, order, drop), float("-inf"))
-        logp = torch.log_softmax(scaled, dim=-1)
-        token = int(torch.multinomial(logp.exp(), 1, generator=r.generator))
-        return token, float(logp[token])
+    def _sample(reqs: list[_Request], logits: torch.Tensor) -> list[tuple[int, float]]:
+        """Next token and its log-prob for each row. Rows sharing sampling params are processed as one
+        tensor; only the draw itself is per row (each request has its own seeded generator)."""
+        out: list[tuple[int, float] | None] = [None] * len(reqs)
+        groups: dict[tuple, list[int]] = {}
+        for j, r in enumerate(reqs):
+            greedy = r.temperature == 0 or r.top_k == 1
+            groups.setdefault((greedy, r.temperature, r.top_p, r.top_k), []).append(j)
+        for (greedy, temperature, top_p, top_k), rows in groups.items():
+            x = logits[rows]
+            if greedy:
+                logp = torch.log_softmax(x, dim=-1)
+                picks = torch.argmax(x, dim=-1).tolist()
+            else:
+                x = x / temperature
+                if 0 < top_k < x.shape[-1]:
+                    kth = torch.topk(x, top_k, dim=-1).values[:, -1:]
+                    x = x.masked_fill(x < kth, float("-inf"))
+                if top_p < 1.0:
+                    sorted_x, order = torch.sort(x, dim=-1, descending=True)
+                    probs = torch.softmax(sorted_x, dim=-1)
+                    drop = probs.cumsum(-1) - probs > top_p  # keep the token that crosses top_p
+                    x = x.masked_fill(torch.zeros_like(drop).scatter(-1, order, drop), float("-inf"))
+                logp = torch.log_softmax(x, dim=-1)
+                probs = logp.exp()
+                picks = [int(torch.multinomial(probs[k], 1, generator=reqs[j].generator))
+                         for k, j in enumerate(rows)]
+            chosen = logp.gather(-1, torch.tensor(picks, device=logp.device).unsqueeze(-1)).squeeze(-1).tolist()
+            for k, j in enumerate(rows):
+                out[j] = (picks[k], chosen[k])
+        return out  # type: ignore[return-value]
 
     def _finished(self, r: _Request) -> str | None:
         if r.out_ids[-1] in r.stop_token_ids:

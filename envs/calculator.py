@@ -46,10 +46,16 @@ def evaluate(expression: str) -> int | float:
         tree = ast.parse(expression.strip(), mode="eval")
     except SyntaxError as e:
         raise CalculatorError(f"syntax error: {e.msg}") from None
+    except (ValueError, RecursionError, MemoryError) as e:  # null bytes, absurd nesting
+        raise CalculatorError(f"cannot parse: {type(e).__name__}") from None
     try:
         value = _eval(tree.body)
     except ZeroDivisionError:
         raise CalculatorError("division by zero") from None
+    except CalculatorError:
+        raise
+    except (OverflowError, RecursionError, TypeError, ValueError) as e:  # 2.0 ** 5000, complex results, ...
+        raise CalculatorError(f"cannot evaluate: {type(e).__name__}") from None
     if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
         return int(value)
     return value
@@ -65,6 +71,8 @@ def _eval(node: ast.AST) -> int | float:
         if isinstance(node.op, ast.Pow) and (abs(right) > 64 or abs(left) > 10**6):
             raise CalculatorError("exponent too large")
         result = _OPS[type(node.op)](left, right)
+        if isinstance(result, complex):
+            raise CalculatorError("complex result")
         if isinstance(result, int) and abs(result) > 10**30 or isinstance(result, float) and not math.isfinite(result):
             raise CalculatorError("result too large")
         return result

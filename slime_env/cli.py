@@ -18,15 +18,29 @@ def list_envs() -> None:
 
 
 @app.command()
-def demo(episodes: int = typer.Option(3, min=1, help="episodes to run"),
+def demo(episodes: int = typer.Option(4, min=1, help="episodes to run (concurrently)"),
          env_id: str = typer.Option("Calculator-v0", "--env", help="registered env id"),
-         seed: int = typer.Option(0, help="seed for the tasks")) -> None:
-    """Run a few episodes with a scripted policy and the SmolLM2 tokenizer; show each token ledger."""
+         seed: int = typer.Option(0, help="seed for tasks and sampling"),
+         scripted: bool = typer.Option(False, help="use a scripted policy instead of the model"),
+         max_new_tokens: int = typer.Option(96, min=1, help="new tokens per turn"),
+         max_turns: int = typer.Option(3, min=1, help="turns per episode")) -> None:
+    """Run episodes with the embedded SmolLM2-135M-Instruct; show each token ledger."""
     import asyncio
 
     from slime_env.demo import run_demo
 
-    asyncio.run(run_demo(env_id=env_id, episodes=episodes, seed=seed))
+    policy = tokenizer = None
+    if not scripted:
+        from agents import TransformersPolicy, load_default_model  # lazy: the core never imports agents
+
+        model, tokenizer = load_default_model()
+        policy = TransformersPolicy(model, tokenizer, seed=seed)
+    try:
+        asyncio.run(run_demo(env_id=env_id, episodes=episodes, seed=seed, policy=policy, tokenizer=tokenizer,
+                             max_new_tokens=max_new_tokens, max_turns=max_turns))
+    finally:
+        if policy is not None:
+            policy.close()
 
 
 @app.command("serve-engine")

@@ -18,7 +18,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_evaluate_is_safe_arithmetic():
     assert evaluate("(3 + 4) * 2 - 1") == 13 and evaluate("7 / 2") == 3.5 and evaluate("-2 ** 3") == -8
-    for bad in ("__import__('os')", "x + 1", "2 ** 10000", "1 / 0", "(" * 300, "[1]"):
+    for bad in ("__import__('os')", "x + 1", "2 ** 10000", "1 / 0", "(" * 300, "[1]", "1\x00", "2.0 ** 60 ** 2",
+                "(-8) ** 0.5", "-" * 100000 + "1"):
         with pytest.raises(CalculatorError):
             evaluate(bad)
 
@@ -56,9 +57,17 @@ def test_cli_help_and_list():
     assert out.returncode == 0 and out.stdout.splitlines()[0].startswith("Calculator-v0\t")
 
 
-def test_demo_runs_and_shows_the_ledger():
-    out = _cli("demo", "--episodes", "3")
+def test_scripted_demo_shows_the_ledger():
+    out = _cli("demo", "--episodes", "3", "--scripted")
     assert out.returncode == 0, out.stderr
-    assert out.stdout.count("completed") == 3
-    assert "1.00" in out.stdout and "0.00" in out.stdout  # one right, one wrong answer
+    assert out.stdout.count("status completed") == 3
+    assert "reward 1.00" in out.stdout and "reward 0.00" in out.stdout  # one right, one wrong answer
     assert "<|im_start|>tool" in out.stdout
+
+
+def test_model_demo_runs_the_real_model():
+    pytest.importorskip("torch")
+    out = _cli("demo", "--episodes", "2", "--max-new-tokens", "12", "--max-turns", "2")
+    assert out.returncode == 0, out.stderr
+    assert "TransformersPolicy (SmolLM2-135M-Instruct)" in out.stdout
+    assert out.stdout.count("status ") == 2 and "2 episodes in" in out.stdout
