@@ -175,7 +175,7 @@ class EngineServer:
                                   "weight_version": self.policy.weight_version})
 
 
-def load_policy(model: str, *, max_batch_size: int = 16, batch_window_s: float = 0.005,
+def load_policy(model: str, *, max_batch_size: int = 16, batch_window_s: float = 0.02,
                 device: str = "cpu") -> tuple[TransformersPolicy, str]:
     """`model` is "default" (the embedded SmolLM2) or a Hugging Face model folder."""
     if model == "default":
@@ -193,7 +193,7 @@ def load_policy(model: str, *, max_batch_size: int = 16, batch_window_s: float =
 
 
 def serve(model: str = "default", host: str = "127.0.0.1", port: int = 30000, max_batch_size: int = 16,
-          batch_window_s: float = 0.005) -> None:
+          batch_window_s: float = 0.02) -> None:
     """Load the model and serve until interrupted. Prints `listening on http://HOST:PORT` when ready."""
     policy, path = load_policy(model, max_batch_size=max_batch_size, batch_window_s=batch_window_s)
 

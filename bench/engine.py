@@ -5,7 +5,7 @@ work) for `--rounds` turns; tokens/s = generated tokens / wall time. The same mo
 run in-process and over HTTP (the server is `slime-env serve-engine` in a subprocess on 127.0.0.1),
 in the same run; the ratio is the HTTP overhead.
 
-    python bench/engine.py [--concurrency 1 8 32] [--tokens 32] [--rounds 2]
+    python bench/engine.py [--concurrency 1 8 32] [--tokens 32] [--rounds 2] [--window-ms 20]
 """
 
 from __future__ import annotations
@@ -41,9 +41,9 @@ async def run(policy, prompts, concurrency: int, tokens: int, rounds: int) -> tu
     return time.perf_counter() - t0, sum(counts)
 
 
-def start_server(max_batch: int) -> tuple[subprocess.Popen, str]:
+def start_server(max_batch: int, window_ms: float) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen([sys.executable, "-m", "slime_env", "serve-engine", "--port", "0", "--max-batch-size",
-                             str(max_batch)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             str(max_batch), "--batch-window-ms", str(window_ms)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
     for line in proc.stdout:
         if line.startswith("listening on "):
@@ -56,16 +56,17 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--window-ms", type=float, default=20.0, help="batch window, the same in both set-ups")
     args = ap.parse_args()
     max_batch = max(args.concurrency)
     default_model_path()
     model, tok = load_default_model()
     renderer = get_renderer(tok)
     prompts = [renderer.render_prompt([Message("user", q)]) for q in QUESTIONS]
-    local = TransformersPolicy(model, tok, max_batch_size=max_batch)
-    proc, url = start_server(max_batch)
+    local = TransformersPolicy(model, tok, max_batch_size=max_batch, batch_window_s=args.window_ms / 1000)
+    proc, url = start_server(max_batch, args.window_ms)
     print(f"bench/engine.py  SmolLM2-135M-Instruct fp32, {os.cpu_count()} CPU cores, {args.tokens} tokens x "
-          f"{args.rounds} turns per episode, max batch {max_batch}")
+          f"{args.rounds} turns per episode, max batch {max_batch}, batch window {args.window_ms:g} ms")
     print(f"{'episodes':>8} {'in-process tok/s':>17} {'HTTP tok/s':>11} {'HTTP/in-process':>16}")
     try:
         for c in args.concurrency:

@@ -49,7 +49,8 @@ def serve_engine(model: str = typer.Option("default", help="'default' (embedded 
                  host: str = typer.Option("127.0.0.1", help="address to bind"),
                  port: int = typer.Option(30000, help="port (0 picks a free one)"),
                  max_batch_size: int = typer.Option(16, min=1, help="requests generated together"),
-                 batch_window_ms: float = typer.Option(5.0, min=0, help="how long to wait to fill a batch")) -> None:
+                 batch_window_ms: float = typer.Option(
+                     20.0, min=0, help="how long to wait to fill a batch (HTTP requests arrive spread out)")) -> None:
     """Serve a local transformers model through SGLang's native HTTP API (/generate, ...)."""
     from agents.engine_server import serve
 
