@@ -147,9 +147,14 @@ class _Episode:
     async def generate(self, params: dict[str, Any], deadline_at: float | None) -> Generation:
         self.phase = "policy.generate"
         t = time.perf_counter()
-        async with asyncio.timeout_at(deadline_at):
-            gen = await self.policy.generate(self.ledger.ids, params)
-        self.generate_s += time.perf_counter() - t
+        try:
+            async with asyncio.timeout_at(deadline_at):
+                gen = await self.policy.generate(self.ledger.ids, params)
+        except TimeoutError:
+            await self._abort_engine_request()
+            raise
+        finally:
+            self.generate_s += time.perf_counter() - t
         self.phase = "framework"
         if not isinstance(gen, Generation):
             raise InvalidInput(f"policy.generate returned {type(gen).__name__}, not Generation")
@@ -169,6 +174,15 @@ class _Episode:
         else:
             self.messages.append(Message("assistant", self.last_content))
         return gen
+
+    async def _abort_engine_request(self) -> None:
+        """Past the deadline the engine would keep generating for nobody: abort it if the policy can."""
+        abort = getattr(self.policy, "abort", None)
+        if callable(abort):
+            try:
+                await asyncio.wait_for(abort(), 5.0)
+            except Exception:  # noqa: BLE001 - best effort; the episode is already ending
+                pass
 
     async def step(self, action: Action, deadline_at: float | None) -> tuple[list[Message], bool, bool]:
         self.phase = "env.step"

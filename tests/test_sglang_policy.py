@@ -249,3 +249,24 @@ def test_protocol_errors_are_named():
                                                              "weight_version": 3, "cached_tokens": 4}})
     assert (g.token_ids, g.logprobs, g.finish_reason, g.weight_version, g.cached_tokens) == \
         ((7,), (-0.5,), "length", "3", 4)
+
+
+def test_deadline_aborts_the_engine_request(engine_url, local):
+    _, tok, _ = local
+
+    async def main():
+        policy = SGLangPolicy(engine_url)
+        try:
+            traj = await run_episode(make("Calculator-v0"), policy, Task(prompt="What is 2 + 3?", label=5),
+                                     renderer=get_renderer(tok), max_new_tokens=400, deadline_s=1.0,
+                                     sampling_params={"temperature": 0, "ignore_eos": True})
+            t0 = time.perf_counter()
+            # the engine is free again at once: the aborted request no longer occupies it
+            gen = await policy.generate(prompts(tok)[0], {"temperature": 0, "max_new_tokens": 2})
+            return traj, gen, time.perf_counter() - t0
+        finally:
+            await policy.close()
+
+    traj, gen, after = asyncio.run(main())
+    assert traj.status == "truncated" and "deadline of 1.0s exceeded during policy.generate" in traj.reason
+    assert len(gen.token_ids) == 2 and after < 5.0  # 400 tokens would take ~25 s if it kept running

@@ -114,3 +114,28 @@ def test_episode_with_the_real_model(engine):
     traj.check()
     assert traj.status in ("completed", "truncated") and traj.num_turns >= 1
     assert all(lp < 0 or m == 0 for lp, m in zip(traj.rollout_logprobs, traj.loss_mask))
+
+
+def test_generation_does_not_block_the_event_loop(engine):
+    _, _, policy, _, prompts = engine
+
+    async def main():
+        ticks = []
+        stop = asyncio.Event()
+
+        async def heartbeat():
+            while not stop.is_set():
+                ticks.append(asyncio.get_running_loop().time())
+                await asyncio.sleep(0.01)
+
+        hb = asyncio.create_task(heartbeat())
+        await asyncio.sleep(0.05)
+        await asyncio.gather(*(policy.generate(p, {"temperature": 0, "max_new_tokens": 16, "ignore_eos": True})
+                               for p in prompts))
+        stop.set()
+        await hb
+        return ticks
+
+    ticks = asyncio.run(main())
+    gaps = [b - a for a, b in zip(ticks, ticks[1:])]
+    assert len(ticks) > 20 and max(gaps) < 0.25  # ticking every 10 ms while torch runs on the worker thread
