@@ -49,64 +49,138 @@ async def run_episode(env: Env, policy: Policy, task: Task | Mapping[str, Any] |
     A policy with `for_episode(session_id)` is asked for a per-episode view first; the session id
     (`metadata["session_id"]`, generated if absent) is recorded in the trajectory.
     """
-    if max_turns < 1 or max_new_tokens < 1:
-        raise InvalidInput(f"max_turns and max_new_tokens must be >= 1, got {max_turns} and {max_new_tokens}")
-    task = Task.coerce(task)
-    metadata = dict(metadata or {})
-    metadata["session_id"] = str(metadata.get("session_id") or uuid.uuid4().hex)
-    if callable(getattr(policy, "for_episode", None)):  # e.g. SGLang: routing key + abortable rids
-        policy = policy.for_episode(metadata["session_id"])
-    episode = _Episode(env, policy, task, renderer, agent_id,
-                       renderer.strict if strict is None else strict, metadata)
-    parse = get_parser(env.parser if parser == _FROM_ENV else parser)
-    loop = asyncio.get_running_loop()
-    deadline_at = None if deadline_s is None else loop.time() + deadline_s
-    params = dict(sampling_params or {})
-    params["stop_token_ids"] = sorted({*renderer.stop_token_ids, *(params.get("stop_token_ids") or ())})
-
-    try:
-        await episode.reset(seed, deadline_at)
-        while True:
-            if episode.turn >= max_turns:
-                raise _EpisodeEnd("truncated", f"max_turns={max_turns} reached")
-            room = max_new_tokens if max_context_tokens is None else max_context_tokens - len(episode.ledger)
-            if room <= 0:
-                raise _EpisodeEnd("truncated", f"context budget of {max_context_tokens} tokens exhausted")
-            gen = await episode.generate({**params, "max_new_tokens": min(max_new_tokens, room)}, deadline_at)
-            if gen.finish_reason == "abort":
-                raise _EpisodeEnd("aborted", "the policy aborted the generation")
-            content = episode.last_content
-            parsed = parse(content) if parse is not None else None
-            action = Action(text=content, token_ids=gen.token_ids,
-                            tool_calls=parsed.tool_calls if parsed else (),
-                            parse_errors=parsed.errors if parsed else (),
-                            finish_reason=gen.finish_reason, agent_id=agent_id, turn=episode.turn)
-            episode.parse_errors += len(action.parse_errors)
-            obs, terminated, truncated = await episode.step(action, deadline_at)
-            if terminated:
-                raise _EpisodeEnd("completed", "")
-            if truncated:
-                raise _EpisodeEnd("truncated", "the env truncated the episode")
-            if episode.turn >= max_turns:
-                raise _EpisodeEnd("truncated", f"max_turns={max_turns} reached")
-            episode.phase = "render observation"
-            bridge = renderer.bridge(gen.token_ids, obs, episode.messages)
-            if max_context_tokens is not None and len(episode.ledger) + len(bridge) >= max_context_tokens:
-                raise _EpisodeEnd("truncated", f"the observation ({len(bridge)} tokens) leaves no room in the "
-                                               f"context budget of {max_context_tokens} tokens")
-            episode.insert(gen, obs, bridge)
-    except _EpisodeEnd as end:
-        episode.status, episode.reason = end.status, end.reason
-    except TimeoutError as e:
-        if deadline_at is not None and loop.time() >= deadline_at:
-            episode.status, episode.reason = "truncated", f"deadline of {deadline_s}s exceeded during {episode.phase}"
-        else:  # a timeout inside the env or the policy, not ours
-            episode.fail(e)
-    except Exception as e:  # noqa: BLE001 - any failure becomes a recorded status, never a lost episode
-        episode.fail(e)
-    return episode.trajectory()
+    episode = Episode(env, policy, task, renderer=renderer, max_turns=max_turns,
+                      max_context_tokens=max_context_tokens, max_new_tokens=max_new_tokens, deadline_s=deadline_s,
+                      sampling_params=sampling_params, parser=parser, agent_id=agent_id, seed=seed, strict=strict,
+                      metadata=metadata)
+    result = await episode.run()
+    assert result is not None  # only suspend_on_abort episodes can be suspended
+    return result
 
 
+class Episode:
+    """One episode that can be run, aborted, and (with `suspend_on_abort`) resumed later.
+
+    `run()` returns the `Trajectory`, or None when the episode was aborted and suspended: its env,
+    ledger and partial turn are kept, and a later `run()` continues it (the rollout manager's partial
+    rollouts). `abort()` stops it: through the policy's `abort()` when the per-episode policy has one
+    (the engine returns the partial tokens), else by cancelling the in-flight generate call.
+    `mask_offpolicy()` turns every token generated so far into `offpolicy` tokens (loss mask 0), for
+    resuming under new weights. Same arguments and guarantees as `run_episode`.
+    """
+
+    def __init__(self, env: Env, policy: Policy, task: Task | Mapping[str, Any] | str, *,
+                 renderer: TemplateRenderer, max_turns: int = 8, max_context_tokens: int | None = None,
+                 max_new_tokens: int = 1024, deadline_s: float | None = None,
+                 sampling_params: Mapping[str, Any] | None = None, parser: Any = _FROM_ENV,
+                 agent_id: str = "agent", seed: int | None = None, strict: bool | None = None,
+                 metadata: Mapping[str, Any] | None = None, suspend_on_abort: bool = False):
+        if max_turns < 1 or max_new_tokens < 1:
+            raise InvalidInput(f"max_turns and max_new_tokens must be >= 1, got {max_turns} and {max_new_tokens}")
+        self.task = Task.coerce(task)
+        self.metadata = dict(metadata or {})
+        self.metadata["session_id"] = str(self.metadata.get("session_id") or uuid.uuid4().hex)
+        if callable(getattr(policy, "for_episode", None)):  # e.g. SGLang: routing key + abortable rids
+            policy = policy.for_episode(self.metadata["session_id"])
+        self.state = _Episode(env, policy, self.task, renderer, agent_id,
+                              renderer.strict if strict is None else strict, self.metadata)
+        self.parse = get_parser(env.parser if parser == _FROM_ENV else parser)
+        self.renderer, self.env, self.agent_id, self.seed = renderer, env, agent_id, seed
+        self.max_turns, self.max_context_tokens, self.max_new_tokens = max_turns, max_context_tokens, max_new_tokens
+        self.deadline_s = deadline_s
+        self.suspend_on_abort = suspend_on_abort
+        params = dict(sampling_params or {})
+        params["stop_token_ids"] = sorted({*renderer.stop_token_ids, *(params.get("stop_token_ids") or ())})
+        self.params = params
+        self.started = False
+        self.suspended = False
+        self.done: Trajectory | None = None
+        self._deadline_at: float | None = None
+
+    async def abort(self) -> None:
+        """Stop the episode at the next safe point; an in-flight generation returns what it has."""
+        await self.state.request_abort()
+
+    def mask_offpolicy(self) -> None:
+        self.state.ledger.mask_offpolicy()
+
+    async def run(self) -> Trajectory | None:
+        if self.done is not None:
+            return self.done
+        ep = self.state
+        loop = asyncio.get_running_loop()
+        if self._deadline_at is None and self.deadline_s is not None:
+            self._deadline_at = loop.time() + self.deadline_s
+        deadline_at = self._deadline_at
+        if self.suspended:
+            self.suspended = False
+            ep.resumed += 1
+            ep.abort_requested = False
+        try:
+            if not self.started:
+                self.started = True
+                await ep.reset(self.seed, deadline_at)
+            while True:
+                if ep.abort_requested:
+                    raise _Abort()
+                if ep.turn >= self.max_turns:
+                    raise _EpisodeEnd("truncated", f"max_turns={self.max_turns} reached")
+                room = self.max_new_tokens - len(ep.turn_ids)
+                if self.max_context_tokens is not None:
+                    room = min(room, self.max_context_tokens - len(ep.ledger))
+                if room <= 0:
+                    raise _EpisodeEnd("truncated", f"context budget of {self.max_context_tokens} tokens exhausted")
+                gen = await ep.generate({**self.params, "max_new_tokens": room}, deadline_at)
+                if gen.finish_reason == "abort":
+                    raise _Abort()
+                gen_ids = ep.close_turn()
+                parsed = self.parse(ep.last_content) if self.parse is not None else None
+                action = Action(text=ep.last_content, token_ids=tuple(gen_ids),
+                                tool_calls=parsed.tool_calls if parsed else (),
+                                parse_errors=parsed.errors if parsed else (),
+                                finish_reason=gen.finish_reason, agent_id=self.agent_id, turn=ep.turn)
+                ep.parse_errors += len(action.parse_errors)
+                obs, terminated, truncated = await ep.step(action, deadline_at)
+                if terminated:
+                    raise _EpisodeEnd("completed", "")
+                if truncated:
+                    raise _EpisodeEnd("truncated", "the env truncated the episode")
+                if ep.turn >= self.max_turns:
+                    raise _EpisodeEnd("truncated", f"max_turns={self.max_turns} reached")
+                ep.phase = "render observation"
+                bridge = self.renderer.bridge(gen_ids, obs, ep.messages)
+                if self.max_context_tokens is not None and len(ep.ledger) + len(bridge) >= self.max_context_tokens:
+                    raise _EpisodeEnd("truncated", f"the observation ({len(bridge)} tokens) leaves no room in the "
+                                                   f"context budget of {self.max_context_tokens} tokens")
+                ep.insert(gen_ids, obs, bridge)
+        except _Abort:
+            if self.suspend_on_abort:
+                self.suspended = True
+                return None
+            ep.status, ep.reason = "aborted", ep.abort_reason or "the policy aborted the generation"
+        except _EpisodeEnd as end:
+            ep.status, ep.reason = end.status, end.reason
+        except TimeoutError as e:
+            if deadline_at is not None and loop.time() >= deadline_at:
+                ep.status, ep.reason = "truncated", f"deadline of {self.deadline_s}s exceeded during {ep.phase}"
+            else:  # a timeout inside the env or the policy, not ours
+                ep.fail(e)
+        except Exception as e:  # noqa: BLE001 - any failure becomes a recorded status, never a lost episode
+            ep.fail(e)
+        self.done = ep.trajectory()
+        return self.done
+
+    def trajectory(self) -> Trajectory:
+        """The finished trajectory; a suspended or never-finished episode is returned as aborted."""
+        if self.done is None:
+            ep = self.state
+            ep.status, ep.reason = "aborted", ep.abort_reason or "aborted before it finished"
+            self.done = ep.trajectory()
+        return self.done
+
+
+class _Abort(Exception):
+    """Internal: the current generation was aborted."""
 
 
 class _Episode:
@@ -129,7 +203,13 @@ class _Episode:
         self.generate_s = self.env_s = 0.0
         self.t0 = time.perf_counter()
         self.last_content = ""
-        self.continuing = False  # the next generation continues the current assistant turn
+        self.continuing = False  # the next turn continues the current assistant message (mid-turn insert)
+        self.turn_ids: list[int] = []  # ids generated so far in the open turn (several calls if resumed)
+        self.abort_requested = False
+        self.abort_reason = ""
+        self.resumed = 0
+        self.turns_generated = 0
+        self._gen_task: asyncio.Future | None = None
 
     async def reset(self, seed: int | None, deadline_at: float | None) -> None:
         t = time.perf_counter()
@@ -147,13 +227,19 @@ class _Episode:
     async def generate(self, params: dict[str, Any], deadline_at: float | None) -> Generation:
         self.phase = "policy.generate"
         t = time.perf_counter()
+        self._gen_task = asyncio.ensure_future(self.policy.generate(self.ledger.ids, params))
         try:
             async with asyncio.timeout_at(deadline_at):
-                gen = await self.policy.generate(self.ledger.ids, params)
+                gen = await self._gen_task
+        except asyncio.CancelledError:
+            if not (self.abort_requested and self._gen_task.cancelled()):
+                raise  # our caller was cancelled, not the generation
+            gen = Generation((), (), "abort")  # aborted by cancellation: the policy could not stop itself
         except TimeoutError:
             await self._abort_engine_request()
             raise
         finally:
+            self._gen_task = None
             self.generate_s += time.perf_counter() - t
         self.phase = "framework"
         if not isinstance(gen, Generation):
@@ -161,19 +247,36 @@ class _Episode:
         if len(gen.token_ids) > params["max_new_tokens"]:
             raise InvalidInput(f"policy returned {len(gen.token_ids)} tokens, more than "
                                f"max_new_tokens={params['max_new_tokens']}")
-        if not gen.token_ids and gen.finish_reason != "abort":
+        if not gen.token_ids and gen.finish_reason != "abort" and not self.turn_ids:
             raise InvalidInput("policy returned no tokens")
         self.ledger.add_generated(gen.token_ids, gen.logprobs, self.turn)
+        self.turn_ids.extend(gen.token_ids)
         self.finish_reasons.append(gen.finish_reason)
         self.weight_versions.append(gen.weight_version)
-        # The action carries this generation's text only; the conversation record joins a turn that
-        # an env continued mid-way (a single assistant observation) into one assistant message.
-        self.last_content = self.renderer.assistant_text(gen.token_ids)
+        return gen
+
+    def close_turn(self) -> list[int]:
+        """End the open turn: its text becomes the action and the assistant message; returns its ids."""
+        ids, self.turn_ids = self.turn_ids, []
+        self.turns_generated += 1
+        # The action carries this turn's text only; the conversation record joins a turn that an env
+        # continued mid-way (a single assistant observation) into one assistant message.
+        self.last_content = self.renderer.assistant_text(ids)
         if self.continuing:
             self.messages[-1] = Message("assistant", self.messages[-1].content + self.last_content)
         else:
             self.messages.append(Message("assistant", self.last_content))
-        return gen
+        return ids
+
+    async def request_abort(self, reason: str = "aborted by the rollout manager") -> None:
+        self.abort_requested, self.abort_reason = True, reason
+        task = self._gen_task
+        if task is None or task.done():
+            return
+        if callable(getattr(self.policy, "abort", None)):
+            await self._abort_engine_request()  # the engine returns the partial tokens, finish "abort"
+        else:
+            task.cancel()
 
     async def _abort_engine_request(self) -> None:
         """Past the deadline the engine would keep generating for nobody: abort it if the policy can."""
@@ -209,10 +312,10 @@ class _Episode:
             self.messages.extend(obs)  # kept for the record; no tokens follow the last turn
         return obs, bool(terminated), bool(truncated)
 
-    def insert(self, gen: Generation, obs: list[Message], bridge: list[int]) -> None:
+    def insert(self, gen_ids: list[int], obs: list[Message], bridge: list[int]) -> None:
         self.phase = "render observation"
         if self.strict:
-            self.renderer.check_bridge(self.messages, gen.token_ids, obs, bridge, tools=self.env.tools)
+            self.renderer.check_bridge(self.messages, gen_ids, obs, bridge, tools=self.env.tools)
         self.ledger.add_inserted(bridge, self.turn - 1)
         self.continuing = len(obs) == 1 and obs[0].role == "assistant"
         if self.continuing:
@@ -237,10 +340,11 @@ class _Episode:
             task=self.task, prompt_ids=led.prompt_ids, response_ids=led.response_ids, loss_mask=led.loss_mask,
             rollout_logprobs=led.rollout_logprobs, spans=led.spans, turn_rewards=self.turn_rewards,
             reward=float(sum(self.turn_rewards)), status=self.status, reason=self.reason, agent_id=self.agent_id,
-            num_turns=len(self.finish_reasons), messages=self.messages,
+            num_turns=self.turns_generated + (1 if self.turn_ids else 0), messages=self.messages,
             response_text=self.renderer.decode(led.response_ids) if led.response_ids else "",
             timings={"total_s": total, "generate_s": self.generate_s, "env_s": self.env_s,
                      "framework_s": max(0.0, total - self.generate_s - self.env_s)},
             info=self.info,
             metadata={**self.metadata, "finish_reasons": self.finish_reasons,
-                      "weight_versions": self.weight_versions, "parse_errors": self.parse_errors})
+                      "weight_versions": self.weight_versions, "parse_errors": self.parse_errors,
+                      "resumed": self.resumed})

@@ -28,8 +28,9 @@ def tokenizer(name):
 # Text that stresses tokenizers and templates: digits after newlines, unicode, markup-like fragments.
 _FRAGMENTS = st.sampled_from(["Steps:\n\n1.", " 42", "\n", "  ", "ünï", "🙂", "<b>", "</tool_call>", "{", "\"",
                               "x = [1, 2]", "\t", "Doc 1(Title: a)", "<think>", "</answer>", "word"])
-# Unassigned and private-use code points are excluded: SmolLM2's vocabulary has no bytes for some of them.
-_CHARS = st.characters(exclude_categories=("Cs", "Co", "Cn"))
+# Control, unassigned and private-use code points are excluded: SmolLM2's vocabulary has no byte tokens
+# for some of them (its tokenizer drops "\x06"), so no ledger could represent them.
+_CHARS = st.characters(exclude_categories=("Cc", "Cs", "Co", "Cn"))
 _TEXT = st.lists(st.one_of(_FRAGMENTS, st.text(_CHARS, min_size=1, max_size=12)), min_size=1, max_size=6).map("".join)
 # Generated turns start with a visible character: a reply starting with whitespace is still exact in the
 # ledger, but the full render tokenizes "\n" + "\nfoo" as one merged piece (checked by text instead).
