@@ -100,6 +100,10 @@ class TransformersPolicy:
                           finish_reason=req.finish or "length", text=text, weight_version=self.weight_version,
                           prompt_tokens=len(req.input_ids), latency_s=time.perf_counter() - t0)
 
+    def for_episode(self, session_id: str) -> TransformersSession:
+        """A per-episode view: one rid per call, `abort()` stops the live one."""
+        return TransformersSession(self, session_id)
+
     def abort(self, rid: str) -> bool:
         """Stop request `rid`: it returns what it generated so far with finish_reason "abort"."""
         req = self._live.get(rid)
@@ -302,3 +306,22 @@ class TransformersPolicy:
         missing = [k for k in missing if k != "lm_head.weight"]
         if missing or unexpected:
             raise InvalidInput(f"weights do not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
+
+
+class TransformersSession:
+    """One episode's view of a `TransformersPolicy` (see `TransformersPolicy.for_episode`)."""
+
+    def __init__(self, policy: TransformersPolicy, session_id: str):
+        self.policy, self.session_id = policy, session_id
+        self._turns = itertools.count()
+        self.live_rid: str | None = None
+
+    async def generate(self, input_ids: Sequence[int], sampling_params: Mapping[str, Any]) -> Generation:
+        self.live_rid = f"{self.session_id}-{next(self._turns)}"
+        try:
+            return await self.policy.generate(input_ids, sampling_params, rid=self.live_rid)
+        finally:
+            self.live_rid = None
+
+    async def abort(self) -> bool:
+        return self.live_rid is not None and self.policy.abort(self.live_rid)

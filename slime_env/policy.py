@@ -73,12 +73,9 @@ class ScriptedPolicy:
             raise InvalidInput(f"ScriptedPolicy reply must be str, got {type(reply).__name__}")
         return reply
 
-    async def generate(self, input_ids: Sequence[int], sampling_params: Mapping[str, Any]) -> Generation:
-        self.calls += 1
-        if self.latency_s:
-            await asyncio.sleep(self.latency_s)
+    def plan(self, input_ids: Sequence[int], sampling_params: Mapping[str, Any]) -> tuple[list[int], str]:
+        """The ids this policy answers with, and the finish reason (before any latency or abort)."""
         text = self.reply_for(input_ids)
-        finish = "stop"
         ended_by_string = False
         stops = sampling_params.get("stop") or ()
         cut = min((text.find(s) + len(s) for s in ([stops] if isinstance(stops, str) else stops) if s in text),
@@ -91,14 +88,63 @@ class ScriptedPolicy:
         stop_ids = set(sampling_params.get("stop_token_ids") or ())
         for i, t in enumerate(ids):
             if t in stop_ids:
-                ids = ids[:i + 1]
-                break
+                return ids[:i + 1], "stop"
+        return ids, "stop"
+
+    def finish(self, input_ids: Sequence[int], ids: list[int], finish: str,
+               sampling_params: Mapping[str, Any]) -> Generation:
         limit = sampling_params.get("max_new_tokens")
         if limit is not None and len(ids) > limit:
             ids, finish = ids[:max(0, int(limit))], "length"
         logprobs = tuple(_synthetic_logprob(t, len(input_ids) + i) for i, t in enumerate(ids))
         return Generation(token_ids=tuple(ids), logprobs=logprobs, finish_reason=finish,
                           text=self._decode(ids), prompt_tokens=len(input_ids))
+
+    async def generate(self, input_ids: Sequence[int], sampling_params: Mapping[str, Any]) -> Generation:
+        self.calls += 1
+        if self.latency_s:
+            await asyncio.sleep(self.latency_s)
+        ids, finish = self.plan(input_ids, sampling_params)
+        return self.finish(input_ids, ids, finish, sampling_params)
+
+    def for_episode(self, session_id: str) -> ScriptedSession:
+        """A per-episode view whose `abort()` cuts the reply short, as an engine would."""
+        return ScriptedSession(self)
+
+
+class ScriptedSession:
+    """One episode's view of a `ScriptedPolicy`: tokens "stream" evenly over `latency_s`; `abort()`
+    returns the part produced so far (finish_reason "abort"), and the next call continues the reply."""
+
+    def __init__(self, policy: ScriptedPolicy):
+        self.policy = policy
+        self._pending: tuple[list[int], str] | None = None
+        self._abort = asyncio.Event()
+
+    async def generate(self, input_ids: Sequence[int], sampling_params: Mapping[str, Any]) -> Generation:
+        p = self.policy
+        p.calls += 1
+        self._abort.clear()
+        ids, finish = self._pending or p.plan(input_ids, sampling_params)
+        self._pending = None
+        if p.latency_s:
+            loop = asyncio.get_running_loop()
+            t0 = loop.time()
+            try:
+                await asyncio.wait_for(self._abort.wait(), p.latency_s)
+            except TimeoutError:
+                pass
+            else:
+                k = min(len(ids) - 1, int(len(ids) * (loop.time() - t0) / p.latency_s))
+                limit = sampling_params.get("max_new_tokens")
+                k = max(0, min(k, int(limit)) if limit is not None else k)
+                self._pending = (ids[k:], finish)
+                gen = p.finish(input_ids, ids[:k], "stop", sampling_params)
+                return Generation(gen.token_ids, gen.logprobs, "abort", gen.text, prompt_tokens=len(input_ids))
+        return p.finish(input_ids, ids, finish, sampling_params)
+
+    async def abort(self) -> None:
+        self._abort.set()
 
 
 def _synthetic_logprob(token: int, position: int) -> float:

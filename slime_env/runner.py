@@ -97,9 +97,9 @@ class Episode:
         self.done: Trajectory | None = None
         self._deadline_at: float | None = None
 
-    async def abort(self) -> None:
+    async def abort(self, reason: str = "aborted by the caller") -> None:
         """Stop the episode at the next safe point; an in-flight generation returns what it has."""
-        await self.state.request_abort()
+        await self.state.request_abort(reason)
 
     def mask_offpolicy(self) -> None:
         self.state.ledger.mask_offpolicy()
@@ -268,7 +268,7 @@ class _Episode:
             self.messages.append(Message("assistant", self.last_content))
         return ids
 
-    async def request_abort(self, reason: str = "aborted by the rollout manager") -> None:
+    async def request_abort(self, reason: str) -> None:
         self.abort_requested, self.abort_reason = True, reason
         task = self._gen_task
         if task is None or task.done():

@@ -1,0 +1,320 @@
+"""`RolloutManager`: many episodes at once, delivered as complete, valid groups of trajectories."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import math
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from slime_env.env import Env
+from slime_env.errors import InvalidInput
+from slime_env.registry import make
+from slime_env.renderers.template import TemplateRenderer
+from slime_env.rollout.filters import get_filter
+from slime_env.rollout.metrics import batch_metrics
+from slime_env.rollout.store import RolloutStore
+from slime_env.runner import Episode
+from slime_env.trajectory import STATUSES, Trajectory
+from slime_env.types import Task
+
+ABORTED = "aborted by the rollout manager: the batch was full"
+
+
+@dataclass
+class Group:
+    """The `n_samples_per_prompt` trajectories of one task, in sample order.
+
+    `group_index` is the task's position in the dataset; trajectory k has `metadata["index"] ==
+    group_index * n + k`. `accepted` is False when the dynamic filter dropped it (`filter_reason`).
+    """
+
+    group_index: int
+    task: Task
+    env_id: str
+    trajectories: list[Trajectory]
+    accepted: bool = True
+    filter_reason: str = ""
+
+    def status_counts(self) -> dict[str, int]:
+        counts = dict.fromkeys(STATUSES, 0)
+        for t in self.trajectories:
+            counts[t.status] += 1
+        return counts
+
+    def to_slime_samples(self) -> list[dict[str, Any]]:
+        """slime `Sample` dicts, positional (the n samples of this group, in order); failed ones removed-safe."""
+        return [t.to_slime_sample() for t in self.trajectories]
+
+    def to_record(self) -> dict[str, Any]:
+        return {"group_index": self.group_index, "task_id": self.task.id, "env_id": self.env_id,
+                "accepted": self.accepted, "filter_reason": self.filter_reason,
+                "status_counts": self.status_counts(), "trajectories": [t.to_dict() for t in self.trajectories]}
+
+
+@dataclass
+class Batch:
+    """One `generate_batch` result: accepted groups (exactly the number asked for, unless the data ran
+    out), the groups the filter dropped on the way, and metrics a trainer can log."""
+
+    groups: list[Group]
+    dropped: list[Group] = field(default_factory=list)
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class _Running:
+    group_index: int
+    task: Task
+    env_id: str
+    episodes: list[Episode] = field(default_factory=list)
+    envs: list[Env | None] = field(default_factory=list)
+    future: asyncio.Task | None = None
+
+
+class RolloutManager:
+    """Runs `n_samples_per_prompt` episodes per task as a group, at most `max_concurrency` episodes
+    in flight, and hands out finished groups.
+
+    `generate_batch(k)` returns exactly `k` accepted groups (fewer only when the tasks run out).
+    `over_sampling` > 1 starts up to `ceil(k * over_sampling)` groups at once; `dynamic_filter`
+    (a callable `fn(group) -> bool`, "nonzero_std", or an import path) drops groups, and new ones start
+    in their place. When `k` are accepted, the groups still running are aborted through the policy:
+    with `partial_rollout=True` their finished turns and partial generations are kept and resumed at
+    the start of the next call (`mask_offpolicy=True` masks what the older weights generated);
+    without it their tasks go back to the queue and rerun from scratch. Every episode ends with a
+    status; env and policy errors become `failed` trajectories inside their group.
+    With `out_dir`, delivered groups (accepted and dropped) are appended to `groups.jsonl` as they are
+    delivered, and `resume=True` skips exactly the groups already written.
+    `env_factory(task, env_id) -> Env` (sync or async) replaces `make(env_id, **env_kwargs)`, e.g. for
+    `RemoteEnv` or the Ray pool (`backend="ray"`, see `slime_env.rollout.ray_backend`).
+    """
+
+    def __init__(self, tasks: Sequence[Task | Mapping[str, Any] | str], *, policy: Any,
+                 renderer: TemplateRenderer, env_id: str | None = None, env_kwargs: Mapping[str, Any] | None = None,
+                 env_factory: Callable[[Task, str], Any] | None = None,
+                 sampling_params: Mapping[str, Any] | None = None, n_samples_per_prompt: int = 8,
+                 max_concurrency: int = 256, max_turns: int = 8, max_new_tokens: int = 1024,
+                 max_context_tokens: int | None = None, deadline_s: float | None = None,
+                 dynamic_filter: Any = None, over_sampling: float = 1.0, partial_rollout: bool = False,
+                 mask_offpolicy: bool = False, out_dir: str | None = None, resume: bool = False,
+                 parquet: bool = False, progress: bool = False, seed: int = 0, strict: bool | None = None):
+        if n_samples_per_prompt < 1:
+            raise InvalidInput(f"n_samples_per_prompt must be >= 1, got {n_samples_per_prompt}")
+        if max_concurrency < n_samples_per_prompt:
+            raise InvalidInput(f"max_concurrency={max_concurrency} cannot hold one group of {n_samples_per_prompt}")
+        if over_sampling < 1.0:
+            raise InvalidInput(f"over_sampling must be >= 1.0, got {over_sampling}")
+        self.tasks = [Task.coerce(t, f"tasks[{i}]") for i, t in enumerate(tasks)]
+        if env_id is None and env_factory is None and any("env_id" not in t.metadata for t in self.tasks):
+            raise InvalidInput("give env_id=, env_factory=, or metadata['env_id'] on every task")
+        self.policy, self.renderer = policy, renderer
+        self.env_id, self.env_kwargs, self.env_factory = env_id, dict(env_kwargs or {}), env_factory
+        self.sampling_params = dict(sampling_params or {})
+        self.n = n_samples_per_prompt
+        self.max_concurrency = max_concurrency
+        self.episode_kwargs = {"max_turns": max_turns, "max_new_tokens": max_new_tokens,
+                               "max_context_tokens": max_context_tokens, "deadline_s": deadline_s, "strict": strict}
+        self.filter = get_filter(dynamic_filter)
+        self.over_sampling = over_sampling
+        self.partial_rollout, self.mask_offpolicy = partial_rollout, mask_offpolicy
+        self.progress = progress
+        self.seed = seed
+        self.store = None
+        if out_dir is not None:
+            config = {"env_id": env_id, "n_samples_per_prompt": self.n, "num_tasks": len(self.tasks),
+                      "task_ids": _fingerprint(self.tasks)}
+            self.store = RolloutStore(out_dir, config, resume=resume, parquet=parquet)
+        done = set(self.store.done) if self.store else set()
+        self._queue: deque[int] = deque(i for i in range(len(self.tasks)) if i not in done)
+        self._carry: deque[_Running] = deque()   # suspended groups (partial rollout), resumed first
+        self._ready: deque[Group] = deque()      # accepted beyond a batch's target, delivered next time
+        self._ready_dropped: list[Group] = []    # dropped after a batch closed, delivered with the next one
+        self.batches = 0
+
+    # --- public API ------------------------------------------------------------------------------
+    def remaining(self) -> int:
+        """Groups not delivered yet (queued, suspended or finished-but-undelivered)."""
+        return len(self._queue) + len(self._carry) + len(self._ready) + len(self._ready_dropped)
+
+    async def generate_batch(self, num_groups: int) -> Batch:
+        if num_groups < 1:
+            raise InvalidInput(f"num_groups must be >= 1, got {num_groups}")
+        t0 = time.perf_counter()
+        accepted: list[Group] = []
+        dropped, self._ready_dropped = self._ready_dropped, []
+        while self._ready and len(accepted) < num_groups:
+            accepted.append(self._ready.popleft())
+        limit = math.ceil(num_groups * self.over_sampling)
+        running: dict[asyncio.Task, _Running] = {}
+        progress = self._progress(num_groups)
+        try:
+            while len(accepted) < num_groups:
+                while (len(accepted) + len(running) < limit and (self._carry or self._queue)
+                       and (len(running) + 1) * self.n <= self.max_concurrency):
+                    rg = self._carry.popleft() if self._carry else self._new_group(self._queue.popleft())
+                    rg.future = asyncio.ensure_future(self._run_group(rg))
+                    running[rg.future] = rg
+                if not running:
+                    break  # no tasks left
+                finished, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                for fut in finished:
+                    rg = running.pop(fut)
+                    group = fut.result()
+                    self._judge(group)
+                    if not group.accepted:
+                        dropped.append(group)
+                    elif len(accepted) < num_groups:
+                        accepted.append(group)
+                        if progress:
+                            progress[0].advance(progress[1])
+                    else:
+                        self._ready.append(group)
+            await self._abort(running)
+        finally:
+            if progress:
+                progress[0].stop()
+        for group in [*accepted, *dropped]:
+            if self.store:
+                self.store.append(group.to_record())
+        self.batches += 1
+        if self.store:
+            self.store.write_parquet([_flat_row(g, t) for g in accepted for t in g.trajectories])
+        metrics = batch_metrics(accepted, dropped, time.perf_counter() - t0,
+                                carried=len(self._carry), queued=len(self._queue))
+        return Batch(groups=accepted, dropped=dropped, metrics=metrics)
+
+    async def run(self, batch_size: int | None = None) -> AsyncIterator[Group]:
+        """Every remaining task, as accepted groups (dropped ones are persisted, not yielded)."""
+        while self.remaining():
+            batch = await self.generate_batch(batch_size or self.remaining())
+            for group in batch.groups:
+                yield group
+            if not batch.groups and not batch.dropped:
+                break
+
+    async def close(self) -> None:
+        """Abort and close what is still suspended; close the store. Undelivered groups rerun on resume."""
+        while self._carry:
+            rg = self._carry.popleft()
+            for ep in rg.episodes:
+                ep.trajectory()
+            await self._close_envs(rg)
+        if self.store:
+            self.store.close()
+
+    # --- internals -------------------------------------------------------------------------------
+    def _new_group(self, index: int) -> _Running:
+        task = self.tasks[index]
+        return _Running(index, task, str(task.metadata.get("env_id", self.env_id)))
+
+    async def _run_group(self, rg: _Running) -> Group | None:
+        if not rg.episodes:
+            await self._start_episodes(rg)
+        elif self.mask_offpolicy:
+            for ep in rg.episodes:
+                if ep.suspended:
+                    ep.mask_offpolicy()
+        results = await asyncio.gather(*(ep.run() for ep in rg.episodes))
+        if any(r is None for r in results):
+            return None  # suspended by an abort (partial rollout)
+        await self._close_envs(rg)
+        return Group(rg.group_index, rg.task, rg.env_id, list(results))
+
+    async def _start_episodes(self, rg: _Running) -> None:
+        for k in range(self.n):
+            index = rg.group_index * self.n + k
+            metadata = {"index": index, "group_index": rg.group_index, "sample_index": k, "env_id": rg.env_id}
+            try:
+                env = await self._make_env(rg.task, rg.env_id)
+            except Exception as e:  # noqa: BLE001 - a broken env becomes failed trajectories, not a crash
+                env = _BrokenEnv(f"making env {rg.env_id!r} raised {type(e).__name__}: {e}")
+            rg.envs.append(env)
+            policy = self.policy.get("agent", self.policy.get("default")) if isinstance(self.policy, Mapping) \
+                else self.policy
+            rg.episodes.append(Episode(env, policy, rg.task, renderer=self.renderer, metadata=metadata,
+                                       sampling_params=self.sampling_params, seed=self.seed * 1_000_003 + index,
+                                       suspend_on_abort=self.partial_rollout, **self.episode_kwargs))
+
+    async def _make_env(self, task: Task, env_id: str) -> Env:
+        if self.env_factory is not None:
+            env = self.env_factory(task, env_id)
+            return await env if inspect.isawaitable(env) else env
+        return make(env_id, **self.env_kwargs)
+
+    async def _close_envs(self, rg: _Running) -> None:
+        for env in rg.envs:
+            if env is not None:
+                try:
+                    await env.close()
+                except Exception:  # noqa: BLE001 - closing is best effort; the trajectories are safe
+                    pass
+        rg.envs = [None] * len(rg.envs)
+
+    def _judge(self, group: Group) -> None:
+        if self.filter is None:
+            return
+        try:
+            keep = bool(self.filter(group))
+        except Exception as e:  # noqa: BLE001 - a filter bug drops the group, visibly
+            group.accepted, group.filter_reason = False, f"filter raised {type(e).__name__}: {e}"
+            return
+        if not keep:
+            group.accepted, group.filter_reason = False, f"dropped by {getattr(self.filter, '__name__', 'filter')}"
+
+    async def _abort(self, running: dict[asyncio.Task, _Running]) -> None:
+        """Abort groups still running once the batch is full; keep (partial) or requeue their tasks."""
+        if not running:
+            return
+        await asyncio.gather(*(ep.abort(ABORTED) for rg in running.values() for ep in rg.episodes))
+        for fut, rg in running.items():
+            group = await fut
+            if group is None:  # suspended (partial rollout): resumed first next time
+                self._carry.append(rg)
+            elif any(t.status == "aborted" and t.reason == ABORTED for t in group.trajectories):
+                self._queue.appendleft(rg.group_index)  # cut short without partial rollouts: rerun from scratch
+            else:  # it finished before the abort reached it: deliver it next time
+                self._judge(group)
+                (self._ready if group.accepted else self._ready_dropped).append(group)
+
+    def _progress(self, total: int):
+        if not self.progress:
+            return None
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        bar = Progress(TextColumn(f"batch {self.batches}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                       transient=True)
+        task_id = bar.add_task("groups", total=total)
+        bar.start()
+        return bar, task_id
+
+
+class _BrokenEnv(Env):
+    """Stands in for an env that could not be made: its episode fails with the reason."""
+
+    def __init__(self, reason: str):
+        self.reason = reason
+
+    async def reset(self, *, seed=None, options=None):
+        raise InvalidInput(self.reason)
+
+
+def _fingerprint(tasks: Sequence[Task]) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    for t in tasks:
+        h.update(str(t.id).encode())
+        h.update(b"\0")
+    return h.hexdigest()[:16]
+
+
+def _flat_row(group: Group, t: Trajectory) -> dict[str, Any]:
+    return {"group_index": group.group_index, "index": t.metadata.get("index"), "task_id": group.task.id,
+            "env_id": group.env_id, "status": t.status, "reason": t.reason, "reward": t.reward,
+            "prompt_ids": t.prompt_ids, "response_ids": t.response_ids, "loss_mask": t.loss_mask,
+            "rollout_logprobs": t.rollout_logprobs, "turn_rewards": t.turn_rewards, "num_turns": t.num_turns}
