@@ -17,7 +17,7 @@ _EXPORTS = {
     "SGLangPolicy": "agents.sglang_policy", "SGLangSession": "agents.sglang_policy",
     "OpenAIPolicy": "agents.openai_policy", "TransformersPolicy": "agents.transformers_policy",
     "load_default_model": "agents.default_model", "default_model_path": "agents.default_model",
-    "EngineError": "agents.http", "ProtocolError": "agents.http",
+    "RemoteError": "slime_env.http", "ProtocolError": "slime_env.http",
 }
 
 __all__ = sorted(_EXPORTS)

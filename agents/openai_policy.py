@@ -16,7 +16,7 @@ import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from agents.http import HttpClient, ProtocolError
+from slime_env.http import HttpClient, ProtocolError
 from slime_env import Generation
 
 _FINISH = {"stop": "stop", "length": "length", "abort": "abort", "eos": "stop"}

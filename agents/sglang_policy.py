@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from agents.http import EngineError, HttpClient, ProtocolError
+from slime_env.http import RemoteError, HttpClient, ProtocolError
 from slime_env import Generation
 
 ROUTING_HEADER = "X-SMG-Routing-Key"
@@ -103,7 +103,7 @@ class SGLangPolicy:
         try:
             await self.http.request("GET", "/health_generate", expect_json=False)
             return True
-        except EngineError:
+        except RemoteError:
             return False
 
     async def flush_cache(self) -> None:
@@ -121,7 +121,7 @@ class SGLangPolicy:
             body["weight_version"] = weight_version
         result = await self.http.request("POST", "/update_weights_from_disk", body)
         if isinstance(result, dict) and result.get("success") is False:
-            raise EngineError(f"update_weights_from_disk({model_path!r}) failed: {result.get('message')}")
+            raise RemoteError(f"update_weights_from_disk({model_path!r}) failed: {result.get('message')}")
         return result
 
     async def abort(self, rid: str) -> None:

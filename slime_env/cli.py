@@ -57,5 +57,26 @@ def serve_engine(model: str = typer.Option("default", help="'default' (embedded 
     serve(model=model, host=host, port=port, max_batch_size=max_batch_size, batch_window_s=batch_window_ms / 1000)
 
 
+@app.command("serve-env")
+def serve_env(env_id: str = typer.Argument(..., help="registered env id"),
+              host: str = typer.Option("127.0.0.1", help="address to bind"),
+              port: int = typer.Option(8100, help="port (0 picks a free one)"),
+              kwargs: str = typer.Option("{}", help="env kwargs as a JSON object"),
+              max_sessions: int = typer.Option(1024, min=1, help="open sessions at most ('at capacity' beyond)"),
+              idle_timeout_s: float = typer.Option(600.0, help="close sessions idle this long (0: never)"),
+              request_timeout_s: float = typer.Option(300.0, help="longest reset/step before a 504")) -> None:
+    """Serve a registered env over HTTP for `slime_env.RemoteEnv` (sessions: create/reset/step/close)."""
+    import json
+
+    from slime_env.rollout.env_server import serve
+
+    try:
+        env_kwargs = json.loads(kwargs)
+    except ValueError as e:
+        raise typer.BadParameter(f"--kwargs is not JSON: {e}") from None
+    serve(env_id, host=host, port=port, env_kwargs=env_kwargs, max_sessions=max_sessions,
+          idle_timeout_s=idle_timeout_s or None, request_timeout_s=request_timeout_s)
+
+
 def main() -> None:
     app()

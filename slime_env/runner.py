@@ -84,7 +84,8 @@ class Episode:
             policy = policy.for_episode(self.metadata["session_id"])
         self.state = _Episode(env, policy, self.task, renderer, agent_id,
                               renderer.strict if strict is None else strict, self.metadata)
-        self.parse = get_parser(env.parser if parser == _FROM_ENV else parser)
+        self._parser_spec = parser
+        self.parse = None  # resolved after reset: a remote env learns its parser when its session opens
         self.renderer, self.env, self.agent_id, self.seed = renderer, env, agent_id, seed
         self.max_turns, self.max_context_tokens, self.max_new_tokens = max_turns, max_context_tokens, max_new_tokens
         self.deadline_s = deadline_s
@@ -120,6 +121,7 @@ class Episode:
             if not self.started:
                 self.started = True
                 await ep.reset(self.seed, deadline_at)
+                self.parse = get_parser(self.env.parser if self._parser_spec == _FROM_ENV else self._parser_spec)
             while True:
                 if ep.abort_requested:
                     raise _Abort()

@@ -13,7 +13,7 @@ import os
 import pytest
 from aiohttp import web
 
-from agents.http import EngineError, ProtocolError
+from slime_env.http import RemoteError, ProtocolError
 from agents.openai_policy import OpenAIPolicy, completion_request, parse_completion
 
 # A vLLM 0.11 answer to {"prompt": [...], "logprobs": 1, "return_token_ids": true,
@@ -108,7 +108,7 @@ def test_malformed_answers_are_named():
     bad = _without("finish_reason")
     with pytest.raises(ProtocolError, match="finish_reason None"):
         _call(bad)
-    with pytest.raises(EngineError, match="answered 400"):
+    with pytest.raises(RemoteError, match="answered 400"):
         _call({"error": "bad"}, status=400)
 
 

@@ -20,7 +20,7 @@ torch = pytest.importorskip("torch")
 from aiohttp import ClientSession, web  # noqa: E402
 
 from agents.default_model import default_model_path, load_default_model  # noqa: E402
-from agents.http import EngineError, ProtocolError  # noqa: E402
+from slime_env.http import RemoteError, ProtocolError  # noqa: E402
 from agents.sglang_policy import SGLangPolicy, parse_generate_response  # noqa: E402
 from agents.transformers_policy import TransformersPolicy  # noqa: E402
 from slime_env import Message, Task, get_renderer, make, run_episode  # noqa: E402
@@ -170,7 +170,7 @@ def test_retries_on_5xx_and_dropped_connections_only(engine_url, local, mode, fa
             try:
                 gen = await policy.generate(prompts(tok)[0], {"temperature": 0, "max_new_tokens": 3})
                 return gen, None, policy.http.retries, proxy.seen
-            except EngineError as e:
+            except RemoteError as e:
                 return None, e, policy.http.retries, proxy.seen
             finally:
                 await policy.close()
@@ -199,7 +199,7 @@ def test_update_weights_from_disk_changes_outputs(engine_url, local, tmp_path):
         await policy.update_weights_from_disk(str(noisy), "step-1")
         after = await policy.generate(prompts(tok)[0], params)
         info = await policy.get_model_info()
-        with pytest.raises(EngineError, match="no .safetensors"):
+        with pytest.raises(RemoteError, match="no .safetensors"):
             await policy.update_weights_from_disk(str(tmp_path / "missing"), "x")
         await policy.update_weights_from_disk(str(default_model_path()), "step-2")
         restored = await policy.generate(prompts(tok)[0], params)

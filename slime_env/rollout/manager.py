@@ -91,7 +91,8 @@ class RolloutManager:
     With `out_dir`, delivered groups (accepted and dropped) are appended to `groups.jsonl` as they are
     delivered, and `resume=True` skips exactly the groups already written.
     `env_factory(task, env_id) -> Env` (sync or async) replaces `make(env_id, **env_kwargs)`, e.g. for
-    `RemoteEnv` or the Ray pool (`backend="ray"`, see `slime_env.rollout.ray_backend`).
+    `RemoteEnv`; `backend="ray"` runs the envs in `ray_actors` Ray actors per env id
+    (`slime_env.rollout.ray_backend`), generation staying in this event loop.
     """
 
     def __init__(self, tasks: Sequence[Task | Mapping[str, Any] | str], *, policy: Any,
@@ -102,7 +103,8 @@ class RolloutManager:
                  max_context_tokens: int | None = None, deadline_s: float | None = None,
                  dynamic_filter: Any = None, over_sampling: float = 1.0, partial_rollout: bool = False,
                  mask_offpolicy: bool = False, out_dir: str | None = None, resume: bool = False,
-                 parquet: bool = False, progress: bool = False, seed: int = 0, strict: bool | None = None):
+                 parquet: bool = False, progress: bool = False, seed: int = 0, strict: bool | None = None,
+                 backend: str = "local", ray_actors: int = 2, ray_actor_options: Mapping[str, Any] | None = None):
         if n_samples_per_prompt < 1:
             raise InvalidInput(f"n_samples_per_prompt must be >= 1, got {n_samples_per_prompt}")
         if max_concurrency < n_samples_per_prompt:
@@ -119,6 +121,10 @@ class RolloutManager:
         self.max_concurrency = max_concurrency
         self.episode_kwargs = {"max_turns": max_turns, "max_new_tokens": max_new_tokens,
                                "max_context_tokens": max_context_tokens, "deadline_s": deadline_s, "strict": strict}
+        if backend not in ("local", "ray"):
+            raise InvalidInput(f"backend must be 'local' or 'ray', got {backend!r}")
+        self.backend, self.ray_actors, self.ray_actor_options = backend, ray_actors, dict(ray_actor_options or {})
+        self._ray_pools: dict[str, Any] = {}
         self.filter = get_filter(dynamic_filter)
         self.over_sampling = over_sampling
         self.partial_rollout, self.mask_offpolicy = partial_rollout, mask_offpolicy
@@ -206,6 +212,9 @@ class RolloutManager:
             await self._close_envs(rg)
         if self.store:
             self.store.close()
+        for pool in self._ray_pools.values():
+            pool.shutdown()
+        self._ray_pools.clear()
 
     # --- internals -------------------------------------------------------------------------------
     def _new_group(self, index: int) -> _Running:
@@ -244,6 +253,13 @@ class RolloutManager:
         if self.env_factory is not None:
             env = self.env_factory(task, env_id)
             return await env if inspect.isawaitable(env) else env
+        if self.backend == "ray":
+            if env_id not in self._ray_pools:
+                from slime_env.rollout.ray_backend import RayEnvPool
+
+                self._ray_pools[env_id] = RayEnvPool(env_id, env_kwargs=self.env_kwargs, num_actors=self.ray_actors,
+                                                     actor_options=self.ray_actor_options)
+            return self._ray_pools[env_id].factory(task, env_id)
         return make(env_id, **self.env_kwargs)
 
     async def _close_envs(self, rg: _Running) -> None:

@@ -1,4 +1,5 @@
-"""HTTP plumbing shared by the engine clients: pooled aiohttp sessions, timeouts and retries.
+"""HTTP plumbing shared by the remote clients (engines, env servers): pooled aiohttp sessions,
+timeouts and retries.
 
 Retries (with exponential backoff and jitter) happen on connection errors and 5xx answers only:
 a 4xx is the request's fault and is raised at once with the server's message.
@@ -17,16 +18,16 @@ import aiohttp
 from slime_env.errors import SlimeEnvError
 
 
-class EngineError(SlimeEnvError):
-    """An engine answered with an error, or could not be reached after all retries."""
+class RemoteError(SlimeEnvError):
+    """A server answered with an error, or could not be reached after all retries."""
 
     def __init__(self, message: str, status: int | None = None):
         super().__init__(message)
         self.status = status
 
 
-class ProtocolError(EngineError):
-    """An engine answered, but not in the shape the protocol requires (e.g. no log-probs)."""
+class ProtocolError(RemoteError):
+    """A server answered, but not in the shape the protocol requires (e.g. no log-probs)."""
 
 
 class HttpClient:
@@ -55,10 +56,13 @@ class HttpClient:
         return self._session
 
     async def request(self, method: str, path: str, body: Any = None, *,
-                      headers: Mapping[str, str] | None = None, expect_json: bool = True) -> Any:
+                      headers: Mapping[str, str] | None = None, expect_json: bool = True,
+                      max_retries: int | None = None) -> Any:
+        """`max_retries` overrides the client's (0 for calls that must not run twice, like an env step)."""
         url = f"{self.base_url}{path}"
         last: Exception | None = None
-        for attempt in range(self.max_retries + 1):
+        retries = self.max_retries if max_retries is None else max_retries
+        for attempt in range(retries + 1):
             if attempt:
                 self.retries += 1
                 await asyncio.sleep(self.backoff_s * (2 ** (attempt - 1)) * (0.5 + random.random()))
@@ -66,10 +70,10 @@ class HttpClient:
                 async with self.session().request(method, url, json=body, headers=headers) as resp:
                     text = await resp.text()
                     if resp.status >= 500:
-                        last = EngineError(f"{method} {url} answered {resp.status}: {text[:300]}", resp.status)
+                        last = RemoteError(f"{method} {url} answered {resp.status}: {text[:300]}", resp.status)
                         continue
                     if resp.status >= 400:
-                        raise EngineError(f"{method} {url} answered {resp.status}: {text[:500]}", resp.status)
+                        raise RemoteError(f"{method} {url} answered {resp.status}: {text[:500]}", resp.status)
                     if not expect_json:
                         return text
                     try:
@@ -77,8 +81,8 @@ class HttpClient:
                     except ValueError:
                         raise ProtocolError(f"{method} {url} answered non-JSON: {text[:200]!r}") from None
             except aiohttp.ClientConnectionError as e:  # refused, reset, server disconnected
-                last = EngineError(f"{method} {url}: connection failed: {e!r}")
-        raise EngineError(f"{last} (after {self.max_retries} retries)",
+                last = RemoteError(f"{method} {url}: connection failed: {e!r}")
+        raise RemoteError(f"{last} (after {retries} retries)",
                           getattr(last, "status", None)) from last
 
     async def close(self) -> None:

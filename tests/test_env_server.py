@@ -1,0 +1,142 @@
+"""Env servers (`serve-env` + `RemoteEnv`) and the Ray backend."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+
+import pytest
+from aiohttp import web
+from test_rollout import CoinEnv  # noqa: F401 - registers TestCoin-v0 in this process
+
+from slime_env import RolloutManager, ScriptedPolicy, Task, get_renderer, make, run_episode
+from slime_env.http import RemoteError
+from slime_env.rollout.env_server import EnvServer, RemoteEnv
+
+CALL = '<tool_call>{"name": "calculator", "arguments": {"expression": "6*7"}}</tool_call>'
+TASK = Task(prompt="What is 6*7?", label=42)
+
+
+@pytest.fixture(scope="module")
+def renderer(smollm2_tok):
+    return get_renderer(smollm2_tok, strict=True)
+
+
+class Served:
+    """An EnvServer on 127.0.0.1 inside the test's event loop."""
+
+    def __init__(self, env_id, **kw):
+        self.server = EnvServer(env_id, **kw)
+
+    async def __aenter__(self):
+        self.runner = web.AppRunner(self.server.app(), access_log=None)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        await site.start()
+        self.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.runner.cleanup()
+
+
+def test_cli_server_and_remote_env_match_local(smollm2_tok, renderer):
+    proc = subprocess.Popen([sys.executable, "-m", "slime_env", "serve-env", "Calculator-v0", "--port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("listening on "), line
+        url = line.split()[-1]
+
+        async def main():
+            remote = RemoteEnv(url)
+            a = await run_episode(remote, ScriptedPolicy(smollm2_tok, [CALL, "<answer>42</answer>"]), TASK,
+                                  renderer=renderer)
+            await remote.close()
+            b = await run_episode(make("Calculator-v0"), ScriptedPolicy(smollm2_tok, [CALL, "<answer>42</answer>"]),
+                                  TASK, renderer=renderer)
+            return a, b
+
+        remote_traj, local_traj = asyncio.run(main())
+        assert remote_traj.status == "completed" and remote_traj.reward == 1.0, remote_traj.reason
+        assert remote_traj.tokens == local_traj.tokens and remote_traj.loss_mask == local_traj.loss_mask
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_capacity_reaper_timeout_and_dead_server(smollm2_tok, renderer):
+    async def main():
+        out = {}
+        async with Served("Calculator-v0", max_sessions=2, idle_timeout_s=0.3) as s:
+            envs = [RemoteEnv(s.url) for _ in range(3)]
+            for e in envs[:2]:
+                await e.reset(options={"task": TASK})
+            with pytest.raises(RemoteError, match="at capacity: 2 of 2"):
+                envs[2].client.max_retries = 0
+                await envs[2].reset(options={"task": TASK})
+            await asyncio.sleep(0.8)  # both sessions idle past 0.3 s: reaped
+            out["after_reap"] = len(s.server.sessions)
+            traj = await run_episode(envs[0], ScriptedPolicy(smollm2_tok, [CALL]), TASK, renderer=renderer)
+            out["reaped"] = traj
+        async with Served("TestCoin-v0", request_timeout_s=0.2) as s:
+            slow = Task(prompt="slow", metadata={"delay": 1.0})
+            out["timeout"] = await run_episode(RemoteEnv(s.url), ScriptedPolicy(smollm2_tok, ["x"]), slow,
+                                               renderer=renderer)
+            boom = Task(prompt="boom", metadata={"boom": True})
+            out["boom"] = await run_episode(RemoteEnv(s.url), ScriptedPolicy(smollm2_tok, ["x"]), boom,
+                                            renderer=renderer)
+            dying = RemoteEnv(s.url)
+            await dying.reset(options={"task": TASK})
+        # the server is gone now
+        policy = ScriptedPolicy(smollm2_tok, ["x"])
+        out["dead"] = await run_episode(RemoteEnv(s.url), policy, TASK, renderer=renderer)
+        return out
+
+    out = asyncio.run(main())
+    assert out["after_reap"] == 0
+    assert out["reaped"].status == "failed" and "no session" in out["reaped"].reason
+    assert out["timeout"].status == "failed" and "504" in out["timeout"].reason
+    assert out["boom"].status == "failed" and "RuntimeError: boom" in out["boom"].reason
+    assert out["dead"].status == "failed" and "connection failed" in out["dead"].reason
+
+
+def test_rollout_manager_through_remote_envs(smollm2_tok, renderer):
+    async def main():
+        async with Served("Calculator-v0") as s:
+            manager = RolloutManager([TASK] * 4, env_factory=lambda task, env_id: RemoteEnv(s.url),
+                                     policy=ScriptedPolicy(smollm2_tok, [CALL, "<answer>42</answer>"]),
+                                     renderer=renderer, n_samples_per_prompt=3)
+            batch = await manager.generate_batch(4)
+            await manager.close()
+            return batch, len(s.server.sessions)
+
+    batch, left = asyncio.run(main())
+    assert len(batch.groups) == 4 and all(t.reward == 1.0 for g in batch.groups for t in g.trajectories)
+    assert left == 0  # every RemoteEnv closed its session
+
+
+def test_ray_backend_with_two_actors(smollm2_tok, renderer):
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        async def main():
+            manager = RolloutManager([TASK] * 6, env_id="Calculator-v0", backend="ray", ray_actors=2,
+                                     policy=ScriptedPolicy(smollm2_tok, [CALL, "<answer>42</answer>"]),
+                                     renderer=renderer, n_samples_per_prompt=2)
+            batch = await manager.generate_batch(6)
+            stats = await manager._ray_pools["Calculator-v0"].stats()
+            await manager.close()
+            return batch, stats
+
+        t0 = time.perf_counter()
+        batch, stats = asyncio.run(main())
+        assert stats == [{"open": 0, "created": 6}, {"open": 0, "created": 6}]  # spread evenly, all closed
+        assert len(batch.groups) == 6
+        assert all(t.status == "completed" and t.reward == 1.0 for g in batch.groups for t in g.trajectories)
+        assert time.perf_counter() - t0 < 120
+    finally:
+        ray.shutdown()
