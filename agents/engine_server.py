@@ -200,7 +200,7 @@ def serve(model: str = "default", host: str = "127.0.0.1", port: int = 30000, ma
     async def main() -> None:
         runner = web.AppRunner(EngineServer(policy, path).app(), access_log=None)
         await runner.setup()
-        site = web.TCPSite(runner, host, port)
+        site = web.TCPSite(runner, host, port, backlog=4096)
         await site.start()
         bound = site._server.sockets[0].getsockname()[1]  # the real port when port=0
         print(f"listening on http://{host}:{bound}", flush=True)

@@ -15,6 +15,7 @@ import asyncio
 import os
 import subprocess
 import sys
+import threading
 import time
 
 from agents import SGLangPolicy, TransformersPolicy, load_default_model
@@ -47,6 +48,7 @@ def start_server(max_batch: int, window_ms: float) -> tuple[subprocess.Popen, st
                             env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
     for line in proc.stdout:
         if line.startswith("listening on "):
+            threading.Thread(target=proc.stdout.read, daemon=True).start()  # never let its pipe fill up
             return proc, line.split()[-1]
     raise RuntimeError("serve-engine did not start")
 

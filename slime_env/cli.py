@@ -78,5 +78,91 @@ def serve_env(env_id: str = typer.Argument(..., help="registered env id"),
           idle_timeout_s=idle_timeout_s or None, request_timeout_s=request_timeout_s)
 
 
+def _policy_and_tokenizer(spec: str, tokenizer: str, seed: int):
+    """'default' | 'sglang://host:port' | 'openai://host:port/v1?model=NAME' -> (policy, tokenizer)."""
+    from urllib.parse import parse_qs, urlsplit
+
+    tok = None
+    if tokenizer != "default":
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(tokenizer)
+    if spec == "default":
+        from agents import TransformersPolicy, load_default_model  # lazy: the core never imports agents
+
+        model, default_tok = load_default_model()
+        return TransformersPolicy(model, default_tok, seed=seed), tok or default_tok
+    from slime_env.offline_tokenizers import smollm2
+
+    parts = urlsplit(spec)
+    if parts.scheme == "sglang":
+        from agents import SGLangPolicy
+
+        return SGLangPolicy(f"http://{parts.netloc}"), tok or smollm2()
+    if parts.scheme == "openai":
+        from agents import OpenAIPolicy
+
+        model = (parse_qs(parts.query).get("model") or [""])[0]
+        return OpenAIPolicy(f"http://{parts.netloc}{parts.path}", model), tok or smollm2()
+    raise typer.BadParameter(f"--policy {spec!r}: use default, sglang://HOST:PORT or openai://HOST:PORT/v1?model=M")
+
+
+@app.command()
+def rollout(env: str = typer.Option(..., help="registered env id (tasks may override with metadata.env_id)"),
+            data: str = typer.Option(..., help="tasks: .jsonl or .parquet"),
+            out: str = typer.Option(..., help="output directory (groups.jsonl, manifest.json)"),
+            policy: str = typer.Option("default", help="default | sglang://HOST:PORT | openai://HOST:PORT/v1?model=M"),
+            tokenizer: str = typer.Option("default", help="'default' (SmolLM2) or a tokenizer folder"),
+            n: int = typer.Option(8, min=1, help="samples per prompt (group size)"),
+            batch_size: int = typer.Option(16, min=1, help="groups per batch"),
+            concurrency: int = typer.Option(64, min=1, help="episodes in flight at most"),
+            max_turns: int = typer.Option(4, min=1), max_new_tokens: int = typer.Option(256, min=1),
+            temperature: float = typer.Option(1.0, min=0.0),
+            dynamic_filter: str = typer.Option(None, "--filter", help="e.g. nonzero_std, or pkg.mod:fn"),
+            input_key: str = typer.Option("prompt"), label_key: str = typer.Option("label"),
+            metadata_key: str = typer.Option("metadata"),
+            resume: bool = typer.Option(False, help="continue the rollout already in --out"),
+            parquet: bool = typer.Option(False, help="also write one Parquet file per batch"),
+            seed: int = typer.Option(0)) -> None:
+    """Run the rollout manager over a dataset and write the trajectories."""
+    import asyncio
+
+    from slime_env.renderers import get_renderer
+    from slime_env.rollout import RolloutManager, load_tasks
+
+    tasks = load_tasks(data, input_key=input_key, label_key=label_key, metadata_key=metadata_key)
+    pol, tok = _policy_and_tokenizer(policy, tokenizer, seed)
+    manager = RolloutManager(tasks, env_id=env, policy=pol, renderer=get_renderer(tok),
+                             sampling_params={"temperature": temperature}, n_samples_per_prompt=n,
+                             max_concurrency=max(concurrency, n), max_turns=max_turns, max_new_tokens=max_new_tokens,
+                             dynamic_filter=dynamic_filter, out_dir=out, resume=resume, parquet=parquet,
+                             progress=True, seed=seed)
+
+    async def main() -> None:
+        try:
+            while manager.remaining():
+                batch = await manager.generate_batch(min(batch_size, manager.remaining()))
+                m = batch.metrics
+                statuses = ", ".join(f"{k}={int(m['rollout/status/' + k])}" for k in STATUS_KEYS)
+                reward = m.get(f"rollout/reward_mean/{env}", float("nan"))
+                typer.echo(f"batch {manager.batches}: {len(batch.groups)} groups ({len(batch.dropped)} dropped), "
+                           f"{m['rollout/episodes_per_s']:.1f} episodes/s, {m['rollout/tokens_per_s']:.0f} tokens/s, "
+                           f"reward {reward:.3f}, status {statuses}")
+                if not batch.groups and not batch.dropped:
+                    break
+        finally:
+            await manager.close()
+            if hasattr(pol, "close"):
+                result = pol.close()
+                if asyncio.iscoroutine(result):
+                    await result
+        typer.echo(f"wrote {out}/groups.jsonl")
+
+    asyncio.run(main())
+
+
+STATUS_KEYS = ("completed", "truncated", "aborted", "failed")
+
+
 def main() -> None:
     app()

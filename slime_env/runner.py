@@ -6,7 +6,7 @@ import asyncio
 import math
 import time
 import traceback
-import uuid
+import secrets
 from collections.abc import Mapping
 from typing import Any
 
@@ -79,7 +79,7 @@ class Episode:
             raise InvalidInput(f"max_turns and max_new_tokens must be >= 1, got {max_turns} and {max_new_tokens}")
         self.task = Task.coerce(task)
         self.metadata = dict(metadata or {})
-        self.metadata["session_id"] = str(self.metadata.get("session_id") or uuid.uuid4().hex)
+        self.metadata["session_id"] = str(self.metadata.get("session_id") or secrets.token_hex(12))
         if callable(getattr(policy, "for_episode", None)):  # e.g. SGLang: routing key + abortable rids
             policy = policy.for_episode(self.metadata["session_id"])
         self.state = _Episode(env, policy, self.task, renderer, agent_id,

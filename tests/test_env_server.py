@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -12,7 +13,7 @@ from aiohttp import web
 from test_rollout import CoinEnv  # noqa: F401 - registers TestCoin-v0 in this process
 
 from slime_env import RolloutManager, ScriptedPolicy, Task, get_renderer, make, run_episode
-from slime_env.http import RemoteError
+from slime_env.http import HttpClient, RemoteError
 from slime_env.rollout.env_server import EnvServer, RemoteEnv
 
 CALL = '<tool_call>{"name": "calculator", "arguments": {"expression": "6*7"}}</tool_call>'
@@ -49,6 +50,7 @@ def test_cli_server_and_remote_env_match_local(smollm2_tok, renderer):
         line = proc.stdout.readline()
         assert line.startswith("listening on "), line
         url = line.split()[-1]
+        threading.Thread(target=proc.stdout.read, daemon=True).start()  # never let its pipe fill up
 
         async def main():
             remote = RemoteEnv(url)
@@ -74,8 +76,8 @@ def test_capacity_reaper_timeout_and_dead_server(smollm2_tok, renderer):
             envs = [RemoteEnv(s.url) for _ in range(3)]
             for e in envs[:2]:
                 await e.reset(options={"task": TASK})
+            envs[2].client = HttpClient(s.url, max_retries=0)
             with pytest.raises(RemoteError, match="at capacity: 2 of 2"):
-                envs[2].client.max_retries = 0
                 await envs[2].reset(options={"task": TASK})
             await asyncio.sleep(0.8)  # both sessions idle past 0.3 s: reaped
             out["after_reap"] = len(s.server.sessions)

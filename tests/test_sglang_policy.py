@@ -11,6 +11,7 @@ import asyncio
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -40,6 +41,7 @@ def engine_url():
         seen.append(line)
         if line.startswith("listening on "):
             url = line.split()[-1]
+            threading.Thread(target=proc.stdout.read, daemon=True).start()  # never let its pipe fill up
             break
     if url is None:
         proc.kill()

@@ -12,6 +12,7 @@ and raises `RenderMismatch` naming the first differing token.
 
 from __future__ import annotations
 
+import json
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
@@ -81,8 +82,20 @@ class TemplateRenderer:
         return self._render(dicts, tools=tools, add_generation_prompt=add_generation_prompt)
 
     def render_prompt(self, messages: Sequence[Message], *, tools: Sequence[Mapping] | None = None) -> list[int]:
-        """Token ids of the first prompt, ending with the generation prompt."""
-        return self.encode(self.render_text(messages, tools=tools, add_generation_prompt=True))
+        """Token ids of the first prompt, ending with the generation prompt (cached: the n samples of a
+        group, and repeated system prompts, render once)."""
+        try:
+            key = ("prompt", tuple(messages), json.dumps(tools, sort_keys=True) if tools else None)
+        except (TypeError, ValueError):
+            key = None  # tools that JSON cannot hold: no caching
+        ids = self._cache.get(key) if key is not None else None
+        if ids is None:
+            ids = tuple(self.encode(self.render_text(messages, tools=tools, add_generation_prompt=True)))
+            if key is not None:
+                self._remember(key, ids)
+        else:
+            self._cache.move_to_end(key)
+        return list(ids)
 
     def bridge(self, generated_ids: Sequence[int], messages: Sequence[Message],
                history: Sequence[Message] = ()) -> list[int]:
@@ -103,12 +116,15 @@ class TemplateRenderer:
         ids = self._cache.get(key)
         if ids is None:
             ids = tuple(self.encode(self._after_sentinel([m.to_dict() for m in messages], base=base)))
-            self._cache[key] = ids
-            if len(self._cache) > self._cache_size:
-                self._cache.popitem(last=False)
+            self._remember(key, ids)
         else:
             self._cache.move_to_end(key)
         return self._dedupe_end_of_turn(generated_ids, ids)
+
+    def _remember(self, key: tuple, ids: tuple[int, ...]) -> None:
+        self._cache[key] = ids
+        if len(self._cache) > self._cache_size:
+            self._cache.popitem(last=False)  # least recently used first
 
     def assistant_text(self, generated_ids: Sequence[int]) -> str:
         """The content of a generated turn: its text without the trailing stop token."""

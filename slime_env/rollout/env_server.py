@@ -171,9 +171,8 @@ class RemoteEnv(Env):
     when the session is created (at the first reset). Steps are never retried (a step must not run
     twice); session creation and close are. A dead server makes the episode fail with the reason."""
 
-    def __init__(self, url: str, *, env_kwargs: Mapping[str, Any] | None = None, timeout_s: float = 330.0,
-                 client: HttpClient | None = None):
-        self.client = client or HttpClient(url, timeout_s=timeout_s)
+    def __init__(self, url: str, *, env_kwargs: Mapping[str, Any] | None = None, client: HttpClient | None = None):
+        self.client = client or shared_client(url)
         self.env_kwargs = dict(env_kwargs or {})
         self.session_id: str | None = None
         self.parser = None  # type: ignore[assignment]
@@ -207,14 +206,31 @@ class RemoteEnv(Env):
                 pass  # the server's reaper closes it
 
 
+_CLIENTS: dict[str, HttpClient] = {}
+
+
+def shared_client(url: str, *, max_connections: int = 512, timeout_s: float = 330.0) -> HttpClient:
+    """One pooled client per server URL, shared by all `RemoteEnv`s of this process (a client per env
+    would open a connection pool per episode)."""
+    if url not in _CLIENTS:
+        _CLIENTS[url] = HttpClient(url, max_connections=max_connections, timeout_s=timeout_s)
+    return _CLIENTS[url]
+
+
+async def close_shared_clients() -> None:
+    """Close the pooled connections of `shared_client` (call before the event loop ends)."""
+    for client in _CLIENTS.values():
+        await client.close()
+
+
 def serve(env_id: str, host: str = "127.0.0.1", port: int = 8100, **kwargs: Any) -> None:
     """Serve `env_id` until interrupted; prints `listening on http://HOST:PORT` when ready."""
     server = EnvServer(env_id, **kwargs)
 
     async def main() -> None:
-        runner = web.AppRunner(server.app(), access_log=None)
+        runner = web.AppRunner(server.app(), access_log=None, backlog=4096)
         await runner.setup()
-        site = web.TCPSite(runner, host, port)
+        site = web.TCPSite(runner, host, port, backlog=4096)  # thousands of episodes connect at once
         await site.start()
         print(f"listening on http://{host}:{site._server.sockets[0].getsockname()[1]}", flush=True)
         try:

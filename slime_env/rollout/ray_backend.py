@@ -22,6 +22,7 @@ from typing import Any
 
 from slime_env.env import Env
 from slime_env.errors import InvalidInput
+from slime_env.registry import spec
 from slime_env.rollout.wire import action_from_dict, action_to_dict, messages_from_list, messages_to_list
 from slime_env.types import Action, Task
 
@@ -37,16 +38,14 @@ def _ray():
 class _EnvHost:
     """Actor body: env sessions of one env id (plain methods; wrapped by `ray.remote` at pool start)."""
 
-    def __init__(self, env_id: str, env_kwargs: dict[str, Any]):
+    def __init__(self, env_spec: Any, env_kwargs: dict[str, Any]):
         import slime_env  # noqa: F401 - registers entry-point envs inside the worker process
-        self.env_id, self.env_kwargs = env_id, env_kwargs
+        self.env_spec, self.env_kwargs = env_spec, env_kwargs
         self.envs: dict[str, Env] = {}
         self.created = 0
 
     async def create(self, env_kwargs: dict[str, Any]) -> dict[str, Any]:
-        from slime_env.registry import make
-
-        env = make(self.env_id, **{**self.env_kwargs, **env_kwargs})
+        env = self.env_spec.make(**{**self.env_kwargs, **env_kwargs})
         sid = uuid.uuid4().hex
         self.envs[sid] = env
         self.created += 1
@@ -82,7 +81,11 @@ class RayEnvPool:
         options = {"num_cpus": 0, "scheduling_strategy": "SPREAD", **dict(actor_options or {})}
         actor_cls = ray.remote(max_concurrency=max_sessions_per_actor)(_EnvHost)
         self.env_id = env_id
-        self.actors = [actor_cls.options(**options).remote(env_id, dict(env_kwargs or {})) for _ in range(num_actors)]
+        # The spec travels to the workers (Ray pickles a class defined in a script by value), so envs
+        # registered in the driver work there without being installed as a package.
+        env_spec = spec(env_id)
+        self.actors = [actor_cls.options(**options).remote(env_spec, dict(env_kwargs or {}))
+                       for _ in range(num_actors)]
         self._next = itertools.cycle(range(num_actors))
 
     def factory(self, task: Task | None = None, env_id: str | None = None) -> RayEnv:

@@ -1,0 +1,147 @@
+"""Rollout manager throughput against a STUB engine (fixed latency, canned tokens; see stub_engine.py).
+
+Each episode has `--turns` turns; every generation takes `--latency-ms`. With C episodes in flight,
+Little's law gives the ideal throughput C / (turns x latency) episodes/s; we print the achieved one
+beside it, and the framework's share of episode time (time inside episodes spent neither waiting for
+the engine nor in the env). Set-ups, same run: an in-process stub policy (no HTTP: the framework
+alone), the stub engine over HTTP through SGLangPolicy, the same with every env behind `serve-env`
+(RemoteEnv: HTTP per reset/step), and envs in 2 Ray actors.
+
+    python bench/rollout.py [--concurrency 1000 10000] [--turns 3] [--latency-ms 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import slime_env
+from slime_env import Env, Generation, Message, RolloutManager, Task, get_renderer
+from slime_env.offline_tokenizers import smollm2
+
+HERE = Path(__file__).resolve().parent
+CANNED = (28120, 905, 30, 2)  # "hello world." + <|im_end|> in SmolLM2's vocabulary
+
+
+class TurnsEnv(Env):
+    """`turns` turns of a fixed observation, reward 1 at the end: the env costs next to nothing."""
+
+    def __init__(self, turns: int = 3):
+        self.turns = turns
+
+    async def reset(self, *, seed=None, options=None):
+        self.k = 0
+        return self.task_from(options).messages(), {}
+
+    async def step(self, action):
+        self.k += 1
+        done = self.k >= self.turns
+        return ([] if done else [Message("user", "next")]), float(done), done, False, {}
+
+
+slime_env.register("BenchTurns-v0", TurnsEnv)
+
+
+class StubPolicy:
+    """In-process stub: sleeps `latency_s`, returns the canned ids."""
+
+    def __init__(self, latency_s: float):
+        self.latency_s = latency_s
+
+    async def generate(self, input_ids, params):
+        await asyncio.sleep(self.latency_s)
+        return Generation(CANNED, (-0.5,) * len(CANNED), "stop")
+
+
+def _spawn(args: list[str]) -> tuple[subprocess.Popen, str]:
+    proc = subprocess.Popen([sys.executable, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PYTHONPATH": str(HERE)})
+    for line in proc.stdout:
+        if line.startswith("listening on "):
+            # keep draining its output: a server blocked on a full pipe would stall the benchmark
+            threading.Thread(target=proc.stdout.read, daemon=True).start()
+            return proc, line.split()[-1]
+    raise RuntimeError(f"{args} did not start")
+
+
+async def measure(policy, renderer, concurrency: int, turns: int, env_factory=None, backend="local") -> dict:
+    n = 8
+    tasks = [Task(prompt=f"task {i}", id=str(i)) for i in range(2 * concurrency // n)]
+    manager = RolloutManager(tasks, env_id="BenchTurns-v0", env_kwargs={"turns": turns}, env_factory=env_factory,
+                             policy=policy, renderer=renderer, n_samples_per_prompt=n, max_concurrency=concurrency,
+                             max_turns=turns, backend=backend)
+    t0 = time.perf_counter()
+    cpu0 = time.process_time()
+    batch = await manager.generate_batch(len(tasks))
+    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    await manager.close()
+    m = batch.metrics
+    if m["rollout/status/completed"] != len(tasks) * n:
+        first = next(t for g in batch.groups for t in g.trajectories if t.status != "completed")
+        raise RuntimeError(f"{int(m['rollout/status/failed'])} episodes failed, e.g.: {first.reason}")
+    return {"episodes_per_s": m["rollout/episodes"] / wall, "framework_frac": m["rollout/time/framework_frac"],
+            "cpu_per_turn_us": cpu / (m["rollout/episodes"] * turns) * 1e6}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1000, 10000])
+    ap.add_argument("--turns", type=int, default=3)
+    ap.add_argument("--latency-ms", type=float, default=20.0)
+    ap.add_argument("--skip", nargs="*", default=[], choices=["http", "remote_env", "ray"])
+    args = ap.parse_args()
+    latency = args.latency_ms / 1000
+    renderer = get_renderer(smollm2())
+    engine, engine_url = _spawn([str(HERE / "stub_engine.py"), "--latency-ms", str(args.latency_ms)])
+    env_server, env_url = _spawn(["-c", "import rollout, slime_env.rollout.env_server as s; "
+                                        "s.serve('BenchTurns-v0', port=0, max_sessions=100000)"])
+    print(f"bench/rollout.py  STUB engine ({args.latency_ms:g} ms per generation, canned tokens), {args.turns} turns "
+          f"per episode, groups of 8, {os.cpu_count()} CPU cores")
+    print(f"{'set-up':<26} {'in flight':>9} {'ideal ep/s':>10} {'achieved':>9} {'ratio':>6} {'framework share':>15} "
+          f"{'driver CPU/turn':>15}")
+    try:
+        from agents import SGLangPolicy
+        from slime_env.rollout.env_server import RemoteEnv
+
+        for c in args.concurrency:
+            ideal = c / (args.turns * latency)
+            setups = [("in-process stub policy", lambda c=c: measure(StubPolicy(latency), renderer, c, args.turns))]
+            if "http" not in args.skip:
+                setups.append(("stub engine over HTTP", lambda c=c: _with_http(engine_url, c, renderer, args.turns)))
+            if "remote_env" not in args.skip:
+                setups.append(("HTTP engine + RemoteEnv", lambda c=c: _with_http(
+                    engine_url, c, renderer, args.turns, env_factory=lambda t, e: RemoteEnv(env_url))))
+            if "ray" not in args.skip:
+                setups.append(("HTTP engine + 2 Ray actors", lambda c=c: _with_http(
+                    engine_url, c, renderer, args.turns, backend="ray")))
+            for name, run in setups:
+                r = asyncio.run(run())
+                print(f"{name:<26} {c:>9} {ideal:>10.0f} {r['episodes_per_s']:>9.0f} "
+                      f"{r['episodes_per_s'] / ideal:>6.2f} {r['framework_frac']:>14.2%} "
+                      f"{r['cpu_per_turn_us']:>12.0f} µs", flush=True)
+    finally:
+        engine.terminate()
+        env_server.terminate()
+
+
+async def _with_http(url, c, renderer, turns, env_factory=None, backend="local"):
+    from agents import SGLangPolicy
+
+    policy = SGLangPolicy(url, max_connections=c, timeout_s=600)
+    from slime_env.rollout.env_server import close_shared_clients
+
+    try:
+        return await measure(policy, renderer, c, turns, env_factory=env_factory, backend=backend)
+    finally:
+        await policy.close()
+        await close_shared_clients()
+
+
+if __name__ == "__main__":
+    main()
