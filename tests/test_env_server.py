@@ -14,7 +14,7 @@ from test_rollout import CoinEnv  # noqa: F401 - registers TestCoin-v0 in this p
 
 from slime_env import RolloutManager, ScriptedPolicy, Task, get_renderer, make, run_episode
 from slime_env.http import HttpClient, RemoteError
-from slime_env.rollout.env_server import EnvServer, RemoteEnv
+from slime_env.rollout.env_server import EnvServer, RemoteEnv, close_shared_clients
 
 CALL = '<tool_call>{"name": "calculator", "arguments": {"expression": "6*7"}}</tool_call>'
 TASK = Task(prompt="What is 6*7?", label=42)
@@ -59,6 +59,7 @@ def test_cli_server_and_remote_env_match_local(smollm2_tok, renderer):
             await remote.close()
             b = await run_episode(make("Calculator-v0"), ScriptedPolicy(smollm2_tok, [CALL, "<answer>42</answer>"]),
                                   TASK, renderer=renderer)
+            await close_shared_clients()
             return a, b
 
         remote_traj, local_traj = asyncio.run(main())
@@ -95,6 +96,7 @@ def test_capacity_reaper_timeout_and_dead_server(smollm2_tok, renderer):
         # the server is gone now
         policy = ScriptedPolicy(smollm2_tok, ["x"])
         out["dead"] = await run_episode(RemoteEnv(s.url), policy, TASK, renderer=renderer)
+        await close_shared_clients()
         return out
 
     out = asyncio.run(main())
@@ -113,6 +115,7 @@ def test_rollout_manager_through_remote_envs(smollm2_tok, renderer):
                                      renderer=renderer, n_samples_per_prompt=3)
             batch = await manager.generate_batch(4)
             await manager.close()
+            await close_shared_clients()
             return batch, len(s.server.sessions)
 
     batch, left = asyncio.run(main())
