@@ -14,7 +14,7 @@ from importlib import import_module
 from typing import Any
 
 _EXPORTS = {
-    "SGLangPolicy": "agents.sglang_policy", "SGLangSession": "agents.sglang_policy",
+    "SGLangPolicy": "agents.sglang_policy", "EpisodeSession": "agents.session",
     "OpenAIPolicy": "agents.openai_policy", "TransformersPolicy": "agents.transformers_policy",
     "load_default_model": "agents.default_model", "default_model_path": "agents.default_model",
     "RemoteError": "slime_env.http", "ProtocolError": "slime_env.http",

@@ -2,7 +2,8 @@
 
 A drop-in local stand-in for an SGLang server (`POST /generate` with the same request and response
 JSON, plus `/health`, `/health_generate`, `/get_model_info`, `/flush_cache`, `/abort_request`,
-`/update_weights_from_disk`, `/pause_generation`, `/continue_generation`), so `SGLangPolicy`,
+`/update_weights_from_disk`, `/pause_generation`, `/continue_generation`, `/get_server_info` with
+the engine's usage counters), so `SGLangPolicy`,
 slime's rollout code and our tests can drive a real model where SGLang itself cannot run.
 There is no prefix cache: `/flush_cache` succeeds and `cached_tokens` is always 0.
 """
@@ -55,7 +56,7 @@ class EngineServer:
         app.add_routes([
             web.post("/generate", self.generate),
             web.get("/health", self.health), web.get("/health_generate", self.health_generate),
-            web.get("/get_model_info", self.model_info),
+            web.get("/get_model_info", self.model_info), web.get("/get_server_info", self.server_info),
             web.get("/flush_cache", self.flush_cache), web.post("/flush_cache", self.flush_cache),
             web.post("/abort_request", self.abort_request),
             web.post("/pause_generation", self.pause), web.post("/continue_generation", self.resume),
@@ -135,6 +136,11 @@ class EngineServer:
     async def model_info(self, request: web.Request) -> web.Response:
         return web.json_response({"model_path": self.model_path, "tokenizer_path": self.model_path,
                                   "is_generation": True, "weight_version": self.policy.weight_version})
+
+    async def server_info(self, request: web.Request) -> web.Response:
+        p = self.policy
+        return web.json_response({"max_batch_size": p.max_batch_size, "batch_window_s": p.batch_window_s,
+                                  "paused": p.paused, "weight_version": p.weight_version, "usage": p.usage})
 
     async def flush_cache(self, request: web.Request) -> web.Response:
         return web.Response(text="Cache flushed (this engine keeps no prefix cache).")

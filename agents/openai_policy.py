@@ -16,8 +16,9 @@ import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from slime_env.http import HttpClient, ProtocolError
+from agents.session import Usage
 from slime_env import Generation
+from slime_env.http import HttpClient, ProtocolError
 
 _FINISH = {"stop": "stop", "length": "length", "abort": "abort", "eos": "stop"}
 _PASSTHROUGH = ("top_k", "min_p", "repetition_penalty", "seed", "stop_token_ids")
@@ -89,22 +90,14 @@ class OpenAIPolicy:
         self.http = HttpClient(base_url, max_connections=max_connections, timeout_s=timeout_s,
                                max_retries=max_retries, backoff_s=backoff_s, headers=headers)
         self.model, self.strict, self.tokenizer = model, strict, tokenizer
-        self.usage = {"calls": 0, "prompt_tokens": 0, "completion_tokens": 0, "cached_tokens": 0, "latency_s": 0.0}
+        self.usage = Usage()
 
     async def generate(self, input_ids: Sequence[int], sampling_params: Mapping[str, Any]) -> Generation:
         t0 = time.perf_counter()
         body = await self.http.request("POST", "/completions", completion_request(self.model, input_ids,
                                                                                  sampling_params))
         gen = parse_completion(body, tokenizer=self.tokenizer, strict=self.strict)
-        latency = time.perf_counter() - t0
-        u = self.usage
-        u["calls"] += 1
-        u["prompt_tokens"] += gen.prompt_tokens or len(input_ids)
-        u["completion_tokens"] += len(gen.token_ids)
-        u["cached_tokens"] += gen.cached_tokens
-        u["latency_s"] += latency
-        return Generation(gen.token_ids, gen.logprobs, gen.finish_reason, gen.text, gen.weight_version,
-                          gen.prompt_tokens or len(input_ids), gen.cached_tokens, latency)
+        return self.usage.record(gen, input_ids, time.perf_counter() - t0)
 
     async def close(self) -> None:
         await self.http.close()

@@ -9,14 +9,14 @@ with a `rid`, so `abort()` stops that episode's in-flight request through `/abor
 
 from __future__ import annotations
 
-import itertools
 import time
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from slime_env.http import RemoteError, HttpClient, ProtocolError
+from agents.session import EpisodeSession, Usage
 from slime_env import Generation
+from slime_env.http import HttpClient, ProtocolError, RemoteError
 
 ROUTING_HEADER = "X-SMG-Routing-Key"
 _FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
@@ -75,7 +75,7 @@ class SGLangPolicy:
         self.http = HttpClient(self.url, max_connections=max_connections, timeout_s=timeout_s,
                                connect_timeout_s=connect_timeout_s, max_retries=max_retries, backoff_s=backoff_s,
                                headers=headers)
-        self.usage = {"calls": 0, "prompt_tokens": 0, "completion_tokens": 0, "cached_tokens": 0, "latency_s": 0.0}
+        self.usage = Usage()
 
     async def generate(self, input_ids: Sequence[int], sampling_params: Mapping[str, Any], *,
                        rid: str | None = None, routing_key: str | None = None) -> Generation:
@@ -84,19 +84,11 @@ class SGLangPolicy:
         headers = {ROUTING_HEADER: routing_key} if routing_key else None
         t0 = time.perf_counter()
         gen = parse_generate_response(await self.http.request("POST", "/generate", body, headers=headers))
-        latency = time.perf_counter() - t0
-        u = self.usage
-        u["calls"] += 1
-        u["prompt_tokens"] += gen.prompt_tokens or len(input_ids)
-        u["completion_tokens"] += len(gen.token_ids)
-        u["cached_tokens"] += gen.cached_tokens
-        u["latency_s"] += latency
-        return Generation(gen.token_ids, gen.logprobs, gen.finish_reason, gen.text, gen.weight_version,
-                          gen.prompt_tokens or len(input_ids), gen.cached_tokens, latency)
+        return self.usage.record(gen, input_ids, time.perf_counter() - t0)
 
-    def for_episode(self, session_id: str) -> SGLangSession:
+    def for_episode(self, session_id: str) -> EpisodeSession:
         """A per-episode policy: routing key `session_id`, one rid per call, `abort()` for the live one."""
-        return SGLangSession(self, session_id)
+        return EpisodeSession(self, session_id, routing_key=session_id)
 
     # --- control calls ----------------------------------------------------------------------------
     async def health(self) -> bool:
@@ -136,27 +128,3 @@ class SGLangPolicy:
     async def close(self) -> None:
         await self.http.close()
 
-
-class SGLangSession:
-    """One episode's view of an `SGLangPolicy` (see `SGLangPolicy.for_episode`)."""
-
-    def __init__(self, policy: SGLangPolicy, session_id: str):
-        self.policy, self.session_id = policy, session_id
-        self._turns = itertools.count()
-        self.live_rid: str | None = None
-
-    async def generate(self, input_ids: Sequence[int], sampling_params: Mapping[str, Any]) -> Generation:
-        self.live_rid = f"{self.session_id}-{next(self._turns)}"
-        try:
-            return await self.policy.generate(input_ids, sampling_params, rid=self.live_rid,
-                                              routing_key=self.session_id)
-        finally:
-            self.live_rid = None
-
-    async def abort(self) -> bool:
-        """Abort this episode's in-flight request; it then returns with finish_reason "abort"."""
-        rid = self.live_rid
-        if rid is None:
-            return False
-        await self.policy.abort(rid)
-        return True

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from agents.session import EpisodeSession
 from slime_env import Generation
 from slime_env.errors import InvalidInput
 
@@ -72,7 +73,8 @@ class TransformersPolicy:
         self._live: dict[str, _Request] = {}
         self._ids = itertools.count()
         self._decode_lock = threading.Lock()
-        self.usage = {"prompt_tokens": 0, "completion_tokens": 0, "batches": 0, "requests": 0, "generate_s": 0.0}
+        self.usage = {"prompt_tokens": 0, "completion_tokens": 0, "batches": 0, "requests": 0, "aborted": 0,
+                      "generate_s": 0.0}
 
     # --- public API ------------------------------------------------------------------------------
     async def generate(self, input_ids: Sequence[int], sampling_params: Mapping[str, Any], *,
@@ -100,9 +102,9 @@ class TransformersPolicy:
                           finish_reason=req.finish or "length", text=text, weight_version=self.weight_version,
                           prompt_tokens=len(req.input_ids), latency_s=time.perf_counter() - t0)
 
-    def for_episode(self, session_id: str) -> TransformersSession:
+    def for_episode(self, session_id: str) -> EpisodeSession:
         """A per-episode view: one rid per call, `abort()` stops the live one."""
-        return TransformersSession(self, session_id)
+        return EpisodeSession(self, session_id)
 
     def abort(self, rid: str) -> bool:
         """Stop request `rid`: it returns what it generated so far with finish_reason "abort"."""
@@ -237,6 +239,7 @@ class TransformersPolicy:
         self.usage["requests"] += n
         self.usage["prompt_tokens"] += sum(len(r.input_ids) for r in batch)
         self.usage["completion_tokens"] += sum(len(r.out_ids) for r in batch)
+        self.usage["aborted"] += sum(r.finish == "abort" for r in batch)
         self.usage["generate_s"] += time.perf_counter() - t0
 
     @staticmethod
@@ -307,21 +310,3 @@ class TransformersPolicy:
         if missing or unexpected:
             raise InvalidInput(f"weights do not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
 
-
-class TransformersSession:
-    """One episode's view of a `TransformersPolicy` (see `TransformersPolicy.for_episode`)."""
-
-    def __init__(self, policy: TransformersPolicy, session_id: str):
-        self.policy, self.session_id = policy, session_id
-        self._turns = itertools.count()
-        self.live_rid: str | None = None
-
-    async def generate(self, input_ids: Sequence[int], sampling_params: Mapping[str, Any]) -> Generation:
-        self.live_rid = f"{self.session_id}-{next(self._turns)}"
-        try:
-            return await self.policy.generate(input_ids, sampling_params, rid=self.live_rid)
-        finally:
-            self.live_rid = None
-
-    async def abort(self) -> bool:
-        return self.live_rid is not None and self.policy.abort(self.live_rid)

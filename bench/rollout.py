@@ -106,7 +106,6 @@ def main() -> None:
     print(f"{'set-up':<26} {'in flight':>9} {'ideal ep/s':>10} {'achieved':>9} {'ratio':>6} {'framework share':>15} "
           f"{'driver CPU/turn':>15}")
     try:
-        from agents import SGLangPolicy
         from slime_env.rollout.env_server import RemoteEnv
 
         for c in args.concurrency:

@@ -11,7 +11,7 @@ Core API (this package never imports `envs`, `agents`, `tools_sandbox` or `train
 """
 
 from slime_env.env import Env, Wrapper
-from slime_env.errors import (InvalidInput, RegistryError, RenderError, RenderMismatch, SlimeEnvError)
+from slime_env.errors import InvalidInput, RegistryError, RenderError, RenderMismatch, SlimeEnvError
 from slime_env.ledger import Span, TokenLedger
 from slime_env.parsers import ParseResult, get_parser, parser_names, register_parser
 from slime_env.policy import Policy, ScriptedPolicy

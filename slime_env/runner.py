@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import math
+import secrets
 import time
 import traceback
-import secrets
 from collections.abc import Mapping
 from typing import Any
 

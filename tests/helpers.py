@@ -76,3 +76,23 @@ class FixedIdsPolicy:
 
 def task(prompt: str = "Hello?", label=None) -> Task:
     return Task(prompt=prompt, label=label)
+
+
+class LocalServer:
+    """Serves an aiohttp app on 127.0.0.1 (a free port) inside the test's event loop; `.url` once entered."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __aenter__(self):
+        from aiohttp import web
+
+        self.runner = web.AppRunner(self.app, access_log=None)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        await site.start()
+        self.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.runner.cleanup()

@@ -9,7 +9,7 @@ import threading
 import time
 
 import pytest
-from aiohttp import web
+from helpers import LocalServer
 from test_rollout import CoinEnv  # noqa: F401 - registers TestCoin-v0 in this process
 
 from slime_env import RolloutManager, ScriptedPolicy, Task, get_renderer, make, run_episode
@@ -25,22 +25,12 @@ def renderer(smollm2_tok):
     return get_renderer(smollm2_tok, strict=True)
 
 
-class Served:
+class Served(LocalServer):
     """An EnvServer on 127.0.0.1 inside the test's event loop."""
 
     def __init__(self, env_id, **kw):
         self.server = EnvServer(env_id, **kw)
-
-    async def __aenter__(self):
-        self.runner = web.AppRunner(self.server.app(), access_log=None)
-        await self.runner.setup()
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
-        await site.start()
-        self.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
-        return self
-
-    async def __aexit__(self, *exc):
-        await self.runner.cleanup()
+        super().__init__(self.server.app())
 
 
 def test_cli_server_and_remote_env_match_local(smollm2_tok, renderer):

@@ -12,9 +12,10 @@ import os
 
 import pytest
 from aiohttp import web
+from helpers import LocalServer
 
-from slime_env.http import RemoteError, ProtocolError
 from agents.openai_policy import OpenAIPolicy, completion_request, parse_completion
+from slime_env.http import ProtocolError, RemoteError
 
 # A vLLM 0.11 answer to {"prompt": [...], "logprobs": 1, "return_token_ids": true,
 # "return_tokens_as_token_ids": true}, reduced to the fields the client reads.
@@ -48,15 +49,12 @@ class RecordedServer:
     async def __aenter__(self):
         app = web.Application()
         app.router.add_post("/v1/completions", self.handle)
-        self.runner = web.AppRunner(app, access_log=None)
-        await self.runner.setup()
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
-        await site.start()
-        self.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/v1"
+        self.server = await LocalServer(app).__aenter__()
+        self.url = self.server.url + "/v1"
         return self
 
     async def __aexit__(self, *exc):
-        await self.runner.cleanup()
+        await self.server.__aexit__(*exc)
 
 
 def _call(answer, status=200, **kw):

@@ -6,8 +6,14 @@ import pytest
 
 from slime_env import Message, RenderMismatch, get_renderer
 from slime_env.errors import InvalidInput, RenderError
-from slime_env.renderers import (ChatMLRenderer, DeepSeekR1Renderer, Llama3Renderer, Qwen3Renderer,
-                                 TemplateRenderer, detect_family)
+from slime_env.renderers import (
+    ChatMLRenderer,
+    DeepSeekR1Renderer,
+    Llama3Renderer,
+    Qwen3Renderer,
+    TemplateRenderer,
+    detect_family,
+)
 
 CONVERSATIONS = [
     [Message("user", "What is 2+2?")],

@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import ScriptedEnv
 
 from slime_env import Env, Message, RolloutManager, ScriptedPolicy, Task, get_renderer, load_tasks, register
 from slime_env.errors import InvalidInput

@@ -19,12 +19,13 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from aiohttp import ClientSession, web  # noqa: E402
+from helpers import LocalServer  # noqa: E402
 
 from agents.default_model import default_model_path, load_default_model  # noqa: E402
-from slime_env.http import RemoteError, ProtocolError  # noqa: E402
 from agents.sglang_policy import SGLangPolicy, parse_generate_response  # noqa: E402
 from agents.transformers_policy import TransformersPolicy  # noqa: E402
 from slime_env import Message, Task, get_renderer, make, run_episode  # noqa: E402
+from slime_env.http import ProtocolError, RemoteError  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -150,15 +151,12 @@ class FaultyProxy:
     async def __aenter__(self):
         app = web.Application()
         app.router.add_route("*", "/{tail:.*}", self.handle)
-        self.runner = web.AppRunner(app, access_log=None)
-        await self.runner.setup()
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
-        await site.start()
-        self.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+        self.server = await LocalServer(app).__aenter__()
+        self.url = self.server.url
         return self
 
     async def __aexit__(self, *exc):
-        await self.runner.cleanup()
+        await self.server.__aexit__(*exc)
 
 
 @pytest.mark.parametrize("mode,fail,ok,retries", [("503", 2, True, 2), ("drop", 1, True, 1),
@@ -259,16 +257,21 @@ def test_deadline_aborts_the_engine_request(engine_url, local):
     async def main():
         policy = SGLangPolicy(engine_url)
         try:
+            before = (await policy.http.request("GET", "/get_server_info"))["usage"]
             traj = await run_episode(make("Calculator-v0"), policy, Task(prompt="What is 2 + 3?", label=5),
                                      renderer=get_renderer(tok), max_new_tokens=400, deadline_s=1.0,
                                      sampling_params={"temperature": 0, "ignore_eos": True})
-            t0 = time.perf_counter()
-            # the engine is free again at once: the aborted request no longer occupies it
-            gen = await policy.generate(prompts(tok)[0], {"temperature": 0, "max_new_tokens": 2})
-            return traj, gen, time.perf_counter() - t0
+            for _ in range(300):  # the engine records the abort when its batch ends
+                after = (await policy.http.request("GET", "/get_server_info"))["usage"]
+                if after["aborted"] > before["aborted"]:
+                    break
+                await asyncio.sleep(0.1)
+            return traj, before, after
         finally:
             await policy.close()
 
-    traj, gen, after = asyncio.run(main())
+    traj, before, after = asyncio.run(main())
     assert traj.status == "truncated" and "deadline of 1.0s exceeded during policy.generate" in traj.reason
-    assert len(gen.token_ids) == 2 and after < 5.0  # 400 tokens would take ~25 s if it kept running
+    assert after["aborted"] == before["aborted"] + 1
+    # the aborted request stopped early instead of generating its 400 tokens for nobody
+    assert after["completion_tokens"] - before["completion_tokens"] < 400

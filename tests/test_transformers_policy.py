@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 
@@ -117,7 +118,9 @@ def test_episode_with_the_real_model(engine):
 
 
 def test_generation_does_not_block_the_event_loop(engine):
-    _, _, policy, _, prompts = engine
+    model, _, policy, _, prompts = engine
+    threads = set()
+    hook = model.register_forward_hook(lambda *a: threads.add(threading.get_ident()))
 
     async def main():
         ticks = []
@@ -134,8 +137,12 @@ def test_generation_does_not_block_the_event_loop(engine):
                                for p in prompts))
         stop.set()
         await hb
-        return ticks
+        return ticks, threading.get_ident()
 
-    ticks = asyncio.run(main())
+    try:
+        ticks, loop_thread = asyncio.run(main())
+    finally:
+        hook.remove()
+    assert threads and loop_thread not in threads  # every forward pass ran off the event-loop thread
     gaps = [b - a for a, b in zip(ticks, ticks[1:])]
-    assert len(ticks) > 20 and max(gaps) < 0.25  # ticking every 10 ms while torch runs on the worker thread
+    assert len(ticks) > 20 and max(gaps) < 1.0  # and the loop kept ticking meanwhile

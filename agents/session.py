@@ -1,0 +1,57 @@
+"""Per-episode views of engine policies: one request id per call, and abort of the live one."""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from slime_env import Generation
+
+
+class EpisodeSession:
+    """What `run_episode` gets from `policy.for_episode(session_id)`.
+
+    Each call is sent with `rid=f"{session_id}-{turn}"` (plus `generate_kwargs`, e.g. SGLang's routing
+    key); `abort()` calls `policy.abort(rid)` for the latest request, which, if still running, returns
+    its partial tokens with finish_reason "abort".
+    """
+
+    def __init__(self, policy: Any, session_id: str, **generate_kwargs: Any):
+        self.policy, self.session_id, self.generate_kwargs = policy, session_id, generate_kwargs
+        self._turns = itertools.count()
+        self.live_rid: str | None = None
+
+    async def generate(self, input_ids: Sequence[int], sampling_params: Mapping[str, Any]) -> Generation:
+        # live_rid stays set after the call returns or is cancelled: an abort that arrives just after a
+        # timeout cancelled the call must still reach the engine (aborting a finished rid is harmless).
+        self.live_rid = f"{self.session_id}-{next(self._turns)}"
+        return await self.policy.generate(input_ids, sampling_params, rid=self.live_rid, **self.generate_kwargs)
+
+    async def abort(self) -> bool:
+        rid = self.live_rid
+        if rid is None:
+            return False
+        result = self.policy.abort(rid)
+        if inspect.isawaitable(result):
+            await result
+        return result is not False
+
+
+class Usage(dict):
+    """Per-policy usage counters: calls, prompt / completion / cached tokens, latency."""
+
+    def __init__(self) -> None:
+        super().__init__(calls=0, prompt_tokens=0, completion_tokens=0, cached_tokens=0, latency_s=0.0)
+
+    def record(self, gen: Generation, input_ids: Sequence[int], latency_s: float) -> Generation:
+        """Count one call; return the generation with prompt tokens and latency filled in."""
+        prompt = gen.prompt_tokens or len(input_ids)
+        self["calls"] += 1
+        self["prompt_tokens"] += prompt
+        self["completion_tokens"] += len(gen.token_ids)
+        self["cached_tokens"] += gen.cached_tokens
+        self["latency_s"] += latency_s
+        return Generation(gen.token_ids, gen.logprobs, gen.finish_reason, gen.text, gen.weight_version, prompt,
+                          gen.cached_tokens, latency_s)
