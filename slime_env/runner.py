@@ -97,6 +97,7 @@ class Episode:
         self.suspended = False
         self.done: Trajectory | None = None
         self._deadline_at: float | None = None
+        self._deadline_left: float | None = None
 
     async def abort(self, reason: str = "aborted by the caller") -> None:
         """Stop the episode at the next safe point; an in-flight generation returns what it has."""
@@ -112,11 +113,13 @@ class Episode:
         loop = asyncio.get_running_loop()
         if self._deadline_at is None and self.deadline_s is not None:
             self._deadline_at = loop.time() + self.deadline_s
-        deadline_at = self._deadline_at
         if self.suspended:
             self.suspended = False
             ep.resumed += 1
             ep.abort_requested = False
+            if self._deadline_left is not None:  # time spent suspended does not count against the deadline
+                self._deadline_at = loop.time() + self._deadline_left
+        deadline_at = self._deadline_at
         try:
             if not self.started:
                 self.started = True
@@ -158,6 +161,7 @@ class Episode:
         except _Abort:
             if self.suspend_on_abort:
                 self.suspended = True
+                self._deadline_left = None if deadline_at is None else max(0.0, deadline_at - loop.time())
                 return None
             ep.status, ep.reason = "aborted", ep.abort_reason or "the policy aborted the generation"
         except _EpisodeEnd as end:

@@ -220,3 +220,24 @@ def test_empty_observation_starts_a_new_assistant_turn(smollm2_tok, renderer):
     assert traj.status == "completed", traj.reason
     assert [m.content for m in traj.messages if m.role == "assistant"] == ["one", "two"]
     assert renderer.decode(traj.response_ids) == "one<|im_end|>\n<|im_start|>assistant\ntwo<|im_end|>"
+
+
+def test_suspended_time_does_not_count_against_the_deadline(smollm2_tok, renderer):
+    from slime_env import Episode
+
+    async def main():
+        env = ScriptedEnv([[Message("user", "more")]])
+        policy = ScriptedPolicy(smollm2_tok, ["a long reply " * 4, "done"], latency_s=0.2)
+        ep = Episode(env, policy, task(), renderer=renderer, deadline_s=1.0, suspend_on_abort=True)
+        run = asyncio.create_task(ep.run())
+        await asyncio.sleep(0.1)
+        await ep.abort()
+        assert await run is None and ep.suspended
+        await asyncio.sleep(1.2)  # longer than the whole deadline, while suspended
+        return await ep.run()
+
+    traj = asyncio.run(main())
+    assert traj.status == "completed", traj.reason
+    assert traj.metadata["resumed"] == 1
+    assert renderer.decode(traj.response_ids).count("a long reply") == 4
+    traj.check()
