@@ -25,8 +25,16 @@ from slime_env.env import Env
 from slime_env.errors import InvalidInput
 from slime_env.http import HttpClient, RemoteError
 from slime_env.registry import make, spec
-from slime_env.rollout.wire import action_from_dict, action_to_dict, messages_from_list, messages_to_list
-from slime_env.types import Action, Task
+from slime_env.rollout.wire import (
+    action_to_dict,
+    env_created,
+    reset_answer,
+    run_reset,
+    run_step,
+    step_answer,
+    task_payload,
+)
+from slime_env.types import Action
 
 
 def _error(status: int, message: str) -> web.Response:
@@ -110,8 +118,7 @@ class EnvServer:
             return _error(400, f"cannot make {self.env_id}: {e}")
         sid = uuid.uuid4().hex
         self.sessions[sid] = _Session(env)
-        return web.json_response({"session_id": sid, "parser": env.parser,
-                                  "tools": list(env.tools) if env.tools else None})
+        return web.json_response(env_created(sid, env))
 
     async def _call(self, request: web.Request, fn) -> web.Response:
         sid = request.match_info["sid"]
@@ -135,17 +142,12 @@ class EnvServer:
 
     async def reset(self, request: web.Request) -> web.Response:
         async def do(env: Env, body: dict[str, Any]):
-            task = body.get("task")
-            options = {"task": Task.coerce(task, "task")} if task is not None else None
-            obs, info = await env.reset(seed=body.get("seed"), options=options)
-            return {"observation": messages_to_list(obs, "reset observation"), "info": _plain(info)}
+            return _plain_info(await run_reset(env, body.get("seed"), body.get("task")))
         return await self._call(request, do)
 
     async def step(self, request: web.Request) -> web.Response:
         async def do(env: Env, body: dict[str, Any]):
-            obs, reward, terminated, truncated, info = await env.step(action_from_dict(body.get("action")))
-            return {"observation": messages_to_list(obs, "step observation"), "reward": float(reward),
-                    "terminated": bool(terminated), "truncated": bool(truncated), "info": _plain(info)}
+            return _plain_info(await run_step(env, body.get("action")))
         return await self._call(request, do)
 
     async def close(self, request: web.Request) -> web.Response:
@@ -159,11 +161,13 @@ class EnvServer:
         return web.json_response({"env_id": self.env_id, "sessions": len(self.sessions)})
 
 
-def _plain(info: Any) -> dict[str, Any]:
+def _plain_info(answer: dict[str, Any]) -> dict[str, Any]:
+    """JSON cannot carry arbitrary info objects: keep the info if it is plain, else its repr."""
     try:
-        return json.loads(json.dumps(dict(info or {})))
+        answer["info"] = json.loads(json.dumps(answer["info"]))
     except (TypeError, ValueError):
-        return {"repr": repr(info)}
+        answer["info"] = {"repr": repr(answer["info"])}
+    return answer
 
 
 class RemoteEnv(Env):
@@ -182,20 +186,16 @@ class RemoteEnv(Env):
         if self.session_id is None:
             created = await self.client.request("POST", "/sessions", {"env_kwargs": self.env_kwargs})
             self.session_id, self.parser, self.tools = created["session_id"], created.get("parser"), created.get("tools")
-        task = (options or {}).get("task")
-        if isinstance(task, Task):
-            task = task.to_dict()
-        out = await self.client.request("POST", f"/sessions/{self.session_id}/reset", {"seed": seed, "task": task},
-                                        max_retries=0)
-        return messages_from_list(out.get("observation"), "remote reset observation"), out.get("info") or {}
+        out = await self.client.request("POST", f"/sessions/{self.session_id}/reset",
+                                        {"seed": seed, "task": task_payload(options)}, max_retries=0)
+        return reset_answer(out, "remote")
 
     async def step(self, action: Action):
         if self.session_id is None:
             raise RemoteError("RemoteEnv.step before reset")
         out = await self.client.request("POST", f"/sessions/{self.session_id}/step",
                                         {"action": action_to_dict(action)}, max_retries=0)
-        return (messages_from_list(out.get("observation"), "remote step observation"), out["reward"],
-                out["terminated"], out["truncated"], out.get("info") or {})
+        return step_answer(out, "remote")
 
     async def close(self) -> None:
         if self.session_id is not None:

@@ -23,7 +23,15 @@ from typing import Any
 from slime_env.env import Env
 from slime_env.errors import InvalidInput
 from slime_env.registry import spec
-from slime_env.rollout.wire import action_from_dict, action_to_dict, messages_from_list, messages_to_list
+from slime_env.rollout.wire import (
+    action_to_dict,
+    env_created,
+    reset_answer,
+    run_reset,
+    run_step,
+    step_answer,
+    task_payload,
+)
 from slime_env.types import Action, Task
 
 
@@ -49,17 +57,13 @@ class _EnvHost:
         sid = uuid.uuid4().hex
         self.envs[sid] = env
         self.created += 1
-        return {"session_id": sid, "parser": env.parser, "tools": list(env.tools) if env.tools else None}
+        return env_created(sid, env)
 
     async def reset(self, sid: str, seed: int | None, task: dict[str, Any] | None) -> dict[str, Any]:
-        options = {"task": Task.coerce(task)} if task is not None else None
-        obs, info = await self.envs[sid].reset(seed=seed, options=options)
-        return {"observation": messages_to_list(obs, "reset observation"), "info": dict(info or {})}
+        return await run_reset(self.envs[sid], seed, task)
 
     async def step(self, sid: str, action: dict[str, Any]) -> dict[str, Any]:
-        obs, reward, terminated, truncated, info = await self.envs[sid].step(action_from_dict(action))
-        return {"observation": messages_to_list(obs, "step observation"), "reward": float(reward),
-                "terminated": bool(terminated), "truncated": bool(truncated), "info": dict(info or {})}
+        return await run_step(self.envs[sid], action)
 
     async def close(self, sid: str) -> None:
         env = self.envs.pop(sid, None)
@@ -116,14 +120,11 @@ class RayEnv(Env):
         if self.session_id is None:
             created = await self.actor.create.remote(self.env_kwargs)
             self.session_id, self.parser, self.tools = created["session_id"], created["parser"], created["tools"]
-        task = (options or {}).get("task")
-        out = await self.actor.reset.remote(self.session_id, seed, task.to_dict() if isinstance(task, Task) else task)
-        return messages_from_list(out["observation"], "ray reset observation"), out["info"]
+        out = await self.actor.reset.remote(self.session_id, seed, task_payload(options))
+        return reset_answer(out, "ray")
 
     async def step(self, action: Action):
-        out = await self.actor.step.remote(self.session_id, action_to_dict(action))
-        return (messages_from_list(out["observation"], "ray step observation"), out["reward"], out["terminated"],
-                out["truncated"], out["info"])
+        return step_answer(await self.actor.step.remote(self.session_id, action_to_dict(action)), "ray")
 
     async def close(self) -> None:
         if self.session_id is not None:
