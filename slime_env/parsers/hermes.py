@@ -3,29 +3,24 @@
 from __future__ import annotations
 
 import json
-import re
 
 from slime_env.parsers import ParseResult
+from slime_env.parsers.blocks import tool_call_blocks
 from slime_env.types import ParseError, ToolCall
 
 NAME = "hermes"
-_OPEN, _CLOSE = "<tool_call>", "</tool_call>"
-_BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 
 
 def parse(text: str) -> ParseResult:
+    blocks, unclosed = tool_call_blocks(text)
     calls: list[ToolCall] = []
     errors: list[ParseError] = []
-    end = 0
-    for m in _BLOCK.finditer(text):
-        end = m.end()
-        raw = m.group(0)
-        call = _decode(m.group(1), raw, errors)
+    for m in blocks:
+        call = _decode(m.group(1), m.group(0), errors)
         if call is not None:
             calls.append(call)
-    tail = text[end:]
-    if _OPEN in tail:  # opened but never closed (e.g. cut by max_new_tokens)
-        errors.append(ParseError("<tool_call> is not closed", tail[tail.index(_OPEN):]))
+    if unclosed is not None:
+        errors.append(unclosed)
     return ParseResult(tuple(calls), tuple(errors))
 
 

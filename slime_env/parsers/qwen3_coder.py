@@ -10,20 +10,19 @@ import json
 import re
 
 from slime_env.parsers import ParseResult
+from slime_env.parsers.blocks import tool_call_blocks
 from slime_env.types import ParseError, ToolCall
 
 NAME = "qwen3_coder"
-_BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 _FUNCTION = re.compile(r"\s*<function=([^>\n]+)>(.*?)</function>\s*\Z", re.DOTALL)
 _PARAM = re.compile(r"<parameter=([^>\n]+)>(.*?)</parameter>", re.DOTALL)
 
 
 def parse(text: str) -> ParseResult:
+    blocks, unclosed = tool_call_blocks(text)
     calls: list[ToolCall] = []
     errors: list[ParseError] = []
-    end = 0
-    for m in _BLOCK.finditer(text):
-        end = m.end()
+    for m in blocks:
         raw = m.group(0)
         fm = _FUNCTION.match(m.group(1))
         if fm is None:
@@ -38,9 +37,8 @@ def parse(text: str) -> ParseResult:
             errors.append(ParseError(f"unexpected text in function {name!r}: {leftover[:80]!r}", raw))
             continue
         calls.append(ToolCall(name=name, arguments=args, raw=raw))
-    tail = text[end:]
-    if "<tool_call>" in tail:
-        errors.append(ParseError("<tool_call> is not closed", tail[tail.index("<tool_call>"):]))
+    if unclosed is not None:
+        errors.append(unclosed)
     return ParseResult(tuple(calls), tuple(errors))
 
 
