@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from slime_env.errors import InvalidInput
+from slime_env.token_codec import TokenCodec
 from slime_env.types import Generation
 
 
@@ -47,26 +48,16 @@ class ScriptedPolicy:
         if not callable(replies) and not replies:
             raise InvalidInput("ScriptedPolicy needs at least one reply")
         self.tokenizer = tokenizer
-        self._backend = getattr(tokenizer, "backend_tokenizer", None)
+        self._codec = TokenCodec(tokenizer)
         self._replies = replies
         self._counter = itertools.count()
         self.end_token_id = end_token_id if end_token_id is not None else tokenizer.eos_token_id
         self.latency_s = latency_s
         self.calls = 0
 
-    def _encode(self, text: str) -> list[int]:
-        if self._backend is not None:
-            return self._backend.encode(text, add_special_tokens=False).ids
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
-
-    def _decode(self, ids: Sequence[int]) -> str:
-        if self._backend is not None:
-            return self._backend.decode(list(ids), skip_special_tokens=False)
-        return self.tokenizer.decode(list(ids), skip_special_tokens=False)
-
     def reply_for(self, input_ids: Sequence[int]) -> str:
         if callable(self._replies):
-            reply = self._replies(self._decode(input_ids))
+            reply = self._replies(self._codec.decode(input_ids))
         else:
             reply = self._replies[next(self._counter) % len(self._replies)]
         if not isinstance(reply, str):
@@ -82,7 +73,7 @@ class ScriptedPolicy:
                   default=-1)
         if cut >= 0:
             text, ended_by_string = text[:cut], True
-        ids = self._encode(text)
+        ids = self._codec.encode(text)
         if not ended_by_string and self.end_token_id is not None:
             ids.append(self.end_token_id)
         stop_ids = set(sampling_params.get("stop_token_ids") or ())
@@ -98,7 +89,7 @@ class ScriptedPolicy:
             ids, finish = ids[:max(0, int(limit))], "length"
         logprobs = tuple(_synthetic_logprob(t, len(input_ids) + i) for i, t in enumerate(ids))
         return Generation(token_ids=tuple(ids), logprobs=logprobs, finish_reason=finish,
-                          text=self._decode(ids), prompt_tokens=len(input_ids))
+                          text=self._codec.decode(ids), prompt_tokens=len(input_ids))
 
     async def generate(self, input_ids: Sequence[int], sampling_params: Mapping[str, Any]) -> Generation:
         self.calls += 1

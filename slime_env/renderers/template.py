@@ -21,6 +21,7 @@ import jinja2
 
 from slime_env.errors import InvalidInput, RenderError, RenderMismatch
 from slime_env.renderers.jinja import compile_template
+from slime_env.token_codec import TokenCodec
 from slime_env.types import Message
 
 # Private-use code points: no tokenizer merges them with template text and no template edits them.
@@ -57,7 +58,7 @@ class TemplateRenderer:
         self.strict = strict
         self.on_history_rewrite = on_history_rewrite
         self._template = compile_template(source)
-        self._backend = getattr(tokenizer, "backend_tokenizer", None)
+        self._codec = TokenCodec(tokenizer)
         special = {k: v for k, v in getattr(tokenizer, "special_tokens_map", {}).items() if isinstance(v, str)}
         self._kwargs = {**special, **dict(template_kwargs or {})}
         self._cache: OrderedDict[tuple, tuple[int, ...]] = OrderedDict()
@@ -134,14 +135,10 @@ class TemplateRenderer:
 
     # --- tokens ----------------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
-        if self._backend is not None:  # the Rust tokenizer directly: same ids, a third less overhead
-            return self._backend.encode(text, add_special_tokens=False).ids
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+        return self._codec.encode(text)
 
     def decode(self, ids: Sequence[int]) -> str:
-        if self._backend is not None:
-            return self._backend.decode(list(ids), skip_special_tokens=False)
-        return self.tokenizer.decode(list(ids), skip_special_tokens=False)
+        return self._codec.decode(ids)
 
     # --- strict mode -----------------------------------------------------------------------------
     def check_bridge(self, history: Sequence[Message], generated_ids: Sequence[int],
