@@ -1,0 +1,66 @@
+"""Helpers for the sandbox tests: which backends must run here, and how to build each one.
+
+Docker and bubblewrap are real here (no stand-ins). When `CI` is set they must be available: a
+missing one fails the test instead of skipping it (`.ci/run` installs both and starts dockerd).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tools_sandbox.types import SandboxError
+
+IMAGE = "slime-env-sandbox:py3"
+_image_checked: dict[str, str | None] = {}
+
+
+def unavailable(reason: str):
+    if os.environ.get("CI"):
+        pytest.fail(f"CI must provide this sandbox backend: {reason}")
+    pytest.skip(reason)
+
+
+def ensure_image() -> None:
+    """Build the sandbox image once per session if it is missing (mmdebstrap here: no registry)."""
+    if "error" not in _image_checked:
+        try:
+            from tools_sandbox.docker_pool import docker_client
+            from tools_sandbox.image import build_image
+
+            client = docker_client()
+            try:
+                client.images.get(IMAGE)
+            except Exception:  # noqa: BLE001 - ImageNotFound
+                build_image(IMAGE, log=lambda _: None, client=client)
+            _image_checked["error"] = None
+        except SandboxError as e:
+            _image_checked["error"] = str(e)
+    if _image_checked["error"]:
+        unavailable(_image_checked["error"])
+
+
+def make_sandbox(backend: str, **kw):
+    """A fresh sandbox of `backend` ("docker", "bwrap" or "process"), or skip/fail when it cannot run here."""
+    try:
+        if backend == "docker":
+            ensure_image()
+            from tools_sandbox.docker_pool import DockerSandbox
+
+            return DockerSandbox(IMAGE, **{"pool_size": 2, **kw})
+        if backend == "bwrap":
+            from tools_sandbox.auto import probe_bwrap
+            from tools_sandbox.bwrap import BwrapSandbox
+
+            probe_bwrap()
+            return BwrapSandbox(**kw)
+        from tools_sandbox.process import ProcessSandbox
+
+        return ProcessSandbox(**kw)
+    except SandboxError as e:
+        unavailable(f"{backend}: {e}")
+
+
+BACKENDS = ("docker", "bwrap", "process")
+ISOLATING = ("docker", "bwrap")

@@ -1,0 +1,200 @@
+"""The in-container runner of `DockerSandbox` (stdlib only; run as PID 1 of each pooled container).
+
+Protocol, over the container's attached stdin/stdout: one JSON object per line each way. The agent
+announces `{"ready": true}`, then for each request `{"id", "argv", "files": {path: base64}, "stdin":
+base64, "timeout_s", "memory_bytes", "cpu_s", "fsize_bytes", "nofile", "output_limit"}` it runs `argv` in
+a fresh /work/run-<id> and answers `{"id", "exit_code", "stdout", "stderr", "timed_out",
+"output_exceeded", "oom", "duration_s"}`. A line `{"abort": id}` while a run is going kills it.
+
+Why it is safe to reuse a container: the agent is PID 1 of the container's pid namespace, so no
+process inside can kill it (the kernel drops signals to a namespace's init that it has no handler
+for), it is not dumpable (so no process of the same uid may ptrace it or open its /proc files), and
+after every run it SIGKILLs every other process (`kill(-1)`), reaps them, and wipes /work, /tmp and
+/dev/shm. The root filesystem is read-only; nothing else persists between runs.
+"""
+
+AGENT_SOURCE = r'''
+import base64, ctypes, json, os, select, shutil, signal, sys, time, resource
+signal.signal(signal.SIGINT, signal.SIG_DFL)
+try:
+    ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 0
+except Exception:
+    pass
+ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1",
+       "PYTHONHASHSEED": "0"}
+out = os.fdopen(1, "w", buffering=1)
+pending = b""
+
+def send(obj):
+    out.write(json.dumps(obj) + "\n")
+
+def read_line(timeout):
+    global pending
+    end = None if timeout is None else time.monotonic() + timeout
+    while b"\n" not in pending:
+        wait = None if end is None else max(0.0, end - time.monotonic())
+        r, _, _ = select.select([0], [], [], wait)
+        if not r:
+            return None
+        chunk = os.read(0, 65536)
+        if not chunk:
+            sys.exit(0)
+        pending += chunk
+    line, _, pending = pending.partition(b"\n")
+    return json.loads(line)
+
+def oom_count():
+    for path, key in (("/sys/fs/cgroup/memory.events", "oom_kill"), ("/sys/fs/cgroup/memory/memory.oom_control", "oom_kill")):
+        try:
+            for line in open(path):
+                k, _, v = line.partition(" ")
+                if k == key:
+                    return int(v)
+        except (OSError, ValueError):
+            pass
+    return 0
+
+def wipe(path):
+    try:
+        names = os.listdir(path)
+    except OSError:
+        return
+    for name in names:
+        p = os.path.join(path, name)
+        try:
+            if os.path.isdir(p) and not os.path.islink(p):
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                os.unlink(p)
+        except OSError:
+            pass
+
+def kill_all():
+    try:
+        os.kill(-1, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    end = time.monotonic() + 5
+    while time.monotonic() < end:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            time.sleep(0.001)
+
+def run(req):
+    rid = req["id"]
+    work = "/work/run-%s" % rid
+    os.mkdir(work, 0o700)
+    for path, b64 in req["files"].items():
+        full = os.path.join(work, path)
+        os.makedirs(os.path.dirname(full), exist_ok=True)
+        with open(full, "wb") as f:
+            f.write(base64.b64decode(b64))
+    stdin_path = "/tmp/.stdin-%s" % rid
+    with open(stdin_path, "wb") as f:
+        f.write(base64.b64decode(req["stdin"]))
+    o_r, o_w = os.pipe()
+    e_r, e_w = os.pipe()
+    oom_before = oom_count()
+    t0 = time.monotonic()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setsid()
+            os.chdir(work)
+            fd = os.open(stdin_path, os.O_RDONLY)
+            os.dup2(fd, 0); os.dup2(o_w, 1); os.dup2(e_w, 2)
+            os.closerange(3, 65536)
+            try:
+                with open("/proc/self/oom_score_adj", "w") as f:
+                    f.write("1000")  # the OOM killer takes the code, never the agent
+            except OSError:
+                pass
+            mem = req["memory_bytes"]
+            resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
+            resource.setrlimit(resource.RLIMIT_CPU, (req["cpu_s"], req["cpu_s"] + 1))
+            resource.setrlimit(resource.RLIMIT_FSIZE, (req["fsize_bytes"], req["fsize_bytes"]))
+            resource.setrlimit(resource.RLIMIT_NOFILE, (req["nofile"], req["nofile"]))
+            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+            signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+            signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
+            os.execve(req["argv"][0], req["argv"], dict(ENV, HOME=work))
+        except BaseException as e:
+            os.write(2, ("sandbox agent: cannot start %r: %r\n" % (req["argv"][0], e)).encode())
+        os._exit(127)
+    os.close(o_w); os.close(e_w)
+    bufs = {o_r: bytearray(), e_r: bytearray()}
+    open_fds = [o_r, e_r]
+    limit = req["output_limit"]
+    deadline = t0 + req["timeout_s"]
+    timed_out = exceeded = aborted = False
+    status = None
+    while status is None:
+        wait = deadline - time.monotonic()
+        if wait <= 0:
+            timed_out = True
+            break
+        r, _, _ = select.select(open_fds + [0], [], [], min(wait, 0.05))
+        for fd in r:
+            if fd == 0:
+                msg = read_line(0)
+                if msg and msg.get("abort") == rid:
+                    aborted = True
+                continue
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                open_fds.remove(fd)
+                continue
+            room = limit - len(bufs[o_r]) - len(bufs[e_r])
+            bufs[fd] += chunk[:max(room, 0)]
+            if len(chunk) > room:
+                exceeded = True
+        if exceeded or aborted:
+            break
+        done, st = os.waitpid(pid, os.WNOHANG)
+        if done:
+            status = st
+    duration = time.monotonic() - t0
+    if status is None:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except OSError:
+            pass
+        _, status = os.waitpid(pid, 0)
+    kill_all()  # whatever the run left behind: background processes, daemons
+    for fd in open_fds:
+        while True:
+            r, _, _ = select.select([fd], [], [], 0.2)
+            if not r:
+                break
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break
+            room = limit - len(bufs[o_r]) - len(bufs[e_r])
+            bufs[fd] += chunk[:max(room, 0)]
+            if len(chunk) > room:
+                exceeded = True
+                break
+    os.close(o_r); os.close(e_r)
+    code = os.waitstatus_to_exitcode(status)
+    oom = oom_count() > oom_before
+    for d in ("/work", "/tmp", "/dev/shm"):
+        wipe(d)
+    return {"id": rid, "exit_code": None if (timed_out or aborted) else code,
+            "stdout": bufs[o_r].decode("utf-8", "replace"), "stderr": bufs[e_r].decode("utf-8", "replace"),
+            "timed_out": timed_out, "output_exceeded": exceeded, "oom": oom, "aborted": aborted,
+            "duration_s": duration}
+
+send({"ready": True})
+while True:
+    req = read_line(None)
+    if req is None or "abort" in req:
+        continue  # an abort for a run that already ended
+    try:
+        send(run(req))
+    except Exception as e:
+        kill_all()
+        send({"id": req.get("id"), "error": "%s: %s" % (type(e).__name__, e)})
+'''

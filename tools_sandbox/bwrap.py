@@ -1,0 +1,202 @@
+"""`BwrapSandbox`: one bubblewrap sandbox per run, with rlimits and, where the host allows, a cgroup.
+
+Each run gets fresh namespaces (`--unshare-all`: no network, own pid/ipc/uts/user namespaces, nested
+user namespaces disabled), a read-only view of the system directories and of the interpreter's prefix
+and nothing else of the host (no /etc, no /home, no checkout), a private size-limited tmpfs for /work
+(where the code and its files are written from memory) and /tmp, a cleared environment, and
+`--die-with-parent`. When the main process exits the pid namespace is torn down, so nothing it started
+survives. Limits: address space, CPU time, file size and open files through rlimits; as root, a
+per-run cgroup adds a hard memory limit, a process-count limit and OOM detection, and each concurrent
+slot runs under its own unprivileged uid.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import shutil
+import sys
+
+from tools_sandbox.base import Sandbox, classify
+from tools_sandbox.cgroups import CgroupParent, RunCgroup
+from tools_sandbox.languages import get_language
+from tools_sandbox.local_exec import UidSlots, clamp_limits, decode, memfd, nproc_limit, prlimit_argv, spawn
+from tools_sandbox.process import SAFE_ENV, default_python
+from tools_sandbox.types import ExecRequest, ExecResult, SandboxError
+
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+SYSTEM_FILES = ("/etc/ld.so.cache", "/etc/localtime")
+SLOT_UID_BASE = 61000  # as root: slot i runs as uid 61000 + i, so no two runs share a uid
+
+
+class BwrapSandbox(Sandbox):
+    """bubblewrap per run (~12 ms of overhead); see the module docstring for what is isolated.
+
+    `python` is the interpreter inside (default: /usr/bin/python3, else this one's base executable);
+    `ro_binds` adds host paths visible read-only (e.g. a virtualenv with numpy); `pids_limit`,
+    `fsize_mb`, `tmpfs_mb` and `nofile` are the per-run limits; `use_cgroups=None` uses them when available.
+    """
+
+    backend = "bwrap"
+
+    def __init__(self, *, python: str | None = None, ro_binds: tuple[str, ...] = (), pids_limit: int = 64,
+                 fsize_mb: int = 64, tmpfs_mb: int = 64, nofile: int = 256, use_cgroups: bool | None = None,
+                 bwrap: str = "bwrap", **kw):
+        super().__init__(**kw)
+        self.bwrap = shutil.which(bwrap)
+        if self.bwrap is None:
+            raise SandboxError(f"bubblewrap ({bwrap!r}) is not installed: apt-get install -y bubblewrap")
+        python = python or default_python()
+        self.interpreters = {"python": python, "sh": "/bin/sh"}
+        self.pids_limit, self.fsize_mb, self.tmpfs_mb, self.nofile = pids_limit, fsize_mb, tmpfs_mb, nofile
+        self.root = os.geteuid() == 0
+        self.cgroups: CgroupParent | None = None
+        if use_cgroups or use_cgroups is None:
+            self.cgroups = CgroupParent.detect() if self.root else None
+            if use_cgroups and self.cgroups is None:
+                raise SandboxError("use_cgroups=True but no writable cgroup hierarchy with memory and pids")
+        self._uids = UidSlots(SLOT_UID_BASE, self.max_concurrency)
+        self._mounts = self._mount_args(python, ro_binds)
+
+    def describe(self) -> str:
+        extra = "cgroups" if self.cgroups else "rlimits only"
+        return f"bwrap sandbox ({extra}, python {self.interpreters['python']})"
+
+    @staticmethod
+    def _mount_args(python: str, ro_binds: tuple[str, ...]) -> list[str]:
+        args: list[str] = []
+        for d in SYSTEM_DIRS:
+            if os.path.islink(d):
+                args += ["--symlink", os.readlink(d), d]  # merged-/usr systems: /bin -> usr/bin
+            elif os.path.isdir(d):
+                args += ["--ro-bind", d, d]
+        for f in SYSTEM_FILES:
+            if os.path.exists(f):
+                args += ["--ro-bind", f, f]
+        prefix = os.path.dirname(os.path.dirname(os.path.realpath(python)))  # <prefix>/bin/python3
+        extra = [p for p in (prefix, *ro_binds) if not any(p == d or p.startswith(d + "/") for d in SYSTEM_DIRS)]
+        for path in dict.fromkeys(extra):
+            args += ["--ro-bind", path, path]
+        if os.path.realpath(python) != python and not python.startswith(tuple(SYSTEM_DIRS)):
+            args += ["--ro-bind", os.path.dirname(python), os.path.dirname(python)]
+        return args
+
+    async def _execute(self, request: ExecRequest) -> ExecResult:
+        lang = get_language(request.language)
+        slot_uid = self._uids.acquire()
+        fds: list[int] = []
+        cgroup: RunCgroup | None = None
+        try:
+            files = {**request.files, lang.filename: request.code.encode()}
+            file_args: list[str] = []
+            for d in sorted({os.path.dirname(p) for p in files if "/" in p}):
+                parts = d.split("/")
+                for i in range(1, len(parts) + 1):
+                    file_args += ["--dir", "/work/" + "/".join(parts[:i])]
+            for path, data in files.items():
+                fd = memfd("file", data)
+                fds.append(fd)
+                file_args += ["--perms", "0644", "--file", str(fd), f"/work/{path}"]
+            stdin_fd = memfd("stdin", request.stdin.encode())
+            fds.append(stdin_fd)
+            env_args = ["--clearenv"]
+            for k, v in {**SAFE_ENV, "HOME": "/work"}.items():
+                env_args += ["--setenv", k, v]
+            size = str(self.tmpfs_mb << 20)
+            control: list[str] = []
+            after_start = None
+            if self.cgroups is not None:
+                cgroup = self.cgroups.create(request.memory_mb << 20, self.pids_limit)
+                info_r, info_w = os.pipe()
+                block_r, block_w = os.pipe()
+                fds += [info_r, info_w, block_r, block_w]
+                control = ["--info-fd", str(info_w), "--block-fd", str(block_r)]
+                after_start = _join_cgroup(cgroup, fds, info_r, info_w, block_r, block_w)
+                child_fds = [fd for fd in fds if fd not in (stdin_fd, info_r, block_w)]
+            else:
+                child_fds = [fd for fd in fds if fd != stdin_fd]
+            # With a cgroup the hard memory limit is the cgroup's; the address-space rlimit only stops
+            # absurd mappings (virtual size runs well above resident memory).
+            as_mb = request.memory_mb * 2 + 256 if cgroup else request.memory_mb
+            limits = prlimit_argv(memory_mb=clamp_limits(as_mb), cpu_s=math.ceil(request.timeout_s) + 1,
+                                  fsize_mb=self.fsize_mb, nofile=self.nofile, nproc=None if cgroup else nproc_limit(slot_uid, self.pids_limit))
+            argv = [*limits, self.bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
+                    "--new-session", "--hostname", "sandbox", *env_args, *self._mounts,
+                    "--proc", "/proc", "--dev", "/dev", "--size", size, "--tmpfs", "/tmp",
+                    "--size", size, "--tmpfs", "/work", *file_args, "--remount-ro", "/", "--chdir", "/work", *control,
+                    "--", *lang.argv(self.interpreters)]
+            outcome = await spawn(argv, env={"PATH": SAFE_ENV["PATH"]}, cwd="/", stdin_fd=stdin_fd,
+                                  pass_fds=child_fds, timeout_s=request.timeout_s,
+                                  output_limit=request.output_limit_bytes, user=slot_uid, after_start=after_start,
+                                  kill_tree=cgroup.kill if cgroup else None)
+            oom = cgroup.oom_killed() if cgroup else False
+        finally:
+            for fd in fds:
+                _close(fd)
+            if cgroup is not None:
+                await asyncio.to_thread(cgroup.remove)
+            self._uids.release(slot_uid)
+        stderr = decode(outcome.stderr)
+        if outcome.exit_code not in (0, None) and stderr.startswith("bwrap:") and not outcome.stdout:
+            return self._result("sandbox_error", exit_code=outcome.exit_code, stderr=stderr,
+                                duration_s=outcome.duration_s, reason=f"bubblewrap failed: {stderr.strip()[:300]}")
+        status, reason = classify(exit_code=outcome.exit_code, timed_out=outcome.timed_out,
+                                  output_exceeded=outcome.output_exceeded, oom=oom, stderr=stderr,
+                                  timeout_s=request.timeout_s, memory_mb=request.memory_mb,
+                                  output_limit_bytes=request.output_limit_bytes)
+        return self._result(status, exit_code=outcome.exit_code, stdout=decode(outcome.stdout), stderr=stderr,
+                            duration_s=outcome.duration_s, truncated=outcome.output_exceeded, reason=reason)
+
+
+def _join_cgroup(cgroup: RunCgroup, fds: list[int], info_r: int, info_w: int, block_r: int, block_w: int):
+    """After bubblewrap forks its sandbox child (reported on --info-fd), move it into the run's cgroup,
+    then release it (--block-fd): the code starts inside the cgroup, with everything it forks.
+    Fds closed here leave `fds` first, so the caller never closes a number the OS has reused."""
+
+    def close(fd: int) -> None:
+        fds.remove(fd)
+        _close(fd)
+
+    async def after_start(pid: int) -> None:
+        close(info_w)
+        close(block_r)
+        data = b""
+        loop = asyncio.get_running_loop()
+        os.set_blocking(info_r, False)
+        while True:
+            ready = loop.create_future()
+            loop.add_reader(info_r, ready.set_result, None)
+            try:
+                await ready
+            finally:
+                loop.remove_reader(info_r)
+            try:
+                chunk = os.read(info_r, 4096)
+            except BlockingIOError:
+                continue
+            if not chunk:
+                return  # bwrap failed before forking; its stderr says why
+            data += chunk
+            try:
+                child = json.loads(data)["child-pid"]
+                break
+            except (ValueError, KeyError):
+                continue
+        cgroup.add(child)
+        os.write(block_w, b"1")
+        close(block_w)
+
+    return after_start
+
+
+def _close(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+
+
+if sys.platform != "linux":  # pragma: no cover
+    raise ImportError("tools_sandbox.bwrap needs Linux")

@@ -1,0 +1,161 @@
+"""Per-run cgroups (memory and process-count limits) for the bubblewrap backend, where the host allows.
+
+Only root can create cgroups on a typical host (or a user to whom systemd delegated a subtree). Both
+hierarchies are handled: v2 (`/sys/fs/cgroup` with `memory.max`, `pids.max`, `memory.events`) and v1
+(separate `memory` and `pids` mounts). Each process gets one parent group named after its pid; groups of
+processes that died (a crashed run) are removed when the next parent is created.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+ROOT = Path("/sys/fs/cgroup")
+PREFIX = "slime_env-sandbox-"
+
+
+class RunCgroup:
+    """The cgroup of one run: join it with `add(pid)`, ask `oom_killed()`, then `remove()`."""
+
+    def __init__(self, dirs: dict[str, Path], v2: bool):
+        self.dirs, self.v2 = dirs, v2
+
+    def add(self, pid: int) -> None:
+        for d in self.dirs.values():
+            (d / "cgroup.procs").write_text(str(pid))
+
+    def oom_killed(self) -> bool:
+        d = self.dirs["memory"]
+        text = _read(d / ("memory.events" if self.v2 else "memory.oom_control"))
+        for line in text.splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill" and value.strip().isdigit() and int(value) > 0:
+                return True
+        return False
+
+    def pids(self) -> list[int]:
+        out: set[int] = set()
+        for d in self.dirs.values():
+            out.update(int(p) for p in _read(d / "cgroup.procs").split())
+        return sorted(out)
+
+    def kill(self) -> None:
+        """SIGKILL every process in the group (cgroup.kill on v2, one by one on v1)."""
+        first = next(iter(self.dirs.values()))
+        if self.v2 and (first / "cgroup.kill").exists():
+            try:
+                (first / "cgroup.kill").write_text("1")
+                return
+            except OSError:
+                pass
+        for pid in self.pids():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def remove(self, wait_s: float = 2.0) -> None:
+        """Kill what is left and remove the group (retried while the dying processes leave it)."""
+        end = time.monotonic() + wait_s
+        for d in self.dirs.values():
+            while True:
+                try:
+                    d.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    if time.monotonic() > end:
+                        break  # left for the stale-group sweep of a later process
+                    self.kill()
+                    time.sleep(0.005)
+
+
+class CgroupParent:
+    """This process's parent group; `create()` makes one child group per run."""
+
+    def __init__(self, dirs: dict[str, Path], v2: bool):
+        self.dirs, self.v2 = dirs, v2
+        self._n = 0
+
+    @classmethod
+    def detect(cls) -> CgroupParent | None:
+        """A usable parent group, or None (not root, read-only cgroupfs, controllers missing)."""
+        try:
+            if (ROOT / "cgroup.controllers").exists():
+                controllers = (ROOT / "cgroup.controllers").read_text().split()
+                if not {"memory", "pids"} <= set(controllers):
+                    return None
+                dirs = {"memory": ROOT / f"{PREFIX}{os.getpid()}"}
+                _sweep(ROOT)
+                dirs["memory"].mkdir(exist_ok=True)
+                dirs["pids"] = dirs["memory"]
+                (dirs["memory"] / "cgroup.subtree_control").write_text("+memory +pids")
+                return cls(dirs, v2=True)
+            if (ROOT / "memory" / "cgroup.procs").exists() and (ROOT / "pids" / "cgroup.procs").exists():
+                dirs = {}
+                for ctl in ("memory", "pids"):
+                    _sweep(ROOT / ctl)
+                    dirs[ctl] = ROOT / ctl / f"{PREFIX}{os.getpid()}"
+                    dirs[ctl].mkdir(exist_ok=True)
+                return cls(dirs, v2=False)
+        except OSError:
+            return None
+        return None
+
+    def create(self, memory_bytes: int, pids_max: int) -> RunCgroup:
+        self._n += 1
+        name = f"run-{self._n}"
+        dirs = {ctl: d / name for ctl, d in self.dirs.items()}
+        for d in dict.fromkeys(dirs.values()):
+            d.mkdir()
+        mem, pids = dirs["memory"], dirs["pids"]
+        if self.v2:
+            (mem / "memory.max").write_text(str(memory_bytes))
+            _try_write(mem / "memory.swap.max", "0")
+        else:
+            (mem / "memory.limit_in_bytes").write_text(str(memory_bytes))
+            _try_write(mem / "memory.memsw.limit_in_bytes", str(memory_bytes))  # no swap to escape into
+        (pids / "pids.max").write_text(str(pids_max))
+        return RunCgroup(dirs, self.v2)
+
+
+def _sweep(parent: Path) -> None:
+    """Remove groups left by processes that no longer exist (a crashed run)."""
+    for d in parent.glob(f"{PREFIX}*"):
+        pid = d.name[len(PREFIX):]
+        if pid.isdigit() and not _alive(int(pid)):
+            for child in d.iterdir():
+                if child.is_dir():
+                    RunCgroup({"x": child}, v2=(parent == ROOT)).remove(0.5)
+            try:
+                d.rmdir()
+            except OSError:
+                pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
+
+
+def _try_write(path: Path, value: str) -> None:
+    try:
+        path.write_text(value)
+    except OSError:
+        pass
