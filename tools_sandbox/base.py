@@ -58,18 +58,23 @@ class Sandbox:
                                 duration_s=time.perf_counter() - t0)
         self.live += 1
         try:
+            cut = False
             if deadline_s is not None:
                 left = deadline_s - (time.perf_counter() - t0)
                 if left <= 0.01:
                     return self._result("timeout", reason=f"deadline of {deadline_s}s passed before the run started")
                 if left < request.timeout_s:
-                    request = dataclasses.replace(request, timeout_s=left)
+                    request, cut = dataclasses.replace(request, timeout_s=left), True
             try:
-                return await self._execute(request)
+                result = await self._execute(request)
             except (asyncio.CancelledError, KeyboardInterrupt):
                 raise
             except Exception as e:  # noqa: BLE001 - a broken sandbox is a status, never a crashed episode
                 return self._result("sandbox_error", reason=f"{type(e).__name__}: {e}")
+            if cut and result.status == "timeout":
+                result = dataclasses.replace(result, reason=f"deadline of {deadline_s}s reached (the run had "
+                                                            f"{request.timeout_s:.2f}s of it)")
+            return result
         finally:
             self.live -= 1
             slots.release()

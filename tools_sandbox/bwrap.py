@@ -13,10 +13,12 @@ slot runs under its own unprivileged uid.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import json
 import math
 import os
 import shutil
+import subprocess
 import sys
 
 from tools_sandbox.base import Sandbox, classify
@@ -34,16 +36,17 @@ SLOT_UID_BASE = 61000  # as root: slot i runs as uid 61000 + i, so no two runs s
 class BwrapSandbox(Sandbox):
     """bubblewrap per run (~12 ms of overhead); see the module docstring for what is isolated.
 
-    `python` is the interpreter inside (default: /usr/bin/python3, else this one's base executable);
-    `ro_binds` adds host paths visible read-only (e.g. a virtualenv with numpy); `pids_limit`,
+    `python` is the interpreter inside (default: /usr/bin/python3, else this one's base executable); its
+    site-packages are hidden unless `host_packages=True`; `ro_binds` adds host paths visible read-only
+    (e.g. a virtualenv with numpy, run with `python=` its interpreter); `pids_limit`,
     `fsize_mb`, `tmpfs_mb` and `nofile` are the per-run limits; `use_cgroups=None` uses them when available.
     """
 
     backend = "bwrap"
 
-    def __init__(self, *, python: str | None = None, ro_binds: tuple[str, ...] = (), pids_limit: int = 64,
-                 fsize_mb: int = 64, tmpfs_mb: int = 64, nofile: int = 256, use_cgroups: bool | None = None,
-                 bwrap: str = "bwrap", **kw):
+    def __init__(self, *, python: str | None = None, ro_binds: tuple[str, ...] = (), host_packages: bool = False,
+                 pids_limit: int = 64, fsize_mb: int = 64, tmpfs_mb: int = 64, nofile: int = 256,
+                 use_cgroups: bool | None = None, bwrap: str = "bwrap", **kw):
         super().__init__(**kw)
         self.bwrap = shutil.which(bwrap)
         if self.bwrap is None:
@@ -58,7 +61,13 @@ class BwrapSandbox(Sandbox):
             if use_cgroups and self.cgroups is None:
                 raise SandboxError("use_cgroups=True but no writable cgroup hierarchy with memory and pids")
         self._uids = UidSlots(SLOT_UID_BASE, self.max_concurrency)
+        self._free_slots = list(range(self.max_concurrency))
+        if self.cgroups is not None:
+            atexit.register(self.cgroups.remove)
         self._mounts = self._mount_args(python, ro_binds)
+        if not host_packages:  # the interpreter's site-packages stay hidden: only the standard library
+            for path in _site_dirs(python):
+                self._mounts += ["--tmpfs", path, "--remount-ro", path]
 
     def describe(self) -> str:
         extra = "cgroups" if self.cgroups else "rlimits only"
@@ -86,6 +95,7 @@ class BwrapSandbox(Sandbox):
     async def _execute(self, request: ExecRequest) -> ExecResult:
         lang = get_language(request.language)
         slot_uid = self._uids.acquire()
+        slot = self._free_slots.pop()
         fds: list[int] = []
         cgroup: RunCgroup | None = None
         try:
@@ -108,7 +118,8 @@ class BwrapSandbox(Sandbox):
             control: list[str] = []
             after_start = None
             if self.cgroups is not None:
-                cgroup = self.cgroups.create(request.memory_mb << 20, self.pids_limit)
+                cgroup = self.cgroups.slot(slot, self.pids_limit)
+                oom_before = cgroup.prepare(request.memory_mb << 20)
                 info_r, info_w = os.pipe()
                 block_r, block_w = os.pipe()
                 fds += [info_r, info_w, block_r, block_w]
@@ -123,7 +134,7 @@ class BwrapSandbox(Sandbox):
             limits = prlimit_argv(memory_mb=clamp_limits(as_mb), cpu_s=math.ceil(request.timeout_s) + 1,
                                   fsize_mb=self.fsize_mb, nofile=self.nofile, nproc=None if cgroup else nproc_limit(slot_uid, self.pids_limit))
             argv = [*limits, self.bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
-                    "--new-session", "--hostname", "sandbox", *env_args, *self._mounts,
+                    "--new-session", "--as-pid-1", "--hostname", "sandbox", *env_args, *self._mounts,
                     "--proc", "/proc", "--dev", "/dev", "--size", size, "--tmpfs", "/tmp",
                     "--size", size, "--tmpfs", "/work", *file_args, "--remount-ro", "/", "--chdir", "/work", *control,
                     "--", *lang.argv(self.interpreters)]
@@ -131,13 +142,12 @@ class BwrapSandbox(Sandbox):
                                   pass_fds=child_fds, timeout_s=request.timeout_s,
                                   output_limit=request.output_limit_bytes, user=slot_uid, after_start=after_start,
                                   kill_tree=cgroup.kill if cgroup else None)
-            oom = cgroup.oom_killed() if cgroup else False
+            oom = cgroup.oom_kills() > oom_before if cgroup else False
         finally:
             for fd in fds:
                 _close(fd)
-            if cgroup is not None:
-                await asyncio.to_thread(cgroup.remove)
             self._uids.release(slot_uid)
+            self._free_slots.append(slot)
         stderr = decode(outcome.stderr)
         if outcome.exit_code not in (0, None) and stderr.startswith("bwrap:") and not outcome.stdout:
             return self._result("sandbox_error", exit_code=outcome.exit_code, stderr=stderr,
@@ -189,6 +199,17 @@ def _join_cgroup(cgroup: RunCgroup, fds: list[int], info_r: int, info_w: int, bl
         close(block_w)
 
     return after_start
+
+
+def _site_dirs(python: str) -> list[str]:
+    """The interpreter's site-packages directories that exist (asked once, from the interpreter itself)."""
+    code = "import json, site, sysconfig; print(json.dumps(site.getsitepackages() + [sysconfig.get_path('purelib')]))"
+    try:
+        out = subprocess.run([python, "-E", "-s", "-c", code], capture_output=True, text=True, timeout=30).stdout
+        dirs = json.loads(out)
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return []
+    return [d for d in dict.fromkeys(dirs) if os.path.isdir(d)]
 
 
 def _close(fd: int) -> None:

@@ -18,23 +18,43 @@ PREFIX = "slime_env-sandbox-"
 
 
 class RunCgroup:
-    """The cgroup of one run: join it with `add(pid)`, ask `oom_killed()`, then `remove()`."""
+    """The cgroup of one concurrency slot, reused run after run (creating and removing a group per run
+    costs several ms). `prepare()` before a run, `add(pid)` to join it, `oom_kills()` to compare."""
 
     def __init__(self, dirs: dict[str, Path], v2: bool):
         self.dirs, self.v2 = dirs, v2
+        self._memory: int | None = None
+
+    def prepare(self, memory_bytes: int) -> int:
+        """Empty the group (a previous run's stragglers), set the memory limit; returns the OOM-kill count."""
+        if self.pids():
+            self.kill()
+        if memory_bytes != self._memory:
+            mem = self.dirs["memory"]
+            if self.v2:
+                (mem / "memory.max").write_text(str(memory_bytes))
+            else:
+                # memsw >= limit must hold at every step: lower/raise in the order the kernel accepts.
+                files = ["memory.limit_in_bytes", "memory.memsw.limit_in_bytes"]
+                if self._memory is not None and memory_bytes > self._memory:
+                    files.reverse()
+                for name in files:
+                    _try_write(mem / name, str(memory_bytes))
+            self._memory = memory_bytes
+        return self.oom_kills()
 
     def add(self, pid: int) -> None:
-        for d in self.dirs.values():
+        for d in dict.fromkeys(self.dirs.values()):
             (d / "cgroup.procs").write_text(str(pid))
 
-    def oom_killed(self) -> bool:
+    def oom_kills(self) -> int:
         d = self.dirs["memory"]
         text = _read(d / ("memory.events" if self.v2 else "memory.oom_control"))
         for line in text.splitlines():
             key, _, value = line.partition(" ")
-            if key == "oom_kill" and value.strip().isdigit() and int(value) > 0:
-                return True
-        return False
+            if key == "oom_kill" and value.strip().isdigit():
+                return int(value)
+        return 0
 
     def pids(self) -> list[int]:
         out: set[int] = set()
@@ -79,7 +99,7 @@ class CgroupParent:
 
     def __init__(self, dirs: dict[str, Path], v2: bool):
         self.dirs, self.v2 = dirs, v2
-        self._n = 0
+        self._slots: dict[int, RunCgroup] = {}
 
     @classmethod
     def detect(cls) -> CgroupParent | None:
@@ -106,21 +126,29 @@ class CgroupParent:
             return None
         return None
 
-    def create(self, memory_bytes: int, pids_max: int) -> RunCgroup:
-        self._n += 1
-        name = f"run-{self._n}"
-        dirs = {ctl: d / name for ctl, d in self.dirs.items()}
-        for d in dict.fromkeys(dirs.values()):
-            d.mkdir()
-        mem, pids = dirs["memory"], dirs["pids"]
-        if self.v2:
-            (mem / "memory.max").write_text(str(memory_bytes))
-            _try_write(mem / "memory.swap.max", "0")
-        else:
-            (mem / "memory.limit_in_bytes").write_text(str(memory_bytes))
-            _try_write(mem / "memory.memsw.limit_in_bytes", str(memory_bytes))  # no swap to escape into
-        (pids / "pids.max").write_text(str(pids_max))
-        return RunCgroup(dirs, self.v2)
+    def slot(self, index: int, pids_max: int) -> RunCgroup:
+        """The group of concurrency slot `index` (created on first use, with its process limit)."""
+        group = self._slots.get(index)
+        if group is None:
+            dirs = {ctl: d / f"slot-{index}" for ctl, d in self.dirs.items()}
+            for d in dict.fromkeys(dirs.values()):
+                d.mkdir(exist_ok=True)
+            if self.v2:
+                _try_write(dirs["memory"] / "memory.swap.max", "0")  # no swap to escape into
+            (dirs["pids"] / "pids.max").write_text(str(pids_max))
+            group = self._slots[index] = RunCgroup(dirs, self.v2)
+        return group
+
+    def remove(self) -> None:
+        """Remove the slot groups and the parent (at exit)."""
+        for group in self._slots.values():
+            group.remove(0.5)
+        self._slots.clear()
+        for d in dict.fromkeys(self.dirs.values()):
+            try:
+                d.rmdir()
+            except OSError:
+                pass
 
 
 def _sweep(parent: Path) -> None:
