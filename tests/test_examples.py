@@ -15,3 +15,11 @@ def test_guess_number_example():
     assert out.returncode == 0, out.stderr
     assert "status=completed turns=3 reward=1.0" in out.stdout
     assert "status=completed" in out.stdout.splitlines()[-1]
+
+
+def test_sandbox_example():
+    out = subprocess.run([sys.executable, str(ROOT / "examples" / "sandbox_run.py")], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    for status in ("ok", "error", "timeout", "memory", "output_limit"):
+        assert f"{status:13s} -> {status} " in out.stdout, out.stdout
