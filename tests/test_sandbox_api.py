@@ -141,7 +141,13 @@ def test_thousand_runs_leave_nothing_behind(runner, sb):
             async with sem:
                 return await one(i)
 
-        results = await asyncio.gather(*(limited(i) for i in range(1000)))
+        try:
+            async with asyncio.timeout(300):  # a hang here is a bug: fail with the pool's state, not a CI timeout
+                results = await asyncio.gather(*(limited(i) for i in range(1000)))
+        except TimeoutError:
+            state = {"live": sb.live, "idle": getattr(getattr(sb, "_idle", None), "qsize", lambda: None)(),
+                     "containers": len(getattr(sb, "_all", ())), "replaced": getattr(sb, "replaced", None)}
+            pytest.fail(f"1,000 runs did not finish in 300 s on {sb.backend}: {state}")
         await asyncio.sleep(0.5 if sb.backend != "docker" else 3.5)  # docker: cancelled runs are recovered
         return before, results
 

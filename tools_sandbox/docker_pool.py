@@ -172,7 +172,7 @@ class DockerSandbox(Sandbox):
         if len(errors) == len(results):
             raise SandboxError(f"could not start any sandbox container: {errors[0]}")
         for _ in errors:  # keep the pool at full size; a failing engine shows up as sandbox_error results
-            self._spawn(self._create())
+            self._spawn(self._replace_missing())
 
     async def _create(self) -> _Container:
         async with self._create_lock:  # creation rate limit: a crash loop must not hammer the engine
@@ -201,7 +201,10 @@ class DockerSandbox(Sandbox):
 
         mb = self.container_memory_mb
         container = self.client.containers.create(
-            self.image, command=[self.interpreters["python"], "-I", "-S", "-c", AGENT_SOURCE],
+            # The agent's source travels in the environment, so `ps` shows a short command line.
+            self.image, command=[self.interpreters["python"], "-I", "-S", "-c",
+                                 "import os; exec(os.environ.pop('SLIME_ENV_AGENT'))"],
+            environment={"SLIME_ENV_AGENT": AGENT_SOURCE},
             stdin_open=True, tty=False, network_mode="none", mem_limit=f"{mb}m", memswap_limit=f"{mb}m",
             nano_cpus=int(self.cpus * 1e9), pids_limit=self.pids_limit, read_only=True, user="65534:65534",
             cap_drop=["ALL"], security_opt=["no-new-privileges"], ipc_mode="private", shm_size=f"{self.tmpfs_mb}m",
@@ -239,8 +242,8 @@ class DockerSandbox(Sandbox):
                    "fsize_bytes": self.fsize_mb << 20, "nofile": self.nofile, "output_limit": request.output_limit_bytes}
         t0 = time.perf_counter()
         try:
-            await box.send(message)
             async with asyncio.timeout(request.timeout_s + GRACE_S):
+                await box.send(message)
                 answer = await box.receive()
         except TimeoutError:
             self._spawn(self._replace(box))
@@ -289,11 +292,24 @@ class DockerSandbox(Sandbox):
         self._all.discard(box)
         box.close_stream()
         await asyncio.to_thread(_remove, box.container)
-        try:
-            await self._create()
-        except Exception:  # noqa: BLE001 - retried so the pool keeps its size; runs wait meanwhile
-            await asyncio.sleep(1.0)
-            self._spawn(self._create())
+        delay = 0.5
+        while True:  # the pool keeps its size: retried (with backoff) until the engine gives a container
+            try:
+                await self._create()
+                return
+            except Exception:  # noqa: BLE001 - runs wait meanwhile, and time out if it takes too long
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 30.0)
+
+    async def _replace_missing(self) -> None:
+        delay = 0.5
+        while True:
+            try:
+                await self._create()
+                return
+            except Exception:  # noqa: BLE001
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 30.0)
 
     def _spawn(self, coro) -> None:
         task = asyncio.get_running_loop().create_task(coro)

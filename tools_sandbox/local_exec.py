@@ -18,6 +18,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 
+KILL_WAIT_S = 30.0
+
+
 @dataclass(slots=True)
 class Outcome:
     exit_code: int | None
@@ -103,7 +106,8 @@ async def spawn(argv: Sequence[str], *, env: dict[str, str], cwd: str | None, st
         except TimeoutError:
             timed_out = True
         kill()  # the main process is gone or over time: nothing it started may outlive it
-        await asyncio.shield(protocol.exited)
+        async with asyncio.timeout(KILL_WAIT_S):  # a process stuck in the kernel (D state) cannot die at once
+            await asyncio.shield(protocol.exited)
         try:
             async with asyncio.timeout(2.0):  # pipes close once every holder is dead
                 await pumps
@@ -114,7 +118,8 @@ async def spawn(argv: Sequence[str], *, env: dict[str, str], cwd: str | None, st
         if pumps is not None:
             pumps.cancel()
         try:
-            await asyncio.shield(protocol.exited)
+            async with asyncio.timeout(KILL_WAIT_S):
+                await asyncio.shield(protocol.exited)
         finally:
             transport.close()
             raise

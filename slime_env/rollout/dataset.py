@@ -20,14 +20,16 @@ def load_tasks(path: str | Path, *, input_key: str = "prompt", label_key: str | 
     so resuming over the same file recognises them. A bad row raises `InvalidInput` naming the file
     and line (Parquet: row).
     """
+    return [_task(row, where, n, input_key, label_key, metadata_key, id_key) for where, n, row in read_rows(path)]
+
+
+def read_rows(path: str | Path) -> Iterator[tuple[str, int, Any]]:
+    """`(where, n, row)` for every row of a `.jsonl`/`.json` or `.parquet` file; `where` is "file:line"
+    (Parquet: "file: row n") for error messages. InvalidInput if the file is missing or a line is not JSON."""
     path = Path(path)
     if not path.is_file():
         raise InvalidInput(f"dataset file {path} does not exist")
-    rows = _parquet_rows(path) if path.suffix == ".parquet" else _jsonl_rows(path)
-    tasks = []
-    for where, n, row in rows:
-        tasks.append(_task(row, where, n, input_key, label_key, metadata_key, id_key))
-    return tasks
+    return _parquet_rows(path) if path.suffix == ".parquet" else _jsonl_rows(path)
 
 
 def _jsonl_rows(path: Path) -> Iterator[tuple[str, int, Any]]:

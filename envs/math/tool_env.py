@@ -1,0 +1,137 @@
+"""MathTool-v0: tool-integrated math — the model runs Python between thoughts, then answers.
+
+Each turn the model either calls the Python tool or answers. Tool calls are hermes `<tool_call>` JSON
+(`{"name": "python", "arguments": {"code": ...}}`, the default) or fenced ```python blocks
+(`tool_format="fenced"`). The code runs in the sandbox (`tools_sandbox.auto()` unless one is given);
+its stdout and stderr, cut to `output_budget_tokens` (≈4 characters a token unless a `count_tokens`
+function is given), come back as a masked observation — a `tool` message, or a user message with an
+```output block in fenced mode. A run that times out or fails is reported to the model and the
+episode continues. The episode ends when a turn has no tool call: that turn's final answer is
+verified. Rewards: `MathReward`, plus `tool_bonus` for a correct answer that used the tool at least
+once, minus `tool_call_penalty` per tool call. The env truncates after `max_tool_calls`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from slime_env import Action, Env, Message, Task
+from envs.math.extract import FORMATS
+from envs.math.rewards import MathReward
+
+PYTHON_TOOL = {"type": "function", "function": {
+    "name": "python", "description": "Run Python 3 code and return what it prints (stdout and stderr).",
+    "parameters": {"type": "object", "properties": {"code": {"type": "string", "description": "the code"}},
+                   "required": ["code"]}}}
+
+SYSTEM_HERMES = ("Solve the problem. You may run Python by replying with\n"
+                 '<tool_call>{"name": "python", "arguments": {"code": "print(2**10)"}}</tool_call>\n'
+                 "and reading its output. When you are done, put the final answer in \\boxed{}.")
+SYSTEM_FENCED = ("Solve the problem. You may run Python by writing a ```python code block; its output comes "
+                 "back in an ```output block. When you are done, put the final answer in \\boxed{}.")
+
+
+def truncate_output(text: str, budget_tokens: int, count_tokens: Callable[[str], int] | None = None) -> str:
+    """`text` cut to about `budget_tokens` tokens, keeping its head and tail (errors are at the end)."""
+    if count_tokens is None:
+        limit = budget_tokens * 4
+        if len(text) <= limit:
+            return text
+        head = limit * 2 // 3
+        return f"{text[:head]}\n... [{len(text) - limit} characters cut] ...\n{text[len(text) - (limit - head):]}"
+    if count_tokens(text) <= budget_tokens:
+        return text
+    lo, hi = 0, len(text)
+    while lo < hi:  # the longest head+tail split that fits
+        mid = (lo + hi + 1) // 2
+        candidate = text[:mid * 2 // 3] + "\n...\n" + text[len(text) - mid // 3:]
+        lo, hi = (mid, hi) if count_tokens(candidate) <= budget_tokens else (lo, mid - 1)
+    return text[:lo * 2 // 3] + "\n... [cut] ...\n" + text[len(text) - lo // 3:]
+
+
+class MathToolEnv(Env):
+    """Multi-turn math with a sandboxed Python tool (see the module docstring)."""
+
+    tools = (PYTHON_TOOL,)
+
+    def __init__(self, *, tool_format: str = "hermes", sandbox: Any = None, max_tool_calls: int = 4,
+                 tool_timeout_s: float = 5.0, tool_memory_mb: int = 512, output_budget_tokens: int = 256,
+                 count_tokens: Callable[[str], int] | None = None, tool_bonus: float = 0.0,
+                 tool_call_penalty: float = 0.0, reward_mode: str = "binary", format_penalty: float = 0.0,
+                 answer_formats: Sequence[str] = FORMATS, system_prompt: str | None = None,
+                 reward: MathReward | None = None):
+        if tool_format not in ("hermes", "fenced"):
+            raise ValueError(f"tool_format must be 'hermes' or 'fenced', got {tool_format!r}")
+        self.tool_format = tool_format
+        self.parser = "hermes" if tool_format == "hermes" else "python_block"
+        self.system_prompt = system_prompt if system_prompt is not None else (
+            SYSTEM_HERMES if tool_format == "hermes" else SYSTEM_FENCED)
+        self._sandbox = sandbox
+        self.max_tool_calls, self.tool_timeout_s, self.tool_memory_mb = max_tool_calls, tool_timeout_s, tool_memory_mb
+        self.output_budget_tokens, self.count_tokens = output_budget_tokens, count_tokens
+        self.tool_bonus, self.tool_call_penalty = tool_bonus, tool_call_penalty
+        self.reward = reward or MathReward(mode=reward_mode, format_penalty=format_penalty,
+                                           formats=tuple(answer_formats))
+        self._task: Task | None = None
+        self._calls = 0
+        self._ok_calls = 0
+
+    @property
+    def sandbox(self):
+        if self._sandbox is None:
+            import tools_sandbox
+
+            self._sandbox = tools_sandbox.auto()  # shared per process: one pool for every episode
+        return self._sandbox
+
+    async def reset(self, *, seed: int | None = None, options: Mapping[str, Any] | None = None):
+        self._task = self.task_from(options, seed)
+        if self._task.label is None:
+            raise ValueError("MathTool-v0 task has no 'label' (the gold answer)")
+        self._calls = self._ok_calls = 0
+        return self._task.messages(system=self.system_prompt), {}
+
+    async def step(self, action: Action):
+        if self._task is None:
+            raise RuntimeError("MathToolEnv.step called before reset")
+        if not action.tool_calls and not action.parse_errors:
+            return await self._finish(action)
+        obs: list[Message] = []
+        info: dict[str, Any] = {"tool_runs": []}
+        for call in action.tool_calls:
+            if call.name != "python" or not isinstance(call.arguments.get("code"), str):
+                obs.append(self._observation(f"error: unknown tool {call.name!r} or missing 'code'; "
+                                             "the only tool is python(code)"))
+                continue
+            self._calls += 1
+            result = await self.sandbox.run(call.arguments["code"], timeout_s=self.tool_timeout_s,
+                                            memory_mb=self.tool_memory_mb)
+            info["tool_runs"].append({"status": result.status, "exit_code": result.exit_code,
+                                      "duration_s": result.duration_s})
+            self._ok_calls += result.status == "ok"
+            obs.append(self._observation(self._format(result)))
+        for error in action.parse_errors:
+            obs.append(self._observation(f"error: {error.message}"))
+        truncated = self._calls >= self.max_tool_calls
+        return obs, 0.0, False, truncated, info
+
+    async def _finish(self, action: Action):
+        reward, verdict = await self.reward(action.text, self._task.label)
+        if verdict["correct"] and self._ok_calls and self.tool_bonus:
+            reward += self.tool_bonus
+        reward -= self.tool_call_penalty * self._calls
+        return [], reward, True, False, {"verdict": verdict, "correct": verdict["correct"], "tool_calls": self._calls}
+
+    def _format(self, result) -> str:
+        text = result.stdout + (("\n" if result.stdout and result.stderr else "") + result.stderr)
+        if result.status == "timeout":
+            text += f"\n[timed out after {self.tool_timeout_s:g}s]"
+        elif result.status in ("memory", "output_limit", "sandbox_error"):
+            text += f"\n[{result.status}: {result.reason}]"
+        return truncate_output(text.strip() or "(no output)", self.output_budget_tokens, self.count_tokens)
+
+    def _observation(self, text: str) -> Message:
+        if self.tool_format == "hermes":
+            return Message("tool", text)
+        return Message("user", f"```output\n{text}\n```")
