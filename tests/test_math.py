@@ -74,6 +74,32 @@ def test_fast_path_agrees_with_math_verify():
     assert decided > 200
 
 
+def test_expression_and_set_fast_paths_agree_with_math_verify():
+    import logging
+
+    from math_verify import parse, verify
+
+    logging.getLogger("math_verify").setLevel(logging.ERROR)
+    exprs = ["x^2+2x+1", "(x+1)^2", "(x+1)(x+1)", "x^2+1", "2x+3", "3+2x", "2(x+1)+1", "x(x-1)", "x^2-x",
+             "\\frac{x}{2}", "\\frac{1}{2}x", "\\frac{x^2-1}{x-1}", "x+1", "a+b", "b+a", "ab", "ba", "a-b",
+             "(a+b)^2", "a^2+2ab+b^2", "2^{10}", "1024", "10^3", "\\frac{6}{8}", "3/4", "x^{2}", "x\\cdot x",
+             "-x^2", "(-x)^2", "y+1", "\\sqrt{8}", "2\\sqrt{2}", "\\sqrt{2}", "\\frac{\\sqrt{2}}{2}",
+             "\\frac{1}{\\sqrt{2}}", "\\sqrt[3]{8}", "2", "\\pi", "\\frac{\\pi}{2}", "\\frac{2\\sqrt{3}\\pi}{3}",
+             "\\frac{\\sqrt{12}\\pi}{3}", "\\sqrt{x^2}", "x\\sqrt{2}"]
+    sets = ["\\{1,2,3\\}", "\\{3,2,1\\}", "\\{1,2\\}", "\\{-1,1\\}", "\\{1,-1\\}", "\\{\\frac{1}{2},2\\}",
+            "\\{2,\\frac{2}{4}\\}", "\\{1,2,4\\}"]
+    decided = 0
+    for group in (exprs, sets):
+        for g in group:
+            for a in group:
+                fast = fast_check(g, a)
+                if fast is None:
+                    continue
+                decided += 1
+                assert fast == verify(parse(f"\\boxed{{{g}}}"), parse(f"\\boxed{{{a}}}")), (g, a)
+    assert decided > 400
+
+
 def test_extraction_takes_the_last_answer():
     assert extract_answer("\\boxed{1} ... wait, \\boxed{\\frac{2}{3}}") == "\\frac{2}{3}"
     assert extract_answer("Answer: 5\n\n#### 6") == "6"
@@ -93,7 +119,7 @@ def test_a_pathological_answer_times_out_and_the_pool_recovers(runner):
         took = time.monotonic() - t0
         assert verdict.status == "timeout" and not verdict.correct and "1.5s" in verdict.reason
         assert took < 5
-        after = runner.run(v.verify("\\boxed{(x+1)^2}", "x^2+2x+1"))  # a replacement worker answers
+        after = runner.run(v.verify("\\boxed{\\sin^2 x + \\cos^2 x}", "1"))  # a replacement worker answers
         assert after.correct and after.method == "math_verify" and v.stats["timeout"] == 1
     finally:
         v.close()

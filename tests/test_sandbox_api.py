@@ -133,7 +133,8 @@ def test_thousand_runs_leave_nothing_behind(runner, sb):
         return await sb.run(f"print({i})  # {marker}")
 
     async def main():
-        await sb.run("print('warm')")
+        async with asyncio.timeout(60):
+            await sb.run("print('warm')")
         before = snapshot()
         sem = asyncio.Semaphore(8)
 
@@ -161,7 +162,9 @@ def test_thousand_runs_leave_nothing_behind(runner, sb):
     after = snapshot()
     assert after[1] == before[1], "temp dirs left behind"
     assert after[2] == 0, "sandboxed processes left behind"
-    assert after[0] <= before[0] + 2, f"fds leaked: {before[0]} -> {after[0]}"
+    # The docker SDK keeps up to 10 pooled connections to the engine (used from worker threads): not a leak.
+    slack = 2 + (10 if sb.backend == "docker" else 0)
+    assert after[0] <= before[0] + slack, f"fds leaked: {before[0]} -> {after[0]}"
     if sb.backend == "docker":
         import docker
 

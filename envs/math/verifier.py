@@ -28,6 +28,7 @@ from fractions import Fraction
 from typing import Any
 
 from envs.math.extract import FORMATS, extract_answer, gold_answer
+from envs.math.fastpath import expressions_equal, sets_equal
 
 _CHOICE = re.compile(r"^\(?([A-Ja-j])\)?\.?$")
 _INT = re.compile(r"^[+-]?\d+$")
@@ -77,20 +78,21 @@ def _rational(s: str) -> tuple[Fraction, bool] | None:
 def fast_check(gold: str, answer: str) -> bool | None:
     """The verdict when it is certain without sympy; None when math-verify must decide.
 
-    Equal exact values are equal for math-verify too. Unequal values are decided here only when
-    neither side is a decimal: math-verify rounds decimals (0.333333 == 1/3), and that is its call.
+    Identical strings; exact rationals (equal values are equal for math-verify too; unequal ones are
+    decided only when neither side is a decimal — math-verify rounds decimals, 0.333333 == 1/3, and
+    that is its call); polynomial / rational expressions and finite sets of numbers (`envs.math.fastpath`).
     """
     g, a = _clean(gold), _clean(answer)
     if g == a and g:
         return True
     rg, ra = _rational(g), _rational(a)
-    if rg is None or ra is None:
-        return None
-    if rg[0] == ra[0]:
-        return True
-    if rg[1] or ra[1]:
-        return None
-    return False
+    if rg is not None and ra is not None:
+        if rg[0] == ra[0]:
+            return True
+        return None if rg[1] or ra[1] else False
+    if g.startswith("\\{") or a.startswith("\\{"):
+        return sets_equal(g, a)
+    return expressions_equal(g, a)
 
 
 def check(gold: str, answer: str) -> tuple[bool, str]:
