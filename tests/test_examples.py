@@ -23,3 +23,13 @@ def test_sandbox_example():
     assert out.returncode == 0, out.stderr
     for status in ("ok", "error", "timeout", "memory", "output_limit"):
         assert f"{status:13s} -> {status} " in out.stdout, out.stdout
+
+
+def test_math_example():
+    out = subprocess.run([sys.executable, str(ROOT / "examples" / "math_envs.py")], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("Math-v0       reward=1.0")
+    assert lines[1].startswith("MathTool-v0   reward=1.0 turns=2 tool output='385'")
+    assert lines[2].endswith("reward=1.0")
