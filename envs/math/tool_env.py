@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from slime_env import Action, Env, Message, Task
+from envs.budget import truncate_to_budget
 from envs.math.extract import FORMATS
 from envs.math.rewards import MathReward
 
@@ -30,24 +31,6 @@ SYSTEM_HERMES = ("Solve the problem. You may run Python by replying with\n"
                  "and reading its output. When you are done, put the final answer in \\boxed{}.")
 SYSTEM_FENCED = ("Solve the problem. You may run Python by writing a ```python code block; its output comes "
                  "back in an ```output block. When you are done, put the final answer in \\boxed{}.")
-
-
-def truncate_output(text: str, budget_tokens: int, count_tokens: Callable[[str], int] | None = None) -> str:
-    """`text` cut to about `budget_tokens` tokens, keeping its head and tail (errors are at the end)."""
-    if count_tokens is None:
-        limit = budget_tokens * 4
-        if len(text) <= limit:
-            return text
-        head = limit * 2 // 3
-        return f"{text[:head]}\n... [{len(text) - limit} characters cut] ...\n{text[len(text) - (limit - head):]}"
-    if count_tokens(text) <= budget_tokens:
-        return text
-    lo, hi = 0, len(text)
-    while lo < hi:  # the longest head+tail split that fits
-        mid = (lo + hi + 1) // 2
-        candidate = text[:mid * 2 // 3] + "\n...\n" + text[len(text) - mid // 3:]
-        lo, hi = (mid, hi) if count_tokens(candidate) <= budget_tokens else (lo, mid - 1)
-    return text[:lo * 2 // 3] + "\n... [cut] ...\n" + text[len(text) - lo // 3:]
 
 
 class MathToolEnv(Env):
@@ -129,7 +112,7 @@ class MathToolEnv(Env):
             text += f"\n[timed out after {self.tool_timeout_s:g}s]"
         elif result.status in ("memory", "output_limit", "sandbox_error"):
             text += f"\n[{result.status}: {result.reason}]"
-        return truncate_output(text.strip() or "(no output)", self.output_budget_tokens, self.count_tokens)
+        return truncate_to_budget(text.strip() or "(no output)", self.output_budget_tokens, self.count_tokens)
 
     def _observation(self, text: str) -> Message:
         if self.tool_format == "hermes":

@@ -1,0 +1,13 @@
+"""Code env `Code-v0`: programs graded by unit tests in a sandbox, with multi-turn execution feedback.
+
+Pieces usable alone: `parse_tests` (APPS/TACO, CodeContests, LiveCodeBench, HumanEval, MBPP, generic →
+`TestSuite`), `Grader` (one sandbox run per submission, outputs compared outside the sandbox),
+`load_code_tasks` and `load_humaneval`.
+"""
+
+from envs.code.data import code_row_to_task, load_code_tasks, load_humaneval
+from envs.code.grader import CaseResult, GradeResult, Grader
+from envs.code.tests_format import TestSuite, parse_tests
+
+__all__ = ["CaseResult", "GradeResult", "Grader", "TestSuite", "code_row_to_task", "load_code_tasks",
+           "load_humaneval", "parse_tests"]
