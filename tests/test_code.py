@@ -243,5 +243,5 @@ def test_loader_reads_dataset_rows(tmp_path):
     assert "assert add(1, 2) == 3" in tasks[2].prompt and tasks[3].id == "HumanEval/x"
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps(rows[0]) + "\n" + json.dumps({"question": "x", "input_output": "{oops"}) + "\n")
-    with pytest.raises(InvalidInput, match=r"bad\.jsonl:2 tests: not valid JSON"):
+    with pytest.raises(InvalidInput, match=r"bad\.jsonl:2 tests\.input_output: not valid JSON"):
         load_code_tasks(bad)
