@@ -27,11 +27,14 @@ class Env:
     `close()` releases resources; it may be called more than once.
 
     Class attributes: `parser` names the tool-call parser for this env's actions (see
-    `slime_env.parsers`), `tools` are JSON tool schemas handed to the chat template.
+    `slime_env.parsers`), `tools` are JSON tool schemas handed to the chat template, `stop` are
+    strings that end a generation early (e.g. `</search>`: the env acts on the action as soon as it
+    is complete); the runner adds them to the sampling params' `stop`.
     """
 
     parser: ClassVar[str | None] = None
     tools: Sequence[Mapping[str, Any]] | None = None
+    stop: Sequence[str] = ()
 
     async def reset(self, *, seed: int | None = None,
                     options: Mapping[str, Any] | None = None) -> tuple[Observation, dict[str, Any]]:
@@ -80,6 +83,10 @@ class Wrapper(Env):
     @property
     def tools(self) -> Sequence[Mapping[str, Any]] | None:  # type: ignore[override]
         return self.env.tools
+
+    @property
+    def stop(self) -> Sequence[str]:  # type: ignore[override]
+        return self.env.stop
 
     async def reset(self, *, seed=None, options=None):
         return await self.env.reset(seed=seed, options=options)

@@ -125,6 +125,9 @@ class Episode:
                 self.started = True
                 await ep.reset(self.seed, deadline_at)
                 self.parse = get_parser(self.env.parser if self._parser_spec == _FROM_ENV else self._parser_spec)
+                env_stop = list(getattr(self.env, "stop", None) or ())
+                if env_stop:
+                    self.params["stop"] = list(dict.fromkeys([*(self.params.get("stop") or ()), *env_stop]))
             while True:
                 if ep.abort_requested:
                     raise _Abort()

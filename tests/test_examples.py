@@ -33,3 +33,12 @@ def test_math_example():
     assert lines[0].startswith("Math-v0       reward=1.0")
     assert lines[1].startswith("MathTool-v0   reward=1.0 turns=2 tool output='385'")
     assert lines[2].endswith("reward=1.0")
+
+
+def test_code_example():
+    out = subprocess.run([sys.executable, str(ROOT / "examples" / "code_env.py")], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "Code-v0: status=completed reward=1.0 turn_rewards=[0.0, 1.0]" in out.stdout
+    assert "Expected:\n  3\n  Got:\n  2" in out.stdout
+    assert "HumanEval canonical solutions: 10/10 pass" in out.stdout

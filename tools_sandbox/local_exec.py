@@ -63,18 +63,31 @@ async def spawn(argv: Sequence[str], *, env: dict[str, str], cwd: str | None, st
     t0 = time.perf_counter()
     loop = asyncio.get_running_loop()
     ids = {} if user is None else {"user": user, "group": user, "extra_groups": []}
-    transport, protocol = await loop.subprocess_exec(
+    # Creation is shielded: Python 3.11 can wait forever for a child whose creation was cancelled half-way
+    # (asyncio closes it and waits for it to exit, with nothing that kills what it started). A cancelled
+    # caller lets it finish, then kills the whole run below.
+    creation = asyncio.ensure_future(loop.subprocess_exec(
         lambda: _Protocol(loop), *argv, stdin=stdin_fd, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE, env=env, cwd=cwd, pass_fds=tuple(pass_fds), start_new_session=True, **ids)
+        stderr=asyncio.subprocess.PIPE, env=env, cwd=cwd, pass_fds=tuple(pass_fds), start_new_session=True, **ids))
+    cancelled = False
+    while True:
+        try:
+            transport, protocol = await asyncio.shield(creation)
+            break
+        except asyncio.CancelledError:
+            if creation.cancelled():
+                raise
+            cancelled = True  # finish creating, then clean up and re-raise
     pid = transport.get_pid()
+    if cancelled:
+        _kill_group(pid, kill_tree)
+        async with asyncio.timeout(KILL_WAIT_S):
+            await asyncio.shield(protocol.exited)
+        transport.close()
+        raise asyncio.CancelledError()
 
     def kill() -> None:
-        if kill_tree is not None:
-            kill_tree()
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        _kill_group(pid, kill_tree)
 
     out, err = bytearray(), bytearray()
     exceeded = False
@@ -113,10 +126,12 @@ async def spawn(argv: Sequence[str], *, env: dict[str, str], cwd: str | None, st
                 await pumps
         except TimeoutError:
             pumps.cancel()
+            pumps.add_done_callback(_consume)
     except BaseException:
         kill()
         if pumps is not None:
             pumps.cancel()
+            pumps.add_done_callback(_consume)
         try:
             async with asyncio.timeout(KILL_WAIT_S):
                 await asyncio.shield(protocol.exited)
@@ -127,6 +142,21 @@ async def spawn(argv: Sequence[str], *, env: dict[str, str], cwd: str | None, st
     transport.close()
     return Outcome(exit_code=None if timed_out else code, stdout=bytes(out), stderr=bytes(err),
                    timed_out=timed_out, output_exceeded=exceeded, duration_s=time.perf_counter() - t0)
+
+
+def _kill_group(pid: int, kill_tree: Callable[[], None] | None) -> None:
+    if kill_tree is not None:
+        kill_tree()
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _consume(future: asyncio.Future) -> None:
+    """Retrieve a cancelled reader's outcome, so asyncio does not log it as never retrieved."""
+    if not future.cancelled():
+        future.exception()
 
 
 class _Protocol(asyncio.subprocess.SubprocessStreamProtocol):

@@ -131,11 +131,11 @@ class CodeEnv(Env):
         if grade.status == "sandbox_error":
             parts.append(f"The tests could not run: {grade.reason}")
         for c in shown[:self.feedback_cases]:
-            lines = [f"Input:\n{c.input}"]
+            lines = [f"Input:\n{c.input.rstrip()}"]
             if c.expected:
-                lines.append(f"Expected:\n{c.expected}")
+                lines.append(f"Expected:\n{c.expected.rstrip()}")
             if c.status == "wrong_answer" and c.got:
-                lines.append(f"Got:\n{c.got}")
+                lines.append(f"Got:\n{c.got.rstrip()}")
             if c.status not in ("wrong_answer", "pass"):
                 lines.append(f"Result: {c.status}" + (f" ({c.error})" if c.error else ""))
             elif c.error:
