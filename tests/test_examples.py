@@ -42,3 +42,11 @@ def test_code_example():
     assert "Code-v0: status=completed reward=1.0 turn_rewards=[0.0, 1.0]" in out.stdout
     assert "Expected:\n  3\n  Got:\n  2" in out.stdout
     assert "HumanEval canonical solutions: 10/10 pass" in out.stdout
+
+
+def test_search_example():
+    out = subprocess.run([sys.executable, str(ROOT / "examples" / "search_env.py")], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "information (masked): <information>Doc 1(Title:" in out.stdout
+    assert out.stdout.strip().splitlines()[-1].startswith("status=completed reward=1.0")
