@@ -163,6 +163,35 @@ def rollout(env: str = typer.Option(..., help="registered env id (tasks may over
 
 STATUS_KEYS = ("completed", "truncated", "aborted", "failed")
 
+
+@app.command()
+def train(config: str = typer.Option(None, help="run config (YAML); default: the embedded demo run "
+                                                "(trainers/configs/demo.yaml)"),
+          steps: int = typer.Option(None, min=1, help="override the config's steps"),
+          run_dir: str = typer.Option(None, help="override the config's run_dir")) -> None:
+    """RL training: rollouts -> TorchTrainer -> weight sync -> held-out eval; writes metrics, TensorBoard, curves.png."""
+    import asyncio
+    from importlib.resources import files
+
+    from slime_env.errors import InvalidInput
+
+    from trainers.train_loop import TrainConfig, train as run_train  # lazy: the core never imports trainers
+
+    path = config or str(files("trainers") / "configs" / "demo.yaml")
+    try:
+        cfg = TrainConfig.from_yaml(path)
+    except InvalidInput as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(1) from None
+    if steps:
+        cfg.steps = steps
+    if run_dir:
+        cfg.run_dir = run_dir
+    typer.echo(f"training {cfg.env} with {cfg.trainer.get('estimator', 'grpo')} for {cfg.steps} steps -> {cfg.run_dir}")
+    summary = asyncio.run(run_train(cfg, log=typer.echo))
+    typer.echo(f"held-out accuracy {summary['first_accuracy']:.3f} -> {summary['last_accuracy']:.3f} in "
+               f"{summary['elapsed_s']:.0f}s; curves: {summary['curves']}, metrics: {summary['metrics']}")
+
 search_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Search-R1 retrieval (envs.search).")
 app.add_typer(search_app, name="search")
 

@@ -1,6 +1,7 @@
 """Final-answer extraction from model text: `\\boxed{}`, `<answer>`, `Answer: ...` and GSM8K's `#### ...`.
 
-The last occurrence in the text wins, across whichever formats are enabled: models restate, correct
+`last_number` (opt-in, not in `FORMATS`) takes the last number in the text, for models too small to use a
+format. The last occurrence in the text wins, across whichever formats are enabled: models restate, correct
 themselves, and quote the prompt's example format before answering. `\\boxed{}` is matched with
 balanced braces (`\\boxed{\\frac{1}{2}}`), and `\\fbox{}` counts as a box.
 """
@@ -11,17 +12,19 @@ import re
 from collections.abc import Sequence
 
 FORMATS = ("boxed", "answer_tag", "answer_colon", "hash")
+ALL_FORMATS = (*FORMATS, "last_number")  # last_number: lenient, opt-in (small models rarely use tags)
 _BOX = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _ANSWER_COLON = re.compile(r"(?im)^[ \t*#>]*(?:final\s+)?answer\s*[:：]\s*(.+?)\s*$")
 _HASH = re.compile(r"(?m)^[ \t]*####[ \t]*(.+?)[ \t]*$")
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 
 
 def extract_answer(text: str, formats: Sequence[str] = FORMATS) -> str | None:
     """The last final answer in `text` among `formats` (names in `FORMATS`), stripped; None if none."""
-    unknown = set(formats) - set(FORMATS)
+    unknown = set(formats) - set(ALL_FORMATS)
     if unknown:
-        raise ValueError(f"unknown answer formats {sorted(unknown)}; known: {FORMATS}")
+        raise ValueError(f"unknown answer formats {sorted(unknown)}; known: {ALL_FORMATS}")
     best: tuple[int, str] | None = None
     for fmt in formats:
         for pos, value in _FINDERS[fmt](text):
@@ -67,7 +70,12 @@ def _hash(text: str) -> list[tuple[int, str]]:
     return [(m.start(), m.group(1).replace(",", "")) for m in _HASH.finditer(text)]
 
 
-_FINDERS = {"boxed": _boxed, "answer_tag": _answer_tag, "answer_colon": _answer_colon, "hash": _hash}
+def _last_number(text: str) -> list[tuple[int, str]]:
+    return [(m.start(), m.group(0).replace(",", "")) for m in _NUMBER.finditer(text)][-1:]
+
+
+_FINDERS = {"boxed": _boxed, "answer_tag": _answer_tag, "answer_colon": _answer_colon, "hash": _hash,
+            "last_number": _last_number}
 
 
 def gold_answer(label: object) -> str:

@@ -1,0 +1,128 @@
+"""Advantage estimators, losses, KL, importance weights and reductions against hand-computed values; a
+masked token contributes nothing to the loss or the gradient."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from trainers import algorithms as alg
+
+R = torch.tensor([1.0, 0.0, 0.0, 1.0])
+S = 1 / math.sqrt(2)
+
+
+def test_grpo_and_dr_grpo():
+    assert torch.allclose(alg.grpo_advantages(R, 2), torch.tensor([S, -S, -S, S]), atol=1e-5)
+    assert torch.allclose(alg.dr_grpo_advantages(R, 2), torch.tensor([0.5, -0.5, -0.5, 0.5]))
+    same = alg.grpo_advantages(torch.tensor([1.0, 1.0, 0.0, 0.0]), 2)
+    assert torch.allclose(same, torch.zeros(4))  # all-equal groups carry no signal
+    with pytest.raises(ValueError, match="groups of 3"):
+        alg.grpo_advantages(R, 3)
+
+
+def test_reinforce_plus_plus():
+    # centred [0.5, -0.5, -0.5, 0.5], batch std 0.5 -> +-1
+    assert torch.allclose(alg.reinforce_plus_plus_advantages(R), torch.tensor([1.0, -1.0, -1.0, 1.0]), atol=1e-5)
+    r = torch.tensor([1.0, 0.0, 3.0, 3.0])  # baseline: group means 0.5 and 3 -> [0.5, -0.5, 0, 0] / 0.3536
+    expect = torch.tensor([0.5, -0.5, 0.0, 0.0]) / torch.tensor([0.5, -0.5, 0.0, 0.0]).std(unbiased=False)
+    assert torch.allclose(alg.reinforce_plus_plus_advantages(r, 2), expect, atol=1e-5)
+
+
+def test_token_returns_from_turn_rewards():
+    turn_rewards = torch.tensor([[0.5, 0.0, 1.0]])
+    turn_of = torch.tensor([[0, 0, 1, 2, 2]])
+    mask = torch.tensor([[1, 0, 1, 1, 0]])
+    assert torch.allclose(alg.token_returns(turn_rewards, turn_of, mask), torch.tensor([[1.5, 0.0, 1.0, 1.0, 0.0]]))
+
+
+def test_gae():
+    rewards = torch.tensor([[0.0, 0.0, 1.0]])
+    values = torch.tensor([[0.2, 0.5, 0.7]])
+    mask = torch.ones(1, 3)
+    adv, ret = alg.gae_advantages(rewards, values, mask, gamma=1.0, lam=1.0)
+    assert torch.allclose(ret, torch.tensor([[1.0, 1.0, 1.0]]), atol=1e-6)  # lam=1: Monte-Carlo returns
+    assert torch.allclose(adv, torch.tensor([[0.8, 0.5, 0.3]]), atol=1e-6)
+    adv0, _ = alg.gae_advantages(rewards, values, mask, gamma=1.0, lam=0.0)  # lam=0: one-step TD errors
+    assert torch.allclose(adv0, torch.tensor([[0.3, 0.2, 0.3]]), atol=1e-6)
+    # a masked (env) token in the middle is skipped: the next value is the next generated token's
+    gapped, _ = alg.gae_advantages(torch.tensor([[0.0, 9.0, 1.0]]), torch.tensor([[0.2, 9.0, 0.7]]),
+                                   torch.tensor([[1.0, 0.0, 1.0]]), gamma=1.0, lam=1.0)
+    assert torch.allclose(gapped, torch.tensor([[0.8, 0.0, 0.3]]), atol=1e-6)
+
+
+def test_clipped_policy_loss_dapo_and_dual_clip():
+    mask = torch.ones(1, 1)
+    up = torch.tensor([[math.log(1.5)]])  # ratio 1.5
+    loss, stats = alg.policy_loss(up, torch.zeros(1, 1), torch.tensor([2.0]), mask)
+    assert loss.item() == pytest.approx(-2.0 * 1.28)  # clipped at 1 + clip_high
+    assert stats["clip_frac"].item() == 1.0
+    down = torch.tensor([[math.log(0.5)]])
+    loss, _ = alg.policy_loss(down, torch.zeros(1, 1), torch.tensor([-2.0]), mask)
+    assert loss.item() == pytest.approx(2.0 * 0.8)  # pessimistic: clipped at 1 - clip_low
+    big = torch.tensor([[math.log(5.0)]])
+    loss, _ = alg.policy_loss(big, torch.zeros(1, 1), torch.tensor([-1.0]), mask)
+    assert loss.item() == pytest.approx(5.0)
+    loss, _ = alg.policy_loss(big, torch.zeros(1, 1), torch.tensor([-1.0]), mask, dual_clip=3.0)
+    assert loss.item() == pytest.approx(3.0)
+
+
+def test_gspo_uses_the_sequence_ratio():
+    logp = torch.tensor([[math.log(2.0), 0.0, 0.0]])  # token ratios 2, 1, 1; sequence ratio 2^(1/3)
+    loss, stats = alg.policy_loss(logp, torch.zeros(1, 3), torch.tensor([1.0]), torch.ones(1, 3),
+                                  ratio_level="sequence", clip_high=10.0)
+    assert stats["ratio_mean"].item() == pytest.approx(2 ** (1 / 3), rel=1e-5)
+    assert loss.item() == pytest.approx(-(2 ** (1 / 3)), rel=1e-5)
+
+
+def test_kl_estimators_and_tis():
+    logp, ref = torch.tensor([math.log(2.0)]), torch.tensor([0.0])
+    assert alg.kl_divergence(logp, ref, "k1").item() == pytest.approx(math.log(2))
+    assert alg.kl_divergence(logp, ref, "k2").item() == pytest.approx(0.5 * math.log(2) ** 2)
+    assert alg.kl_divergence(logp, ref, "k3").item() == pytest.approx(0.5 - 1 + math.log(2))
+    assert alg.kl_divergence(torch.tensor([30.0]), torch.tensor([0.0]), "low_var_kl").item() == 10.0
+    w = alg.truncated_is_weights(torch.tensor([[math.log(3.0), 0.0, 0.0]]), torch.zeros(1, 3),
+                                 torch.tensor([[1.0, 1.0, 0.0]]))
+    assert torch.allclose(w, torch.tensor([[2.0, 1.0, 0.0]]))  # capped at 2, zero where masked
+
+
+def test_reductions():
+    x = torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0]])
+    m = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
+    assert alg.masked_mean(x, m).item() == pytest.approx(10 / 4)
+    assert alg.seq_mean_token_sum(x, m).item() == pytest.approx((6 + 4) / 2)
+    assert alg.seq_mean_token_mean(x, m).item() == pytest.approx((2 + 4) / 2)
+
+
+@pytest.mark.parametrize("reduction", sorted(alg.REDUCTIONS))
+@pytest.mark.parametrize("kind", ["token", "sequence"])
+def test_masked_tokens_change_neither_loss_nor_gradient(reduction, kind):
+    torch.manual_seed(0)
+    tokens = torch.randint(0, 11, (2, 6))
+    mask = torch.tensor([[0, 1, 1, 0, 1, 0], [1, 1, 0, 0, 0, 0]], dtype=torch.float32)
+    adv = torch.tensor([0.7, -1.3])
+    rollout = torch.randn(2, 6) * 0.1 - 2.0
+
+    def loss_of(logits):
+        logp = alg.token_logprobs(logits, tokens)
+        old = logp.detach() + 0.05 * torch.randn(2, 6, generator=torch.Generator().manual_seed(1))
+        pg, _ = alg.policy_loss(logp, old, adv, mask, ratio_level=kind, reduction=reduction,
+                                is_weights=alg.truncated_is_weights(old, rollout, mask))
+        kl = alg.REDUCTIONS[reduction](alg.kl_divergence(logp, rollout, "low_var_kl"), mask)
+        ent = alg.REDUCTIONS[reduction](alg.entropy_from_logits(logits), mask)
+        return pg + 0.1 * kl - 0.01 * ent
+
+    logits = torch.randn(2, 6, 11, requires_grad=True)
+    loss = loss_of(logits)
+    loss.backward()
+    grad = logits.grad.clone()
+    assert torch.all(grad[mask == 0] == 0) and torch.any(grad[mask == 1] != 0)
+    changed = logits.detach().clone()
+    changed[mask == 0] += 5.0 * torch.randn_like(changed[mask == 0])
+    changed.requires_grad_(True)
+    loss2 = loss_of(changed)
+    loss2.backward()
+    assert loss2.item() == pytest.approx(loss.item(), abs=1e-6)
+    assert torch.allclose(changed.grad[mask == 1], grad[mask == 1], atol=1e-6)

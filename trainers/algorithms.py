@@ -1,0 +1,195 @@
+"""RL math as small pure functions over tensors: advantage estimators, policy losses, KL, importance
+correction, entropy, masked reductions. No models, devices or data loading here — the PyTorch trainer
+and the Megatron trainer call these same functions.
+
+Shapes: per-token tensors are `[B, T]` (response positions), with `mask` 1 where a token was sampled by
+the policy (the trajectory's loss mask) and 0 elsewhere (prompt, env output, template glue, padding).
+Every loss multiplies by `mask` before reducing: a masked token contributes nothing to the loss or to
+the gradient.
+"""
+
+from __future__ import annotations
+
+import torch
+
+# --- reductions ---------------------------------------------------------------------------------------
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """sum(x * m) / max(sum(m), 1) — the "token-mean" over all unmasked tokens (or along `dim`)."""
+    mask = mask.to(x.dtype)
+    total = (x * mask).sum() if dim is None else (x * mask).sum(dim)
+    count = mask.sum() if dim is None else mask.sum(dim)
+    return total / count.clamp(min=1.0)
+
+
+def seq_mean_token_sum(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """mean over sequences of sum over their tokens (Dr. GRPO's length-unbiased reduction)."""
+    return (x * mask.to(x.dtype)).sum(-1).mean()
+
+
+def seq_mean_token_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """mean over sequences of the mean over their tokens (the original GRPO reduction)."""
+    return masked_mean(x, mask, dim=-1).mean()
+
+
+REDUCTIONS = {"token_mean": masked_mean, "seq_mean_token_sum": seq_mean_token_sum,
+              "seq_mean_token_mean": seq_mean_token_mean}
+
+
+# --- advantage estimators (outcome rewards: one scalar per sequence) ----------------------------------
+
+def _group_view(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    if rewards.dim() != 1 or rewards.numel() % group_size:
+        raise ValueError(f"{rewards.numel()} rewards do not split into groups of {group_size}")
+    return rewards.view(-1, group_size)
+
+
+def grpo_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-6) -> torch.Tensor:
+    """GRPO: A_i = (r_i - mean(r_group)) / (std(r_group) + eps). `rewards` [N], groups consecutive."""
+    r = _group_view(rewards, group_size)
+    mean, std = r.mean(-1, keepdim=True), r.std(-1, keepdim=True, unbiased=True) if group_size > 1 else 0 * r
+    return ((r - mean) / (std + eps)).view(-1)
+
+
+def dr_grpo_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Dr. GRPO: A_i = r_i - mean(r_group) (no division by the std, which up-weights easy/hard groups)."""
+    r = _group_view(rewards, group_size)
+    return (r - r.mean(-1, keepdim=True)).view(-1)
+
+
+def reinforce_plus_plus_advantages(rewards: torch.Tensor, group_size: int | None = None,
+                                   eps: float = 1e-6) -> torch.Tensor:
+    """REINFORCE++: A = (r - b) / std_batch(r - b), whitened over the whole batch.
+
+    b = 0 (plain REINFORCE++), or the group mean when `group_size` is given (REINFORCE++-baseline).
+    """
+    centred = rewards if group_size is None else (rewards.view(-1, group_size)
+                                                  - rewards.view(-1, group_size).mean(-1, keepdim=True)).view(-1)
+    if group_size is None:
+        centred = centred - centred.mean()
+    return centred / (centred.std(unbiased=False) + eps)
+
+
+def token_returns(turn_rewards: torch.Tensor, turn_of_token: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Per-token return-to-go from per-turn rewards: token t of turn k gets sum_{j >= k} r_j (gamma = 1).
+
+    `turn_rewards` [B, K], `turn_of_token` [B, T] (index of the turn each token belongs to, clamped to K-1).
+    """
+    to_go = turn_rewards.flip(-1).cumsum(-1).flip(-1)  # R_k = sum_{j>=k} r_j
+    idx = turn_of_token.clamp(min=0, max=turn_rewards.shape[-1] - 1)
+    return torch.gather(to_go, -1, idx) * mask.to(to_go.dtype)
+
+
+def gae_advantages(token_rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0,
+                   lam: float = 0.95) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO's GAE over the unmasked (generated) tokens: (advantages, returns), both [B, T].
+
+    delta_t = r_t + gamma * V_{t+1} - V_t;  A_t = delta_t + gamma * lam * A_{t+1}; returns = A + V.
+    Masked positions are skipped (the next value is that of the next *generated* token).
+    """
+    B, T = token_rewards.shape
+    adv = torch.zeros_like(values)
+    next_value = torch.zeros(B, dtype=values.dtype, device=values.device)
+    next_adv = torch.zeros_like(next_value)
+    m = mask.to(values.dtype)
+    for t in reversed(range(T)):
+        delta = token_rewards[:, t] + gamma * next_value - values[:, t]
+        a = delta + gamma * lam * next_adv
+        adv[:, t] = a * m[:, t]
+        next_value = torch.where(m[:, t] > 0, values[:, t], next_value)
+        next_adv = torch.where(m[:, t] > 0, a, next_adv)
+    return adv, (adv + values) * m
+
+
+# --- policy loss ----------------------------------------------------------------------------------------
+
+def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, *,
+                clip_low: float = 0.2, clip_high: float = 0.28, dual_clip: float | None = None,
+                ratio_level: str = "token", is_weights: torch.Tensor | None = None,
+                reduction: str = "token_mean") -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The clipped surrogate, per token, reduced over unmasked tokens; returns (loss, stats).
+
+    ratio = exp(logp - old_logp) per token, or GSPO's sequence ratio exp(mean_t(logp - old_logp))
+    (`ratio_level="sequence"`). loss_t = -min(ratio * A, clip(ratio, 1 - clip_low, 1 + clip_high) * A)
+    (DAPO's separate low/high clip). Dual clip: for A < 0 the loss is capped at -dual_clip * A.
+    `is_weights` (truncated importance sampling against the rollout engine) multiply the per-token loss.
+    """
+    m = mask.to(logp.dtype)
+    log_ratio = (logp - old_logp) * m
+    if ratio_level == "sequence":
+        seq = log_ratio.sum(-1, keepdim=True) / m.sum(-1, keepdim=True).clamp(min=1.0)
+        log_ratio = seq + logp - logp.detach()  # value of the sequence ratio, gradient through each token
+    elif ratio_level != "token":
+        raise ValueError(f"ratio_level must be 'token' or 'sequence', got {ratio_level!r}")
+    ratio = torch.exp(log_ratio.clamp(-20.0, 20.0))
+    adv = advantages if advantages.dim() == 2 else advantages.unsqueeze(-1).expand_as(logp)
+    unclipped = -adv * ratio
+    clipped = -adv * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
+    loss = torch.maximum(unclipped, clipped)
+    if dual_clip is not None:
+        if dual_clip <= 1.0:
+            raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
+        loss = torch.where(adv < 0, torch.minimum(loss, -adv * dual_clip), loss)
+    if is_weights is not None:
+        loss = loss * is_weights
+    clipped_frac = masked_mean(((unclipped < clipped) & (adv != 0)).to(logp.dtype), m)
+    reduced = REDUCTIONS[reduction](loss, m)
+    return reduced, {"clip_frac": clipped_frac.detach(), "ratio_mean": masked_mean(ratio.detach(), m)}
+
+
+def truncated_is_weights(old_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor,
+                         cap: float = 2.0) -> torch.Tensor:
+    """Truncated importance sampling (slime's --use-tis): w = min(exp(old_logp - rollout_logp), cap).
+
+    Corrects for the engine sampling from a slightly different distribution than the trainer computes
+    (kernels, precision). No gradient; 0 at masked positions.
+    """
+    w = torch.exp((old_logp - rollout_logp).clamp(max=20.0)).clamp(max=cap)
+    return (w * mask.to(w.dtype)).detach()
+
+
+# --- KL and entropy ---------------------------------------------------------------------------------------
+
+def kl_divergence(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str = "low_var_kl") -> torch.Tensor:
+    """Per-token KL estimate of pi against the reference, from sampled-token log-probs.
+
+    k1: log r (r = pi/ref); k2: (log r)^2 / 2; k3 / low_var_kl: exp(-log r) - 1 + log r (Schulman's
+    unbiased, non-negative estimator; low_var_kl clamps it to [-10, 10] as verl and slime do).
+    """
+    log_r = logp - ref_logp
+    if kind == "k1":
+        return log_r
+    if kind == "k2":
+        return 0.5 * log_r.square()
+    if kind in ("k3", "low_var_kl"):
+        kl = torch.exp(-log_r) - 1.0 + log_r
+        return kl.clamp(-10.0, 10.0) if kind == "low_var_kl" else kl
+    raise ValueError(f"unknown KL kind {kind!r}: k1, k2, k3, low_var_kl")
+
+
+def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy of the softmax distribution at each position: -sum p log p, [B, T]."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    return -(logp.exp() * logp).sum(-1)
+
+
+def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """log p(token_t) for each position from logits aligned with the tokens they predict ([B, T, V], [B, T])."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    return torch.gather(logp, -1, tokens.unsqueeze(-1)).squeeze(-1)
+
+
+ADVANTAGE_ESTIMATORS = ("grpo", "dr_grpo", "gspo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo")
+
+
+def outcome_advantages(estimator: str, rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Per-sequence advantages for the outcome-reward estimators (GSPO uses GRPO's; PPO needs a value model)."""
+    if estimator in ("grpo", "gspo"):
+        return grpo_advantages(rewards, group_size)
+    if estimator == "dr_grpo":
+        return dr_grpo_advantages(rewards, group_size)
+    if estimator == "reinforce_plus_plus":
+        return reinforce_plus_plus_advantages(rewards)
+    if estimator == "reinforce_plus_plus_baseline":
+        return reinforce_plus_plus_advantages(rewards, group_size)
+    raise ValueError(f"unknown advantage estimator {estimator!r}; one of {ADVANTAGE_ESTIMATORS} (ppo: gae_advantages)")

@@ -1,0 +1,118 @@
+"""From trajectories to tensors: padded batches (simple models) and unpadded sequences with cumulative
+lengths (varlen attention), with per-token advantages. Group-aware: groups of the same task stay together
+(advantages are computed per group; mini-batches split only between groups).
+
+Position p of a row holds token p of `prompt_ids + response_ids`; `loss_mask[p]` is the trajectory's loss
+mask at response positions (0 for the prompt and padding), `rollout_logprobs[p]` the engine's log-prob
+of that token. Advantages are per sequence, broadcast to its tokens (`reward_assignment="sequence"`), or
+per turn (`"per_turn"`): token t of turn k gets the return-to-go from turn k, normalised with its group's
+outcome statistics — an option that carries per-turn env rewards all the way to the loss.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, fields, replace
+
+import torch
+
+from slime_env.trajectory import Trajectory
+from trainers.algorithms import outcome_advantages, token_returns
+
+
+@dataclass(frozen=True)
+class TrainBatch:
+    """Padded `[B, L]` tensors of whole groups (`group_size` consecutive rows each), plus `rewards` [B]."""
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    loss_mask: torch.Tensor
+    rollout_logprobs: torch.Tensor
+    advantages: torch.Tensor
+    turn_of_token: torch.Tensor
+    rewards: torch.Tensor
+    group_size: int
+
+    @property
+    def size(self) -> int:
+        return self.input_ids.shape[0]
+
+    def rows(self, index: slice | torch.Tensor) -> TrainBatch:
+        return replace(self, **{f.name: getattr(self, f.name)[index] for f in fields(self)
+                                if isinstance(getattr(self, f.name), torch.Tensor)})
+
+    def minibatches(self, n: int) -> list[TrainBatch]:
+        """`n` parts, split only at group boundaries (as even as the groups allow)."""
+        groups = self.size // self.group_size
+        n = max(1, min(n, groups))
+        bounds = [round(i * groups / n) * self.group_size for i in range(n + 1)]
+        return [self.rows(slice(a, b)) for a, b in zip(bounds, bounds[1:]) if b > a]
+
+    def micro_batches(self, size: int) -> list[TrainBatch]:
+        """Rows in chunks of `size` (for gradient accumulation; groups may be split here: advantages are set)."""
+        return [self.rows(slice(i, i + size)) for i in range(0, self.size, size)]
+
+    def trimmed(self) -> TrainBatch:
+        """Drop padding columns no row uses (micro-batches of short sequences run faster)."""
+        used = int(self.attention_mask.sum(-1).max().item()) if self.size else 0
+        return replace(self, **{f.name: getattr(self, f.name)[:, :used] for f in fields(self)
+                                if isinstance(getattr(self, f.name), torch.Tensor) and getattr(self, f.name).dim() == 2})
+
+    def unpadded(self) -> dict[str, torch.Tensor]:
+        """Sequences concatenated without padding: `input_ids` [N], `cu_seqlens` [B + 1], `position_ids` [N],
+        and `loss_mask`, `rollout_logprobs`, `advantages` [N] — for varlen / packed attention."""
+        lengths = self.attention_mask.sum(-1)
+        keep = self.attention_mask.bool()
+        cu = torch.zeros(self.size + 1, dtype=torch.int32)
+        cu[1:] = torch.cumsum(lengths, 0)
+        positions = torch.cat([torch.arange(int(n)) for n in lengths]) if self.size else torch.zeros(0, dtype=torch.long)
+        return {"input_ids": self.input_ids[keep], "cu_seqlens": cu, "position_ids": positions,
+                "loss_mask": self.loss_mask[keep], "rollout_logprobs": self.rollout_logprobs[keep],
+                "advantages": self.advantages[keep]}
+
+
+def pack(trajectories: Sequence[Trajectory], *, group_size: int, pad_id: int, estimator: str = "grpo",
+         reward_assignment: str = "sequence") -> TrainBatch:
+    """Tensors and advantages for `trajectories` (groups of `group_size`, consecutive, in sample order).
+
+    A failed trajectory keeps its place (reward 0.0 in its group's statistics) but its loss mask is zeros,
+    as slime's `remove_sample` does. `estimator` is an outcome estimator of `trainers.algorithms`.
+    """
+    if reward_assignment not in ("sequence", "per_turn"):
+        raise ValueError(f"reward_assignment must be 'sequence' or 'per_turn', got {reward_assignment!r}")
+    if not trajectories or len(trajectories) % group_size:
+        raise ValueError(f"{len(trajectories)} trajectories do not form groups of {group_size}")
+    B = len(trajectories)
+    L = max(len(t.prompt_ids) + len(t.response_ids) for t in trajectories)
+    K = max(1, max(len(t.turn_rewards) for t in trajectories))
+    input_ids = torch.full((B, L), pad_id, dtype=torch.long)
+    attention = torch.zeros((B, L), dtype=torch.long)
+    loss_mask = torch.zeros((B, L), dtype=torch.float32)
+    rollout = torch.zeros((B, L), dtype=torch.float32)
+    turn_of = torch.zeros((B, L), dtype=torch.long)
+    turn_rewards = torch.zeros((B, K), dtype=torch.float32)
+    rewards = torch.zeros(B, dtype=torch.float32)
+    for i, t in enumerate(trajectories):
+        p, r = len(t.prompt_ids), len(t.response_ids)
+        input_ids[i, :p + r] = torch.tensor(t.prompt_ids + t.response_ids, dtype=torch.long)
+        attention[i, :p + r] = 1
+        failed = t.status == "failed"
+        if not failed:
+            loss_mask[i, p:p + r] = torch.tensor(t.loss_mask, dtype=torch.float32)
+            rollout[i, p:p + r] = torch.tensor(t.rollout_logprobs, dtype=torch.float32)
+            rewards[i] = float(t.reward)
+            turn_rewards[i, :len(t.turn_rewards)] = torch.tensor(t.turn_rewards, dtype=torch.float32)
+        for span in t.spans:
+            turn_of[i, p + span.start:p + span.end] = span.turn
+    seq_adv = outcome_advantages(estimator, rewards, group_size)
+    if reward_assignment == "sequence":
+        advantages = seq_adv.unsqueeze(-1) * loss_mask
+    else:
+        returns = token_returns(turn_rewards, turn_of, loss_mask)
+        g = rewards.view(-1, group_size)
+        mean = g.mean(-1, keepdim=True).expand(-1, group_size).reshape(-1, 1)
+        std = (g.std(-1, keepdim=True, unbiased=True) if group_size > 1 else torch.zeros_like(g[:, :1]))
+        std = std.expand(-1, group_size).reshape(-1, 1)
+        scale = 1.0 if estimator == "dr_grpo" else 1.0 / (std + 1e-6)
+        advantages = (returns - mean) * scale * loss_mask
+    return TrainBatch(input_ids, attention, loss_mask, rollout, advantages, turn_of, rewards, group_size)

@@ -1,0 +1,218 @@
+"""`TorchTrainer`: the reference RL trainer on a Hugging Face causal LM (CPU or one GPU).
+
+One `step(trajectories)` = pack the groups (`trainers.batch`), compute the old policy's log-probs (and the
+reference model's, for a KL term) without gradient, then for `ppo_epochs` x `n_minibatches` optimizer
+steps: forward the actor micro-batch by micro-batch with the right shift (logits at position p score
+token p + 1), the clipped policy loss (+ KL, − entropy, TIS weights) from `trainers.algorithms`,
+gradient accumulation weighted so the reduction is exact over the whole mini-batch, gradient clipping,
+AdamW. `save`/`load` checkpoint model, optimizer and step; `sync` pushes the new weights to the engine
+(in place for a `TransformersPolicy`, `update_weights_from_disk` for SGLang or `serve-engine`).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from slime_env.trajectory import Trajectory
+from trainers import algorithms as alg
+from trainers.batch import TrainBatch, pack
+
+
+@dataclass
+class TrainerConfig:
+    """What one RL step does. Defaults: GRPO, DAPO clip (0.2 / 0.28), token-mean, no KL, one update."""
+
+    estimator: str = "grpo"
+    lr: float = 1e-6
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    max_grad_norm: float = 1.0
+    micro_batch_size: int = 4
+    n_minibatches: int = 1
+    ppo_epochs: int = 1
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    dual_clip: float | None = None
+    kl_coef: float = 0.0
+    kl_kind: str = "low_var_kl"
+    entropy_coef: float = 0.0
+    use_tis: bool = False
+    tis_cap: float = 2.0
+    reduction: str = "token_mean"
+    reward_assignment: str = "sequence"
+
+    def __post_init__(self) -> None:
+        if self.estimator not in alg.ADVANTAGE_ESTIMATORS or self.estimator == "ppo":
+            raise ValueError(f"estimator {self.estimator!r}: one of {alg.ADVANTAGE_ESTIMATORS[:-1]} "
+                             "(ppo needs a value model; see trainers.algorithms.gae_advantages)")
+        if self.reduction not in alg.REDUCTIONS:
+            raise ValueError(f"reduction {self.reduction!r}: one of {sorted(alg.REDUCTIONS)}")
+        self.betas = tuple(self.betas)
+
+
+class TorchTrainer:
+    """RL updates of `model` (a transformers causal LM) from trajectories (see the module docstring)."""
+
+    def __init__(self, model: torch.nn.Module, config: TrainerConfig | None = None, *, pad_id: int,
+                 ref_model: torch.nn.Module | None = None):
+        self.model, self.config, self.pad_id = model, config or TrainerConfig(), pad_id
+        self.device = next(model.parameters()).device
+        c = self.config
+        self.optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=c.lr,
+                                           betas=c.betas, weight_decay=c.weight_decay)
+        self.ref_model = ref_model
+        if c.kl_coef > 0 and ref_model is None:
+            self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)  # the initial policy
+        self.step_count = 0
+
+    # --- log-probs --------------------------------------------------------------------------------
+    def _logits(self, model: torch.nn.Module, batch: TrainBatch) -> torch.Tensor:
+        return model(input_ids=batch.input_ids.to(self.device),
+                     attention_mask=batch.attention_mask.to(self.device)).logits
+
+    def logprobs(self, model: torch.nn.Module, batch: TrainBatch, *, with_entropy: bool = False):
+        """Log-probs aligned with `batch.input_ids` ([B, L]; position 0 has none and is 0.0)."""
+        logits = self._logits(model, batch)
+        lp = torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=self.device)
+        lp[:, 1:] = alg.token_logprobs(logits[:, :-1], batch.input_ids[:, 1:].to(self.device))
+        if not with_entropy:
+            return lp
+        ent = torch.zeros_like(lp)
+        ent[:, 1:] = alg.entropy_from_logits(logits[:, :-1])
+        return lp, ent
+
+    @torch.no_grad()
+    def _frozen_logprobs(self, model: torch.nn.Module, batch: TrainBatch) -> torch.Tensor:
+        was_training = model.training
+        model.eval()
+        out = torch.cat([_pad_cols(self.logprobs(model, mb.trimmed()).cpu(), mb.input_ids.shape[1])
+                         for mb in batch.micro_batches(self.config.micro_batch_size)])
+        model.train(was_training)
+        return out
+
+    # --- one RL step ------------------------------------------------------------------------------
+    def step(self, trajectories: Sequence[Trajectory], group_size: int) -> dict[str, float]:
+        """One RL step on groups of `group_size` consecutive trajectories; returns metrics."""
+        c = self.config
+        t0 = time.perf_counter()
+        batch = pack(trajectories, group_size=group_size, pad_id=self.pad_id, estimator=c.estimator,
+                     reward_assignment=c.reward_assignment)
+        reuse_old = c.ppo_epochs == 1 and c.n_minibatches == 1 and not c.use_tis
+        old = None if reuse_old else self._frozen_logprobs(self.model, batch)  # the policy that sampled
+        ref = self._frozen_logprobs(self.ref_model, batch) if c.kl_coef > 0 else None
+        self.model.train()
+        totals: dict[str, float] = {}
+        updates = 0
+        for _ in range(c.ppo_epochs):
+            for mini in self._split(batch, old, ref):
+                stats = self._update(*mini)
+                for k, v in stats.items():
+                    totals[k] = totals.get(k, 0.0) + v
+                updates += 1
+        self.step_count += 1
+        metrics = {f"train/{k}": v / max(updates, 1) for k, v in totals.items()}
+        mask = batch.loss_mask
+        metrics.update({"train/reward_mean": float(batch.rewards.mean()), "train/tokens": float(mask.sum()),
+                        "train/response_len": float(mask.sum(-1).mean()), "train/step_s": time.perf_counter() - t0,
+                        "train/step": float(self.step_count)})
+        return metrics
+
+    def _split(self, batch: TrainBatch, old: torch.Tensor | None, ref: torch.Tensor | None):
+        groups = batch.size // batch.group_size
+        n = max(1, min(self.config.n_minibatches, groups))
+        bounds = [round(i * groups / n) * batch.group_size for i in range(n + 1)]
+        for a, b in zip(bounds, bounds[1:]):
+            if b > a:
+                yield batch.rows(slice(a, b)), (None if old is None else old[a:b]), (None if ref is None else ref[a:b])
+
+    def _update(self, mini: TrainBatch, old: torch.Tensor | None, ref: torch.Tensor | None) -> dict[str, float]:
+        c = self.config
+        self.optimizer.zero_grad(set_to_none=True)
+        total_tokens = float(mini.loss_mask.sum().clamp(min=1.0))
+        stats: dict[str, float] = {}
+        for i, micro in enumerate(mini.micro_batches(c.micro_batch_size)):
+            rows = slice(i * c.micro_batch_size, i * c.micro_batch_size + micro.size)
+            micro = micro.trimmed()
+            cols = micro.input_ids.shape[1]
+            mask = micro.loss_mask.to(self.device)
+            if mask.sum() == 0:
+                continue
+            logp, entropy = self.logprobs(self.model, micro, with_entropy=True)
+            old_lp = logp.detach() if old is None else old[rows, :cols].to(self.device)
+            is_w = alg.truncated_is_weights(old_lp, micro.rollout_logprobs.to(self.device), mask, c.tis_cap) \
+                if c.use_tis else None
+            pg, pg_stats = alg.policy_loss(logp, old_lp, micro.advantages.to(self.device), mask,
+                                           clip_low=c.clip_low, clip_high=c.clip_high, dual_clip=c.dual_clip,
+                                           ratio_level="sequence" if c.estimator == "gspo" else "token",
+                                           is_weights=is_w, reduction=c.reduction)
+            loss = pg
+            kl_value = torch.zeros(())
+            if ref is not None:
+                kl = alg.kl_divergence(logp, ref[rows, :cols].to(self.device), c.kl_kind)
+                kl_value = alg.REDUCTIONS[c.reduction](kl, mask)
+                loss = loss + c.kl_coef * kl_value
+            ent = alg.REDUCTIONS[c.reduction](entropy, mask)
+            if c.entropy_coef:
+                loss = loss - c.entropy_coef * ent
+            # exact reduction over the whole mini-batch: weight each micro-batch by its share
+            share = (float(mask.sum()) / total_tokens if c.reduction == "token_mean" else micro.size / mini.size)
+            (loss * share).backward()
+            for k, v in {"loss": loss, "pg_loss": pg, "kl": kl_value, "entropy": ent, **pg_stats}.items():
+                stats[k] = stats.get(k, 0.0) + float(v.detach()) * share
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), c.max_grad_norm)
+        stats["grad_norm"] = float(grad_norm)
+        if math.isfinite(stats["grad_norm"]):
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return stats
+
+    # --- checkpoints and weight sync ------------------------------------------------------------------
+    def save(self, path: str | Path) -> Path:
+        """Model (safetensors, `save_pretrained`), optimizer, step and config under `path`."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(path / "model", safe_serialization=True)
+        torch.save({"optimizer": self.optimizer.state_dict(), "step": self.step_count}, path / "trainer.pt")
+        (path / "config.json").write_text(json.dumps(asdict(self.config)))
+        return path
+
+    def load(self, path: str | Path) -> None:
+        path = Path(path)
+        from safetensors.torch import load_file
+
+        state = {}
+        for f in sorted((path / "model").glob("*.safetensors")):
+            state.update(load_file(str(f)))
+        self.model.load_state_dict(state, strict=False)
+        saved = torch.load(path / "trainer.pt", map_location=self.device, weights_only=False)
+        self.optimizer.load_state_dict(saved["optimizer"])
+        self.step_count = int(saved["step"])
+
+    async def sync(self, policy: Any, *, version: str | None = None, path: str | Path | None = None) -> str:
+        """Push the current weights to `policy`: in place when it has `update_weights` (TransformersPolicy),
+        else save to `path` and call `update_weights_from_disk` (SGLangPolicy: SGLang or serve-engine)."""
+        version = version or str(self.step_count)
+        if hasattr(policy, "update_weights"):
+            state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+            await policy.update_weights(state, version)
+        elif hasattr(policy, "update_weights_from_disk"):
+            if path is None:
+                raise ValueError("sync to a remote engine needs path= (a folder the engine can read)")
+            self.model.save_pretrained(path, safe_serialization=True)
+            await policy.update_weights_from_disk(str(path), weight_version=version)
+        else:
+            raise TypeError(f"{type(policy).__name__} has neither update_weights nor update_weights_from_disk")
+        return version
+
+
+def _pad_cols(x: torch.Tensor, cols: int) -> torch.Tensor:
+    return torch.nn.functional.pad(x, (0, cols - x.shape[1])) if x.shape[1] < cols else x

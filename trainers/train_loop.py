@@ -1,0 +1,261 @@
+"""`slime-env train --config FILE.yaml`: dataset → rollout manager → TorchTrainer → weight sync → eval.
+
+Each step: the rollout manager runs `prompts_per_step` groups of `n_samples_per_prompt` episodes with the
+current weights, the trainer makes its RL update, the new weights go to the engine. Every `eval_every`
+steps (and before the first and after the last) the held-out split is run greedily and scored. Written
+to `run_dir`: `metrics.jsonl` (one line per step), TensorBoard event files, `curves.png` (train reward
+and held-out accuracy), checkpoints every `save_every` steps (resumed from with `resume: true`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import random
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from slime_env import Task
+from slime_env.errors import InvalidInput
+from trainers.torch_trainer import TorchTrainer, TrainerConfig
+
+
+@dataclass
+class TrainConfig:
+    """The whole run; every field can be set in the YAML file (see docs/trainers.md)."""
+
+    run_dir: str = "runs/demo"
+    model: str = "default"
+    env: str = "ReasoningGym-v0"
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    train_data: dict[str, Any] = field(default_factory=dict)
+    eval_data: dict[str, Any] = field(default_factory=dict)
+    steps: int = 10
+    prompts_per_step: int = 8
+    n_samples_per_prompt: int = 4
+    max_turns: int = 1
+    max_new_tokens: int = 64
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_concurrency: int = 64
+    eval_every: int = 5
+    eval_max_new_tokens: int | None = None
+    save_every: int = 0
+    resume: bool = False
+    seed: int = 0
+    trainer: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> TrainConfig:
+        import yaml
+
+        try:
+            raw = yaml.safe_load(Path(path).read_text()) or {}
+        except FileNotFoundError:
+            raise InvalidInput(f"config file {path} does not exist") from None
+        except yaml.YAMLError as e:
+            raise InvalidInput(f"{path}: not valid YAML: {e}") from None
+        return cls.from_dict(raw, str(path))
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any], where: str = "config") -> TrainConfig:
+        if not isinstance(raw, Mapping):
+            raise InvalidInput(f"{where}: expected a mapping at the top level")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise InvalidInput(f"{where}: unknown field(s) {unknown}; known: {sorted(known)}")
+        cfg = cls(**raw)
+        try:
+            TrainerConfig(**cfg.trainer)
+        except TypeError as e:
+            raise InvalidInput(f"{where}: trainer: {e}") from None
+        except ValueError as e:
+            raise InvalidInput(f"{where}: trainer: {e}") from None
+        for name in ("steps", "prompts_per_step", "n_samples_per_prompt", "max_turns", "max_new_tokens"):
+            if getattr(cfg, name) < 1:
+                raise InvalidInput(f"{where}: {name} must be >= 1, got {getattr(cfg, name)}")
+        return cfg
+
+
+def load_split(spec: Mapping[str, Any], where: str) -> list[Task]:
+    """`{"path": file}` (JSONL/Parquet via load_tasks) or `{"reasoning_gym": {dataset, size, seed, config}}`."""
+    if "path" in spec:
+        from slime_env import load_tasks
+
+        return load_tasks(spec["path"], **{k: v for k, v in spec.items() if k != "path"})
+    if "reasoning_gym" in spec:
+        from envs.math.reasoning_gym_env import reasoning_gym_tasks
+
+        rg = dict(spec["reasoning_gym"])
+        return reasoning_gym_tasks(rg.pop("dataset"), rg.pop("size", 100), rg.pop("seed", 0), rg.pop("config", {}))
+    raise InvalidInput(f"{where}: give 'path' or 'reasoning_gym'")
+
+
+async def evaluate(tasks: list[Task], policy: Any, renderer: Any, cfg: TrainConfig) -> dict[str, float]:
+    """Greedy episodes on the held-out tasks: accuracy (info['correct'], else reward >= 1) and mean reward."""
+    from slime_env import make, run_episode
+
+    sem = asyncio.Semaphore(cfg.max_concurrency)
+
+    async def one(task: Task):
+        async with sem:
+            env = make(cfg.env, **cfg.env_kwargs)
+            try:
+                return await run_episode(env, policy, task, renderer=renderer, max_turns=cfg.max_turns,
+                                         max_new_tokens=cfg.eval_max_new_tokens or cfg.max_new_tokens,
+                                         sampling_params={"temperature": 0.0})
+            finally:
+                await env.close()
+
+    trajs = await asyncio.gather(*(one(t) for t in tasks))
+    correct = [bool(t.info.get("correct", t.reward >= 1.0)) if t.status != "failed" else False for t in trajs]
+    return {"eval/accuracy": sum(correct) / len(trajs), "eval/reward_mean": sum(t.reward for t in trajs) / len(trajs),
+            "eval/failed": sum(t.status == "failed" for t in trajs)}
+
+
+def plot_curves(rows: list[dict[str, Any]], path: Path, title: str) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    steps = [r["step"] for r in rows if "train/reward_mean" in r]
+    ax.plot(steps, [r["train/reward_mean"] for r in rows if "train/reward_mean" in r], label="train reward (mean)",
+            color="tab:blue", alpha=0.7)
+    ev = [(r["step"], r["eval/accuracy"]) for r in rows if "eval/accuracy" in r]
+    if ev:
+        ax.plot([s for s, _ in ev], [a for _, a in ev], marker="o", label="held-out accuracy (greedy)",
+                color="tab:red")
+    ax.set_xlabel("step")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="best")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+async def train(cfg: TrainConfig, *, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Run the configured training; returns the summary (first / last held-out accuracy, paths)."""
+    import torch
+
+    from agents import TransformersPolicy, load_default_model
+    from slime_env import RolloutManager, get_renderer
+
+    random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    run = Path(cfg.run_dir)
+    run.mkdir(parents=True, exist_ok=True)
+    (run / "config.json").write_text(json.dumps(cfg.__dict__, indent=1, default=str))
+    train_tasks = load_split(cfg.train_data, "train_data")
+    eval_tasks = load_split(cfg.eval_data, "eval_data") if cfg.eval_data else []
+    if cfg.model == "default":
+        actor, tok = load_default_model()
+        engine_model, _ = load_default_model()
+    else:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(cfg.model)
+        actor = AutoModelForCausalLM.from_pretrained(cfg.model, torch_dtype=torch.float32)
+        engine_model = AutoModelForCausalLM.from_pretrained(cfg.model, torch_dtype=torch.float32)
+    pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    trainer = TorchTrainer(actor, TrainerConfig(**cfg.trainer), pad_id=pad_id)
+    start = 0
+    latest = run / "checkpoints" / "latest"
+    if cfg.resume and latest.exists():
+        ckpt = run / "checkpoints" / latest.read_text().strip()
+        trainer.load(ckpt)
+        start = trainer.step_count
+        log(f"resumed from {ckpt} (step {start})")
+    policy = TransformersPolicy(engine_model, tok, max_batch_size=cfg.max_concurrency, seed=cfg.seed)
+    await trainer.sync(policy, version=str(start))
+    renderer = get_renderer(tok)
+    writer = _tensorboard(run)
+    per_step = cfg.prompts_per_step
+    order = [train_tasks[i % len(train_tasks)] for i in range(start * per_step, (cfg.steps + 1) * per_step)]
+    manager = RolloutManager(order, env_id=cfg.env, env_kwargs=cfg.env_kwargs, policy=policy, renderer=renderer,
+                             sampling_params={"temperature": cfg.temperature, "top_p": cfg.top_p},
+                             n_samples_per_prompt=cfg.n_samples_per_prompt,
+                             max_concurrency=max(cfg.max_concurrency, cfg.n_samples_per_prompt),
+                             max_turns=cfg.max_turns, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed)
+    rows: list[dict[str, Any]] = []
+    metrics_path = run / "metrics.jsonl"
+    if not cfg.resume and metrics_path.exists():
+        metrics_path.unlink()
+    t_start = time.perf_counter()
+    try:
+        if eval_tasks and start == 0:
+            first = await evaluate(eval_tasks, policy, renderer, cfg)
+            rows.append(_record(metrics_path, writer, 0, first))
+            log(f"step 0: held-out accuracy {first['eval/accuracy']:.3f}")
+        for step in range(start + 1, cfg.steps + 1):
+            t0 = time.perf_counter()
+            batch = await manager.generate_batch(per_step)
+            trajs = [t for g in batch.groups for t in g.trajectories]
+            if not trajs:
+                raise RuntimeError("the rollout manager returned no groups")
+            rollout_s = time.perf_counter() - t0
+            metrics = await asyncio.to_thread(trainer.step, trajs, cfg.n_samples_per_prompt)
+            await trainer.sync(policy, version=str(step))
+            metrics.update({"rollout/s": rollout_s, "rollout/statuses": _statuses(trajs),
+                            "time/elapsed_s": time.perf_counter() - t_start})
+            if eval_tasks and (step % max(cfg.eval_every, 1) == 0 or step == cfg.steps):
+                metrics.update(await evaluate(eval_tasks, policy, renderer, cfg))
+            rows.append(_record(metrics_path, writer, step, metrics))
+            log(f"step {step}: reward {metrics['train/reward_mean']:.3f}, loss {metrics.get('train/loss', 0):+.4f}, "
+                f"grad {metrics.get('train/grad_norm', 0):.3f}, rollout {rollout_s:.1f}s, train "
+                f"{metrics['train/step_s']:.1f}s" + (f", held-out accuracy {metrics['eval/accuracy']:.3f}"
+                                                       if "eval/accuracy" in metrics else ""))
+            if cfg.save_every and (step % cfg.save_every == 0 or step == cfg.steps):
+                name = f"step_{step}"
+                trainer.save(run / "checkpoints" / name)
+                latest.parent.mkdir(parents=True, exist_ok=True)
+                latest.write_text(name)
+    finally:
+        await manager.close()
+        policy.close()
+        if writer is not None:
+            writer.close()
+    all_rows = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
+    curves = plot_curves(all_rows, run / "curves.png", f"{cfg.env} — {TrainerConfig(**cfg.trainer).estimator}")
+    accs = [(r["step"], r["eval/accuracy"]) for r in all_rows if "eval/accuracy" in r]
+    summary = {"run_dir": str(run), "curves": str(curves), "metrics": str(metrics_path),
+               "first_accuracy": accs[0][1] if accs else math.nan, "last_accuracy": accs[-1][1] if accs else math.nan,
+               "steps": cfg.steps, "elapsed_s": time.perf_counter() - t_start}
+    (run / "summary.json").write_text(json.dumps(summary, indent=1))
+    return summary
+
+
+def _statuses(trajs) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for t in trajs:
+        out[t.status] = out.get(t.status, 0) + 1
+    return out
+
+
+def _record(path: Path, writer: Any, step: int, metrics: dict[str, Any]) -> dict[str, Any]:
+    row = {"step": step, **metrics}
+    with path.open("a") as f:
+        f.write(json.dumps(row) + "\n")
+    if writer is not None:
+        for k, v in metrics.items():
+            if isinstance(v, (int, float)) and math.isfinite(v):
+                writer.add_scalar(k, v, step)
+        writer.flush()
+    return row
+
+
+def _tensorboard(run: Path):
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:  # tensorboard not installed: metrics.jsonl and the PNG still get written
+        return None
+    return SummaryWriter(str(run / "tensorboard"))
