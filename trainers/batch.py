@@ -2,9 +2,11 @@
 lengths (varlen attention), with per-token advantages. Group-aware: groups of the same task stay together
 (advantages are computed per group; mini-batches split only between groups).
 
-Position p of a row holds token p of `prompt_ids + response_ids`; `loss_mask[p]` is the trajectory's loss
-mask at response positions (0 for the prompt and padding), `rollout_logprobs[p]` the engine's log-prob
-of that token. Advantages are per sequence, broadcast to its tokens (`reward_assignment="sequence"`), or
+Rows are left-padded, so every sequence ends in the last column: a trainer then needs logits only for
+the last `response_columns()` positions (the LM head over a 49k vocabulary is the costliest part of a
+small model's forward, and prompts are most of a short-answer batch). `position_ids` count from each
+row's first real token. `loss_mask` is the trajectory's loss mask at response positions (0 for the
+prompt and padding), `rollout_logprobs` the engine's log-prob of each token. Advantages are per sequence, broadcast to its tokens (`reward_assignment="sequence"`), or
 per turn (`"per_turn"`): token t of turn k gets the return-to-go from turn k, normalised with its group's
 outcome statistics — an option that carries per-turn env rewards all the way to the loss.
 """
@@ -53,10 +55,20 @@ class TrainBatch:
         return [self.rows(slice(i, i + size)) for i in range(0, self.size, size)]
 
     def trimmed(self) -> TrainBatch:
-        """Drop padding columns no row uses (micro-batches of short sequences run faster)."""
+        """Drop leading padding columns no row uses (micro-batches of short sequences run faster)."""
         used = int(self.attention_mask.sum(-1).max().item()) if self.size else 0
-        return replace(self, **{f.name: getattr(self, f.name)[:, :used] for f in fields(self)
+        start = self.input_ids.shape[1] - used
+        return replace(self, **{f.name: getattr(self, f.name)[:, start:] for f in fields(self)
                                 if isinstance(getattr(self, f.name), torch.Tensor) and getattr(self, f.name).dim() == 2})
+
+    @property
+    def position_ids(self) -> torch.Tensor:
+        return (self.attention_mask.cumsum(-1) - 1).clamp(min=0)
+
+    def response_columns(self) -> int:
+        """How many trailing columns hold every loss-bearing token (0 if none)."""
+        cols = self.loss_mask.sum(0).nonzero()
+        return int(self.input_ids.shape[1] - cols[0].item()) if len(cols) else 0
 
     def unpadded(self) -> dict[str, torch.Tensor]:
         """Sequences concatenated without padding: `input_ids` [N], `cu_seqlens` [B + 1], `position_ids` [N],
@@ -94,16 +106,17 @@ def pack(trajectories: Sequence[Trajectory], *, group_size: int, pad_id: int, es
     rewards = torch.zeros(B, dtype=torch.float32)
     for i, t in enumerate(trajectories):
         p, r = len(t.prompt_ids), len(t.response_ids)
-        input_ids[i, :p + r] = torch.tensor(t.prompt_ids + t.response_ids, dtype=torch.long)
-        attention[i, :p + r] = 1
+        o = L - p - r  # left padding
+        input_ids[i, o:] = torch.tensor(t.prompt_ids + t.response_ids, dtype=torch.long)
+        attention[i, o:] = 1
         failed = t.status == "failed"
         if not failed:
-            loss_mask[i, p:p + r] = torch.tensor(t.loss_mask, dtype=torch.float32)
-            rollout[i, p:p + r] = torch.tensor(t.rollout_logprobs, dtype=torch.float32)
+            loss_mask[i, o + p:] = torch.tensor(t.loss_mask, dtype=torch.float32)
+            rollout[i, o + p:] = torch.tensor(t.rollout_logprobs, dtype=torch.float32)
             rewards[i] = float(t.reward)
             turn_rewards[i, :len(t.turn_rewards)] = torch.tensor(t.turn_rewards, dtype=torch.float32)
         for span in t.spans:
-            turn_of[i, p + span.start:p + span.end] = span.turn
+            turn_of[i, o + p + span.start:o + p + span.end] = span.turn
     seq_adv = outcome_advantages(estimator, rewards, group_size)
     if reward_assignment == "sequence":
         advantages = seq_adv.unsqueeze(-1) * loss_mask

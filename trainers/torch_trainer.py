@@ -75,26 +75,27 @@ class TorchTrainer:
         self.step_count = 0
 
     # --- log-probs --------------------------------------------------------------------------------
-    def _logits(self, model: torch.nn.Module, batch: TrainBatch) -> torch.Tensor:
-        return model(input_ids=batch.input_ids.to(self.device),
-                     attention_mask=batch.attention_mask.to(self.device)).logits
-
     def logprobs(self, model: torch.nn.Module, batch: TrainBatch, *, with_entropy: bool = False):
-        """Log-probs aligned with `batch.input_ids` ([B, L]; position 0 has none and is 0.0)."""
-        logits = self._logits(model, batch)
-        lp = torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=self.device)
-        lp[:, 1:] = alg.token_logprobs(logits[:, :-1], batch.input_ids[:, 1:].to(self.device))
-        if not with_entropy:
-            return lp
+        """Log-probs aligned with `batch.input_ids` ([B, L]), computed for the trailing response columns only
+        (0.0 elsewhere): logits at position p score token p + 1, so R response columns need R + 1 logits."""
+        B, L = batch.input_ids.shape
+        r = min(batch.response_columns(), L - 1)
+        lp = torch.zeros((B, L), dtype=torch.float32, device=self.device)
         ent = torch.zeros_like(lp)
-        ent[:, 1:] = alg.entropy_from_logits(logits[:, :-1])
-        return lp, ent
+        if r > 0:
+            ids = batch.input_ids.to(self.device)
+            logits = model(input_ids=ids, attention_mask=batch.attention_mask.to(self.device),
+                           position_ids=batch.position_ids.to(self.device), logits_to_keep=r + 1).logits
+            lp[:, L - r:] = alg.token_logprobs(logits[:, :-1], ids[:, L - r:])
+            if with_entropy:
+                ent[:, L - r:] = alg.entropy_from_logits(logits[:, :-1])
+        return (lp, ent) if with_entropy else lp
 
     @torch.no_grad()
     def _frozen_logprobs(self, model: torch.nn.Module, batch: TrainBatch) -> torch.Tensor:
         was_training = model.training
         model.eval()
-        out = torch.cat([_pad_cols(self.logprobs(model, mb.trimmed()).cpu(), mb.input_ids.shape[1])
+        out = torch.cat([_pad_left(self.logprobs(model, mb.trimmed()).cpu(), mb.input_ids.shape[1])
                          for mb in batch.micro_batches(self.config.micro_batch_size)])
         model.train(was_training)
         return out
@@ -142,12 +143,12 @@ class TorchTrainer:
         for i, micro in enumerate(mini.micro_batches(c.micro_batch_size)):
             rows = slice(i * c.micro_batch_size, i * c.micro_batch_size + micro.size)
             micro = micro.trimmed()
-            cols = micro.input_ids.shape[1]
+            cols = micro.input_ids.shape[1]  # the last `cols` columns of the mini-batch (left padding)
             mask = micro.loss_mask.to(self.device)
             if mask.sum() == 0:
                 continue
             logp, entropy = self.logprobs(self.model, micro, with_entropy=True)
-            old_lp = logp.detach() if old is None else old[rows, :cols].to(self.device)
+            old_lp = logp.detach() if old is None else old[rows, -cols:].to(self.device)
             is_w = alg.truncated_is_weights(old_lp, micro.rollout_logprobs.to(self.device), mask, c.tis_cap) \
                 if c.use_tis else None
             pg, pg_stats = alg.policy_loss(logp, old_lp, micro.advantages.to(self.device), mask,
@@ -157,7 +158,7 @@ class TorchTrainer:
             loss = pg
             kl_value = torch.zeros(())
             if ref is not None:
-                kl = alg.kl_divergence(logp, ref[rows, :cols].to(self.device), c.kl_kind)
+                kl = alg.kl_divergence(logp, ref[rows, -cols:].to(self.device), c.kl_kind)
                 kl_value = alg.REDUCTIONS[c.reduction](kl, mask)
                 loss = loss + c.kl_coef * kl_value
             ent = alg.REDUCTIONS[c.reduction](entropy, mask)
@@ -214,5 +215,5 @@ class TorchTrainer:
         return version
 
 
-def _pad_cols(x: torch.Tensor, cols: int) -> torch.Tensor:
-    return torch.nn.functional.pad(x, (0, cols - x.shape[1])) if x.shape[1] < cols else x
+def _pad_left(x: torch.Tensor, cols: int) -> torch.Tensor:
+    return torch.nn.functional.pad(x, (cols - x.shape[1], 0)) if x.shape[1] < cols else x

@@ -101,7 +101,7 @@ def _load_passages(path: Path) -> list[Passage]:
 class BM25Retriever(_Batched):
     """bm25s over a saved index folder (`build` makes one). Queries are tokenised like the corpus."""
 
-    def __init__(self, index_dir: str | Path, *, max_batch: int = 256, n_threads: int = 1):
+    def __init__(self, index_dir: str | Path, *, max_batch: int = 1024, n_threads: int | None = None):
         super().__init__(max_batch)
         import bm25s
 
@@ -111,8 +111,11 @@ class BM25Retriever(_Batched):
             raise InvalidInput(f"{self.path}: a {manifest.get('kind')!r} index, not bm25")
         self.passages = _load_passages(self.path)
         self.model = bm25s.BM25.load(str(self.path / "bm25"), mmap=False, show_progress=False)
+        # numba scoring is 10-40x faster than numpy on large corpora; a saved index loads as numpy
+        self.backend = "numba" if _has_numba() else "numpy"
+        self.model.backend = self.backend
         self.stemmer = _stemmer()
-        self.n_threads = n_threads
+        self.n_threads = n_threads if n_threads is not None else (os.cpu_count() or 1)
 
     @staticmethod
     def build(passages: Iterable[Passage], out_dir: str | Path, *, k1: float = 1.5, b: float = 0.75,
@@ -143,7 +146,8 @@ class BM25Retriever(_Batched):
         tokens = bm25s.tokenize(queries, stopwords="en", stemmer=self.stemmer, show_progress=False,
                                 return_ids=False)
         tokens = [t if t else ["\0"] for t in tokens]  # an all-stop-word query matches nothing, not an error
-        docs, scores = self.model.retrieve(tokens, k=k, show_progress=False, n_threads=self.n_threads)
+        docs, scores = self.model.retrieve(tokens, k=k, show_progress=False, backend_selection=self.backend,
+                                           n_threads=self.n_threads if len(tokens) > 1 else 0)
         return [[(self.passages[int(d)], float(s)) for d, s in zip(drow, srow) if s > 0] for drow, srow in
                 zip(docs, scores)]
 

@@ -1,0 +1,203 @@
+"""Batch packing, the TorchTrainer on the real SmolLM2-135M-Instruct (CPU), weight sync to the in-process
+engine, checkpoints, and `slime-env train` end to end on a tiny config."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from slime_env import Env, ScriptedPolicy, get_renderer, run_episode
+from trainers.batch import pack
+from trainers.torch_trainer import TorchTrainer, TrainerConfig
+
+
+class ExactAnswer(Env):
+    """Reward 1.0 when the reply is exactly the label (one turn)."""
+
+    async def reset(self, *, seed=None, options=None):
+        self.task = self.task_from(options)
+        return self.task.messages(), {}
+
+    async def step(self, action):
+        return [], float(action.text.strip() == str(self.task.label)), True, False, {}
+
+
+class TwoTurns(Env):
+    """Two turns; turn rewards 0.5 then 1.0 (for per-turn reward assignment)."""
+
+    async def reset(self, *, seed=None, options=None):
+        self.task, self.k = self.task_from(options), 0
+        return self.task.messages(), {}
+
+    async def step(self, action):
+        from slime_env import Message
+
+        self.k += 1
+        return ([Message("user", "again")] if self.k == 1 else []), (0.5 if self.k == 1 else 1.0), self.k == 2, False, {}
+
+
+@pytest.fixture(scope="module")
+def model_and_tok():
+    from agents import load_default_model
+
+    return load_default_model()
+
+
+def episodes(tok, replies, env_cls=ExactAnswer, label="42", prompt="What is 6 times 7? Reply with the number only."):
+    renderer = get_renderer(tok)
+
+    async def main():
+        return [await run_episode(env_cls(), ScriptedPolicy(tok, [r] if isinstance(r, str) else r),
+                                  {"prompt": prompt, "label": label}, renderer=renderer, max_turns=3) for r in replies]
+
+    return asyncio.run(main())
+
+
+def test_pack_layout_and_advantages(smollm2_tok):
+    trajs = episodes(smollm2_tok, ["42", "41", "42", "I think it is 43"])
+    batch = pack(trajs, group_size=2, pad_id=0)
+    assert batch.input_ids.shape[0] == 4 and batch.group_size == 2
+    for i, t in enumerate(trajs):  # left-padded: every sequence ends in the last column
+        n = len(t.prompt_ids) + len(t.response_ids)
+        assert batch.input_ids[i, -n:].tolist() == t.prompt_ids + t.response_ids
+        assert batch.attention_mask[i].sum() == n and batch.attention_mask[i, -n:].all()
+        assert batch.loss_mask[i, -len(t.response_ids):].tolist() == [float(m) for m in t.loss_mask]
+        assert batch.loss_mask[i, :-len(t.response_ids)].sum() == 0
+    assert batch.rewards.tolist() == [1.0, 0.0, 1.0, 0.0]
+    adv = batch.advantages.sum(-1) / batch.loss_mask.sum(-1)
+    assert torch.allclose(adv, torch.tensor([0.7071, -0.7071, 0.7071, -0.7071]), atol=1e-3)
+    assert batch.response_columns() == max(len(t.response_ids) for t in trajs)
+    assert [m.size for m in batch.minibatches(2)] == [2, 2] and [m.size for m in batch.minibatches(5)] == [2, 2]
+    flat = batch.unpadded()
+    lengths = [len(t.prompt_ids) + len(t.response_ids) for t in trajs]
+    assert flat["cu_seqlens"].tolist() == [0, *torch.tensor(lengths).cumsum(0).tolist()]
+    assert flat["input_ids"].tolist() == sum((t.prompt_ids + t.response_ids for t in trajs), [])
+    assert flat["position_ids"][:lengths[0]].tolist() == list(range(lengths[0]))
+
+
+def test_pack_per_turn_rewards_and_failed_trajectories(smollm2_tok):
+    trajs = episodes(smollm2_tok, [["a", "b"], ["c", "d"]], env_cls=TwoTurns)
+    batch = pack(trajs, group_size=2, pad_id=0, reward_assignment="per_turn", estimator="dr_grpo")
+    row = batch.advantages[0][batch.loss_mask[0] > 0]
+    turn = batch.turn_of_token[0][batch.loss_mask[0] > 0]
+    # group mean of totals is 1.5: turn 0 tokens get 1.5 - 1.5, turn 1 tokens get 1.0 - 1.5
+    assert torch.allclose(row[turn == 0], torch.tensor(0.0)) and torch.allclose(row[turn == 1], torch.tensor(-0.5))
+    from dataclasses import replace
+
+    failed = [replace(trajs[0], status="failed"), trajs[1]]
+    batch = pack(failed, group_size=2, pad_id=0)
+    assert batch.loss_mask[0].sum() == 0 and batch.rewards[0] == 0.0
+
+
+def test_trainer_logprobs_match_the_engine(model_and_tok):
+    """The trainer's log-probs (left padding, position ids, logits for response columns only) equal the
+    log-probs the engine sampled with, so the importance ratio starts at exactly 1."""
+    from agents import TransformersPolicy
+    from slime_env import run_episode
+
+    model, tok = model_and_tok
+    policy = TransformersPolicy(model, tok, seed=3)
+    renderer = get_renderer(tok)
+
+    async def main():
+        return await asyncio.gather(*(run_episode(ExactAnswer(), policy, {"prompt": p, "label": "x"}, renderer=renderer,
+                                                  max_new_tokens=12, sampling_params={"temperature": 1.0})
+                                      for p in ("Say hi.", "What is 2+2? Answer briefly please.")))
+
+    trajs = asyncio.run(main())
+    policy.close()
+    batch = pack(trajs, group_size=1, pad_id=tok.pad_token_id or 0)
+    trainer = TorchTrainer(model, TrainerConfig(), pad_id=tok.pad_token_id or 0)
+    with torch.no_grad():
+        lp = trainer.logprobs(model.eval(), batch)
+    mask = batch.loss_mask > 0
+    assert torch.allclose(lp[mask], batch.rollout_logprobs[mask], atol=2e-4)
+
+
+def test_training_moves_probability_toward_rewarded_answers_and_sync_reaches_the_engine(model_and_tok, tmp_path):
+    import copy
+
+    from agents import TransformersPolicy
+
+    base, tok = model_and_tok
+    actor = copy.deepcopy(base)
+    engine_model = copy.deepcopy(base)
+    trajs = episodes(tok, ["42", "41", "42", "43"])
+    trainer = TorchTrainer(actor, TrainerConfig(lr=2e-5, micro_batch_size=2, kl_coef=0.01), pad_id=tok.pad_token_id or 0)
+    batch = pack(trajs, group_size=4, pad_id=tok.pad_token_id or 0)
+
+    def seq_logps(model):
+        with torch.no_grad():
+            lp = trainer.logprobs(model.eval(), batch)
+        return (lp * batch.loss_mask).sum(-1)
+
+    before = seq_logps(actor)
+    for _ in range(4):
+        metrics = trainer.step(trajs, group_size=4)
+    after = seq_logps(actor)
+    assert after[0] > before[0] and after[2] > before[2]  # rewarded "42" more likely
+    assert after[1] < before[1] and after[3] < before[3]  # unrewarded answers less likely
+    assert metrics["train/step"] == 4 and metrics["train/kl"] > 0 and "train/grad_norm" in metrics
+
+    policy = TransformersPolicy(engine_model, tok, seed=0)
+    engine_before = seq_logps(engine_model)
+    assert torch.allclose(engine_before, before, atol=1e-4)
+    version = asyncio.run(trainer.sync(policy))
+    assert policy.weight_version == version == "4"
+    assert torch.allclose(seq_logps(engine_model), after, atol=1e-4)  # the engine now samples from the new weights
+    policy.close()
+
+    saved = trainer.save(tmp_path / "ckpt")
+    fresh = TorchTrainer(copy.deepcopy(base), TrainerConfig(lr=2e-5, micro_batch_size=2), pad_id=tok.pad_token_id or 0)
+    fresh.load(saved)
+    assert fresh.step_count == 4
+    assert torch.allclose(seq_logps(fresh.model), after, atol=1e-5)
+    assert fresh.optimizer.state_dict()["state"].keys() == trainer.optimizer.state_dict()["state"].keys()
+
+
+def test_config_errors_name_the_field(tmp_path):
+    from slime_env.errors import InvalidInput
+    from trainers.train_loop import TrainConfig
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("steps: 3\nlearning_rate: 1\n")
+    with pytest.raises(InvalidInput, match=r"unknown field\(s\) \['learning_rate'\]"):
+        TrainConfig.from_yaml(bad)
+    bad.write_text("trainer: {estimator: ppo2}\n")
+    with pytest.raises(InvalidInput, match="trainer: estimator 'ppo2'"):
+        TrainConfig.from_yaml(bad)
+    with pytest.raises(ValueError, match="estimator"):
+        TrainerConfig(estimator="nope")
+
+
+def test_train_cli_end_to_end(tmp_path):
+    config = tmp_path / "tiny.yaml"
+    config.write_text(f"""
+run_dir: {tmp_path / 'run'}
+env: ReasoningGym-v0
+env_kwargs: {{dataset: chain_sum, answer_formats: [answer_tag, last_number], system_prompt: "Reply <answer>N</answer>."}}
+train_data: {{reasoning_gym: {{dataset: chain_sum, size: 8, seed: 1, config: {{min_terms: 2, max_terms: 2, min_digits: 1, max_digits: 1}}}}}}
+eval_data: {{reasoning_gym: {{dataset: chain_sum, size: 4, seed: 2, config: {{min_terms: 2, max_terms: 2, min_digits: 1, max_digits: 1}}}}}}
+steps: 2
+prompts_per_step: 2
+n_samples_per_prompt: 2
+max_new_tokens: 8
+eval_every: 2
+save_every: 2
+trainer: {{lr: 1.0e-5, micro_batch_size: 4}}
+""")
+    out = subprocess.run([sys.executable, "-m", "slime_env", "train", "--config", str(config)], capture_output=True,
+                         text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-2000:]
+    run = tmp_path / "run"
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2] and "eval/accuracy" in rows[0] and "eval/accuracy" in rows[2]
+    assert all("train/reward_mean" in r for r in rows[1:])
+    assert (run / "curves.png").stat().st_size > 1000 and any((run / "tensorboard").iterdir())
+    assert (run / "checkpoints" / "latest").read_text() == "step_2"
+    assert "held-out accuracy" in out.stdout
