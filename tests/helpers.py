@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
 
 from slime_env import Env, Generation, Message, Task
 
@@ -96,3 +102,32 @@ class LocalServer:
 
     async def __aexit__(self, *exc):
         await self.runner.cleanup()
+
+
+@contextlib.contextmanager
+def serve_engine(*args: str, timeout_s: float = 180.0) -> Iterator[str]:
+    """`slime-env serve-engine` (the real SmolLM2 model, SGLang's HTTP API) in a subprocess; yields its URL."""
+    from agents.default_model import default_model_path
+
+    default_model_path()  # convert once here, not inside the server's start-up wait
+    proc = subprocess.Popen([sys.executable, "-m", "slime_env", "serve-engine", "--port", "0", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
+    url, deadline, seen = None, time.time() + timeout_s, []
+    while time.time() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        seen.append(line)
+        if line.startswith("listening on "):
+            url = line.split()[-1]
+            threading.Thread(target=proc.stdout.read, daemon=True).start()  # never let its pipe fill up
+            break
+    if url is None:
+        proc.kill()
+        raise RuntimeError("serve-engine did not start:\n" + "".join(seen[-30:]))
+    try:
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

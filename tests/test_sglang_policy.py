@@ -8,18 +8,13 @@ through the CLI. Faults are injected by a small proxy in front of it.
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
-import sys
-import threading
-import time
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
 from aiohttp import ClientSession, web  # noqa: E402
-from helpers import LocalServer  # noqa: E402
+from helpers import LocalServer, serve_engine  # noqa: E402
 
 from agents.default_model import default_model_path, load_default_model  # noqa: E402
 from agents.sglang_policy import SGLangPolicy, parse_generate_response  # noqa: E402
@@ -30,26 +25,8 @@ from slime_env.http import ProtocolError, RemoteError  # noqa: E402
 
 @pytest.fixture(scope="module")
 def engine_url():
-    default_model_path()  # convert once here, not inside the server's start-up wait
-    proc = subprocess.Popen([sys.executable, "-m", "slime_env", "serve-engine", "--port", "0", "--max-batch-size",
-                             "8"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
-    url, deadline, seen = None, time.time() + 180, []
-    while time.time() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        seen.append(line)
-        if line.startswith("listening on "):
-            url = line.split()[-1]
-            threading.Thread(target=proc.stdout.read, daemon=True).start()  # never let its pipe fill up
-            break
-    if url is None:
-        proc.kill()
-        pytest.fail("serve-engine did not start:\n" + "".join(seen[-30:]))
-    yield url
-    proc.terminate()
-    proc.wait(timeout=30)
+    with serve_engine("--max-batch-size", "8") as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

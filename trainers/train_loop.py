@@ -4,7 +4,8 @@ Each step: the rollout manager runs `prompts_per_step` groups of `n_samples_per_
 current weights, the trainer makes its RL update, the new weights go to the engine. Every `eval_every`
 steps (and before the first and after the last) the held-out split is run greedily and scored. Written
 to `run_dir`: `metrics.jsonl` (one line per step), TensorBoard event files, `curves.png` (train reward
-and held-out accuracy), checkpoints every `save_every` steps (resumed from with `resume: true`).
+and held-out accuracy), checkpoints every `save_every` steps (resumed from with `resume: true`). With `time_budget_s`, the run stops (after a final
+evaluation) at the first step that ends past the budget.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ class TrainConfig:
     eval_every: int = 5
     eval_max_new_tokens: int | None = None
     save_every: int = 0
+    time_budget_s: float | None = None
     resume: bool = False
     seed: int = 0
     trainer: dict[str, Any] = field(default_factory=dict)
@@ -207,7 +209,8 @@ async def train(cfg: TrainConfig, *, log: Callable[[str], None] = print) -> dict
             await trainer.sync(policy, version=str(step))
             metrics.update({"rollout/s": rollout_s, "rollout/statuses": _statuses(trajs),
                             "time/elapsed_s": time.perf_counter() - t_start})
-            if eval_tasks and (step % max(cfg.eval_every, 1) == 0 or step == cfg.steps):
+            out_of_time = cfg.time_budget_s is not None and time.perf_counter() - t_start > cfg.time_budget_s
+            if eval_tasks and (step % max(cfg.eval_every, 1) == 0 or step == cfg.steps or out_of_time):
                 metrics.update(await evaluate(eval_tasks, policy, renderer, cfg))
             rows.append(_record(metrics_path, writer, step, metrics))
             log(f"step {step}: reward {metrics['train/reward_mean']:.3f}, loss {metrics.get('train/loss', 0):+.4f}, "
@@ -219,6 +222,9 @@ async def train(cfg: TrainConfig, *, log: Callable[[str], None] = print) -> dict
                 trainer.save(run / "checkpoints" / name)
                 latest.parent.mkdir(parents=True, exist_ok=True)
                 latest.write_text(name)
+            if out_of_time:
+                log(f"time budget of {cfg.time_budget_s:.0f}s used: stopping after step {step}")
+                break
     finally:
         await manager.close()
         policy.close()

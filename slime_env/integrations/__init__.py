@@ -1,0 +1,1 @@
+"""Integrations with other RL frameworks: `slime_env.integrations.slime` (THUDM/slime's plug-in points)."""

@@ -1,0 +1,136 @@
+"""The slime plug-in against objects with exactly slime's `Sample` fields and `Status` values, driven through
+`slime-env serve-engine` speaking SGLang's protocol (the real SmolLM2 model on 127.0.0.1).
+
+slime itself is not installable from PyPI (and SGLang cannot run here), so the Sample below mirrors
+slime/utils/types.py field for field and our own server speaks SGLang's API; see ../shared/SLIME_CONTRACT.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from enum import Enum
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from agents.default_model import default_model_path
+from slime_env.integrations import slime as plugin
+from tests.helpers import serve_engine
+
+
+@dataclass
+class Sample:
+    """slime.utils.types.Sample's fields (v0.3.x)."""
+
+    class Status(Enum):
+        PENDING = "pending"
+        COMPLETED = "completed"
+        TRUNCATED = "truncated"
+        ABORTED = "aborted"
+        FAILED = "failed"
+
+    group_index: int | None = None
+    index: int | None = None
+    prompt: str | list[dict[str, str]] = ""
+    tokens: list[int] = field(default_factory=list)
+    multimodal_inputs: Any = None
+    response: str = ""
+    response_length: int = 0
+    label: str | None = None
+    reward: float | dict[str, Any] | None = None
+    loss_mask: list[int] | None = None
+    weight_versions: list[str] = field(default_factory=list)
+    rollout_log_probs: list[float] | None = None
+    rollout_routed_experts: Any = None
+    remove_sample: bool = False
+    status: Status = Status.PENDING
+    metadata: dict = field(default_factory=dict)
+    train_metadata: dict | None = None
+    session_id: str | None = None
+    rollout_id: int | None = None
+    non_generation_time: float = 0.0
+
+
+def check_invariants(s: Sample) -> None:
+    assert isinstance(s.status, Sample.Status) and s.status != Sample.Status.PENDING
+    assert s.reward is not None and isinstance(float(s.reward), float)
+    assert len(s.loss_mask) == len(s.rollout_log_probs) == s.response_length
+    assert s.response_length <= len(s.tokens)
+    assert all(m in (0, 1) for m in s.loss_mask)
+    assert all(lp == 0.0 for lp, m in zip(s.rollout_log_probs, s.loss_mask) if m == 0)
+    assert all(lp <= 0.0 for lp in s.rollout_log_probs)
+    if s.remove_sample:
+        assert s.reward == 0.0 and not any(s.loss_mask)
+    assert isinstance(s.weight_versions, list) and isinstance(s.metadata["slime_env"], dict)
+
+
+@pytest.fixture(scope="module")
+def engine():
+    with serve_engine("--max-batch-size", "16") as url:
+        host, port = url.removeprefix("http://").split(":")
+        yield host, int(port)
+
+
+def make_args(engine, **config):
+    host, port = engine
+    return SimpleNamespace(sglang_router_ip=host, sglang_router_port=port, hf_checkpoint=str(default_model_path()),
+                           rollout_max_response_len=48, rollout_max_context_len=2048, **config)
+
+
+SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "max_new_tokens": 48, "stop": None, "stop_token_ids": None,
+            "skip_special_tokens": False, "no_stop_trim": True, "spaces_between_special_tokens": False}
+
+
+def test_generate_fills_samples_that_satisfy_slimes_invariants(engine):
+    args = make_args(engine, slime_env_id="Calculator-v0", slime_env_max_turns=3)
+    samples = [Sample(group_index=i // 2, index=i, prompt=f"What is {i} + 2?", label=i + 2, rollout_id=7)
+               for i in range(6)]
+
+    async def main():
+        return await asyncio.gather(*(plugin.generate(args, s, dict(SAMPLING)) for s in samples))
+
+    out = asyncio.run(main())
+    assert [s is o for s, o in zip(samples, out)] == [True] * 6  # filled in place
+    for s in out:
+        check_invariants(s)
+        assert s.status in (Sample.Status.COMPLETED, Sample.Status.TRUNCATED)
+        assert not s.remove_sample and any(s.loss_mask)
+        assert s.tokens[-s.response_length:] and s.response  # the response is the tail of tokens
+        assert len(s.metadata["slime_env"]["turn_rewards"]) >= 1
+        assert s.non_generation_time >= 0.0 and s.session_id.startswith("slime-7-")
+    rewards = asyncio.run(plugin.reward(args, out))
+    assert rewards == [float(s.reward) for s in out]
+    assert asyncio.run(plugin.reward(args, out[0])) == float(out[0].reward)
+
+
+def test_truncation_and_failures_come_back_in_safe_form(engine):
+    short = make_args(engine, slime_env_id="Calculator-v0", slime_env_max_turns=1)
+    params = {**SAMPLING, "max_new_tokens": 4}
+    truncated = asyncio.run(plugin.generate(short, Sample(index=0, prompt="What is 2 + 2?", label=4), params))
+    check_invariants(truncated)
+    assert truncated.status == Sample.Status.TRUNCATED and truncated.response_length <= 4
+
+    unknown = make_args(engine, slime_env_id="NoSuchEnv-v0")
+    failed = asyncio.run(plugin.generate(unknown, Sample(index=1, prompt="x", label=1, tokens=[1, 2, 3]), dict(SAMPLING)))
+    assert failed.status == Sample.Status.FAILED and failed.remove_sample and failed.reward == 0.0
+    assert failed.response_length == 0 and failed.loss_mask == [] and failed.rollout_log_probs == []
+    assert "NoSuchEnv-v0" in failed.metadata["slime_env"]["status_reason"]
+    bad_task = make_args(engine, slime_env_id="Math-v0")  # Math-v0 needs a label: the env raises at reset
+    failed2 = asyncio.run(plugin.generate(bad_task, Sample(index=2, prompt="1+1?", label=None), dict(SAMPLING)))
+    check_invariants(failed2)
+    assert failed2.status == Sample.Status.FAILED and failed2.remove_sample and failed2.reward == 0.0
+
+
+def test_chat_prompts_and_the_dynamic_filter(engine):
+    args = make_args(engine, slime_env_id="Math-v0", slime_env_kwargs={"system_prompt": None})
+    sample = Sample(index=0, prompt=[{"role": "user", "content": "What is 3 + 4? Put the answer in \\boxed{}."}],
+                    label="7")
+    out = asyncio.run(plugin.generate(args, sample, dict(SAMPLING)))
+    check_invariants(out)
+    assert out.status == Sample.Status.COMPLETED and out.reward in (0.0, 1.0)
+    assert "verdict" in out.metadata["slime_env"]["info"]
+    same = [Sample(reward=1.0), Sample(reward=1.0)]
+    mixed = [Sample(reward=1.0), Sample(reward=0.0)]
+    assert plugin.filter_nonzero_std(args, same) is False and plugin.filter_nonzero_std(args, mixed) is True
