@@ -1,4 +1,5 @@
-# Two commands: `make demo` (the main job on the embedded defaults) and `make test` (the whole suite).
+# Two commands: `make demo` (the main job on the embedded defaults: a short GRPO run of the embedded
+# SmolLM2-135M-Instruct) and `make test` (the whole suite).
 # Both create or update .venv themselves.
 PYTHON ?= python3
 VENV := .venv
@@ -24,7 +25,7 @@ $(STAMP): pyproject.toml Makefile
 	touch $@
 
 demo: venv
-	$(BIN)/slime-env demo
+	$(BIN)/slime-env train
 
 test: venv
 	$(BIN)/python -m pytest -q

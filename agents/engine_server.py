@@ -19,6 +19,7 @@ from aiohttp import web
 
 from agents.transformers_policy import TransformersPolicy
 from slime_env.errors import InvalidInput
+from slime_env.http import serve_forever
 
 
 def _bad(message: str) -> web.Response:
@@ -203,20 +204,7 @@ def serve(model: str = "default", host: str = "127.0.0.1", port: int = 30000, ma
     """Load the model and serve until interrupted. Prints `listening on http://HOST:PORT` when ready."""
     policy, path = load_policy(model, max_batch_size=max_batch_size, batch_window_s=batch_window_s)
 
-    async def main() -> None:
-        runner = web.AppRunner(EngineServer(policy, path).app(), access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, host, port, backlog=4096)
-        await site.start()
-        bound = site._server.sockets[0].getsockname()[1]  # the real port when port=0
-        print(f"listening on http://{host}:{bound}", flush=True)
-        try:
-            await asyncio.Event().wait()
-        finally:
-            await runner.cleanup()
-            policy.close()
+    async def close() -> None:
+        policy.close()
 
-    try:
-        asyncio.run(main())
-    except KeyboardInterrupt:
-        pass
+    serve_forever(EngineServer(policy, path).app, host=host, port=port, backlog=4096, on_exit=close)

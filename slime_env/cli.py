@@ -204,7 +204,7 @@ def search_build_index(corpus: str = typer.Option(..., help="corpus JSONL: {id, 
                                                             "model folder ('default': the offline MiniLM)")) -> None:
     """Build a BM25 (default) or dense retrieval index from a corpus file."""
     from envs.search.corpus import read_corpus
-    from envs.search.retrievers import BM25Retriever, DenseRetriever, default_dense_model
+    from envs.search.retrievers import BM25Retriever, DenseRetriever
     from slime_env.errors import InvalidInput
 
     try:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import aiohttp
@@ -89,3 +89,31 @@ class HttpClient:
         if self._session is not None and not self._session.closed:
             await self._session.close()
         self._session = None
+
+
+def serve_forever(make_app: Callable[[], Any], *, host: str, port: int, backlog: int = 128,
+                  on_exit: Callable[[], Awaitable[None]] | None = None) -> None:
+    """Serve the aiohttp app `make_app()` until interrupted (every `slime-env serve-*` command).
+
+    Prints `listening on http://HOST:PORT` once bound (port 0 picks a free one): tests and scripts wait
+    for that line. `on_exit` runs after the server stops (close pools, sandboxes, retrievers).
+    """
+    from aiohttp import web
+
+    async def main() -> None:
+        runner = web.AppRunner(make_app(), access_log=None, backlog=backlog)
+        await runner.setup()
+        site = web.TCPSite(runner, host, port, backlog=backlog)
+        await site.start()
+        print(f"listening on http://{host}:{site._server.sockets[0].getsockname()[1]}", flush=True)
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await runner.cleanup()
+            if on_exit is not None:
+                await on_exit()
+
+    try:
+        asyncio.run(main())
+    except KeyboardInterrupt:
+        pass

@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from slime_env import offline_tokenizers as ot
+
+
+@pytest.fixture(scope="module")
+def runner():
+    """One event loop for a whole test module: pools and servers made in one test serve the next."""
+    with asyncio.Runner() as r:
+        yield r
 
 
 @pytest.fixture(scope="session")

@@ -19,12 +19,6 @@ from tests.sandbox_support import make_sandbox
 
 
 @pytest.fixture(scope="module")
-def runner():
-    with asyncio.Runner() as r:
-        yield r
-
-
-@pytest.fixture(scope="module")
 def sandbox(runner):
     sb = make_sandbox("bwrap", max_concurrency=4)
     yield sb

@@ -14,7 +14,7 @@ import pytest
 import slime_env
 from envs.math import MathReward, MathVerifier, extract_answer, load_math_tasks, slime_reward
 from envs.math.reasoning_gym_env import reasoning_gym_tasks, write_tasks_jsonl
-from envs.math.verifier import check, fast_check
+from envs.math.verifier import fast_check
 from slime_env import ScriptedPolicy, get_renderer, load_tasks, run_episode
 from slime_env.errors import InvalidInput
 from tests.sandbox_support import make_sandbox
@@ -22,12 +22,6 @@ from tests.sandbox_support import make_sandbox
 PAIRS = [line.rstrip("\n").split("\t") for line in
          (Path(__file__).parent / "data" / "math_answer_pairs.tsv").read_text().splitlines()
          if line.strip() and not line.startswith("#")]
-
-
-@pytest.fixture(scope="module")
-def runner():
-    with asyncio.Runner() as r:
-        yield r
 
 
 @pytest.fixture(scope="module")
@@ -54,32 +48,31 @@ def test_verdicts_match_the_table(runner, verifier):
     assert all(v.status in ("ok", "no_answer") for v in verdicts)
 
 
-def test_fast_path_agrees_with_math_verify():
-    """Every verdict the fast path gives is the one math-verify gives on its own."""
+def _agreeing_fast_verdicts(groups) -> int:
+    """Every verdict the fast path gives on pairs within each group is math-verify's own; returns how many."""
     import logging
 
     from math_verify import parse, verify
 
     logging.getLogger("math_verify").setLevel(logging.ERROR)
+    decided = 0
+    for group in groups:
+        for g in group:
+            for a in group:
+                fast = fast_check(g, a)
+                if fast is not None:
+                    decided += 1
+                    assert fast == verify(parse(f"\\boxed{{{g}}}"), parse(f"\\boxed{{{a}}}")), (g, a)
+    return decided
+
+
+def test_fast_path_agrees_with_math_verify():
     values = ["3", "-3", "03", "3.0", "3.5", "0.5", "1/2", "2/4", "\\frac{1}{2}", "\\dfrac{3}{6}", "-\\frac{1}{2}",
               "\\frac{-1}{2}", "7", "10", "0", "-0", "2/3", "0.666667", "1000", "999"]
-    decided = 0
-    for g in values:
-        for a in values:
-            fast = fast_check(g, a)
-            if fast is None:
-                continue
-            decided += 1
-            assert fast == verify(parse(f"\\boxed{{{g}}}"), parse(f"\\boxed{{{a}}}")), (g, a)
-    assert decided > 200
+    assert _agreeing_fast_verdicts([values]) > 200
 
 
 def test_expression_and_set_fast_paths_agree_with_math_verify():
-    import logging
-
-    from math_verify import parse, verify
-
-    logging.getLogger("math_verify").setLevel(logging.ERROR)
     exprs = ["x^2+2x+1", "(x+1)^2", "(x+1)(x+1)", "x^2+1", "2x+3", "3+2x", "2(x+1)+1", "x(x-1)", "x^2-x",
              "\\frac{x}{2}", "\\frac{1}{2}x", "\\frac{x^2-1}{x-1}", "x+1", "a+b", "b+a", "ab", "ba", "a-b",
              "(a+b)^2", "a^2+2ab+b^2", "2^{10}", "1024", "10^3", "\\frac{6}{8}", "3/4", "x^{2}", "x\\cdot x",
@@ -88,16 +81,7 @@ def test_expression_and_set_fast_paths_agree_with_math_verify():
              "\\frac{\\sqrt{12}\\pi}{3}", "\\sqrt{x^2}", "x\\sqrt{2}"]
     sets = ["\\{1,2,3\\}", "\\{3,2,1\\}", "\\{1,2\\}", "\\{-1,1\\}", "\\{1,-1\\}", "\\{\\frac{1}{2},2\\}",
             "\\{2,\\frac{2}{4}\\}", "\\{1,2,4\\}"]
-    decided = 0
-    for group in (exprs, sets):
-        for g in group:
-            for a in group:
-                fast = fast_check(g, a)
-                if fast is None:
-                    continue
-                decided += 1
-                assert fast == verify(parse(f"\\boxed{{{g}}}"), parse(f"\\boxed{{{a}}}")), (g, a)
-    assert decided > 400
+    assert _agreeing_fast_verdicts([exprs, sets]) > 400
 
 
 def test_extraction_takes_the_last_answer():

@@ -22,12 +22,6 @@ from tools_sandbox.server import make_app
 
 
 @pytest.fixture(scope="module")
-def runner():
-    with asyncio.Runner() as r:
-        yield r
-
-
-@pytest.fixture(scope="module")
 def sandboxes(runner):
     made = {}
     yield made

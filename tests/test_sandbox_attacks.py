@@ -7,7 +7,6 @@ files, writes outside the work dir, killing the parent); it still must bound tim
 
 from __future__ import annotations
 
-import asyncio
 import os
 import socket
 import threading
@@ -19,12 +18,6 @@ import pytest
 from tests.sandbox_support import BACKENDS, ISOLATING, make_sandbox
 
 CHECKOUT_FILE = os.path.abspath(__file__)
-
-
-@pytest.fixture(scope="module")
-def runner():
-    with asyncio.Runner() as r:
-        yield r
 
 
 @pytest.fixture(scope="module")

@@ -34,12 +34,6 @@ QUERIES = [("who created the python programming language", "2"), ("highest mount
 
 
 @pytest.fixture(scope="module")
-def runner():
-    with asyncio.Runner() as r:
-        yield r
-
-
-@pytest.fixture(scope="module")
 def bm25_dir(tmp_path_factory):
     return BM25Retriever.build(CORPUS, tmp_path_factory.mktemp("bm25"))
 

@@ -21,10 +21,11 @@ import shutil
 import subprocess
 import sys
 
-from tools_sandbox.base import Sandbox, classify
+from tools_sandbox.base import Sandbox
 from tools_sandbox.cgroups import CgroupParent, RunCgroup
 from tools_sandbox.languages import get_language
-from tools_sandbox.local_exec import UidSlots, clamp_limits, decode, memfd, nproc_limit, prlimit_argv, spawn
+from tools_sandbox.local_exec import (Slots, clamp_limits, decode, memfd, nproc_limit, outcome_result,
+                                      prlimit_argv, spawn)
 from tools_sandbox.process import SAFE_ENV, default_python
 from tools_sandbox.types import ExecRequest, ExecResult, SandboxError
 
@@ -60,8 +61,7 @@ class BwrapSandbox(Sandbox):
             self.cgroups = CgroupParent.detect() if self.root else None
             if use_cgroups and self.cgroups is None:
                 raise SandboxError("use_cgroups=True but no writable cgroup hierarchy with memory and pids")
-        self._uids = UidSlots(SLOT_UID_BASE, self.max_concurrency)
-        self._free_slots = list(range(self.max_concurrency))
+        self._slots_free = Slots(self.max_concurrency, SLOT_UID_BASE)
         if self.cgroups is not None:
             atexit.register(self.cgroups.remove)
         self._mounts = self._mount_args(python, ro_binds)
@@ -94,8 +94,7 @@ class BwrapSandbox(Sandbox):
 
     async def _execute(self, request: ExecRequest) -> ExecResult:
         lang = get_language(request.language)
-        slot_uid = self._uids.acquire()
-        slot = self._free_slots.pop()
+        slot, slot_uid = self._slots_free.acquire()
         fds: list[int] = []
         cgroup: RunCgroup | None = None
         try:
@@ -146,18 +145,12 @@ class BwrapSandbox(Sandbox):
         finally:
             for fd in fds:
                 _close(fd)
-            self._uids.release(slot_uid)
-            self._free_slots.append(slot)
+            self._slots_free.release(slot)
         stderr = decode(outcome.stderr)
         if outcome.exit_code not in (0, None) and stderr.startswith("bwrap:") and not outcome.stdout:
             return self._result("sandbox_error", exit_code=outcome.exit_code, stderr=stderr,
                                 duration_s=outcome.duration_s, reason=f"bubblewrap failed: {stderr.strip()[:300]}")
-        status, reason = classify(exit_code=outcome.exit_code, timed_out=outcome.timed_out,
-                                  output_exceeded=outcome.output_exceeded, oom=oom, stderr=stderr,
-                                  timeout_s=request.timeout_s, memory_mb=request.memory_mb,
-                                  output_limit_bytes=request.output_limit_bytes)
-        return self._result(status, exit_code=outcome.exit_code, stdout=decode(outcome.stdout), stderr=stderr,
-                            duration_s=outcome.duration_s, truncated=outcome.output_exceeded, reason=reason)
+        return outcome_result(outcome, request, self.backend, oom=oom)
 
 
 def _join_cgroup(cgroup: RunCgroup, fds: list[int], info_r: int, info_w: int, block_r: int, block_w: int):

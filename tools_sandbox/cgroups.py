@@ -13,6 +13,8 @@ import signal
 import time
 from pathlib import Path
 
+from tools_sandbox.local_exec import pid_alive
+
 ROOT = Path("/sys/fs/cgroup")
 PREFIX = "slime_env-sandbox-"
 
@@ -155,7 +157,7 @@ def _sweep(parent: Path) -> None:
     """Remove groups left by processes that no longer exist (a crashed run)."""
     for d in parent.glob(f"{PREFIX}*"):
         pid = d.name[len(PREFIX):]
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not pid_alive(int(pid)):
             for child in d.iterdir():
                 if child.is_dir():
                     RunCgroup({"x": child}, v2=(parent == ROOT)).remove(0.5)
@@ -163,16 +165,6 @@ def _sweep(parent: Path) -> None:
                 d.rmdir()
             except OSError:
                 pass
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _read(path: Path) -> str:

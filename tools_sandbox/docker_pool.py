@@ -27,6 +27,7 @@ from typing import Any
 from tools_sandbox.agent import AGENT_SOURCE
 from tools_sandbox.base import Sandbox, classify
 from tools_sandbox.languages import get_language
+from tools_sandbox.local_exec import pid_alive
 from tools_sandbox.types import ExecRequest, ExecResult, SandboxError
 
 LABEL = "slime_env.sandbox"
@@ -64,7 +65,7 @@ def cleanup(client=None, *, all_owners: bool = False) -> int:
     host = socket.gethostname()
     for c in client.containers.list(all=True, filters={"label": LABEL}):
         owner_host, _, pid = c.labels.get(OWNER_LABEL, ":").partition(":")
-        stale = all_owners or (owner_host == host and pid.isdigit() and not _alive(int(pid)))
+        stale = all_owners or (owner_host == host and pid.isdigit() and not pid_alive(int(pid)))
         if stale:
             try:
                 c.remove(force=True)
@@ -72,16 +73,6 @@ def cleanup(client=None, *, all_owners: bool = False) -> int:
             except Exception:  # noqa: BLE001 - removed concurrently
                 pass
     return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class _Container:

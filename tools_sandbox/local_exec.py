@@ -17,6 +17,9 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from tools_sandbox.base import classify
+from tools_sandbox.types import ExecRequest, ExecResult
+
 
 KILL_WAIT_S = 30.0
 
@@ -173,20 +176,21 @@ class _Protocol(asyncio.subprocess.SubprocessStreamProtocol):
             self.exited.set_result(None)
 
 
-class UidSlots:
-    """As root, each concurrent run gets its own unprivileged uid (`base + slot`), so RLIMIT_NPROC counts
-    that run's processes only and runs cannot signal each other. Not root: None (runs keep our uid)."""
+class Slots:
+    """The `size` concurrency slots of a sandbox. A run takes one: its index (e.g. for a per-slot cgroup) and,
+    as root, its own unprivileged uid (`uid_base + index`), so RLIMIT_NPROC counts that run's processes
+    only and runs cannot signal each other. Not root: the uid is None (runs keep ours)."""
 
-    def __init__(self, base: int, size: int):
-        self.enabled = os.geteuid() == 0
-        self._free = [base + i for i in range(size)]
+    def __init__(self, size: int, uid_base: int):
+        self.uid_base = uid_base if os.geteuid() == 0 else None
+        self._free = list(range(size))
 
-    def acquire(self) -> int | None:
-        return self._free.pop() if self.enabled else None
+    def acquire(self) -> tuple[int, int | None]:
+        index = self._free.pop()
+        return index, (None if self.uid_base is None else self.uid_base + index)
 
-    def release(self, uid: int | None) -> None:
-        if uid is not None:
-            self._free.append(uid)
+    def release(self, index: int) -> None:
+        self._free.append(index)
 
 
 def nproc_limit(uid: int | None, pids_limit: int) -> int:
@@ -203,6 +207,17 @@ def nproc_limit(uid: int | None, pids_limit: int) -> int:
     return n + pids_limit
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists (possibly another user's)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def clamp_limits(memory_mb: int) -> int:
     """Never ask for more memory than this process may have (prlimit cannot raise a hard limit)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_AS)
@@ -213,3 +228,14 @@ def clamp_limits(memory_mb: int) -> int:
 
 def decode(data: bytes) -> str:
     return data.decode("utf-8", errors="replace")
+
+
+def outcome_result(outcome: Outcome, request: ExecRequest, backend: str, *, oom: bool = False) -> ExecResult:
+    """The `ExecResult` of a local run: its status from what happened to the process."""
+    stderr = decode(outcome.stderr)
+    status, reason = classify(exit_code=outcome.exit_code, timed_out=outcome.timed_out,
+                              output_exceeded=outcome.output_exceeded, oom=oom, stderr=stderr,
+                              timeout_s=request.timeout_s, memory_mb=request.memory_mb,
+                              output_limit_bytes=request.output_limit_bytes)
+    return ExecResult(status, exit_code=outcome.exit_code, stdout=decode(outcome.stdout), stderr=stderr,
+                      duration_s=outcome.duration_s, truncated=outcome.output_exceeded, reason=reason, backend=backend)

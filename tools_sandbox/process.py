@@ -16,9 +16,9 @@ import shutil
 import sys
 import tempfile
 
-from tools_sandbox.base import Sandbox, classify
+from tools_sandbox.base import Sandbox
 from tools_sandbox.languages import get_language
-from tools_sandbox.local_exec import UidSlots, clamp_limits, decode, memfd, nproc_limit, prlimit_argv, spawn
+from tools_sandbox.local_exec import Slots, clamp_limits, memfd, nproc_limit, outcome_result, prlimit_argv, spawn
 from tools_sandbox.types import ExecRequest, ExecResult
 
 SLOT_UID_BASE = 62000  # as root, runs drop to uid 62000 + slot (bubblewrap uses 61000 + slot)
@@ -42,13 +42,13 @@ class ProcessSandbox(Sandbox):
         super().__init__(**kw)
         self.interpreters = {"python": python or default_python(), "sh": "/bin/sh"}
         self.pids_limit, self.fsize_mb, self.nofile = pids_limit, fsize_mb, nofile
-        self._uids = UidSlots(SLOT_UID_BASE, self.max_concurrency)
+        self._slots_free = Slots(self.max_concurrency, SLOT_UID_BASE)
 
     async def _execute(self, request: ExecRequest) -> ExecResult:
         lang = get_language(request.language)
         work = tempfile.mkdtemp(prefix="slime_env-run-")
         stdin_fd = memfd("stdin", request.stdin.encode())
-        uid = self._uids.acquire()
+        slot, uid = self._slots_free.acquire()
         try:
             for path, data in {**request.files, lang.filename: request.code.encode()}.items():
                 full = os.path.join(work, path)
@@ -66,12 +66,6 @@ class ProcessSandbox(Sandbox):
                                   output_limit=request.output_limit_bytes, user=uid)
         finally:
             os.close(stdin_fd)
-            self._uids.release(uid)
+            self._slots_free.release(slot)
             shutil.rmtree(work, ignore_errors=True)
-        stderr = decode(outcome.stderr)
-        status, reason = classify(exit_code=outcome.exit_code, timed_out=outcome.timed_out,
-                                  output_exceeded=outcome.output_exceeded, oom=False, stderr=stderr,
-                                  timeout_s=request.timeout_s, memory_mb=request.memory_mb,
-                                  output_limit_bytes=request.output_limit_bytes)
-        return self._result(status, exit_code=outcome.exit_code, stdout=decode(outcome.stdout), stderr=stderr,
-                            duration_s=outcome.duration_s, truncated=outcome.output_exceeded, reason=reason)
+        return outcome_result(outcome, request, self.backend)

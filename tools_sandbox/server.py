@@ -74,22 +74,8 @@ def _error(status: int, message: str, status_field: str = "SandboxError") -> web
 def serve(sandbox: Sandbox, *, host: str = "127.0.0.1", port: int = 8080, max_concurrency: int | None = None,
           queue_timeout_s: float = 30.0) -> None:
     """Serve until interrupted; prints `listening on http://HOST:PORT` once bound (port 0 picks one)."""
+    from slime_env.http import serve_forever
 
-    async def main() -> None:
-        app = make_app(sandbox, max_concurrency=max_concurrency, queue_timeout_s=queue_timeout_s)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, host, port)
-        await site.start()
-        bound = site._server.sockets[0].getsockname()[1]
-        print(f"listening on http://{host}:{bound} ({sandbox.describe()})", flush=True)
-        try:
-            await asyncio.Event().wait()
-        finally:
-            await runner.cleanup()
-            await sandbox.close()
-
-    try:
-        asyncio.run(main())
-    except KeyboardInterrupt:
-        pass
+    print(f"sandbox: {sandbox.describe()}", flush=True)
+    serve_forever(lambda: make_app(sandbox, max_concurrency=max_concurrency, queue_timeout_s=queue_timeout_s),
+                  host=host, port=port, on_exit=sandbox.close)

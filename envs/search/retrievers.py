@@ -94,6 +94,15 @@ def _manifest(path: Path) -> dict[str, Any]:
                            f"`slime-env search build-index`") from None
 
 
+def _start_build(passages: Iterable[Passage], out_dir: str | Path) -> tuple[Path, list[Passage]]:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    passages = list(passages)
+    if not passages:
+        raise InvalidInput("cannot build an index of an empty corpus")
+    return out, passages
+
+
 def _load_passages(path: Path) -> list[Passage]:
     return list(read_corpus(path / "corpus.jsonl"))
 
@@ -123,11 +132,7 @@ class BM25Retriever(_Batched):
         """Index `passages` (title and text) into `out_dir` (corpus.jsonl, bm25/, manifest.json)."""
         import bm25s
 
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        passages = list(passages)
-        if not passages:
-            raise InvalidInput("cannot build an index of an empty corpus")
+        out, passages = _start_build(passages, out_dir)
         log(f"tokenizing {len(passages)} passages")
         tokens = bm25s.tokenize([p.contents for p in passages], stopwords="en", stemmer=_stemmer(),
                                 show_progress=False)
@@ -169,11 +174,7 @@ class DenseRetriever(_Batched):
     @staticmethod
     def build(passages: Iterable[Passage], out_dir: str | Path, *, model: str | None = None, batch_size: int = 64,
               log: Callable[[str], None] = lambda _: None) -> Path:
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        passages = list(passages)
-        if not passages:
-            raise InvalidInput("cannot build an index of an empty corpus")
+        out, passages = _start_build(passages, out_dir)
         model = model or default_dense_model()
         log(f"embedding {len(passages)} passages with {model}")
         encoder = _encoder(model)

@@ -9,7 +9,6 @@ the field.
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 from aiohttp import web
@@ -63,21 +62,9 @@ def _bad(message: str) -> web.Response:
 
 def serve(index: str, *, host: str = "127.0.0.1", port: int = 8000, default_topk: int = 3) -> None:
     """Serve until interrupted; prints `listening on http://HOST:PORT` once bound."""
+    from slime_env.http import serve_forever
 
-    async def main() -> None:
-        retriever = load_retriever(index)
-        runner = web.AppRunner(make_app(retriever, default_topk=default_topk), access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, host, port)
-        await site.start()
-        print(f"listening on http://{host}:{site._server.sockets[0].getsockname()[1]} ({index})", flush=True)
-        try:
-            await asyncio.Event().wait()
-        finally:
-            await runner.cleanup()
-            await retriever.close()
-
-    try:
-        asyncio.run(main())
-    except KeyboardInterrupt:
-        pass
+    retriever = load_retriever(index)
+    print(f"retriever: {type(retriever).__name__} over {index}", flush=True)
+    serve_forever(lambda: make_app(retriever, default_topk=default_topk), host=host, port=port,
+                  on_exit=retriever.close)

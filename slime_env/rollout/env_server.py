@@ -225,20 +225,7 @@ async def close_shared_clients() -> None:
 
 def serve(env_id: str, host: str = "127.0.0.1", port: int = 8100, **kwargs: Any) -> None:
     """Serve `env_id` until interrupted; prints `listening on http://HOST:PORT` when ready."""
+    from slime_env.http import serve_forever
+
     server = EnvServer(env_id, **kwargs)
-
-    async def main() -> None:
-        runner = web.AppRunner(server.app(), access_log=None, backlog=4096)
-        await runner.setup()
-        site = web.TCPSite(runner, host, port, backlog=4096)  # thousands of episodes connect at once
-        await site.start()
-        print(f"listening on http://{host}:{site._server.sockets[0].getsockname()[1]}", flush=True)
-        try:
-            await asyncio.Event().wait()
-        finally:
-            await runner.cleanup()
-
-    try:
-        asyncio.run(main())
-    except KeyboardInterrupt:
-        pass
+    serve_forever(server.app, host=host, port=port, backlog=4096)  # thousands of episodes connect at once
