@@ -101,7 +101,7 @@ def serve_forever(make_app: Callable[[], Any], *, host: str, port: int, backlog:
     from aiohttp import web
 
     async def main() -> None:
-        runner = web.AppRunner(make_app(), access_log=None, backlog=backlog)
+        runner = web.AppRunner(make_app(), access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, host, port, backlog=backlog)
         await site.start()

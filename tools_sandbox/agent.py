@@ -125,6 +125,10 @@ def run(req):
             os.write(2, ("sandbox agent: cannot start %r: %r\n" % (req["argv"][0], e)).encode())
         os._exit(127)
     os.close(o_w); os.close(e_w)
+    try:
+        exit_fd = [os.pidfd_open(pid)]  # readable when the child exits: no polling delay after its pipes close
+    except (AttributeError, OSError):
+        exit_fd = []
     bufs = {o_r: bytearray(), e_r: bytearray()}
     open_fds = [o_r, e_r]
     limit = req["output_limit"]
@@ -136,8 +140,10 @@ def run(req):
         if wait <= 0:
             timed_out = True
             break
-        r, _, _ = select.select(open_fds + [0], [], [], min(wait, 0.05))
+        r, _, _ = select.select(open_fds + exit_fd + [0], [], [], min(wait, 0.05 if exit_fd else 0.005))
         for fd in r:
+            if fd in exit_fd:
+                continue
             if fd == 0:
                 msg = read_line(0)
                 if msg and msg.get("abort") == rid:
@@ -178,6 +184,8 @@ def run(req):
                 exceeded = True
                 break
     os.close(o_r); os.close(e_r)
+    for fd in exit_fd:
+        os.close(fd)
     code = os.waitstatus_to_exitcode(status)
     oom = oom_count() > oom_before
     for d in ("/work", "/tmp", "/dev/shm"):

@@ -77,3 +77,22 @@ def _from_mmdebstrap(client, tag: str, suite: str, packages: Sequence[str], mirr
                                           changes=["ENV PATH=/usr/local/bin:/usr/bin:/bin", "ENV LANG=C.UTF-8",
                                                    f"LABEL {IMAGE_LABEL}=1"])
     client.images.get(tag)  # raises if the import did not produce it
+    _precompile(client, tag, log)
+
+
+def _precompile(client, tag: str, log) -> None:
+    """Byte-compile the standard library inside the image. `--variant=extract` skips the packages' postinst
+    scripts, which is where Debian compiles .pyc files; without them every import in a sandbox compiles from
+    source on a read-only root (`import subprocess` ≈ 60 ms instead of ≈ 8 ms)."""
+    log("compiling the standard library's .pyc files in the image")
+    code = ("import compileall, sysconfig; ok = compileall.compile_dir(sysconfig.get_paths()['stdlib'], quiet=1, "
+            "workers=0); raise SystemExit(0 if ok else 1)")
+    container = client.containers.run(tag, ["/usr/bin/python3", "-c", code], detach=True, network_mode="none")
+    try:
+        status = container.wait(timeout=600).get("StatusCode", 1)
+        if status != 0:
+            raise SandboxError(f"compiling the image's standard library failed: {container.logs()[-500:]!r}")
+        repository, _, version = tag.partition(":")
+        container.commit(repository=repository, tag=version or "latest", changes=['CMD ["/usr/bin/python3"]'])
+    finally:
+        container.remove(force=True)
