@@ -64,3 +64,25 @@ def make_sandbox(backend: str, **kw):
 
 BACKENDS = ("docker", "bwrap", "process")
 ISOLATING = ("docker", "bwrap")
+
+
+def per_backend_fixtures(**options):
+    """Module fixtures: `sandboxes` (closed when the module ends) and `sb`, parametrized over BACKENDS, one
+    sandbox per backend made with `options` (`pool_size` goes to docker only). Assign both at module level."""
+
+    @pytest.fixture(scope="module")
+    def sandboxes(runner):
+        made = {}
+        yield made
+        for sandbox in made.values():
+            runner.run(sandbox.close())
+
+    @pytest.fixture(params=BACKENDS)
+    def sb(request, sandboxes):
+        backend = request.param
+        if backend not in sandboxes:
+            kw = {k: v for k, v in options.items() if k != "pool_size" or backend == "docker"}
+            sandboxes[backend] = make_sandbox(backend, **kw)
+        return sandboxes[backend]
+
+    return sandboxes, sb

@@ -14,27 +14,14 @@ import pytest
 
 from slime_env.errors import InvalidInput
 from tests.helpers import LocalServer
-from tests.sandbox_support import BACKENDS, IMAGE, make_sandbox
+from tests.sandbox_support import IMAGE, make_sandbox, per_backend_fixtures
 from tools_sandbox import ExecResult, auto
 from tools_sandbox.fusion import from_response, to_response
 from tools_sandbox.remote import RemoteSandbox
 from tools_sandbox.server import make_app
 
 
-@pytest.fixture(scope="module")
-def sandboxes(runner):
-    made = {}
-    yield made
-    for sb in made.values():
-        runner.run(sb.close())
-
-
-@pytest.fixture(params=BACKENDS)
-def sb(request, sandboxes):
-    if request.param not in sandboxes:
-        sandboxes[request.param] = make_sandbox(request.param, max_concurrency=4, **(
-            {"pool_size": 4} if request.param == "docker" else {}))
-    return sandboxes[request.param]
+sandboxes, sb = per_backend_fixtures(max_concurrency=4, pool_size=4)
 
 
 def test_ok_error_stdin_and_files(runner, sb):

@@ -15,25 +15,12 @@ import uuid
 
 import pytest
 
-from tests.sandbox_support import BACKENDS, ISOLATING, make_sandbox
+from tests.sandbox_support import ISOLATING, make_sandbox, per_backend_fixtures
 
 CHECKOUT_FILE = os.path.abspath(__file__)
 
 
-@pytest.fixture(scope="module")
-def sandboxes(runner):
-    made = {}
-    yield made
-    for sb in made.values():
-        runner.run(sb.close())
-
-
-@pytest.fixture(params=BACKENDS)
-def sb(request, sandboxes):
-    backend = request.param
-    if backend not in sandboxes:
-        sandboxes[backend] = make_sandbox(backend)
-    return sandboxes[backend]
+sandboxes, sb = per_backend_fixtures()
 
 
 def isolating(sb):

@@ -89,7 +89,10 @@ def test_generate_fills_samples_that_satisfy_slimes_invariants(engine):
                for i in range(6)]
 
     async def main():
-        return await asyncio.gather(*(plugin.generate(args, s, dict(SAMPLING)) for s in samples))
+        try:
+            return await asyncio.gather(*(plugin.generate(args, s, dict(SAMPLING)) for s in samples))
+        finally:
+            await plugin.close()
 
     out = asyncio.run(main())
     assert [s is o for s, o in zip(samples, out)] == [True] * 6  # filled in place
@@ -105,20 +108,30 @@ def test_generate_fills_samples_that_satisfy_slimes_invariants(engine):
     assert asyncio.run(plugin.reward(args, out[0])) == float(out[0].reward)
 
 
+def run_one(args, sample, params):
+    async def main():
+        try:
+            return await plugin.generate(args, sample, params)
+        finally:
+            await plugin.close()
+
+    return asyncio.run(main())
+
+
 def test_truncation_and_failures_come_back_in_safe_form(engine):
     short = make_args(engine, slime_env_id="Calculator-v0", slime_env_max_turns=1)
     params = {**SAMPLING, "max_new_tokens": 4}
-    truncated = asyncio.run(plugin.generate(short, Sample(index=0, prompt="What is 2 + 2?", label=4), params))
+    truncated = run_one(short, Sample(index=0, prompt="What is 2 + 2?", label=4), params)
     check_invariants(truncated)
     assert truncated.status == Sample.Status.TRUNCATED and truncated.response_length <= 4
 
     unknown = make_args(engine, slime_env_id="NoSuchEnv-v0")
-    failed = asyncio.run(plugin.generate(unknown, Sample(index=1, prompt="x", label=1, tokens=[1, 2, 3]), dict(SAMPLING)))
+    failed = run_one(unknown, Sample(index=1, prompt="x", label=1, tokens=[1, 2, 3]), dict(SAMPLING))
     assert failed.status == Sample.Status.FAILED and failed.remove_sample and failed.reward == 0.0
     assert failed.response_length == 0 and failed.loss_mask == [] and failed.rollout_log_probs == []
     assert "NoSuchEnv-v0" in failed.metadata["slime_env"]["status_reason"]
     bad_task = make_args(engine, slime_env_id="Math-v0")  # Math-v0 needs a label: the env raises at reset
-    failed2 = asyncio.run(plugin.generate(bad_task, Sample(index=2, prompt="1+1?", label=None), dict(SAMPLING)))
+    failed2 = run_one(bad_task, Sample(index=2, prompt="1+1?", label=None), dict(SAMPLING))
     check_invariants(failed2)
     assert failed2.status == Sample.Status.FAILED and failed2.remove_sample and failed2.reward == 0.0
 
@@ -127,7 +140,7 @@ def test_chat_prompts_and_the_dynamic_filter(engine):
     args = make_args(engine, slime_env_id="Math-v0", slime_env_kwargs={"system_prompt": None})
     sample = Sample(index=0, prompt=[{"role": "user", "content": "What is 3 + 4? Put the answer in \\boxed{}."}],
                     label="7")
-    out = asyncio.run(plugin.generate(args, sample, dict(SAMPLING)))
+    out = run_one(args, sample, dict(SAMPLING))
     check_invariants(out)
     assert out.status == Sample.Status.COMPLETED and out.reward in (0.0, 1.0)
     assert "verdict" in out.metadata["slime_env"]["info"]

@@ -114,7 +114,9 @@ def test_episode_with_the_real_model(engine):
     traj = asyncio.run(main())
     traj.check()
     assert traj.status in ("completed", "truncated") and traj.num_turns >= 1
-    assert all(lp < 0 or m == 0 for lp, m in zip(traj.rollout_logprobs, traj.loss_mask))
+    # A log-prob is never positive; a near-certain token at temperature 0.7 can round to exactly 0.0 in fp32.
+    assert all(lp <= 0 for lp in traj.rollout_logprobs)
+    assert any(lp < 0 for lp, m in zip(traj.rollout_logprobs, traj.loss_mask) if m == 1)
 
 
 def test_generation_does_not_block_the_event_loop(engine):

@@ -165,6 +165,13 @@ async def reward(args: Any, sample_or_samples: Any, **kwargs: Any) -> float | li
     return one(sample_or_samples)
 
 
+async def close() -> None:
+    """Close the pooled SGLang connections opened on this event loop (at the end of a rollout process)."""
+    loop_id = id(asyncio.get_running_loop())
+    for key in [k for k in _POLICIES if k[0] == loop_id]:
+        await _POLICIES.pop(key).close()
+
+
 def filter_nonzero_std(args: Any, samples: list[Any], **kwargs: Any) -> bool:
     """slime's dynamic sampling filter: keep a group only if its rewards differ (GRPO learns nothing else)."""
     rewards = [float(s.reward if not isinstance(s.reward, dict) else s.reward.get("score", 0.0))
