@@ -43,12 +43,15 @@ class TrainBatch:
         return replace(self, **{f.name: getattr(self, f.name)[index] for f in fields(self)
                                 if isinstance(getattr(self, f.name), torch.Tensor)})
 
-    def minibatches(self, n: int) -> list[TrainBatch]:
-        """`n` parts, split only at group boundaries (as even as the groups allow)."""
+    def minibatch_bounds(self, n: int) -> list[tuple[int, int]]:
+        """Row ranges of `n` parts, split only at group boundaries (as even as the groups allow)."""
         groups = self.size // self.group_size
         n = max(1, min(n, groups))
         bounds = [round(i * groups / n) * self.group_size for i in range(n + 1)]
-        return [self.rows(slice(a, b)) for a, b in zip(bounds, bounds[1:]) if b > a]
+        return [(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
+
+    def minibatches(self, n: int) -> list[TrainBatch]:
+        return [self.rows(slice(a, b)) for a, b in self.minibatch_bounds(n)]
 
     def micro_batches(self, size: int) -> list[TrainBatch]:
         """Rows in chunks of `size` (for gradient accumulation; groups may be split here: advantages are set)."""

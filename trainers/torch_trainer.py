@@ -110,7 +110,7 @@ class TorchTrainer:
         reuse_old = c.ppo_epochs == 1 and c.n_minibatches == 1 and not c.use_tis
         old = None if reuse_old else self._frozen_logprobs(self.model, batch)  # the policy that sampled
         ref = self._frozen_logprobs(self.ref_model, batch) if c.kl_coef > 0 else None
-        self.model.train()
+        self.model.eval()  # dropout off: the importance ratio must compare the same function the engine sampled
         totals: dict[str, float] = {}
         updates = 0
         for _ in range(c.ppo_epochs):
@@ -128,12 +128,8 @@ class TorchTrainer:
         return metrics
 
     def _split(self, batch: TrainBatch, old: torch.Tensor | None, ref: torch.Tensor | None):
-        groups = batch.size // batch.group_size
-        n = max(1, min(self.config.n_minibatches, groups))
-        bounds = [round(i * groups / n) * batch.group_size for i in range(n + 1)]
-        for a, b in zip(bounds, bounds[1:]):
-            if b > a:
-                yield batch.rows(slice(a, b)), (None if old is None else old[a:b]), (None if ref is None else ref[a:b])
+        for a, b in batch.minibatch_bounds(self.config.n_minibatches):
+            yield batch.rows(slice(a, b)), (None if old is None else old[a:b]), (None if ref is None else ref[a:b])
 
     def _update(self, mini: TrainBatch, old: torch.Tensor | None, ref: torch.Tensor | None) -> dict[str, float]:
         c = self.config
