@@ -183,7 +183,7 @@ class EngineServer:
 
 
 def load_policy(model: str, *, max_batch_size: int = 16, batch_window_s: float = 0.02,
-                device: str = "cpu") -> tuple[TransformersPolicy, str]:
+                device: str = "cpu", seed: int | None = None) -> tuple[TransformersPolicy, str]:
     """`model` is "default" (the embedded SmolLM2) or a Hugging Face model folder."""
     if model == "default":
         from agents.default_model import default_model_path, load_default_model
@@ -196,7 +196,7 @@ def load_policy(model: str, *, max_batch_size: int = 16, batch_window_s: float =
 
         m = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).to(device).eval()
         tok, path = AutoTokenizer.from_pretrained(model), model
-    return TransformersPolicy(m, tok, max_batch_size=max_batch_size, batch_window_s=batch_window_s), path
+    return TransformersPolicy(m, tok, max_batch_size=max_batch_size, batch_window_s=batch_window_s, seed=seed), path
 
 
 def serve(model: str = "default", host: str = "127.0.0.1", port: int = 30000, max_batch_size: int = 16,

@@ -283,22 +283,15 @@ class DockerSandbox(Sandbox):
         self._all.discard(box)
         box.close_stream()
         await asyncio.to_thread(_remove, box.container)
+        await self._replace_missing()
+
+    async def _replace_missing(self) -> None:
         delay = 0.5
         while True:  # the pool keeps its size: retried (with backoff) until the engine gives a container
             try:
                 await self._create()
                 return
             except Exception:  # noqa: BLE001 - runs wait meanwhile, and time out if it takes too long
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 30.0)
-
-    async def _replace_missing(self) -> None:
-        delay = 0.5
-        while True:
-            try:
-                await self._create()
-                return
-            except Exception:  # noqa: BLE001
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 30.0)
 

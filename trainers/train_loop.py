@@ -11,6 +11,7 @@ evaluation) at the first step that ends past the budget.
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import math
 import random
@@ -149,7 +150,7 @@ async def train(cfg: TrainConfig, *, log: Callable[[str], None] = print) -> dict
     """Run the configured training; returns the summary (first / last held-out accuracy, paths)."""
     import torch
 
-    from agents import TransformersPolicy, load_default_model
+    from agents.engine_server import load_policy
     from slime_env import RolloutManager, get_renderer
 
     random.seed(cfg.seed)
@@ -159,15 +160,10 @@ async def train(cfg: TrainConfig, *, log: Callable[[str], None] = print) -> dict
     (run / "config.json").write_text(json.dumps(cfg.__dict__, indent=1, default=str))
     train_tasks = load_split(cfg.train_data, "train_data")
     eval_tasks = load_split(cfg.eval_data, "eval_data") if cfg.eval_data else []
-    if cfg.model == "default":
-        actor, tok = load_default_model()
-        engine_model, _ = load_default_model()
-    else:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        tok = AutoTokenizer.from_pretrained(cfg.model)
-        actor = AutoModelForCausalLM.from_pretrained(cfg.model, torch_dtype=torch.float32)
-        engine_model = AutoModelForCausalLM.from_pretrained(cfg.model, torch_dtype=torch.float32)
+    # The engine loads the model ("default" or a folder); the trainer updates its own copy and syncs it back.
+    policy, _ = load_policy(cfg.model, max_batch_size=cfg.max_concurrency, batch_window_s=0.005, seed=cfg.seed)
+    tok = policy.tokenizer
+    actor = copy.deepcopy(policy.model)
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     trainer = TorchTrainer(actor, TrainerConfig(**cfg.trainer), pad_id=pad_id)
     start = 0
@@ -177,7 +173,6 @@ async def train(cfg: TrainConfig, *, log: Callable[[str], None] = print) -> dict
         trainer.load(ckpt)
         start = trainer.step_count
         log(f"resumed from {ckpt} (step {start})")
-    policy = TransformersPolicy(engine_model, tok, max_batch_size=cfg.max_concurrency, seed=cfg.seed)
     await trainer.sync(policy, version=str(start))
     renderer = get_renderer(tok)
     writer = _tensorboard(run)

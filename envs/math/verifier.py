@@ -95,15 +95,21 @@ def fast_check(gold: str, answer: str) -> bool | None:
     return expressions_equal(g, a)
 
 
-def check(gold: str, answer: str) -> tuple[bool, str]:
-    """(correct, method) for a gold answer string and an extracted answer string. Sync; may be slow."""
+def decide_locally(gold: str, answer: str) -> tuple[bool, str] | None:
+    """(correct, method) when no sympy is needed — a multiple-choice letter or the fast path — else None."""
     choice = _CHOICE.match(gold.strip())
     if choice:
         got = _CHOICE.match(_clean(answer).replace("\\text{", "").rstrip("}"))
         return bool(got) and got.group(1).upper() == choice.group(1).upper(), "choice"
     fast = fast_check(gold, answer)
-    if fast is not None:
-        return fast, "fast"
+    return None if fast is None else (fast, "fast")
+
+
+def check(gold: str, answer: str) -> tuple[bool, str]:
+    """(correct, method) for a gold answer string and an extracted answer string. Sync; may be slow."""
+    local = decide_locally(gold, answer)
+    if local is not None:
+        return local
     from math_verify import parse, verify
 
     # Boxed, so math-verify's extraction takes exactly the answer (and not a number inside it).
@@ -217,14 +223,10 @@ class MathVerifier:
             self._cache.move_to_end(key)
             self.stats["cache"] += 1
             return Verdict(hit[0], answer, method="cache")
-        choice = _CHOICE.match(gold_text.strip())
-        fast = None if choice else fast_check(gold_text, answer)
-        if fast is not None:
-            self.stats["fast"] += 1
-            return self._remember(key, Verdict(fast, answer, method="fast"))
-        if choice:
-            correct, method = check(gold_text, answer)
-            return self._remember(key, Verdict(correct, answer, method=method))
+        local = decide_locally(gold_text, answer)
+        if local is not None:
+            self.stats[local[1]] += 1
+            return self._remember(key, Verdict(local[0], answer, method=local[1]))
         return await self._pooled(key, answer)
 
     async def _pooled(self, key: tuple[str, str], answer: str) -> Verdict:
