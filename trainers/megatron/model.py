@@ -1,0 +1,87 @@
+"""`build_gpt(hf_config)`: a megatron-core `GPTModel` with the shape of a Hugging Face Llama / Qwen2 / Qwen3.
+
+Megatron's local layer spec (no Transformer Engine, no apex: neither can be installed everywhere we run)
+with two of our modules in it: `SDPAttention` as the core attention and the vectorised THD RoPE.
+Fusions that need TE or apex are off; RMSNorm is `torch.nn.RMSNorm`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from trainers.megatron.convert import model_family
+
+
+def rope_theta(hf_config: Any) -> float:
+    theta = getattr(hf_config, "rope_theta", None)
+    params = getattr(hf_config, "rope_parameters", None) or getattr(hf_config, "rope_scaling", None) or {}
+    if theta is None:
+        theta = params.get("rope_theta", 10000.0)
+    kind = params.get("rope_type", params.get("type", "default"))
+    if kind not in (None, "default"):
+        raise ValueError(f"rope type {kind!r} of {hf_config.model_type} is not supported by the Megatron trainer "
+                         "(only plain RoPE)")
+    return float(theta)
+
+
+def transformer_config(hf_config: Any, *, tp: int = 1, dtype: torch.dtype = torch.float32, **overrides):
+    """megatron `TransformerConfig` for `hf_config`; refuses, naming the numbers, a TP size that does not divide
+    the attention heads, the KV heads or the vocabulary."""
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    family = model_family(hf_config)
+    c = hf_config
+    heads, kv = c.num_attention_heads, getattr(c, "num_key_value_heads", None) or c.num_attention_heads
+    for what, n in (("attention heads", heads), ("KV heads", kv), ("vocabulary size", c.vocab_size)):
+        if n % tp:
+            raise ValueError(f"tensor-parallel size {tp} does not divide the {what} ({n}) of {c.model_type}: "
+                             f"choose a TP size that divides {heads} heads and {kv} KV heads")
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
+    cuda = torch.cuda.is_available()
+    kw = dict(
+        num_layers=c.num_hidden_layers, hidden_size=c.hidden_size, num_attention_heads=heads, num_query_groups=kv,
+        ffn_hidden_size=c.intermediate_size, kv_channels=head_dim, normalization="RMSNorm",
+        layernorm_epsilon=c.rms_norm_eps, gated_linear_unit=True, activation_func=F.silu, add_bias_linear=False,
+        add_qkv_bias=family == "qwen2" or bool(getattr(c, "attention_bias", False)), qk_layernorm=family == "qwen3",
+        hidden_dropout=0.0, attention_dropout=0.0, bias_activation_fusion=False, bias_dropout_fusion=False,
+        masked_softmax_fusion=False, apply_rope_fusion=False, persist_layer_norm=False,
+        gradient_accumulation_fusion=False, cross_entropy_loss_fusion=False, tensor_model_parallel_size=tp,
+        params_dtype=dtype, pipeline_dtype=dtype, bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16,
+        use_cpu_initialization=not cuda, perform_initialization=False, calculate_per_token_loss=True,
+        sequence_parallel=False,
+    )
+    kw.update(overrides)
+    return TransformerConfig(**kw)
+
+
+def layer_spec(config):
+    """megatron's local GPT layer spec with `SDPAttention` as the core attention."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    from trainers.megatron.attention import SDPAttention
+
+    spec = get_gpt_layer_local_spec(qk_layernorm=config.qk_layernorm, normalization="RMSNorm")
+    spec.submodules.self_attention.submodules.core_attention = SDPAttention
+    return spec
+
+
+def build_gpt(hf_config: Any, *, tp: int = 1, dtype: torch.dtype = torch.float32, **overrides):
+    """An uninitialised `GPTModel` of `hf_config`'s shape on the current device (load weights with
+    `convert.hf_to_mcore`). Megatron's parallel state must be initialised (`parallel.init_parallel`)."""
+    from megatron.core.models.gpt import GPTModel
+
+    from trainers.megatron.rope import install_rope_patch
+
+    install_rope_patch()
+    config = transformer_config(hf_config, tp=tp, dtype=dtype, **overrides)
+    model = GPTModel(config=config, transformer_layer_spec=layer_spec(config), vocab_size=hf_config.vocab_size,
+                     max_sequence_length=hf_config.max_position_embeddings, position_embedding_type="rope",
+                     rotary_base=rope_theta(hf_config),
+                     share_embeddings_and_output_weights=bool(getattr(hf_config, "tie_word_embeddings", False)),
+                     pre_process=True, post_process=True, parallel_output=True)
+    if torch.cuda.is_available():
+        model = model.cuda(torch.cuda.current_device())
+    return model

@@ -1,0 +1,53 @@
+"""torch.distributed and megatron-core's parallel state, set up once per process.
+
+Under `torchrun` (RANK / WORLD_SIZE / LOCAL_RANK set) this joins the job (NCCL on CUDA); run as a plain
+process it starts a one-process group on a free loopback port (gloo on CPU), so the same trainer code
+runs in a notebook, in CI and on a GPU node.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import torch
+import torch.distributed as dist
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_parallel(tp: int = 1, *, seed: int = 0) -> dict[str, int]:
+    """Initialise (once) the process group and megatron's TP/DP groups; returns rank, world, tp, dp sizes.
+
+    A TP size that does not divide the world size is refused here with the sizes named.
+    """
+    from megatron.core import parallel_state as ps
+
+    if not dist.is_initialized():
+        cuda = torch.cuda.is_available()
+        if cuda:
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+            dist.init_process_group("nccl" if cuda else "gloo")
+        else:
+            dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{_free_port()}",
+                                    rank=0, world_size=1)
+    world = dist.get_world_size()
+    if world % tp:
+        raise ValueError(f"tensor-parallel size {tp} does not divide the world size {world}")
+    if ps.model_parallel_is_initialized():
+        if ps.get_tensor_model_parallel_world_size() != tp:
+            raise ValueError(f"megatron is already initialised with TP={ps.get_tensor_model_parallel_world_size()}, "
+                             f"asked for TP={tp}")
+    else:
+        ps.initialize_model_parallel(tensor_model_parallel_size=tp)
+    if torch.cuda.is_available():
+        from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+        model_parallel_cuda_manual_seed(seed)
+    return {"rank": dist.get_rank(), "world": world, "tp": tp, "dp": ps.get_data_parallel_world_size(),
+            "tp_rank": ps.get_tensor_model_parallel_rank(), "dp_rank": ps.get_data_parallel_rank()}

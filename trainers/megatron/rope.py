@@ -1,0 +1,67 @@
+"""RoPE for packed (THD) sequences without megatron-core's per-sequence Python loop.
+
+megatron-core 0.16's unfused `_apply_rotary_pos_emb_thd` splits the packed tensor per sequence and
+calls `.tolist()` / `.item()` (a host sync each): 31% MFU where the vectorised form reaches 43%. Here
+each token's position within its sequence comes from `cu_seqlens` with one `repeat_interleave`
+(its output size given, so no sync), then one gather of the frequency table and the same rotation
+megatron applies to `bshd` — the output is identical to megatron's own (tested).
+"""
+
+from __future__ import annotations
+
+import torch
+from megatron.core.models.common.embeddings import rope_utils
+
+
+def packed_positions(cu_seqlens: torch.Tensor, total: int) -> torch.Tensor:
+    """Position of every packed token inside its own sequence: [total] (long), from cu_seqlens [B + 1]."""
+    cu = cu_seqlens.to(torch.long)
+    starts = torch.repeat_interleave(cu[:-1], cu[1:] - cu[:-1], output_size=total)
+    return torch.arange(total, device=cu.device) - starts
+
+
+def apply_rotary_pos_emb_thd(t: torch.Tensor, cu_seqlens: torch.Tensor, freqs: torch.Tensor, *,
+                             rotary_interleaved: bool = False, multi_latent_attention: bool = False,
+                             mscale: float = 1.0) -> torch.Tensor:
+    """RoPE on packed `t` [T, heads, d] with `freqs` [max_s, 1, 1, d] (no context parallelism)."""
+    pos = packed_positions(cu_seqlens.to(t.device), t.shape[0])
+    return rope_utils._apply_rotary_pos_emb_bshd(t.unsqueeze(1), freqs[pos], rotary_interleaved=rotary_interleaved,
+                                                 multi_latent_attention=multi_latent_attention,
+                                                 mscale=mscale).squeeze(1)
+
+
+_installed = False
+
+
+def install_rope_patch() -> None:
+    """Route megatron's unfused THD RoPE to `apply_rotary_pos_emb_thd` (context parallel size 1), and let
+    `RotaryEmbedding` run on CPU (megatron moves its frequencies to `torch.cuda.current_device()`). Idempotent."""
+    global _installed
+    if _installed:
+        return
+    original = rope_utils._apply_rotary_pos_emb_thd
+
+    def thd(t, cu_seqlens, freqs, rotary_interleaved=False, multi_latent_attention=False, mscale=1.0,
+            cp_group=None):
+        if cp_group is not None and cp_group.size() > 1:
+            return original(t, cu_seqlens, freqs, rotary_interleaved, multi_latent_attention, mscale, cp_group)
+        return apply_rotary_pos_emb_thd(t, cu_seqlens, freqs, rotary_interleaved=rotary_interleaved,
+                                        multi_latent_attention=multi_latent_attention, mscale=mscale)
+
+    rope_utils._apply_rotary_pos_emb_thd = thd
+
+    from megatron.core.models.common.embeddings import rotary_pos_embedding as rpe
+
+    get_emb = rpe.RotaryEmbedding.get_emb
+    if not torch.cuda.is_available():
+        def get_emb_cpu(self, max_seq_len, offset=0):
+            freqs = self.get_freqs_non_repeated(max_seq_len, offset)
+            emb = torch.cat((freqs, freqs), dim=-1) if not self.rotary_interleaved else \
+                torch.stack((freqs.view(-1, 1), freqs.view(-1, 1)), dim=-1).view(freqs.shape[0], -1)
+            return emb[:, None, None, :]
+
+        rpe.RotaryEmbedding.get_emb = get_emb_cpu
+        rpe.RotaryEmbedding.forward.cache_clear()
+    else:
+        rpe.RotaryEmbedding.get_emb = get_emb
+    _installed = True
