@@ -49,8 +49,24 @@ class TrainerConfig:
     tis_cap: float = 2.0
     reduction: str = "token_mean"
     reward_assignment: str = "sequence"
+    # Which trainer runs the step: "torch" (TorchTrainer) or "megatron" (MegatronTrainer). The fields below are
+    # the Megatron trainer's: TP size, the token budget of a packed micro-batch, the parameter dtype
+    # ("auto": bfloat16 on CUDA, float32 on CPU).
+    backend: str = "torch"
+    tp: int = 1
+    max_tokens_per_micro_batch: int = 8192
+    dtype: str = "auto"
 
     def __post_init__(self) -> None:
+        if self.backend not in ("torch", "megatron"):
+            raise ValueError(f"backend {self.backend!r}: 'torch' or 'megatron'")
+        if self.backend == "torch" and self.tp != 1:
+            raise ValueError(f"tp={self.tp} needs backend: megatron (the torch trainer runs on one device)")
+        if self.tp < 1 or self.max_tokens_per_micro_batch < 1:
+            raise ValueError(f"tp ({self.tp}) and max_tokens_per_micro_batch ({self.max_tokens_per_micro_batch}) "
+                             "must be >= 1")
+        if self.dtype not in ("auto", "bfloat16", "float32"):
+            raise ValueError(f"dtype {self.dtype!r}: 'auto', 'bfloat16' or 'float32'")
         if self.estimator not in alg.ADVANTAGE_ESTIMATORS or self.estimator == "ppo":
             raise ValueError(f"estimator {self.estimator!r}: one of {alg.ADVANTAGE_ESTIMATORS[:-1]} "
                              "(ppo needs a value model; see trainers.algorithms.gae_advantages)")
@@ -95,8 +111,10 @@ class TorchTrainer:
     def _frozen_logprobs(self, model: torch.nn.Module, batch: TrainBatch) -> torch.Tensor:
         was_training = model.training
         model.eval()
-        out = torch.cat([_pad_left(self.logprobs(model, mb.trimmed()).cpu(), mb.input_ids.shape[1])
-                         for mb in batch.micro_batches(self.config.micro_batch_size)])
+        out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
+        for rows in self._micro_slices(batch):
+            mb = batch.rows(rows)
+            out[rows] = _pad_left(self.logprobs(model, mb.trimmed()).cpu(), mb.input_ids.shape[1])
         model.train(was_training)
         return out
 
@@ -131,13 +149,32 @@ class TorchTrainer:
         for a, b in batch.minibatch_bounds(self.config.n_minibatches):
             yield batch.rows(slice(a, b)), (None if old is None else old[a:b]), (None if ref is None else ref[a:b])
 
+    # --- the parts a parallel trainer replaces ---------------------------------------------------------
+    def _micro_slices(self, batch: TrainBatch) -> list[slice]:
+        """Row ranges of the micro-batches this process computes (all rows, `micro_batch_size` at a time)."""
+        n = self.config.micro_batch_size
+        return [slice(i, min(i + n, batch.size)) for i in range(0, batch.size, n)]
+
+    def _zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def _optimizer_step(self) -> float:
+        """Clip, step (skipped on a non-finite norm), return the gradient norm."""
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm))
+        if math.isfinite(grad_norm):
+            self.optimizer.step()
+        return grad_norm
+
+    def _reduce_stats(self, stats: dict[str, float]) -> dict[str, float]:
+        return stats
+
     def _update(self, mini: TrainBatch, old: torch.Tensor | None, ref: torch.Tensor | None) -> dict[str, float]:
         c = self.config
-        self.optimizer.zero_grad(set_to_none=True)
+        self._zero_grad()
         total_tokens = float(mini.loss_mask.sum().clamp(min=1.0))
         stats: dict[str, float] = {}
-        for i, micro in enumerate(mini.micro_batches(c.micro_batch_size)):
-            rows = slice(i * c.micro_batch_size, i * c.micro_batch_size + micro.size)
+        for rows in self._micro_slices(mini):
+            micro = mini.rows(rows)
             micro = micro.trimmed()
             cols = micro.input_ids.shape[1]  # the last `cols` columns of the mini-batch (left padding)
             mask = micro.loss_mask.to(self.device)
@@ -165,11 +202,9 @@ class TorchTrainer:
             (loss * share).backward()
             for k, v in {"loss": loss, "pg_loss": pg, "kl": kl_value, "entropy": ent, **pg_stats}.items():
                 stats[k] = stats.get(k, 0.0) + float(v.detach()) * share
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), c.max_grad_norm)
-        stats["grad_norm"] = float(grad_norm)
-        if math.isfinite(stats["grad_norm"]):
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        stats = self._reduce_stats(stats)
+        stats["grad_norm"] = self._optimizer_step()
+        self._zero_grad()
         return stats
 
     # --- checkpoints and weight sync ------------------------------------------------------------------

@@ -1,0 +1,288 @@
+"""The Megatron-core trainer on CPU (megatron-core with gloo, fp32, tiny shapes): converters, parity with
+Hugging Face models and with `TorchTrainer`, the RoPE patch, THD packing, config errors.
+
+The GPU-only parts (bf16, megatron's distributed optimizer, DP/TP on two GPUs) are in tests/gpu/.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+pytest.importorskip("megatron.core", reason="megatron-core is not installed (pip install 'slime_env[megatron]')")
+
+from slime_env import Task  # noqa: E402
+from slime_env.ledger import Span  # noqa: E402
+from slime_env.trajectory import Trajectory  # noqa: E402
+from trainers.batch import pack  # noqa: E402
+from trainers.torch_trainer import TorchTrainer, TrainerConfig  # noqa: E402
+
+SHAPE = dict(vocab_size=96, hidden_size=64, intermediate_size=80, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=128)
+
+
+def tiny(family: str, seed: int = 0):
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+    cls, cfg = {"llama": (LlamaForCausalLM, LlamaConfig(**SHAPE, tie_word_embeddings=True)),
+                "qwen2": (Qwen2ForCausalLM, Qwen2Config(**SHAPE, tie_word_embeddings=False)),
+                "qwen3": (Qwen3ForCausalLM, Qwen3Config(**SHAPE, head_dim=24, tie_word_embeddings=False))}[family]
+    torch.manual_seed(seed)
+    model = cls(cfg).eval()
+    with torch.no_grad():  # random weights of a trained model's scale, biases and norms included
+        for p in model.parameters():
+            p.normal_(0.0, 0.15).add_(1.0 if p.dim() == 1 and p.shape[0] in (SHAPE["hidden_size"], 24) else 0.0)
+    return model
+
+
+def trajectories(n: int, seed: int = 0, vocab: int = 96) -> list[Trajectory]:
+    """Random multi-turn-shaped trajectories: generated spans (mask 1) and inserted spans (mask 0)."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        prompt = [rng.randrange(vocab) for _ in range(rng.randint(3, 9))]
+        response, mask, spans = [], [], []
+        for turn in range(rng.randint(1, 3)):
+            for kind in ("generated", "inserted"):
+                k = rng.randint(1, 6)
+                spans.append(Span(turn, kind, len(response), len(response) + k))
+                response += [rng.randrange(vocab) for _ in range(k)]
+                mask += [1 if kind == "generated" else 0] * k
+        logps = [-rng.random() * 3 if m else 0.0 for m in mask]
+        out.append(Trajectory(task=Task(prompt="p"), prompt_ids=prompt, response_ids=response, loss_mask=mask,
+                              rollout_logprobs=logps, spans=spans, turn_rewards=[float(i % 2)], reward=float(i % 2),
+                              status="completed"))
+    return out
+
+
+@pytest.fixture(scope="module")
+def parallel():
+    from trainers.megatron import init_parallel
+
+    return init_parallel(1)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
+def test_converters_round_trip_exactly(family, parallel):
+    from trainers.megatron import build_gpt, hf_to_mcore, mcore_to_hf
+
+    hf = tiny(family)
+    state = hf.state_dict()
+    mc = hf_to_mcore(state, hf.config)
+    model = build_gpt(hf.config)
+    own = {k for k in model.state_dict() if not k.endswith("_extra_state")}
+    assert own == set(mc), (own ^ set(mc))
+    back = mcore_to_hf([mc], hf.config)
+    expected = {k for k in state if not (hf.config.tie_word_embeddings and k == "lm_head.weight")}
+    assert set(back) == expected
+    for k in back:
+        assert torch.equal(back[k], state[k]), k
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
+def test_tp_shards_concatenate_back_to_the_full_weights(family):
+    from trainers.megatron import hf_to_mcore, mcore_to_hf
+
+    hf = tiny(family)
+    state = hf.state_dict()
+    shards = [hf_to_mcore(state, hf.config, tp_rank=r, tp_size=2) for r in range(2)]
+    qkv = "decoder.layers.0.self_attention.linear_qkv.weight"
+    assert shards[0][qkv].shape[0] * 2 == hf_to_mcore(state, hf.config)[qkv].shape[0]
+    # rank 0 holds KV group 0: its query heads, then its key, then its value
+    heads = hf.config.num_attention_heads
+    d = getattr(hf.config, "head_dim", None) or hf.config.hidden_size // heads
+    q0 = state["model.layers.0.self_attn.q_proj.weight"][: heads // 2 * d]
+    assert torch.equal(shards[0][qkv][: heads // 2 * d], q0)
+    back = mcore_to_hf(shards, hf.config)
+    for k in back:
+        assert torch.equal(back[k], state[k]), k
+
+
+def test_tp_size_that_does_not_divide_the_heads_is_refused():
+    from transformers import LlamaConfig
+
+    from trainers.megatron import transformer_config
+
+    smollm2_shape = LlamaConfig(**{**SHAPE, "num_attention_heads": 9, "num_key_value_heads": 3, "hidden_size": 576})
+    with pytest.raises(ValueError, match=r"tensor-parallel size 2 does not divide the attention heads \(9\)"):
+        transformer_config(smollm2_shape, tp=2)
+
+
+def test_unsupported_model_type_is_named():
+    from transformers import GPT2Config
+
+    from trainers.megatron import model_family
+
+    with pytest.raises(ValueError, match="'gpt2' is not supported"):
+        model_family(GPT2Config())
+
+
+def _packed_params(cu: torch.Tensor, longest: int):
+    from megatron.core.packed_seq_params import PackedSeqParams
+
+    return PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=longest,
+                           max_seqlen_kv=longest)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
+def test_fp32_logits_equal_the_hf_model_bshd_and_thd(family, parallel):
+    from trainers.megatron import build_gpt, hf_to_mcore
+
+    hf = tiny(family)
+    model = build_gpt(hf.config)
+    model.load_state_dict(hf_to_mcore(hf.state_dict(), hf.config), strict=False)
+    ids = torch.randint(0, SHAPE["vocab_size"], (3, 12), generator=torch.Generator().manual_seed(1))
+    lengths = [5, 12, 9]
+    with torch.no_grad():
+        ref = hf(input_ids=ids).logits
+        bshd = model(input_ids=ids, position_ids=None, attention_mask=None)
+        assert torch.allclose(bshd, ref, atol=1e-5, rtol=0)
+        flat = torch.cat([ids[i, :n] for i, n in enumerate(lengths)]).unsqueeze(0)
+        cu = torch.tensor([0, 5, 17, 26], dtype=torch.int32)
+        thd = model(input_ids=flat, position_ids=None, attention_mask=None, packed_seq_params=_packed_params(cu, 12))[0]
+    for i, n in enumerate(lengths):  # each packed sequence sees only itself, from position 0
+        assert torch.allclose(thd[cu[i]:cu[i + 1]], ref[i, :n], atol=1e-5, rtol=0)
+
+
+def test_vectorised_thd_rope_equals_megatrons_own():
+    from megatron.core.models.common.embeddings import rope_utils
+
+    from trainers.megatron.rope import apply_rotary_pos_emb_thd, packed_positions
+
+    cu = torch.tensor([0, 3, 3, 10, 16], dtype=torch.int32)  # an empty sequence too
+    assert packed_positions(cu, 16).tolist() == [0, 1, 2] + list(range(7)) + list(range(6))
+    t = torch.randn(16, 4, 8)
+    inv = 1.0 / (10000 ** (torch.arange(0, 8, 2).float() / 8))
+    freqs = torch.outer(torch.arange(32).float(), inv)
+    freqs = torch.cat([freqs, freqs], -1)[:, None, None, :]
+
+    class OneRank:
+        def size(self):
+            return 1
+
+        def rank(self):
+            return 0
+
+    ours = apply_rotary_pos_emb_thd(t, cu, freqs)
+    assert torch.equal(ours, _megatron_thd_rope(t, cu, freqs, OneRank()))
+    # and the patched entry point megatron's attention calls routes to ours
+    from trainers.megatron import install_rope_patch
+
+    install_rope_patch()
+    assert torch.equal(rope_utils._apply_rotary_pos_emb_thd(t, cu, freqs, cp_group=OneRank()), ours)
+
+
+def _megatron_thd_rope(t, cu, freqs, group):
+    """megatron-core 0.16's own unfused THD RoPE (the function our patch replaces), called directly."""
+    import importlib
+
+    import megatron.core.models.common.embeddings.rope_utils as ru
+
+    fresh = importlib.util.spec_from_file_location("_mc_rope_fresh", ru.__file__)
+    module = importlib.util.module_from_spec(fresh)
+    fresh.loader.exec_module(module)
+    return module._apply_rotary_pos_emb_thd(t, cu, freqs, cp_group=group)
+
+
+def test_unpadded_batch_and_token_budget_micro_batches():
+    from trainers.megatron_trainer import balanced_ranges, token_budget_slices
+
+    batch = pack(trajectories(4), group_size=2, pad_id=0)
+    u = batch.unpadded()
+    lengths = batch.attention_mask.sum(-1)
+    assert u["cu_seqlens"].tolist() == [0] + torch.cumsum(lengths, 0).tolist()
+    for i in range(4):  # each packed row is the row's real tokens, its loss mask and positions from 0
+        a, b = u["cu_seqlens"][i], u["cu_seqlens"][i + 1]
+        keep = batch.attention_mask[i].bool()
+        assert torch.equal(u["input_ids"][a:b], batch.input_ids[i][keep])
+        assert torch.equal(u["loss_mask"][a:b], batch.loss_mask[i][keep])
+        assert u["position_ids"][a:b].tolist() == list(range(int(b - a)))
+    assert token_budget_slices([5, 5, 5, 12, 1], 0, 5, 10) == [slice(0, 2), slice(2, 3), slice(3, 4), slice(4, 5)]
+    assert balanced_ranges([4, 4, 4, 4], 2) == [(0, 2), (2, 4)]
+    assert balanced_ranges([10, 1, 1, 1], 2) == [(0, 1), (1, 4)]
+
+
+def test_packed_logprobs_equal_torch_trainers_and_masked_gradients_match(parallel):
+    from trainers.megatron import mcore_to_hf
+    from trainers.megatron_trainer import MegatronTrainer
+
+    hf = tiny("llama")
+    trajs = trajectories(8, seed=3)
+    cfg = dict(lr=1e-3, micro_batch_size=3, kl_coef=0.05, entropy_coef=0.01)
+    torch_trainer = TorchTrainer(hf, TrainerConfig(**cfg), pad_id=0)
+    mega = MegatronTrainer(hf, TrainerConfig(**cfg, backend="megatron", max_tokens_per_micro_batch=40), pad_id=0)
+    batch = pack(trajs, group_size=4, pad_id=0)
+    with torch.no_grad():
+        ref = torch_trainer.logprobs(hf, batch)
+        ours = mega.logprobs(mega.model, batch)
+    mask = batch.loss_mask.bool()
+    assert torch.allclose(ours[mask], ref[mask], atol=1e-5, rtol=0)
+    assert (ours[~mask] == 0).all()
+    assert len(mega._micro_slices(batch)) > 1  # the token budget really splits the batch
+
+    grads = {}
+
+    def capture(trainer, names):
+        def step():
+            grads[names] = {n: p.grad.detach().clone() for n, p in trainer.model.named_parameters()}
+            return 0.0
+        return step
+
+    torch_trainer._optimizer_step = capture(torch_trainer, "torch")
+    mega._optimizer_step = capture(mega, "mega")
+    torch_trainer.step(trajs, group_size=4)
+    mega.step(trajs, group_size=4)
+    as_hf = mcore_to_hf([grads["mega"]], hf.config)
+    for name, g in as_hf.items():
+        ref_g = grads["torch"][name]
+        assert torch.allclose(g, ref_g, atol=1e-6 + 1e-4 * ref_g.abs().max().item(), rtol=1e-4), name
+    assert any(g.abs().sum() > 0 for g in as_hf.values())
+
+
+def test_megatron_step_save_load_and_sync_round_trip(parallel, tmp_path):
+    import asyncio
+
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from trainers.megatron_trainer import MegatronTrainer
+
+    hf = tiny("qwen2")
+    trainer = MegatronTrainer(hf, TrainerConfig(backend="megatron", lr=1e-2), pad_id=0)
+    before = {k: v.clone() for k, v in trainer.hf_state_dict().items()}
+    metrics = trainer.step(trajectories(4, seed=5), group_size=2)
+    assert metrics["train/step"] == 1.0 and metrics["train/grad_norm"] > 0
+    after = trainer.hf_state_dict()
+    assert any(not torch.equal(before[k], after[k]) for k in after)
+    trainer.save(tmp_path / "ckpt")
+    # an HF tool reads the checkpoint as a normal model folder
+    loaded = AutoModelForCausalLM.from_pretrained(str(tmp_path / "ckpt" / "model"), dtype=torch.float32)
+    for k, v in load_file(str(tmp_path / "ckpt" / "model" / "model.safetensors")).items():
+        assert torch.equal(loaded.state_dict()[k], v)
+    fresh = MegatronTrainer(tiny("qwen2", seed=9), TrainerConfig(backend="megatron", lr=1e-2), pad_id=0)
+    fresh.load(tmp_path / "ckpt")
+    assert fresh.step_count == 1
+    batch = pack(trajectories(4, seed=6), group_size=2, pad_id=0)
+    with torch.no_grad():
+        assert torch.equal(fresh.logprobs(fresh.model, batch), trainer.logprobs(trainer.model, batch))
+
+    class Engine:  # what TransformersPolicy.update_weights receives
+        async def update_weights(self, state, version):
+            self.state, self.version = state, version
+
+    engine = Engine()
+    assert asyncio.run(trainer.sync(engine)) == "1"
+    assert set(engine.state) == set(after) and torch.equal(engine.state["model.norm.weight"], after["model.norm.weight"])
+
+
+def test_yaml_backend_switch_and_its_errors():
+    from slime_env.errors import InvalidInput
+    from trainers.train_loop import TrainConfig
+
+    TrainConfig.from_dict({"trainer": {"backend": "megatron", "tp": 2}})
+    with pytest.raises(InvalidInput, match="backend 'deepspeed'"):
+        TrainConfig.from_dict({"trainer": {"backend": "deepspeed"}})
+    with pytest.raises(InvalidInput, match="tp=2 needs backend: megatron"):
+        TrainConfig.from_dict({"trainer": {"tp": 2}})

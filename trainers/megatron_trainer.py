@@ -1,0 +1,308 @@
+"""`MegatronTrainer`: the RL trainer on megatron-core (GPUs, TP x DP), same contract as `TorchTrainer`.
+
+It is a `TorchTrainer` whose model is a megatron `GPTModel` (`trainers.megatron`), so one RL step is the
+very same code: `pack()` / `TrainBatch`, the old and reference log-probs, `trainers.algorithms` for the
+loss, KL, entropy and TIS, the exact per-mini-batch reduction. What differs:
+- **Packed sequences.** A micro-batch is the rows that fit `max_tokens_per_micro_batch`, concatenated without
+  padding (THD, `cu_seqlens`); log-probs are computed only where the loss mask is set, from
+  vocabulary-parallel logits, and scattered back into the batch's `[B, L]` layout.
+- **Data parallel.** Every rank receives the same trajectories; each computes a contiguous, token-balanced
+  share of every mini-batch's rows. Each rank's loss is weighted by its tokens over the mini-batch's global
+  masked-token count and gradients are summed across ranks (`calculate_per_token_loss`), so the gradient
+  equals the one-GPU gradient.
+- **Optimizer.** On CUDA: megatron DDP (fp32 gradient buffers) and megatron's distributed Adam with fp32
+  master weights over bf16 parameters, gradient clipping inside. On CPU (tests, fp32): `torch.optim.AdamW`.
+- **Reference model.** Its weights stay on the CPU and are swapped into the model for the no-grad pass.
+- **Checkpoints and sync** speak Hugging Face: `save` writes safetensors with HF names (gathered across TP)
+  and the HF config, so the engine, `TorchTrainer.load` and HF tools read them; optimizer state goes beside.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from trainers.batch import TrainBatch
+from trainers.torch_trainer import TorchTrainer, TrainerConfig
+
+
+class _RefWeights:
+    """The reference policy as CPU tensors in megatron names, swapped into the model when needed."""
+
+    def __init__(self, state: Mapping[str, torch.Tensor]):
+        self.state = {k: v.detach().to("cpu", copy=True) for k, v in state.items()}
+
+
+def balanced_ranges(lengths: list[int], parts: int) -> list[tuple[int, int]]:
+    """`parts` contiguous row ranges whose token counts are as even as a greedy cut allows (some may be empty)."""
+    total = sum(lengths)
+    bounds, acc, row = [0], 0, 0
+    for p in range(1, parts):
+        target = total * p / parts
+        while row < len(lengths) and acc + lengths[row] / 2 <= target:
+            acc += lengths[row]
+            row += 1
+        bounds.append(row)
+    bounds.append(len(lengths))
+    return list(zip(bounds, bounds[1:]))
+
+
+def token_budget_slices(lengths: list[int], start: int, stop: int, budget: int) -> list[slice]:
+    """Consecutive rows of [start, stop) in chunks of at most `budget` tokens (a longer row goes alone)."""
+    out, a, used = [], start, 0
+    for i in range(start, stop):
+        if i > a and used + lengths[i] > budget:
+            out.append(slice(a, i))
+            a, used = i, 0
+        used += lengths[i]
+    if stop > a:
+        out.append(slice(a, stop))
+    return out
+
+
+class MegatronTrainer(TorchTrainer):
+    """RL updates of a Hugging Face Llama / Qwen2 / Qwen3 model trained as a megatron `GPTModel`.
+
+    `hf_model` gives the architecture and the initial weights (any device; it is not kept). Run one process
+    per GPU under `torchrun` for TP x DP (`config.tp`); every rank must call `step` with the same trajectories.
+    `step(trajectories, group_size) -> metrics`, `save(path)`, `load(path)`, `await sync(policy)`,
+    `hf_state_dict()` (the current weights with HF names, on every rank).
+    """
+
+    def __init__(self, hf_model: torch.nn.Module, config: TrainerConfig | None = None, *, pad_id: int):
+        from trainers.megatron import build_gpt, hf_to_mcore, init_parallel
+
+        self.config = c = config or TrainerConfig(backend="megatron")
+        self.pad_id = pad_id
+        self.hf_config = hf_model.config
+        self.cuda = torch.cuda.is_available()
+        self.dtype = {"auto": torch.bfloat16 if self.cuda else torch.float32, "bfloat16": torch.bfloat16,
+                      "float32": torch.float32}[c.dtype]
+        if not self.cuda and self.dtype != torch.float32:
+            raise ValueError("MegatronTrainer on CPU trains in float32 (megatron's mixed-precision optimizer is CUDA-only)")
+        self.parallel = init_parallel(c.tp)
+        from megatron.core import parallel_state as ps
+
+        self.tp_rank, self.dp, self.dp_rank = ps.get_tensor_model_parallel_rank(), self.parallel["dp"], \
+            self.parallel["dp_rank"]
+        self.model = build_gpt(self.hf_config, tp=c.tp, dtype=self.dtype)
+        self.device = next(self.model.parameters()).device
+        hf_state = {k: v.detach().to("cpu") for k, v in hf_model.state_dict().items()}
+        self._load_mcore(hf_to_mcore(hf_state, self.hf_config, tp_rank=self.tp_rank, tp_size=c.tp))
+        del hf_state
+        self.ref_model = _RefWeights(self._mcore_state()) if c.kl_coef > 0 else None
+        self.ddp = None
+        if self.cuda:
+            self._megatron_optimizer()
+        else:
+            self.optimizer = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad], lr=c.lr,
+                                               betas=c.betas, weight_decay=c.weight_decay)
+        self.step_count = 0
+
+    def _megatron_optimizer(self) -> None:
+        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+        c = self.config
+        ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
+                                                   use_distributed_optimizer=True)
+        self.ddp = DistributedDataParallel(config=self.model.config, ddp_config=ddp_config, module=self.model)
+        opt = OptimizerConfig(optimizer="adam", lr=c.lr, min_lr=c.lr, weight_decay=c.weight_decay,
+                              adam_beta1=c.betas[0], adam_beta2=c.betas[1], clip_grad=c.max_grad_norm,
+                              bf16=self.dtype == torch.bfloat16, params_dtype=self.dtype,
+                              use_distributed_optimizer=True)
+        self.optimizer = get_megatron_optimizer(opt, [self.ddp])
+
+    # --- weights in megatron and HF names --------------------------------------------------------------
+    def _mcore_state(self) -> dict[str, torch.Tensor]:
+        return {k: v for k, v in self.model.state_dict().items() if not k.endswith("_extra_state")}
+
+    @torch.no_grad()
+    def _load_mcore(self, state: Mapping[str, torch.Tensor]) -> None:
+        params = dict(self.model.named_parameters())
+        missing = [k for k in params if k not in state]
+        if missing:
+            raise KeyError(f"megatron weights lack {missing[:4]}")
+        for name, p in params.items():
+            p.copy_(state[name])
+
+    @torch.no_grad()
+    def hf_state_dict(self) -> dict[str, torch.Tensor]:
+        """Current weights with Hugging Face names, gathered across TP ranks (a collective under TP)."""
+        from trainers.megatron import mcore_to_hf
+
+        local = self._mcore_state()
+        if self.config.tp == 1:
+            return mcore_to_hf([local], self.hf_config)
+        from megatron.core import parallel_state as ps
+
+        group = ps.get_tensor_model_parallel_group()
+        shards: list[dict[str, torch.Tensor]] = [{} for _ in range(self.config.tp)]
+        for name, t in local.items():
+            parts = [torch.empty_like(t) for _ in range(self.config.tp)]
+            dist.all_gather(parts, t.contiguous(), group=group)
+            for r, part in enumerate(parts):
+                shards[r][name] = part
+        return mcore_to_hf(shards, self.hf_config)
+
+    @contextlib.contextmanager
+    def _swapped(self, ref: _RefWeights) -> Iterator[None]:
+        """The reference weights in the model for the duration; the trained ones back afterwards, bit for bit."""
+        params = dict(self.model.named_parameters())
+        saved = {k: p.detach().to("cpu", copy=True) for k, p in params.items()}
+        self._load_mcore(ref.state)
+        try:
+            yield
+        finally:
+            self._load_mcore(saved)
+
+    # --- log-probs over packed sequences -------------------------------------------------------------------
+    def logprobs(self, model: Any, batch: TrainBatch, *, with_entropy: bool = False):
+        """Log-probs (and entropies) aligned with `batch.input_ids` [B, L], set where the loss mask is set.
+
+        The rows are packed (THD); the logits at packed index j - 1 score token j."""
+        from megatron.core.packed_seq_params import PackedSeqParams
+
+        from trainers.megatron import vocab_parallel_logprobs
+
+        u = batch.unpadded()
+        dev = self.device
+        ids = u["input_ids"].to(dev)
+        cu = u["cu_seqlens"].to(dev)
+        need = (u["loss_mask"] > 0).nonzero().squeeze(-1).to(dev)  # never a sequence start: prompts are masked
+        B, L = batch.input_ids.shape
+        lp = torch.zeros((B, L), dtype=torch.float32, device=dev)
+        ent = torch.zeros_like(lp)
+        if need.numel() == 0:
+            return (lp, ent) if with_entropy else lp
+        longest = int((u["cu_seqlens"][1:] - u["cu_seqlens"][:-1]).max())
+        packed = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=longest,
+                                 max_seqlen_kv=longest)
+        forward = self.ddp if (self.ddp is not None and model is self.model) else self.model
+        logits = forward(input_ids=ids.unsqueeze(0), position_ids=None, attention_mask=None,
+                         packed_seq_params=packed)[0]  # [T, V / tp]
+        out = vocab_parallel_logprobs(logits[need - 1], ids[need], with_entropy=with_entropy)
+        keep = batch.attention_mask.to(dev).bool()
+        flat_lp = torch.zeros(ids.shape[0], dtype=torch.float32, device=dev).index_put((need,), out[0] if with_entropy else out)
+        lp = lp.masked_scatter(keep, flat_lp)
+        if not with_entropy:
+            return lp
+        flat_ent = torch.zeros_like(flat_lp).index_put((need,), out[1])
+        return lp, ent.masked_scatter(keep, flat_ent)
+
+    @torch.no_grad()
+    def _frozen_logprobs(self, model: Any, batch: TrainBatch) -> torch.Tensor:
+        if isinstance(model, _RefWeights):
+            with self._swapped(model):
+                return super()._frozen_logprobs(self.model, batch)
+        return super()._frozen_logprobs(model, batch)
+
+    # --- this rank's rows, gradients, optimizer -------------------------------------------------------------
+    def _micro_slices(self, batch: TrainBatch) -> list[slice]:
+        lengths = batch.attention_mask.sum(-1).tolist()
+        start, stop = balanced_ranges(lengths, self.dp)[self.dp_rank]
+        return token_budget_slices(lengths, start, stop, self.config.max_tokens_per_micro_batch)
+
+    def _zero_grad(self) -> None:
+        if self.ddp is not None:
+            self.ddp.zero_grad_buffer()
+        self.optimizer.zero_grad(set_to_none=True) if self.ddp is None else self.optimizer.zero_grad()
+
+    def _optimizer_step(self) -> float:
+        if self.ddp is None:
+            return super()._optimizer_step()
+        from megatron.core.distributed import finalize_model_grads
+
+        finalize_model_grads([self.ddp])  # sums gradients over DP ranks (per-token loss: no 1/dp scaling)
+        _, grad_norm, _ = self.optimizer.step()  # clips to max_grad_norm; skips on inf/nan
+        return float(grad_norm) if grad_norm is not None else math.nan
+
+    def _reduce_stats(self, stats: dict[str, float]) -> dict[str, float]:
+        if self.dp == 1 or not stats:
+            return stats
+        from megatron.core import parallel_state as ps
+
+        keys = sorted(stats)
+        t = torch.tensor([stats[k] for k in keys], dtype=torch.float64, device=self.device)
+        dist.all_reduce(t, group=ps.get_data_parallel_group())
+        return dict(zip(keys, t.tolist()))
+
+    # --- checkpoints and weight sync ------------------------------------------------------------------------
+    def save(self, path: str | Path) -> Path:
+        """`path/model` (HF safetensors + config.json), optimizer state and step; every rank must call it."""
+        path = Path(path)
+        self.save_weights(path / "model")
+        rank = dist.get_rank()
+        if rank == 0:
+            (path / "config.json").write_text(json.dumps(asdict(self.config)))
+        if dist.get_world_size() > 1:
+            dist.barrier()
+        torch.save({"optimizer": self.optimizer.state_dict(), "step": self.step_count}, path / f"trainer_rank{rank}.pt")
+        if self.ddp is not None:
+            self.optimizer.save_parameter_state(str(path / "optimizer_params.pt"))  # fp32 master + moments
+        return path
+
+    def load(self, path: str | Path) -> None:
+        """Weights from `path/model` (HF safetensors: ours, or any of this architecture), then the optimizer
+        state and step when `path` holds them."""
+        from safetensors.torch import load_file
+
+        from trainers.megatron import hf_to_mcore
+
+        path = Path(path)
+        folder = path / "model" if (path / "model").is_dir() else path
+        files = sorted(folder.glob("*.safetensors"))
+        if not files:
+            raise FileNotFoundError(f"no .safetensors weights under {folder}")
+        hf: dict[str, torch.Tensor] = {}
+        for f in files:
+            hf.update(load_file(str(f)))
+        self._load_mcore(hf_to_mcore(hf, self.hf_config, tp_rank=self.tp_rank, tp_size=self.config.tp))
+        if self.ddp is not None:
+            self.optimizer.reload_model_params()  # fp32 master weights from the loaded parameters
+        state = path / f"trainer_rank{dist.get_rank()}.pt"
+        if state.exists():
+            saved = torch.load(state, map_location=self.device, weights_only=False)
+            self.optimizer.load_state_dict(saved["optimizer"])
+            self.step_count = int(saved["step"])
+            if self.ddp is not None and (path / "optimizer_params.pt").exists():
+                self.optimizer.load_parameter_state(str(path / "optimizer_params.pt"))
+
+    async def sync(self, policy: Any, *, version: str | None = None, path: str | Path | None = None) -> str:
+        """Push the weights to `policy`: in place (HF names, on the GPU) when it has `update_weights`, else
+        through `path` and `update_weights_from_disk`. Every rank must call it (TP gathers); rank 0 pushes."""
+        version = version or str(self.step_count)
+        if hasattr(policy, "update_weights"):
+            state = self.hf_state_dict()
+            if dist.get_rank() == 0:
+                await policy.update_weights(state, version)
+        elif hasattr(policy, "update_weights_from_disk"):
+            if path is None:
+                raise ValueError("sync to a remote engine needs path= (a folder the engine can read)")
+            self.save_weights(path)
+            if dist.get_rank() == 0:
+                await policy.update_weights_from_disk(str(path), weight_version=version)
+        else:
+            raise TypeError(f"{type(policy).__name__} has neither update_weights nor update_weights_from_disk")
+        return version
+
+    def save_weights(self, path: str | Path) -> Path:
+        """Only the HF model folder (safetensors + config.json) — what an engine loads."""
+        from safetensors.torch import save_file
+
+        path = Path(path)
+        hf = self.hf_state_dict()
+        if dist.get_rank() == 0:
+            path.mkdir(parents=True, exist_ok=True)
+            save_file({k: v.detach().to("cpu").contiguous() for k, v in hf.items()}, str(path / "model.safetensors"),
+                      metadata={"format": "pt"})
+            self.hf_config.save_pretrained(str(path))
+        return path
