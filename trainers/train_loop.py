@@ -50,6 +50,8 @@ class TrainConfig:
     time_budget_s: float | None = None
     resume: bool = False
     seed: int = 0
+    device: str = "auto"
+    engine_dtype: str = "auto"
     trainer: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -86,7 +88,15 @@ class TrainConfig:
 
 
 def load_split(spec: Mapping[str, Any], where: str) -> list[Task]:
-    """`{"path": file}` (JSONL/Parquet via load_tasks) or `{"reasoning_gym": {dataset, size, seed, config}}`."""
+    """`{"path": file}` (JSONL/Parquet via load_tasks), `{"reasoning_gym": {dataset, size, seed, config}}`, or
+    `{"generator": "package.module:function", **kwargs}` (a function returning tasks, e.g.
+    `envs.math.retry_env:arithmetic_tasks`)."""
+    if "generator" in spec:
+        from slime_env.loading import load_object
+
+        fn = load_object(spec["generator"])
+        return [Task.coerce(t, f"{where}[{i}]") for i, t in
+                enumerate(fn(**{k: v for k, v in spec.items() if k != "generator"}))]
     if "path" in spec:
         from slime_env import load_tasks
 
@@ -96,7 +106,7 @@ def load_split(spec: Mapping[str, Any], where: str) -> list[Task]:
 
         rg = dict(spec["reasoning_gym"])
         return reasoning_gym_tasks(rg.pop("dataset"), rg.pop("size", 100), rg.pop("seed", 0), rg.pop("config", {}))
-    raise InvalidInput(f"{where}: give 'path' or 'reasoning_gym'")
+    raise InvalidInput(f"{where}: give 'path', 'reasoning_gym' or 'generator'")
 
 
 async def evaluate(tasks: list[Task], policy: Any, renderer: Any, cfg: TrainConfig) -> dict[str, float]:
@@ -150,7 +160,7 @@ async def train(cfg: TrainConfig, *, log: Callable[[str], None] = print) -> dict
     """Run the configured training; returns the summary (first / last held-out accuracy, paths)."""
     import torch
 
-    from agents.engine_server import load_policy
+    from agents.default_model import load_policy
     from slime_env import RolloutManager, get_renderer
 
     random.seed(cfg.seed)
@@ -160,12 +170,13 @@ async def train(cfg: TrainConfig, *, log: Callable[[str], None] = print) -> dict
     (run / "config.json").write_text(json.dumps(cfg.__dict__, indent=1, default=str))
     train_tasks = load_split(cfg.train_data, "train_data")
     eval_tasks = load_split(cfg.eval_data, "eval_data") if cfg.eval_data else []
-    # The engine loads the model ("default" or a folder); the trainer updates its own copy and syncs it back.
-    policy, _ = load_policy(cfg.model, max_batch_size=cfg.max_concurrency, batch_window_s=0.005, seed=cfg.seed)
+    # The engine loads the model ("default" or a folder) on `device`; the trainer updates its own copy
+    # (float32 weights from the same folder) and syncs it back after every step.
+    policy, model_path = load_policy(cfg.model, max_batch_size=cfg.max_concurrency, batch_window_s=0.005,
+                                     device=cfg.device, dtype=cfg.engine_dtype, seed=cfg.seed)
     tok = policy.tokenizer
-    actor = copy.deepcopy(policy.model)
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    trainer = TorchTrainer(actor, TrainerConfig(**cfg.trainer), pad_id=pad_id)
+    trainer = make_trainer(TrainerConfig(**cfg.trainer), model_path, policy, pad_id)
     start = 0
     latest = run / "checkpoints" / "latest"
     if cfg.resume and latest.exists():
@@ -233,6 +244,22 @@ async def train(cfg: TrainConfig, *, log: Callable[[str], None] = print) -> dict
                "steps": cfg.steps, "elapsed_s": time.perf_counter() - t_start}
     (run / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
+
+
+def make_trainer(tc: TrainerConfig, model_path: str, policy: Any, pad_id: int) -> TorchTrainer:
+    """`TorchTrainer` (on the engine's device) or `MegatronTrainer`, from float32 weights of `model_path`."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    if policy.model.dtype == torch.float32:
+        source = copy.deepcopy(policy.model)  # already the float32 weights: no second read
+    else:
+        source = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    if tc.backend == "megatron":
+        from trainers.megatron_trainer import MegatronTrainer
+
+        return MegatronTrainer(source, tc, pad_id=pad_id)
+    return TorchTrainer(source.to(policy.device), tc, pad_id=pad_id)
 
 
 def _statuses(trajs) -> dict[str, int]:

@@ -62,6 +62,7 @@ class SDPAttention(MegatronModule):
         # PyTorch 2.11 takes is_causal=, later versions window_size=(-1, 0) for the same causal mask.
         params = inspect.signature(self._varlen).parameters if self._varlen else {}
         self._varlen_causal = {"is_causal": True} if "is_causal" in params else {"window_size": (-1, 0)}
+        self._varlen_gqa = "enable_gqa" in params  # else K/V heads are repeated before the call
 
     def forward(self, query, key, value, attention_mask=None, attn_mask_type=None, attention_bias=None,
                 packed_seq_params=None):
@@ -80,8 +81,14 @@ class SDPAttention(MegatronModule):
         cu_q = p.cu_seqlens_q_padded if p.cu_seqlens_q_padded is not None else p.cu_seqlens_q
         cu_k = p.cu_seqlens_kv_padded if p.cu_seqlens_kv_padded is not None else p.cu_seqlens_kv
         if self._varlen is not None and q.is_cuda and q.dtype in (torch.bfloat16, torch.float16):
-            return self._varlen(q, k, v, cu_q, cu_k, int(p.max_seqlen_q), int(p.max_seqlen_kv), scale=self.scale,
-                                enable_gqa=self.kv_heads != self.heads, **self._varlen_causal)
+            kw = dict(self._varlen_causal)
+            if self.kv_heads != self.heads:
+                if self._varlen_gqa:
+                    kw["enable_gqa"] = True
+                else:
+                    k, v = (x.repeat_interleave(self.heads // self.kv_heads, dim=1) for x in (k, v))
+            return self._varlen(q.contiguous(), k.contiguous(), v.contiguous(), cu_q, cu_k, int(p.max_seqlen_q),
+                                int(p.max_seqlen_kv), scale=self.scale, **kw)
         # Exact fallback: one SDPA call per sequence (host sync on the lengths: CPU / fp32 only).
         out = torch.empty_like(q)
         bounds = cu_q.tolist()

@@ -1,0 +1,56 @@
+"""One process of a multi-GPU check, started by tests/gpu/test_megatron_gpu.py under torchrun (or alone for the
+one-GPU reference). Trains one GRPO step of a small random Llama on a fixed global batch with the given TP
+size (DP = world / TP) and writes, from rank 0, JSON: the gradient norm, the packed log-probs before the
+step, and a checksum of every parameter on every rank (gathered)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+SHAPE = dict(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=3, num_attention_heads=8,
+             num_key_value_heads=4, max_position_embeddings=512, tie_word_embeddings=False)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tp", type=int, default=1)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from tests.test_megatron import trajectories
+    from trainers.batch import pack
+    from trainers.megatron_trainer import MegatronTrainer
+    from trainers.torch_trainer import TrainerConfig
+
+    torch.manual_seed(0)
+    hf = LlamaForCausalLM(LlamaConfig(**SHAPE))
+    trainer = MegatronTrainer(hf, TrainerConfig(backend="megatron", tp=args.tp, lr=1e-4,
+                                                max_tokens_per_micro_batch=64), pad_id=0)
+    trajs = trajectories(16, seed=7, vocab=SHAPE["vocab_size"])
+    batch = pack(trajs, group_size=4, pad_id=0)
+    with torch.no_grad():
+        lp = trainer.logprobs(trainer.model, batch).float().cpu()
+    metrics = trainer.step(trajs, group_size=4)
+    sums = torch.stack([p.detach().float().sum() for p in trainer.model.parameters()]).to(trainer.device)
+    gathered = [torch.empty_like(sums) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, sums)
+    if dist.get_rank() == 0:
+        mask = batch.loss_mask.bool()
+        json.dump({"grad_norm": metrics["train/grad_norm"], "loss": metrics["train/loss"],
+                   "logprobs": lp[mask].tolist(), "param_sums": [g.cpu().tolist() for g in gathered],
+                   "parallel": trainer.parallel}, open(args.out, "w"))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
