@@ -104,11 +104,12 @@ def megatron_rows(cfg, lengths, iters, report) -> None:
     padded = torch.randint(0, cfg.vocab_size, (len(lengths), 2048), device="cuda", generator=g)
     mask = torch.arange(2048, device="cuda")[None] < torch.tensor(lengths, device="cuda")[:, None]
 
-    def padded_step():
-        loss = model(input_ids=padded, position_ids=None, attention_mask=None, labels=padded)
-        (loss.float() * mask).mean().backward()
+    def padded_step():  # two micro-batches of 8 rows: 16 x 2048 padded tokens do not fit at once
+        for rows in (slice(0, 8), slice(8, 16)):
+            loss = model(input_ids=padded[rows], position_ids=None, attention_mask=None, labels=padded[rows])
+            (loss.float() * mask[rows]).mean().backward()
 
-    report("megatron fwd+bwd padded (bshd)", timed(padded_step, iters), lengths)
+    report("megatron fwd+bwd padded (bshd, 2 x 8 rows)", timed(padded_step, iters), lengths)
     del model
     torch.cuda.empty_cache()
 
@@ -141,11 +142,12 @@ def hf_rows(cfg, lengths, iters, report) -> None:
 
     def step(m):
         def run():
-            out = m(input_ids=ids, attention_mask=mask, labels=ids.masked_fill(mask == 0, -100))
-            out.loss.backward()
+            for rows in (slice(0, 8), slice(8, 16)):
+                out = m(input_ids=ids[rows], attention_mask=mask[rows], labels=ids[rows].masked_fill(mask[rows] == 0, -100))
+                out.loss.backward()
         return run
 
-    report("HF LlamaForCausalLM sdpa fwd+bwd padded", timed(step(model), iters), lengths)
+    report("HF LlamaForCausalLM sdpa fwd+bwd padded (2 x 8)", timed(step(model), iters), lengths)
     compiled = torch.compile(model)
     report("HF LlamaForCausalLM sdpa + torch.compile", timed(step(compiled), iters, warmup=3), lengths)
 

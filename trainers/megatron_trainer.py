@@ -248,10 +248,20 @@ class MegatronTrainer(TorchTrainer):
             (path / "config.json").write_text(json.dumps(asdict(self.config)))
         if dist.get_world_size() > 1:
             dist.barrier()
-        torch.save({"optimizer": self.optimizer.state_dict(), "step": self.step_count}, path / f"trainer_rank{rank}.pt")
-        if self.ddp is not None:
-            self.optimizer.save_parameter_state(str(path / "optimizer_params.pt"))  # fp32 master + moments
+        torch.save({"optimizer": self._optimizer_state(), "step": self.step_count}, path / f"trainer_rank{rank}.pt")
         return path
+
+    def _inner_optimizers(self) -> list[torch.optim.Optimizer]:
+        """The torch optimizers over this rank's fp32 master weights (megatron's chain), or the CPU AdamW."""
+        if self.ddp is None:
+            return [self.optimizer]
+        return [o.optimizer for o in getattr(self.optimizer, "chained_optimizers", [self.optimizer])]
+
+    def _optimizer_state(self) -> list[dict[str, Any]]:
+        # Each rank saves its own shard: the torch optimizer state (moments, step) and the fp32 master weights
+        # it updates. A resume must use the same TP x DP layout (checked on load).
+        return [{"state": o.state_dict(), "master": [p.detach().to("cpu", copy=True) for g in o.param_groups
+                                                     for p in g["params"]]} for o in self._inner_optimizers()]
 
     def load(self, path: str | Path) -> None:
         """Weights from `path/model` (HF safetensors: ours, or any of this architecture), then the optimizer
@@ -273,11 +283,23 @@ class MegatronTrainer(TorchTrainer):
             self.optimizer.reload_model_params()  # fp32 master weights from the loaded parameters
         state = path / f"trainer_rank{dist.get_rank()}.pt"
         if state.exists():
-            saved = torch.load(state, map_location=self.device, weights_only=False)
-            self.optimizer.load_state_dict(saved["optimizer"])
+            saved = torch.load(state, map_location="cpu", weights_only=False)
+            inner = self._inner_optimizers()
+            if len(saved["optimizer"]) != len(inner):
+                raise ValueError(f"{state}: saved by a different parallel layout (optimizer chain of "
+                                 f"{len(saved['optimizer'])}, this trainer has {len(inner)})")
+            with torch.no_grad():
+                for opt, part in zip(inner, saved["optimizer"]):
+                    params = [p for g in opt.param_groups for p in g["params"]]
+                    if [p.shape for p in params] != [m.shape for m in part["master"]]:
+                        raise ValueError(f"{state}: saved by a different TP x DP layout (master weight shards differ)")
+                    for p, m in zip(params, part["master"]):
+                        p.copy_(m)
+                    opt.load_state_dict(part["state"])
+            if self.ddp is not None:  # the bf16 parameters from the exact fp32 master weights
+                for o in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
+                    o._copy_main_params_to_model_params()
             self.step_count = int(saved["step"])
-            if self.ddp is not None and (path / "optimizer_params.pt").exists():
-                self.optimizer.load_parameter_state(str(path / "optimizer_params.pt"))
 
     async def sync(self, policy: Any, *, version: str | None = None, path: str | Path | None = None) -> str:
         """Push the weights to `policy`: in place (HF names, on the GPU) when it has `update_weights`, else

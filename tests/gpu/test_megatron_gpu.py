@@ -7,6 +7,7 @@ Run on a GPU machine: `python -m pytest tests/gpu -q` (skipped without CUDA; nev
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import os
 import subprocess
@@ -40,8 +41,8 @@ def real_batch(tok, n=8):
 
     out = []
     for i in range(n):
-        prompt = tok.apply_chat_template([{"role": "user", "content": f"What is {i} + {i + 3}?"}],
-                                         add_generation_prompt=True)
+        prompt = tok.encode(tok.apply_chat_template([{"role": "user", "content": f"What is {i} + {i + 3}?"}],
+                                                    add_generation_prompt=True, tokenize=False))
         response = tok.encode(f"{i} + {i + 3} = {2 * i + 3}. The answer is {2 * i + 3}.<|im_end|>")
         out.append(Trajectory(task=Task(prompt="p"), prompt_ids=list(prompt), response_ids=response,
                               loss_mask=[1] * len(response), rollout_logprobs=[0.0] * len(response),
@@ -57,12 +58,13 @@ def test_bf16_logprobs_match_hf_on_smollm2_real_weights(smollm2):
     trajs = real_batch(tok)
     batch = pack(trajs, group_size=4, pad_id=tok.pad_token_id)
     mask = batch.loss_mask.bool()
-    hf32 = TorchTrainer(model.to("cuda"), TrainerConfig(micro_batch_size=8), pad_id=tok.pad_token_id)
     torch.backends.cuda.matmul.allow_tf32 = False
+    gpu32 = copy.deepcopy(model).to("cuda")
+    hf = TorchTrainer(gpu32, TrainerConfig(micro_batch_size=8), pad_id=tok.pad_token_id)
     with torch.no_grad():
-        ref32 = hf32.logprobs(model, batch)[mask].cpu()
-        ref16 = hf32.logprobs(model.to(torch.bfloat16), batch)[mask].cpu()
-    model.to("cpu", torch.float32)
+        ref32 = hf.logprobs(gpu32, batch)[mask].cpu()
+        ref16 = hf.logprobs(gpu32.to(torch.bfloat16), batch)[mask].cpu()
+    del gpu32, hf
     fp32 = MegatronTrainer(model, TrainerConfig(backend="megatron", dtype="float32"), pad_id=tok.pad_token_id)
     with torch.no_grad():
         ours32 = fp32.logprobs(fp32.model, batch)[mask].cpu()
@@ -85,7 +87,8 @@ def test_grpo_step_changes_the_colocated_engine_after_sync(smollm2, tmp_path):
     engine_model = type(model)(model.config).to("cuda", torch.bfloat16).eval()
     engine_model.load_state_dict(model.state_dict())
     engine = TransformersPolicy(engine_model, tok, max_batch_size=8)
-    prompt = tok.apply_chat_template([{"role": "user", "content": "What is 2 + 3?"}], add_generation_prompt=True)
+    prompt = tok.encode(tok.apply_chat_template([{"role": "user", "content": "What is 2 + 3?"}],
+                                                add_generation_prompt=True, tokenize=False))
     greedy = {"temperature": 0.0, "max_new_tokens": 12}
 
     async def generate():

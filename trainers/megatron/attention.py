@@ -62,7 +62,10 @@ class SDPAttention(MegatronModule):
         # PyTorch 2.11 takes is_causal=, later versions window_size=(-1, 0) for the same causal mask.
         params = inspect.signature(self._varlen).parameters if self._varlen else {}
         self._varlen_causal = {"is_causal": True} if "is_causal" in params else {"window_size": (-1, 0)}
-        self._varlen_gqa = "enable_gqa" in params  # else K/V heads are repeated before the call
+        # PyTorch >= 2.12 takes enable_gqa=; 2.11's kernel (flash attention) accepts fewer K/V heads as they are,
+        # which is tried once; K/V heads are repeated only if this PyTorch refuses both.
+        self._varlen_gqa = "enable_gqa" in params
+        self._varlen_native_gqa: bool | None = None
 
     def forward(self, query, key, value, attention_mask=None, attn_mask_type=None, attention_bias=None,
                 packed_seq_params=None):
@@ -81,14 +84,22 @@ class SDPAttention(MegatronModule):
         cu_q = p.cu_seqlens_q_padded if p.cu_seqlens_q_padded is not None else p.cu_seqlens_q
         cu_k = p.cu_seqlens_kv_padded if p.cu_seqlens_kv_padded is not None else p.cu_seqlens_kv
         if self._varlen is not None and q.is_cuda and q.dtype in (torch.bfloat16, torch.float16):
-            kw = dict(self._varlen_causal)
+            kw = dict(self._varlen_causal, scale=self.scale)
+            args = (cu_q, cu_k, int(p.max_seqlen_q), int(p.max_seqlen_kv))
+            q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
             if self.kv_heads != self.heads:
                 if self._varlen_gqa:
                     kw["enable_gqa"] = True
-                else:
+                elif self._varlen_native_gqa is not False:
+                    try:
+                        out = self._varlen(q, k, v, *args, **kw)
+                        self._varlen_native_gqa = True
+                        return out
+                    except RuntimeError:
+                        self._varlen_native_gqa = False
+                if self._varlen_native_gqa is False:
                     k, v = (x.repeat_interleave(self.heads // self.kv_heads, dim=1) for x in (k, v))
-            return self._varlen(q.contiguous(), k.contiguous(), v.contiguous(), cu_q, cu_k, int(p.max_seqlen_q),
-                                int(p.max_seqlen_kv), scale=self.scale, **kw)
+            return self._varlen(q, k, v, *args, **kw)
         # Exact fallback: one SDPA call per sequence (host sync on the lengths: CPU / fp32 only).
         out = torch.empty_like(q)
         bounds = cu_q.tolist()

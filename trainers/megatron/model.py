@@ -46,7 +46,8 @@ def transformer_config(hf_config: Any, *, tp: int = 1, dtype: torch.dtype = torc
         ffn_hidden_size=c.intermediate_size, kv_channels=head_dim, normalization="RMSNorm",
         layernorm_epsilon=c.rms_norm_eps, gated_linear_unit=True, activation_func=F.silu, add_bias_linear=False,
         add_qkv_bias=family == "qwen2" or bool(getattr(c, "attention_bias", False)), qk_layernorm=family == "qwen3",
-        hidden_dropout=0.0, attention_dropout=0.0, bias_activation_fusion=False, bias_dropout_fusion=False,
+        # On CUDA, SwiGLU is megatron's fused kernel (torch.compile'd); on CPU the plain ops (exact, no compile).
+        hidden_dropout=0.0, attention_dropout=0.0, bias_activation_fusion=cuda, bias_dropout_fusion=False,
         masked_softmax_fusion=False, apply_rope_fusion=False, persist_layer_norm=False,
         gradient_accumulation_fusion=False, cross_entropy_loss_fusion=False, tensor_model_parallel_size=tp,
         params_dtype=dtype, pipeline_dtype=dtype, bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16,

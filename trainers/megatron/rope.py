@@ -24,10 +24,43 @@ def apply_rotary_pos_emb_thd(t: torch.Tensor, cu_seqlens: torch.Tensor, freqs: t
                              rotary_interleaved: bool = False, multi_latent_attention: bool = False,
                              mscale: float = 1.0) -> torch.Tensor:
     """RoPE on packed `t` [T, heads, d] with `freqs` [max_s, 1, 1, d] (no context parallelism)."""
+    if t.is_cuda and not rotary_interleaved and not multi_latent_attention and freqs.shape[-1] == t.shape[-1]:
+        cos, sin = _cos_sin(cu_seqlens, freqs, t.shape[0], t.dtype, mscale)
+        return _rotate_compiled()(t, cos, sin)
     pos = packed_positions(cu_seqlens.to(t.device), t.shape[0])
     return rope_utils._apply_rotary_pos_emb_bshd(t.unsqueeze(1), freqs[pos], rotary_interleaved=rotary_interleaved,
                                                  multi_latent_attention=multi_latent_attention,
                                                  mscale=mscale).squeeze(1)
+
+
+# On CUDA every layer rotates q and k of the same packed batch: the gathered cos/sin are computed once per
+# batch (a one-entry cache holding the very `cu_seqlens` and `freqs` tensors, compared by identity, so a
+# new batch can never hit a stale entry) and the rotation is one fused kernel (torch.compile) instead of six.
+_cache: dict[str, object] = {}
+
+
+def _cos_sin(cu_seqlens, freqs, total, dtype, mscale):
+    if _cache.get("cu") is cu_seqlens and _cache.get("freqs") is freqs and _cache.get("key") == (total, dtype, mscale):
+        return _cache["cos"], _cache["sin"]
+    f = freqs[packed_positions(cu_seqlens.to(freqs.device), total)].squeeze(1)  # [T, 1, d]
+    cos, sin = (torch.cos(f) * mscale).to(dtype), (torch.sin(f) * mscale).to(dtype)
+    _cache.update(cu=cu_seqlens, freqs=freqs, key=(total, dtype, mscale), cos=cos, sin=sin)
+    return cos, sin
+
+
+def _rotate(t, cos, sin):
+    x1, x2 = torch.chunk(t, 2, dim=-1)
+    return t * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+_compiled = None
+
+
+def _rotate_compiled():
+    global _compiled
+    if _compiled is None:
+        _compiled = torch.compile(_rotate, dynamic=True)
+    return _compiled
 
 
 _installed = False
