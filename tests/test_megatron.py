@@ -6,7 +6,11 @@ The GPU-only parts (bf16, megatron's distributed optimizer, DP/TP on two GPUs) a
 
 from __future__ import annotations
 
+import json
+import os
 import random
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -286,3 +290,31 @@ def test_yaml_backend_switch_and_its_errors():
         TrainConfig.from_dict({"trainer": {"backend": "deepspeed"}})
     with pytest.raises(InvalidInput, match="tp=2 needs backend: megatron"):
         TrainConfig.from_dict({"trainer": {"tp": 2}})
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_dist_check(tmp_path, nproc: int, tp: int) -> dict:
+    """tests/dist_check.py in `nproc` processes (torchrun; alone for 1) with TP size `tp`; its JSON result."""
+    out = tmp_path / f"dist_{nproc}_{tp}.json"
+    script = [os.path.join(ROOT, "tests", "dist_check.py"), "--tp", str(tp), "--out", str(out)]
+    cmd = [sys.executable, *script] if nproc == 1 else \
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *script]
+    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def test_dp2_and_tp2_on_cpu_equal_one_process(tmp_path):
+    """torchrun with two gloo processes: DP=2 gives the one-process gradient and identical parameters on both
+    ranks; TP=2 gives the one-process log-probs and gradient norm (fp32: to rounding)."""
+    one, dp2, tp2 = (run_dist_check(tmp_path, n, tp) for n, tp in ((1, 1), (2, 1), (2, 2)))
+    assert dp2["parallel"]["dp"] == 2 and tp2["parallel"]["tp"] == 2 and tp2["parallel"]["dp"] == 1
+    assert dp2["param_sums"][0] == dp2["param_sums"][1]
+    assert dp2["grad_norm"] == pytest.approx(one["grad_norm"], rel=1e-5)
+    assert dp2["loss"] == pytest.approx(one["loss"], rel=1e-5, abs=1e-7)
+    assert tp2["logprobs"] == pytest.approx(one["logprobs"], abs=1e-5)
+    assert tp2["grad_norm"] == pytest.approx(one["grad_norm"], rel=1e-5)
+    assert dp2["grad_norm"] > 0

@@ -218,12 +218,39 @@ class MegatronTrainer(TorchTrainer):
 
     def _optimizer_step(self) -> float:
         if self.ddp is None:
-            return super()._optimizer_step()
+            return self._cpu_optimizer_step()
         from megatron.core.distributed import finalize_model_grads
 
         finalize_model_grads([self.ddp])  # sums gradients over DP ranks (per-token loss: no 1/dp scaling)
         _, grad_norm, _ = self.optimizer.step()  # clips to max_grad_norm; skips on inf/nan
         return float(grad_norm) if grad_norm is not None else math.nan
+
+    def _cpu_optimizer_step(self) -> float:
+        """CPU (gloo) path: sum gradients over DP ranks, clip by the global norm (TP-sharded parameters summed
+        across TP ranks, replicated ones counted once — what megatron's optimizer does on CUDA), AdamW."""
+        from megatron.core import parallel_state as ps
+
+        params = list(self.model.parameters())
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            if self.dp > 1:
+                dist.all_reduce(p.grad, group=ps.get_data_parallel_group())
+        sharded = sum((p.grad.double().square().sum() for p in params if getattr(p, "tensor_model_parallel", False)),
+                      torch.zeros((), dtype=torch.float64))
+        if self.config.tp > 1:
+            dist.all_reduce(sharded, group=ps.get_tensor_model_parallel_group())
+        replicated = sum((p.grad.double().square().sum() for p in params
+                          if not getattr(p, "tensor_model_parallel", False)), torch.zeros((), dtype=torch.float64))
+        grad_norm = float((sharded + replicated).sqrt())
+        if not math.isfinite(grad_norm):
+            return grad_norm
+        scale = self.config.max_grad_norm / (grad_norm + 1e-6)
+        if scale < 1.0:
+            for p in params:
+                p.grad.mul_(scale)
+        self.optimizer.step()
+        return grad_norm
 
     _STATS = ("loss", "pg_loss", "kl", "entropy", "clip_frac", "ratio_mean")
 

@@ -8,10 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -21,8 +17,6 @@ pytest.importorskip("megatron.core", reason="megatron-core is not installed")
 from tests.test_megatron import trajectories  # noqa: E402
 from trainers.batch import pack  # noqa: E402
 from trainers.torch_trainer import TorchTrainer, TrainerConfig  # noqa: E402
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.fixture(scope="module")
@@ -115,24 +109,11 @@ def test_grpo_step_changes_the_colocated_engine_after_sync(smollm2, tmp_path):
     engine.close()
 
 
-def _run(cmd, tmp_path, name):
-    out = tmp_path / f"{name}.json"
-    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    proc = subprocess.run(cmd + ["--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return json.loads(out.read_text())
-
-
-def _torchrun(n, *args):
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}",
-            "tests/gpu/dist_check.py", *args]
-
-
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
 def test_dp2_equals_one_gpu_and_tp2_logprobs_match(tmp_path):
-    one = _run([sys.executable, "tests/gpu/dist_check.py"], tmp_path, "one")
-    dp2 = _run(_torchrun(2), tmp_path, "dp2")
-    tp2 = _run(_torchrun(2, "--tp", "2"), tmp_path, "tp2")
+    from tests.test_megatron import run_dist_check
+
+    one, dp2, tp2 = (run_dist_check(tmp_path, n, tp) for n, tp in ((1, 1), (2, 1), (2, 2)))
     assert dp2["parallel"]["dp"] == 2 and tp2["parallel"]["tp"] == 2
     # DP: the same parameters on both ranks after the step; the gradient norm of the global batch
     assert dp2["param_sums"][0] == dp2["param_sums"][1]

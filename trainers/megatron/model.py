@@ -51,7 +51,9 @@ def transformer_config(hf_config: Any, *, tp: int = 1, dtype: torch.dtype = torc
         masked_softmax_fusion=False, apply_rope_fusion=False, persist_layer_norm=False,
         gradient_accumulation_fusion=False, cross_entropy_loss_fusion=False, tensor_model_parallel_size=tp,
         params_dtype=dtype, pipeline_dtype=dtype, bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16,
-        use_cpu_initialization=not cuda, perform_initialization=False, calculate_per_token_loss=True,
+        # perform_initialization also marks TP-sharded parameters (tensor_model_parallel), which the gradient norm
+        # and the optimizer rely on; the HF weights overwrite the random values.
+        use_cpu_initialization=not cuda, perform_initialization=True, calculate_per_token_loss=True,
         sequence_parallel=False,
     )
     kw.update(overrides)

@@ -1,7 +1,8 @@
-"""One process of a multi-GPU check, started by tests/gpu/test_megatron_gpu.py under torchrun (or alone for the
-one-GPU reference). Trains one GRPO step of a small random Llama on a fixed global batch with the given TP
-size (DP = world / TP) and writes, from rank 0, JSON: the gradient norm, the packed log-probs before the
-step, and a checksum of every parameter on every rank (gathered)."""
+"""One process of a DP / TP check of `MegatronTrainer`, started under torchrun by tests/test_megatron.py (CPU,
+gloo, fp32) and tests/gpu/test_megatron_gpu.py (GPUs, NCCL, bf16), or alone for the one-process reference.
+Trains one GRPO step of a small random Llama on a fixed global batch with the given TP size (DP = world / TP)
+and writes, from rank 0, JSON: the gradient norm and loss, the packed log-probs before the step, and a
+checksum of every parameter on every rank (gathered)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -40,7 +41,7 @@ def main() -> None:
     with torch.no_grad():
         lp = trainer.logprobs(trainer.model, batch).float().cpu()
     metrics = trainer.step(trajs, group_size=4)
-    sums = torch.stack([p.detach().float().sum() for p in trainer.model.parameters()]).to(trainer.device)
+    sums = torch.stack([p.detach().double().sum() for p in trainer.model.parameters()]).to(trainer.device)
     gathered = [torch.empty_like(sums) for _ in range(dist.get_world_size())]
     dist.all_gather(gathered, sums)
     if dist.get_rank() == 0:
