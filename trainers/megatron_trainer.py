@@ -120,6 +120,11 @@ class MegatronTrainer(TorchTrainer):
                               bf16=self.dtype == torch.bfloat16, params_dtype=self.dtype,
                               use_distributed_optimizer=True)
         self.optimizer = get_megatron_optimizer(opt, [self.ddp])
+        # Without apex / Transformer Engine megatron steps torch's AdamW over the fp32 master shards in its
+        # multi-tensor (foreach) form; the fused CUDA kernel is the same update in one pass.
+        for inner in self._inner_optimizers():
+            for group in inner.param_groups:
+                group["foreach"], group["fused"] = False, True
 
     # --- weights in megatron and HF names --------------------------------------------------------------
     def _mcore_state(self) -> dict[str, torch.Tensor]:

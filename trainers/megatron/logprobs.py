@@ -18,6 +18,9 @@ def vocab_parallel_logprobs(logits: torch.Tensor, targets: torch.Tensor, *, with
     from megatron.core.tensor_parallel.mappings import reduce_from_tensor_model_parallel_region as all_sum
 
     tp = ps.get_tensor_model_parallel_world_size() if ps.model_parallel_is_initialized() else 1
+    if tp == 1 and logits.is_cuda:  # one fused kernel per direction instead of ~10 passes over [N, V] in fp32
+        logp, ent = _compiled()(logits, targets)
+        return (logp, ent) if with_entropy else logp
     z = logits.float()
     zmax = z.detach().max(dim=-1).values
     if tp > 1:
@@ -40,3 +43,21 @@ def vocab_parallel_logprobs(logits: torch.Tensor, targets: torch.Tensor, *, with
     if tp > 1:
         pz = all_sum(pz)
     return logp, lse - pz / sum_exp
+
+
+def _logprobs_entropy(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    z = logits.float()
+    lse = torch.logsumexp(z, dim=-1)
+    target = z.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    entropy = lse - (torch.softmax(z, dim=-1) * z).sum(-1)
+    return target - lse, entropy
+
+
+_compiled_fn = None
+
+
+def _compiled():
+    global _compiled_fn
+    if _compiled_fn is None:
+        _compiled_fn = torch.compile(_logprobs_entropy, dynamic=True)
+    return _compiled_fn

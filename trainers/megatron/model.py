@@ -49,7 +49,9 @@ def transformer_config(hf_config: Any, *, tp: int = 1, dtype: torch.dtype = torc
         # On CUDA, SwiGLU is megatron's fused kernel (torch.compile'd); on CPU the plain ops (exact, no compile).
         hidden_dropout=0.0, attention_dropout=0.0, bias_activation_fusion=cuda, bias_dropout_fusion=False,
         masked_softmax_fusion=False, apply_rope_fusion=False, persist_layer_norm=False,
-        gradient_accumulation_fusion=False, cross_entropy_loss_fusion=False, tensor_model_parallel_size=tp,
+        gradient_accumulation_fusion=False, tensor_model_parallel_size=tp,
+        # model(labels=...) uses megatron's compiled vocab-parallel cross entropy on CUDA
+        cross_entropy_loss_fusion=cuda, cross_entropy_fusion_impl="native",
         params_dtype=dtype, pipeline_dtype=dtype, bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16,
         # perform_initialization also marks TP-sharded parameters (tensor_model_parallel), which the gradient norm
         # and the optimizer rely on; the HF weights overwrite the random values.
@@ -61,13 +63,18 @@ def transformer_config(hf_config: Any, *, tp: int = 1, dtype: torch.dtype = torc
 
 
 def layer_spec(config):
-    """megatron's local GPT layer spec with `SDPAttention` as the core attention."""
+    """megatron's local GPT layer spec with `SDPAttention` as the core attention (and, on CUDA, the layer
+    norms as `FusedRMSNorm`)."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
     from trainers.megatron.attention import SDPAttention
+    from trainers.megatron.norm import FusedRMSNorm
 
     spec = get_gpt_layer_local_spec(qk_layernorm=config.qk_layernorm, normalization="RMSNorm")
     spec.submodules.self_attention.submodules.core_attention = SDPAttention
+    if torch.cuda.is_available():
+        spec.submodules.input_layernorm = FusedRMSNorm
+        spec.submodules.pre_mlp_layernorm = FusedRMSNorm
     return spec
 
 

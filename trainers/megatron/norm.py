@@ -1,0 +1,35 @@
+"""`FusedRMSNorm`: RMSNorm as one compiled kernel per direction, for megatron's layer spec on CUDA.
+
+`torch.nn.RMSNorm` (megatron's choice without apex / Transformer Engine) runs as several elementwise and
+reduction kernels on bf16 activations; at 1B parameters the 33 norms of a step cost a few percent of MFU.
+Same math as Hugging Face's `LlamaRMSNorm`: normalise in fp32, cast back, scale by the weight.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
+_compiled = None
+
+
+class FusedRMSNorm(torch.nn.Module):
+    """megatron norm-module contract: `(config, hidden_size, eps)`; one parameter, `weight`."""
+
+    def __init__(self, config, hidden_size: int, eps: float = 1e-5, **_unused):
+        super().__init__()
+        self.eps = eps
+        self.weight = torch.nn.Parameter(torch.ones(hidden_size, dtype=config.params_dtype))
+        setattr(self.weight, "sequence_parallel", config.sequence_parallel)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        global _compiled
+        if _compiled is None:
+            _compiled = torch.compile(rms_norm, dynamic=True)
+        return _compiled(x, self.weight, self.eps)
