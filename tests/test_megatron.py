@@ -318,3 +318,31 @@ def test_dp2_and_tp2_on_cpu_equal_one_process(tmp_path):
     assert tp2["logprobs"] == pytest.approx(one["logprobs"], abs=1e-5)
     assert tp2["grad_norm"] == pytest.approx(one["grad_norm"], rel=1e-5)
     assert dp2["grad_norm"] > 0
+
+
+def test_train_loop_with_the_megatron_backend_from_the_example_config(tmp_path):
+    """examples/megatron_train.yaml, shrunk to one step on the CPU: rollouts of the multi-turn env, a Megatron
+    step, sync into the engine, held-out evaluation, and a checkpoint `TorchTrainer` can load."""
+    import asyncio
+
+    import yaml
+
+    from agents import load_default_model
+    from trainers.train_loop import TrainConfig, train
+
+    raw = yaml.safe_load(open(os.path.join(ROOT, "examples", "megatron_train.yaml")))
+    raw.update(run_dir=str(tmp_path / "run"), steps=1, prompts_per_step=2, n_samples_per_prompt=2, eval_every=1,
+               max_new_tokens=8, save_every=1, device="cpu")
+    raw["eval_data"]["size"] = 4
+    summary = asyncio.run(train(TrainConfig.from_dict(raw), log=lambda _: None))
+    rows = [json.loads(line) for line in open(summary["metrics"])]
+    assert [r["step"] for r in rows] == [0, 1] and "eval/accuracy" in rows[1]
+    assert rows[1]["train/tokens"] > 0 and rows[1]["rollout/statuses"]
+    model, _ = load_default_model()
+    reader = TorchTrainer(model, TrainerConfig(), pad_id=0)
+    reader.load(tmp_path / "run" / "checkpoints" / "step_1")  # HF names: the torch trainer reads it
+    from safetensors.torch import load_file
+
+    saved = load_file(str(tmp_path / "run" / "checkpoints" / "step_1" / "model" / "model.safetensors"))
+    for name in ("model.norm.weight", "model.layers.3.mlp.down_proj.weight"):
+        assert torch.equal(reader.model.state_dict()[name], saved[name])

@@ -1,6 +1,28 @@
 """trainers: from trajectories to gradient steps.
 
-Planned here: advantage estimators and policy losses as small pure tensor functions, batch packing,
-the PyTorch reference trainer, the Megatron-core trainer and weight sync to engines. Imports
-`slime_env`, never the reverse.
+- `trainers.algorithms`: advantage estimators and policy losses as small pure tensor functions.
+- `pack`, `TrainBatch`: trajectories -> padded / packed tensors with per-token advantages.
+- `TorchTrainer`, `TrainerConfig`: the reference trainer on a Hugging Face causal LM (CPU or one GPU).
+- `MegatronTrainer`: the same RL step on megatron-core (GPUs, TP x DP); imported on first use, since
+  megatron-core is an optional dependency (`slime_env[megatron]`).
+- `TrainConfig`, `train`: `slime-env train`.
+
+Imports `slime_env`, never the reverse.
 """
+
+from importlib import import_module
+from typing import Any
+
+_EXPORTS = {
+    "TorchTrainer": "trainers.torch_trainer", "TrainerConfig": "trainers.torch_trainer",
+    "MegatronTrainer": "trainers.megatron_trainer", "TrainBatch": "trainers.batch", "pack": "trainers.batch",
+    "TrainConfig": "trainers.train_loop", "train": "trainers.train_loop",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'trainers' has no attribute {name!r}")

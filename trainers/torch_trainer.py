@@ -218,6 +218,7 @@ class TorchTrainer:
         return path
 
     def load(self, path: str | Path) -> None:
+        """Weights from `path/model` (safetensors); optimizer state and step too when `path` holds them."""
         path = Path(path)
         from safetensors.torch import load_file
 
@@ -225,9 +226,10 @@ class TorchTrainer:
         for f in sorted((path / "model").glob("*.safetensors")):
             state.update(load_file(str(f)))
         self.model.load_state_dict(state, strict=False)
-        saved = torch.load(path / "trainer.pt", map_location=self.device, weights_only=False)
-        self.optimizer.load_state_dict(saved["optimizer"])
-        self.step_count = int(saved["step"])
+        if (path / "trainer.pt").exists():  # a MegatronTrainer checkpoint holds the same HF weights, not this state
+            saved = torch.load(path / "trainer.pt", map_location=self.device, weights_only=False)
+            self.optimizer.load_state_dict(saved["optimizer"])
+            self.step_count = int(saved["step"])
 
     async def sync(self, policy: Any, *, version: str | None = None, path: str | Path | None = None) -> str:
         """Push the current weights to `policy`: in place when it has `update_weights` (TransformersPolicy),
