@@ -27,7 +27,7 @@ def main() -> None:
     args = ap.parse_args()
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from tests.test_megatron import trajectories
+    from tests.helpers import trajectories
     from trainers.batch import pack
     from trainers.megatron_trainer import MegatronTrainer
     from trainers.torch_trainer import TrainerConfig

@@ -17,49 +17,9 @@ import torch
 
 pytest.importorskip("megatron.core", reason="megatron-core is not installed (pip install 'slime_env[megatron]')")
 
-from slime_env import Task  # noqa: E402
-from slime_env.ledger import Span  # noqa: E402
-from slime_env.trajectory import Trajectory  # noqa: E402
+from helpers import SHAPE, tiny, trajectories  # noqa: E402
 from trainers.batch import pack  # noqa: E402
 from trainers.torch_trainer import TorchTrainer, TrainerConfig  # noqa: E402
-
-SHAPE = dict(vocab_size=96, hidden_size=64, intermediate_size=80, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, max_position_embeddings=128)
-
-
-def tiny(family: str, seed: int = 0):
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
-
-    cls, cfg = {"llama": (LlamaForCausalLM, LlamaConfig(**SHAPE, tie_word_embeddings=True)),
-                "qwen2": (Qwen2ForCausalLM, Qwen2Config(**SHAPE, tie_word_embeddings=False)),
-                "qwen3": (Qwen3ForCausalLM, Qwen3Config(**SHAPE, head_dim=24, tie_word_embeddings=False))}[family]
-    torch.manual_seed(seed)
-    model = cls(cfg).eval()
-    with torch.no_grad():  # random weights of a trained model's scale, biases and norms included
-        for p in model.parameters():
-            p.normal_(0.0, 0.15).add_(1.0 if p.dim() == 1 and p.shape[0] in (SHAPE["hidden_size"], 24) else 0.0)
-    return model
-
-
-def trajectories(n: int, seed: int = 0, vocab: int = 96) -> list[Trajectory]:
-    """Random multi-turn-shaped trajectories: generated spans (mask 1) and inserted spans (mask 0)."""
-    rng = random.Random(seed)
-    out = []
-    for i in range(n):
-        prompt = [rng.randrange(vocab) for _ in range(rng.randint(3, 9))]
-        response, mask, spans = [], [], []
-        for turn in range(rng.randint(1, 3)):
-            for kind in ("generated", "inserted"):
-                k = rng.randint(1, 6)
-                spans.append(Span(turn, kind, len(response), len(response) + k))
-                response += [rng.randrange(vocab) for _ in range(k)]
-                mask += [1 if kind == "generated" else 0] * k
-        logps = [-rng.random() * 3 if m else 0.0 for m in mask]
-        out.append(Trajectory(task=Task(prompt="p"), prompt_ids=prompt, response_ids=response, loss_mask=mask,
-                              rollout_logprobs=logps, spans=spans, turn_rewards=[float(i % 2)], reward=float(i % 2),
-                              status="completed"))
-    return out
-
 
 @pytest.fixture(scope="module")
 def parallel():

@@ -101,6 +101,47 @@ def gae_advantages(token_rewards: torch.Tensor, values: torch.Tensor, mask: torc
     return adv, (adv + values) * m
 
 
+def token_rewards(turn_rewards: torch.Tensor, turn_of_token: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Per-token rewards for PPO: turn k's reward on the last generated token of turn k, 0 elsewhere. [B, T].
+
+    With one reward per sequence (`turn_rewards` [B, 1]) that is the outcome reward on the last generated token.
+    """
+    B, T = mask.shape
+    out = torch.zeros((B, T), dtype=torch.float32)
+    m = mask > 0
+    turns = turn_of_token.clamp(min=0, max=turn_rewards.shape[-1] - 1)
+    for b in range(B):
+        positions = m[b].nonzero().squeeze(-1)
+        if positions.numel() == 0:
+            continue
+        t = turns[b, positions]
+        last = torch.ones_like(t, dtype=torch.bool)
+        last[:-1] = t[1:] != t[:-1]  # the last generated token of each turn
+        if turn_rewards.shape[-1] == 1:
+            last[:] = False
+            last[-1] = True
+        out[b, positions[last]] = turn_rewards[b, t[last]].float()
+    return out
+
+
+def whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """(x - mean) / std over the unmasked entries; 0 at masked ones (PPO's advantage normalisation)."""
+    mean = masked_mean(x, mask)
+    var = masked_mean((x - mean).square(), mask)
+    return (x - mean) * torch.rsqrt(var + eps) * mask.to(x.dtype)
+
+
+def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, *,
+               clip: float | None = 0.2, reduction: str = "token_mean") -> torch.Tensor:
+    """PPO's critic loss: 0.5 * max((V - R)^2, (V_old + clip(V - V_old, -c, c) - R)^2), reduced over masked
+    tokens (no clipping with `clip=None`)."""
+    err = (values - returns).square()
+    if clip is not None:
+        clipped = old_values + (values - old_values).clamp(-clip, clip)
+        err = torch.maximum(err, (clipped - returns).square())
+    return 0.5 * REDUCTIONS[reduction](err, mask)
+
+
 # --- policy loss ----------------------------------------------------------------------------------------
 
 def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, *,
@@ -183,7 +224,10 @@ ADVANTAGE_ESTIMATORS = ("grpo", "dr_grpo", "gspo", "reinforce_plus_plus", "reinf
 
 
 def outcome_advantages(estimator: str, rewards: torch.Tensor, group_size: int) -> torch.Tensor:
-    """Per-sequence advantages for the outcome-reward estimators (GSPO uses GRPO's; PPO needs a value model)."""
+    """Per-sequence advantages for the outcome-reward estimators (GSPO uses GRPO's; PPO's come from GAE over a
+    value model, computed by the trainer: zeros here)."""
+    if estimator == "ppo":
+        return torch.zeros_like(rewards)
     if estimator in ("grpo", "gspo"):
         return grpo_advantages(rewards, group_size)
     if estimator == "dr_grpo":

@@ -19,7 +19,7 @@ from dataclasses import dataclass, fields, replace
 import torch
 
 from slime_env.trajectory import Trajectory
-from trainers.algorithms import outcome_advantages, token_returns
+from trainers.algorithms import outcome_advantages, token_returns, token_rewards
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,7 @@ class TrainBatch:
     turn_of_token: torch.Tensor
     rewards: torch.Tensor
     group_size: int
+    token_rewards: torch.Tensor | None = None  # [B, L]: each turn's reward on its last generated token (PPO)
 
     @property
     def size(self) -> int:
@@ -121,7 +122,11 @@ def pack(trajectories: Sequence[Trajectory], *, group_size: int, pad_id: int, es
         for span in t.spans:
             turn_of[i, o + p + span.start:o + p + span.end] = span.turn
     seq_adv = outcome_advantages(estimator, rewards, group_size)
-    if reward_assignment == "sequence":
+    per_token = token_rewards(turn_rewards if reward_assignment == "per_turn" else rewards.unsqueeze(-1), turn_of,
+                              loss_mask) if estimator == "ppo" else None
+    if estimator == "ppo":  # advantages come from GAE over the critic's values, in the trainer
+        advantages = torch.zeros_like(loss_mask)
+    elif reward_assignment == "sequence":
         advantages = seq_adv.unsqueeze(-1) * loss_mask
     else:
         returns = token_returns(turn_rewards, turn_of, loss_mask)
@@ -131,4 +136,4 @@ def pack(trajectories: Sequence[Trajectory], *, group_size: int, pad_id: int, es
         std = std.expand(-1, group_size).reshape(-1, 1)
         scale = 1.0 if estimator == "dr_grpo" else 1.0 / (std + 1e-6)
         advantages = (returns - mean) * scale * loss_mask
-    return TrainBatch(input_ids, attention, loss_mask, rollout, advantages, turn_of, rewards, group_size)
+    return TrainBatch(input_ids, attention, loss_mask, rollout, advantages, turn_of, rewards, group_size, per_token)

@@ -99,6 +99,7 @@ class MegatronTrainer(TorchTrainer):
         self._load_mcore(hf_to_mcore(hf_state, self.hf_config, tp_rank=self.tp_rank, tp_size=c.tp))
         del hf_state
         self.ref_model = _RefWeights(self._mcore_state()) if c.kl_coef > 0 else None
+        self.critic = None  # PPO's critic is TorchTrainer-only for now (refused in TrainerConfig)
         self.ddp = None
         if self.cuda:
             self._megatron_optimizer()

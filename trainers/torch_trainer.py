@@ -49,6 +49,11 @@ class TrainerConfig:
     tis_cap: float = 2.0
     reduction: str = "token_mean"
     reward_assignment: str = "sequence"
+    # PPO (estimator: ppo): the critic's learning rate, value clipping (None: off), GAE's gamma and lambda.
+    critic_lr: float = 1e-5
+    value_clip: float | None = 0.2
+    gamma: float = 1.0
+    lam: float = 0.95
     # Which trainer runs the step: "torch" (TorchTrainer) or "megatron" (MegatronTrainer). The fields below are
     # the Megatron trainer's: TP size, the token budget of a packed micro-batch, the parameter dtype
     # ("auto": bfloat16 on CUDA, float32 on CPU).
@@ -60,6 +65,9 @@ class TrainerConfig:
     def __post_init__(self) -> None:
         if self.backend not in ("torch", "megatron"):
             raise ValueError(f"backend {self.backend!r}: 'torch' or 'megatron'")
+        if self.backend == "megatron" and self.estimator == "ppo":
+            raise ValueError("estimator 'ppo' needs a critic, which the megatron backend does not have yet: use "
+                             "backend: torch for PPO, or grpo / gspo / dr_grpo / reinforce_plus_plus with megatron")
         if self.backend == "torch" and self.tp != 1:
             raise ValueError(f"tp={self.tp} needs backend: megatron (the torch trainer runs on one device)")
         if self.tp < 1 or self.max_tokens_per_micro_batch < 1:
@@ -67,9 +75,10 @@ class TrainerConfig:
                              "must be >= 1")
         if self.dtype not in ("auto", "bfloat16", "float32"):
             raise ValueError(f"dtype {self.dtype!r}: 'auto', 'bfloat16' or 'float32'")
-        if self.estimator not in alg.ADVANTAGE_ESTIMATORS or self.estimator == "ppo":
-            raise ValueError(f"estimator {self.estimator!r}: one of {alg.ADVANTAGE_ESTIMATORS[:-1]} "
-                             "(ppo needs a value model; see trainers.algorithms.gae_advantages)")
+        if self.estimator not in alg.ADVANTAGE_ESTIMATORS:
+            raise ValueError(f"estimator {self.estimator!r}: one of {alg.ADVANTAGE_ESTIMATORS}")
+        if not (0.0 <= self.gamma <= 1.0 and 0.0 <= self.lam <= 1.0):
+            raise ValueError(f"gamma ({self.gamma}) and lam ({self.lam}) must be in [0, 1]")
         if self.reduction not in alg.REDUCTIONS:
             raise ValueError(f"reduction {self.reduction!r}: one of {sorted(alg.REDUCTIONS)}")
         self.betas = tuple(self.betas)
@@ -88,6 +97,13 @@ class TorchTrainer:
         self.ref_model = ref_model
         if c.kl_coef > 0 and ref_model is None:
             self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)  # the initial policy
+        self.critic = None
+        if c.estimator == "ppo":
+            from trainers.critic import ValueModel
+
+            self.critic = ValueModel(model).to(self.device)
+            self.critic_optimizer = torch.optim.AdamW(self.critic.parameters(), lr=c.critic_lr, betas=c.betas,
+                                                      weight_decay=c.weight_decay)
         self.step_count = 0
 
     # --- log-probs --------------------------------------------------------------------------------
@@ -128,11 +144,14 @@ class TorchTrainer:
         reuse_old = c.ppo_epochs == 1 and c.n_minibatches == 1 and not c.use_tis
         old = None if reuse_old else self._frozen_logprobs(self.model, batch)  # the policy that sampled
         ref = self._frozen_logprobs(self.ref_model, batch) if c.kl_coef > 0 else None
+        targets = None
+        if self.critic is not None:  # PPO: GAE over the critic's values replaces the outcome advantages
+            batch, targets = self._gae(batch)
         self.model.eval()  # dropout off: the importance ratio must compare the same function the engine sampled
         totals: dict[str, float] = {}
         updates = 0
         for _ in range(c.ppo_epochs):
-            for mini in self._split(batch, old, ref):
+            for mini in self._split(batch, old, ref, targets):
                 stats = self._update(*mini)
                 for k, v in stats.items():
                     totals[k] = totals.get(k, 0.0) + v
@@ -145,9 +164,41 @@ class TorchTrainer:
                         "train/step": float(self.step_count)})
         return metrics
 
-    def _split(self, batch: TrainBatch, old: torch.Tensor | None, ref: torch.Tensor | None):
+    def _split(self, batch: TrainBatch, old: torch.Tensor | None, ref: torch.Tensor | None, targets=None):
+        cut = lambda x, a, b: None if x is None else x[a:b]  # noqa: E731
         for a, b in batch.minibatch_bounds(self.config.n_minibatches):
-            yield batch.rows(slice(a, b)), (None if old is None else old[a:b]), (None if ref is None else ref[a:b])
+            yield (batch.rows(slice(a, b)), cut(old, a, b), cut(ref, a, b),
+                   None if targets is None else tuple(t[a:b] for t in targets))
+
+    # --- PPO's critic -----------------------------------------------------------------------------------
+    def values(self, batch: TrainBatch) -> torch.Tensor:
+        """The critic's [B, L] values, aligned like `logprobs` (with gradient)."""
+        return self.critic(batch, self.device)
+
+    def _all_rows(self, x: torch.Tensor) -> torch.Tensor:
+        """Rows computed by other processes filled in (a data-parallel trainer sums over ranks)."""
+        return x
+
+    @torch.no_grad()
+    def _gae(self, batch: TrainBatch) -> tuple[TrainBatch, tuple[torch.Tensor, torch.Tensor]]:
+        """Old values, GAE advantages (whitened over the batch's generated tokens) and returns."""
+        from dataclasses import replace
+
+        c = self.config
+        old_values = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
+        for rows in self._micro_slices(batch):
+            mb = batch.rows(rows)
+            old_values[rows] = _pad_left(self.values(mb.trimmed()).cpu(), mb.input_ids.shape[1])
+        old_values = self._all_rows(old_values)
+        adv, returns = alg.gae_advantages(batch.token_rewards, old_values, batch.loss_mask, gamma=c.gamma, lam=c.lam)
+        return replace(batch, advantages=alg.whiten(adv, batch.loss_mask)), (old_values, returns)
+
+    def _critic_step(self) -> float:
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.critic.parameters(), self.config.max_grad_norm))
+        if math.isfinite(grad_norm):
+            self.critic_optimizer.step()
+        self.critic_optimizer.zero_grad(set_to_none=True)
+        return grad_norm
 
     # --- the parts a parallel trainer replaces ---------------------------------------------------------
     def _micro_slices(self, batch: TrainBatch) -> list[slice]:
@@ -168,7 +219,8 @@ class TorchTrainer:
     def _reduce_stats(self, stats: dict[str, float]) -> dict[str, float]:
         return stats
 
-    def _update(self, mini: TrainBatch, old: torch.Tensor | None, ref: torch.Tensor | None) -> dict[str, float]:
+    def _update(self, mini: TrainBatch, old: torch.Tensor | None, ref: torch.Tensor | None,
+                targets: tuple[torch.Tensor, torch.Tensor] | None = None) -> dict[str, float]:
         c = self.config
         self._zero_grad()
         total_tokens = float(mini.loss_mask.sum().clamp(min=1.0))
@@ -200,11 +252,20 @@ class TorchTrainer:
             # exact reduction over the whole mini-batch: weight each micro-batch by its share
             share = (float(mask.sum()) / total_tokens if c.reduction == "token_mean" else micro.size / mini.size)
             (loss * share).backward()
-            for k, v in {"loss": loss, "pg_loss": pg, "kl": kl_value, "entropy": ent, **pg_stats}.items():
+            reported = {"loss": loss, "pg_loss": pg, "kl": kl_value, "entropy": ent, **pg_stats}
+            if targets is not None:
+                old_v, returns = (t[rows, -cols:].to(self.device) for t in targets)
+                v_loss = alg.value_loss(self.values(micro), old_v, returns, mask, clip=c.value_clip,
+                                        reduction=c.reduction)
+                (v_loss * share).backward()
+                reported["value_loss"] = v_loss
+            for k, v in reported.items():
                 stats[k] = stats.get(k, 0.0) + float(v.detach()) * share
         stats = self._reduce_stats(stats)
         stats["grad_norm"] = self._optimizer_step()
         self._zero_grad()
+        if targets is not None:
+            stats["critic_grad_norm"] = self._critic_step()
         return stats
 
     # --- checkpoints and weight sync ------------------------------------------------------------------

@@ -14,7 +14,6 @@ import torch
 
 pytest.importorskip("megatron.core", reason="megatron-core is not installed")
 
-from tests.test_megatron import trajectories  # noqa: E402
 from trainers.batch import pack  # noqa: E402
 from trainers.torch_trainer import TorchTrainer, TrainerConfig  # noqa: E402
 
