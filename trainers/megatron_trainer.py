@@ -97,48 +97,50 @@ class MegatronTrainer(TorchTrainer):
         self.device = next(self.model.parameters()).device
         hf_state = {k: v.detach().to("cpu") for k, v in hf_model.state_dict().items()}
         self._load_mcore(hf_to_mcore(hf_state, self.hf_config, tp_rank=self.tp_rank, tp_size=c.tp))
-        del hf_state
         self.ref_model = _RefWeights(self._mcore_state()) if c.kl_coef > 0 else None
-        self.critic = None  # PPO's critic is TorchTrainer-only for now (refused in TrainerConfig)
-        self.ddp = None
-        if self.cuda:
-            self._megatron_optimizer()
-        else:
-            self.optimizer = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad], lr=c.lr,
-                                               betas=c.betas, weight_decay=c.weight_decay)
+        self.critic = self.critic_ddp = None
+        if c.estimator == "ppo":  # the critic: this architecture without the LM head, a value head on top
+            from trainers.megatron.value import MegatronValueModel
+
+            self.critic = MegatronValueModel(self.hf_config, tp=c.tp, dtype=self.dtype)
+            mc = hf_to_mcore(hf_state, self.hf_config, tp_rank=self.tp_rank, tp_size=c.tp)
+            mc = {f"gpt.{k}": v for k, v in mc.items()} | {"norm.weight": mc["decoder.final_layernorm.weight"]}
+            _copy_params(self.critic, mc)
+            self.critic_ddp, self.critic_optimizer = self._optimizer_for(self.critic, c.critic_lr)
+        del hf_state
+        self.ddp, self.optimizer = self._optimizer_for(self.model, c.lr)
         self.step_count = 0
 
-    def _megatron_optimizer(self) -> None:
+    def _optimizer_for(self, module: torch.nn.Module, lr: float):
+        """(megatron DDP, megatron distributed Adam) on CUDA; (None, AdamW) on CPU."""
+        c = self.config
+        if not self.cuda:
+            return None, torch.optim.AdamW([p for p in module.parameters() if p.requires_grad], lr=lr, betas=c.betas,
+                                           weight_decay=c.weight_decay)
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
-        c = self.config
         ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
                                                    use_distributed_optimizer=True)
-        self.ddp = DistributedDataParallel(config=self.model.config, ddp_config=ddp_config, module=self.model)
-        opt = OptimizerConfig(optimizer="adam", lr=c.lr, min_lr=c.lr, weight_decay=c.weight_decay,
+        ddp = DistributedDataParallel(config=module.config, ddp_config=ddp_config, module=module)
+        opt = OptimizerConfig(optimizer="adam", lr=lr, min_lr=lr, weight_decay=c.weight_decay,
                               adam_beta1=c.betas[0], adam_beta2=c.betas[1], clip_grad=c.max_grad_norm,
                               bf16=self.dtype == torch.bfloat16, params_dtype=self.dtype,
                               use_distributed_optimizer=True)
-        self.optimizer = get_megatron_optimizer(opt, [self.ddp])
+        optimizer = get_megatron_optimizer(opt, [ddp])
         # Without apex / Transformer Engine megatron steps torch's AdamW over the fp32 master shards in its
         # multi-tensor (foreach) form; the fused CUDA kernel is the same update in one pass.
-        for inner in self._inner_optimizers():
+        for inner in _inner(optimizer):
             for group in inner.param_groups:
                 group["foreach"], group["fused"] = False, True
+        return ddp, optimizer
 
     # --- weights in megatron and HF names --------------------------------------------------------------
     def _mcore_state(self) -> dict[str, torch.Tensor]:
         return {k: v for k, v in self.model.state_dict().items() if not k.endswith("_extra_state")}
 
-    @torch.no_grad()
     def _load_mcore(self, state: Mapping[str, torch.Tensor]) -> None:
-        params = dict(self.model.named_parameters())
-        missing = [k for k in params if k not in state]
-        if missing:
-            raise KeyError(f"megatron weights lack {missing[:4]}")
-        for name, p in params.items():
-            p.copy_(state[name])
+        _copy_params(self.model, state)
 
     @torch.no_grad()
     def hf_state_dict(self) -> dict[str, torch.Tensor]:
@@ -175,34 +177,54 @@ class MegatronTrainer(TorchTrainer):
         """Log-probs (and entropies) aligned with `batch.input_ids` [B, L], set where the loss mask is set.
 
         The rows are packed (THD); the logits at packed index j - 1 score token j."""
-        from megatron.core.packed_seq_params import PackedSeqParams
-
         from trainers.megatron import vocab_parallel_logprobs
 
-        u = batch.unpadded()
-        dev = self.device
-        ids = u["input_ids"].to(dev)
-        cu = u["cu_seqlens"].to(dev)
-        need = (u["loss_mask"] > 0).nonzero().squeeze(-1).to(dev)  # never a sequence start: prompts are masked
-        B, L = batch.input_ids.shape
-        lp = torch.zeros((B, L), dtype=torch.float32, device=dev)
-        ent = torch.zeros_like(lp)
-        if need.numel() == 0:
-            return (lp, ent) if with_entropy else lp
-        longest = int((u["cu_seqlens"][1:] - u["cu_seqlens"][:-1]).max())
-        packed = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=longest,
-                                 max_seqlen_kv=longest)
+        p = self._packed(batch)
+        if p is None:
+            zeros = self._scatter(batch, None, None)
+            return (zeros, zeros.clone()) if with_entropy else zeros
+        ids, packed, need = p
         forward = self.ddp if (self.ddp is not None and model is self.model) else self.model
         logits = forward(input_ids=ids.unsqueeze(0), position_ids=None, attention_mask=None,
                          packed_seq_params=packed)[0]  # [T, V / tp]
         out = vocab_parallel_logprobs(logits[need - 1], ids[need], with_entropy=with_entropy)
-        keep = batch.attention_mask.to(dev).bool()
-        flat_lp = torch.zeros(ids.shape[0], dtype=torch.float32, device=dev).index_put((need,), out[0] if with_entropy else out)
-        lp = lp.masked_scatter(keep, flat_lp)
         if not with_entropy:
-            return lp
-        flat_ent = torch.zeros_like(flat_lp).index_put((need,), out[1])
-        return lp, ent.masked_scatter(keep, flat_ent)
+            return self._scatter(batch, need, out)
+        return self._scatter(batch, need, out[0]), self._scatter(batch, need, out[1])
+
+    def values(self, batch: TrainBatch) -> torch.Tensor:
+        """The critic's [B, L] values (the state before each loss-masked token), from packed rows."""
+        p = self._packed(batch)
+        if p is None:
+            return self._scatter(batch, None, None)
+        ids, packed, need = p
+        forward = self.critic_ddp if self.critic_ddp is not None else self.critic
+        hidden = forward(ids.unsqueeze(0), packed)
+        return self._scatter(batch, need, self.critic.values(hidden[need - 1]))
+
+    def _packed(self, batch: TrainBatch):
+        """(ids [T], THD params, indices of loss-masked tokens) for `batch`'s rows concatenated; None if no token
+        is loss-masked. A loss-masked token is never a sequence start (prompts are masked)."""
+        from megatron.core.packed_seq_params import PackedSeqParams
+
+        u = batch.unpadded()
+        need = (u["loss_mask"] > 0).nonzero().squeeze(-1).to(self.device)
+        if need.numel() == 0:
+            return None
+        cu = u["cu_seqlens"].to(self.device)
+        longest = int((u["cu_seqlens"][1:] - u["cu_seqlens"][:-1]).max())
+        packed = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=longest,
+                                 max_seqlen_kv=longest)
+        return u["input_ids"].to(self.device), packed, need
+
+    def _scatter(self, batch: TrainBatch, need: torch.Tensor | None, values: torch.Tensor | None) -> torch.Tensor:
+        """Per-token `values` at packed indices `need` -> [B, L] in the batch's layout (zeros elsewhere)."""
+        out = torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=self.device)
+        if need is None:
+            return out
+        keep = batch.attention_mask.to(self.device).bool()
+        flat = torch.zeros(int(keep.sum()), dtype=torch.float32, device=self.device).index_put((need,), values)
+        return out.masked_scatter(keep, flat)
 
     @torch.no_grad()
     def _frozen_logprobs(self, model: Any, batch: TrainBatch) -> torch.Tensor:
@@ -218,25 +240,40 @@ class MegatronTrainer(TorchTrainer):
         return token_budget_slices(lengths, start, stop, self.config.max_tokens_per_micro_batch)
 
     def _zero_grad(self) -> None:
-        if self.ddp is not None:
-            self.ddp.zero_grad_buffer()
-        self.optimizer.zero_grad(set_to_none=True)
+        _zero(self.ddp, self.optimizer)
 
     def _optimizer_step(self) -> float:
-        if self.ddp is None:
-            return self._cpu_optimizer_step()
+        return self._step(self.model, self.ddp, self.optimizer)
+
+    def _critic_step(self) -> float:
+        grad_norm = self._step(self.critic, self.critic_ddp, self.critic_optimizer)
+        _zero(self.critic_ddp, self.critic_optimizer)
+        return grad_norm
+
+    def _all_rows(self, x: torch.Tensor) -> torch.Tensor:
+        if self.dp == 1:
+            return x
+        from megatron.core import parallel_state as ps
+
+        y = x.to(self.device)
+        dist.all_reduce(y, group=ps.get_data_parallel_group())  # each row was computed by exactly one DP rank
+        return y.to(x.device)
+
+    def _step(self, module: torch.nn.Module, ddp: Any, optimizer: Any) -> float:
+        if ddp is None:
+            return self._cpu_optimizer_step(module, optimizer)
         from megatron.core.distributed import finalize_model_grads
 
-        finalize_model_grads([self.ddp])  # sums gradients over DP ranks (per-token loss: no 1/dp scaling)
-        _, grad_norm, _ = self.optimizer.step()  # clips to max_grad_norm; skips on inf/nan
+        finalize_model_grads([ddp])  # sums gradients over DP ranks (per-token loss: no 1/dp scaling)
+        _, grad_norm, _ = optimizer.step()  # clips to max_grad_norm; skips on inf/nan
         return float(grad_norm) if grad_norm is not None else math.nan
 
-    def _cpu_optimizer_step(self) -> float:
+    def _cpu_optimizer_step(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> float:
         """CPU (gloo) path: sum gradients over DP ranks, clip by the global norm (TP-sharded parameters summed
         across TP ranks, replicated ones counted once — what megatron's optimizer does on CUDA), AdamW."""
         from megatron.core import parallel_state as ps
 
-        params = list(self.model.parameters())
+        params = list(module.parameters())
         for p in params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
@@ -255,10 +292,10 @@ class MegatronTrainer(TorchTrainer):
         if scale < 1.0:
             for p in params:
                 p.grad.mul_(scale)
-        self.optimizer.step()
+        optimizer.step()
         return grad_norm
 
-    _STATS = ("loss", "pg_loss", "kl", "entropy", "clip_frac", "ratio_mean")
+    _STATS = ("loss", "pg_loss", "kl", "entropy", "clip_frac", "ratio_mean", "value_loss")
 
     def _reduce_stats(self, stats: dict[str, float]) -> dict[str, float]:
         """Sum each rank's token-weighted partial stats over DP (every rank joins, even one with no tokens)."""
@@ -286,9 +323,7 @@ class MegatronTrainer(TorchTrainer):
 
     def _inner_optimizers(self) -> list[torch.optim.Optimizer]:
         """The torch optimizers over this rank's fp32 master weights (megatron's chain), or the CPU AdamW."""
-        if self.ddp is None:
-            return [self.optimizer]
-        return [o.optimizer for o in getattr(self.optimizer, "chained_optimizers", [self.optimizer])]
+        return [self.optimizer] if self.ddp is None else _inner(self.optimizer)
 
     def _optimizer_state(self) -> list[dict[str, Any]]:
         # Each rank saves its own shard: the torch optimizer state (moments, step) and the fp32 master weights
@@ -364,3 +399,26 @@ class MegatronTrainer(TorchTrainer):
                       metadata={"format": "pt"})
             self.hf_config.save_pretrained(str(path))
         return path
+
+
+def _inner(optimizer: Any) -> list[torch.optim.Optimizer]:
+    """The torch optimizers inside a megatron optimizer (a chain of one per parameter kind)."""
+    return [o.optimizer for o in getattr(optimizer, "chained_optimizers", [optimizer])]
+
+
+def _zero(ddp: Any, optimizer: Any) -> None:
+    if ddp is not None:
+        ddp.zero_grad_buffer()
+    optimizer.zero_grad(set_to_none=True)
+
+
+@torch.no_grad()
+def _copy_params(module: torch.nn.Module, state: Mapping[str, torch.Tensor]) -> None:
+    """Copy `state` into `module`'s parameters by name; every parameter must be there."""
+    params = dict(module.named_parameters())
+    missing = [k for k in params if k not in state and not k.startswith("head.")]
+    if missing:
+        raise KeyError(f"megatron weights lack {missing[:4]}")
+    for name, p in params.items():
+        if name in state:
+            p.copy_(state[name])

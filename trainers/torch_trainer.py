@@ -65,9 +65,6 @@ class TrainerConfig:
     def __post_init__(self) -> None:
         if self.backend not in ("torch", "megatron"):
             raise ValueError(f"backend {self.backend!r}: 'torch' or 'megatron'")
-        if self.backend == "megatron" and self.estimator == "ppo":
-            raise ValueError("estimator 'ppo' needs a critic, which the megatron backend does not have yet: use "
-                             "backend: torch for PPO, or grpo / gspo / dr_grpo / reinforce_plus_plus with megatron")
         if self.backend == "torch" and self.tp != 1:
             raise ValueError(f"tp={self.tp} needs backend: megatron (the torch trainer runs on one device)")
         if self.tp < 1 or self.max_tokens_per_micro_batch < 1:

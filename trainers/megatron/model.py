@@ -78,9 +78,11 @@ def layer_spec(config):
     return spec
 
 
-def build_gpt(hf_config: Any, *, tp: int = 1, dtype: torch.dtype = torch.float32, **overrides):
-    """An uninitialised `GPTModel` of `hf_config`'s shape on the current device (load weights with
-    `convert.hf_to_mcore`). Megatron's parallel state must be initialised (`parallel.init_parallel`)."""
+def build_gpt(hf_config: Any, *, tp: int = 1, dtype: torch.dtype = torch.float32, post_process: bool = True,
+              **overrides):
+    """A randomly initialised `GPTModel` of `hf_config`'s shape on the current device (load weights with
+    `convert.hf_to_mcore`); `post_process=False` stops before the final norm and the LM head (a critic's
+    trunk). Megatron's parallel state must be initialised (`parallel.init_parallel`)."""
     from megatron.core.models.gpt import GPTModel
 
     from trainers.megatron.rope import install_rope_patch
@@ -91,7 +93,7 @@ def build_gpt(hf_config: Any, *, tp: int = 1, dtype: torch.dtype = torch.float32
                      max_sequence_length=hf_config.max_position_embeddings, position_embedding_type="rope",
                      rotary_base=rope_theta(hf_config),
                      share_embeddings_and_output_weights=bool(getattr(hf_config, "tie_word_embeddings", False)),
-                     pre_process=True, post_process=True, parallel_output=True)
+                     pre_process=True, post_process=post_process, parallel_output=True)
     if torch.cuda.is_available():
         model = model.cuda(torch.cuda.current_device())
     return model
