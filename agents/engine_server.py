@@ -63,6 +63,7 @@ class EngineServer:
             web.post("/abort_request", self.abort_request),
             web.post("/pause_generation", self.pause), web.post("/continue_generation", self.resume),
             web.post("/update_weights_from_disk", self.update_weights_from_disk),
+            web.post("/update_weights_from_tensor", self.update_weights_from_tensor),
         ])
         return app
 
@@ -180,6 +181,29 @@ class EngineServer:
             return web.json_response({"success": False, "message": str(e)}, status=400)
         self.model_path = path
         return web.json_response({"success": True, "message": f"loaded weights from {path}",
+                                  "weight_version": self.policy.weight_version})
+
+    async def update_weights_from_tensor(self, request: web.Request) -> web.Response:
+        """SGLang's route: `serialized_named_tensors` (one payload per engine TP rank; one here) of
+        `agents.weight_transfer`: CUDA IPC handles or shared memory from a process on this host."""
+        from agents.weight_transfer import deserialize_named_tensors
+
+        body = await _json(request)
+        if isinstance(body, web.Response):
+            return body
+        payloads = body.get("serialized_named_tensors")
+        if not isinstance(payloads, list) or len(payloads) != 1 or not isinstance(payloads[0], str):
+            return _bad("update_weights_from_tensor needs 'serialized_named_tensors': a list of one base64 string")
+        if body.get("load_format") not in (None, "direct"):
+            return _bad(f"load_format {body.get('load_format')!r} is not supported (null or 'direct')")
+        try:
+            named = await asyncio.to_thread(deserialize_named_tensors, payloads[0])
+            version = body.get("weight_version")
+            await self.policy.update_weights(dict(named), str(version) if version is not None else
+                                             str(int(time.time())))
+        except Exception as e:  # noqa: BLE001 - an undecodable or mismatched payload is the caller's error
+            return web.json_response({"success": False, "message": f"{type(e).__name__}: {e}"}, status=400)
+        return web.json_response({"success": True, "message": f"loaded {len(named)} tensors",
                                   "weight_version": self.policy.weight_version})
 
 

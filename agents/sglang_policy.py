@@ -65,7 +65,7 @@ class SGLangPolicy:
     Connection pool sized by `max_connections` (set it to your episode concurrency), per-request
     `timeout_s`, and `max_retries` with exponential backoff on connection errors and 5xx (never on
     4xx). Also the control calls a trainer needs (`health`, `flush_cache`, `pause_generation`,
-    `continue_generation`, `update_weights_from_disk`, `abort`, `abort_all`, `get_model_info`).
+    `continue_generation`, `update_weights_from_disk`, `update_weights_from_tensor`, `abort`, `abort_all`, `get_model_info`).
     """
 
     def __init__(self, url: str, *, max_connections: int = 256, timeout_s: float = 600.0,
@@ -114,6 +114,20 @@ class SGLangPolicy:
         result = await self.http.request("POST", "/update_weights_from_disk", body)
         if isinstance(result, dict) and result.get("success") is False:
             raise RemoteError(f"update_weights_from_disk({model_path!r}) failed: {result.get('message')}")
+        return result
+
+    async def update_weights_from_tensor(self, named_tensors, weight_version: str | None = None) -> dict[str, Any]:
+        """Weights from this host's memory (CUDA IPC or shared memory; `agents.weight_transfer`), SGLang's
+        `/update_weights_from_tensor`. The tensors must stay alive until this returns."""
+        from agents.weight_transfer import serialize_named_tensors
+
+        body: dict[str, Any] = {"serialized_named_tensors": [serialize_named_tensors(list(named_tensors))],
+                                "flush_cache": True}
+        if weight_version is not None:
+            body["weight_version"] = weight_version
+        result = await self.http.request("POST", "/update_weights_from_tensor", body)
+        if isinstance(result, dict) and result.get("success") is False:
+            raise RemoteError(f"update_weights_from_tensor failed: {result.get('message')}")
         return result
 
     async def abort(self, rid: str) -> None:

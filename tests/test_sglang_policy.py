@@ -252,3 +252,39 @@ def test_deadline_aborts_the_engine_request(engine_url, local):
     assert after["aborted"] == before["aborted"] + 1
     # the aborted request stopped early instead of generating its 400 tokens for nobody
     assert after["completion_tokens"] - before["completion_tokens"] < 400
+
+
+def test_update_weights_from_tensor_through_shared_memory_equals_the_in_process_engine(engine_url, local):
+    """A trainer's `sync` with no path sends the weights from memory (SGLang's /update_weights_from_tensor; shared
+    memory on CPU, CUDA IPC on a GPU); the server's next generation equals the in-process engine's on them."""
+    from trainers.torch_trainer import TorchTrainer, TrainerConfig
+
+    model, tok, policy_local = local
+    original = {k: v.clone() for k, v in model.state_dict().items()}
+    with torch.no_grad():
+        for v in model.state_dict().values():
+            if v.dtype.is_floating_point:
+                v.add_(0.05 * torch.randn_like(v, generator=torch.Generator().manual_seed(3)))
+    params = {"temperature": 0, "max_new_tokens": 6}
+
+    async def main():
+        remote = SGLangPolicy(engine_url)
+        before = await remote.generate(prompts(tok)[0], params)
+        version = await TorchTrainer(model, TrainerConfig(), pad_id=tok.pad_token_id).sync(remote, version="mem-1")
+        after = await remote.generate(prompts(tok)[0], params)
+        here = await policy_local.generate(prompts(tok)[0], params)  # the local engine holds `model` itself
+        with pytest.raises(RemoteError, match="serialized_named_tensors"):
+            await remote.http.request("POST", "/update_weights_from_tensor", {"serialized_named_tensors": "x"})
+        await remote.update_weights_from_tensor(list(original.items()), weight_version="restored")
+        restored = await remote.generate(prompts(tok)[0], params)
+        await remote.close()
+        return version, before, after, here, restored
+
+    try:
+        version, before, after, here, restored = asyncio.run(main())
+    finally:
+        model.load_state_dict(original)
+    assert version == "mem-1" and after.weight_version == "mem-1" and after.logprobs != before.logprobs
+    assert after.token_ids == here.token_ids
+    assert after.logprobs == pytest.approx(here.logprobs, abs=1e-4)
+    assert restored.token_ids == before.token_ids and restored.weight_version == "restored"

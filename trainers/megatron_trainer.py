@@ -370,35 +370,31 @@ class MegatronTrainer(TorchTrainer):
             self.step_count = int(saved["step"])
 
     async def sync(self, policy: Any, *, version: str | None = None, path: str | Path | None = None) -> str:
-        """Push the weights to `policy`: in place (HF names, on the GPU) when it has `update_weights`, else
-        through `path` and `update_weights_from_disk`. Every rank must call it (TP gathers); rank 0 pushes."""
+        """Push the weights (HF names) to `policy`, as `TorchTrainer.sync` does: in place, from memory
+        (`update_weights_from_tensor`) or through `path`. Every rank must call it (TP gathers); rank 0 pushes."""
+        from trainers.torch_trainer import push_weights
+
         version = version or str(self.step_count)
-        if hasattr(policy, "update_weights"):
-            state = self.hf_state_dict()
-            if dist.get_rank() == 0:
-                await policy.update_weights(state, version)
-        elif hasattr(policy, "update_weights_from_disk"):
-            if path is None:
-                raise ValueError("sync to a remote engine needs path= (a folder the engine can read)")
-            self.save_weights(path)
-            if dist.get_rank() == 0:
-                await policy.update_weights_from_disk(str(path), weight_version=version)
-        else:
-            raise TypeError(f"{type(policy).__name__} has neither update_weights nor update_weights_from_disk")
+        state = self.hf_state_dict()
+        if dist.get_rank() == 0:
+            await push_weights(policy, state, version, path, save=lambda p: self._save_hf(p, state))
         return version
 
     def save_weights(self, path: str | Path) -> Path:
-        """Only the HF model folder (safetensors + config.json) — what an engine loads."""
-        from safetensors.torch import save_file
-
-        path = Path(path)
+        """Only the HF model folder (safetensors + config.json) — what an engine loads. Every rank calls it."""
         hf = self.hf_state_dict()
         if dist.get_rank() == 0:
-            path.mkdir(parents=True, exist_ok=True)
-            save_file({k: v.detach().to("cpu").contiguous() for k, v in hf.items()}, str(path / "model.safetensors"),
-                      metadata={"format": "pt"})
-            self.hf_config.save_pretrained(str(path))
-        return path
+            self._save_hf(path, hf)
+        return Path(path)
+
+    def _save_hf(self, path: str | Path, hf: dict[str, torch.Tensor] | None = None) -> None:
+        from safetensors.torch import save_file
+
+        hf = self.hf_state_dict() if hf is None else hf
+        Path(path).mkdir(parents=True, exist_ok=True)
+        save_file({k: v.detach().to("cpu").contiguous() for k, v in hf.items()}, str(Path(path) / "model.safetensors"),
+                  metadata={"format": "pt"})
+        self.hf_config.save_pretrained(str(path))
 
 
 def _inner(optimizer: Any) -> list[torch.optim.Optimizer]:

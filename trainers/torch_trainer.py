@@ -290,20 +290,29 @@ class TorchTrainer:
             self.step_count = int(saved["step"])
 
     async def sync(self, policy: Any, *, version: str | None = None, path: str | Path | None = None) -> str:
-        """Push the current weights to `policy`: in place when it has `update_weights` (TransformersPolicy),
-        else save to `path` and call `update_weights_from_disk` (SGLangPolicy: SGLang or serve-engine)."""
+        """Push the current weights to `policy`: in place when it has `update_weights` (TransformersPolicy);
+        to an engine server (SGLangPolicy: SGLang or serve-engine) through `path` and `update_weights_from_disk`
+        when `path` is given, else from memory (`update_weights_from_tensor`: CUDA IPC / shared memory, same host)."""
         version = version or str(self.step_count)
-        if hasattr(policy, "update_weights"):
-            state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
-            await policy.update_weights(state, version)
-        elif hasattr(policy, "update_weights_from_disk"):
-            if path is None:
-                raise ValueError("sync to a remote engine needs path= (a folder the engine can read)")
-            self.model.save_pretrained(path, safe_serialization=True)
-            await policy.update_weights_from_disk(str(path), weight_version=version)
-        else:
-            raise TypeError(f"{type(policy).__name__} has neither update_weights nor update_weights_from_disk")
+        state = {k: v.detach() for k, v in self.model.state_dict().items()}
+        await push_weights(policy, state, version, path,
+                           save=lambda p: self.model.save_pretrained(p, safe_serialization=True))
         return version
+
+
+async def push_weights(policy: Any, state: dict[str, torch.Tensor], version: str, path: str | Path | None,
+                       save: Any) -> None:
+    """The one weight-sync dispatch of both trainers (see `TorchTrainer.sync`); `save(path)` writes an HF folder."""
+    if hasattr(policy, "update_weights"):
+        await policy.update_weights({k: v.clone() for k, v in state.items()}, version)
+    elif path is not None and hasattr(policy, "update_weights_from_disk"):
+        save(path)
+        await policy.update_weights_from_disk(str(path), weight_version=version)
+    elif hasattr(policy, "update_weights_from_tensor"):
+        await policy.update_weights_from_tensor(list(state.items()), weight_version=version)
+    else:
+        raise TypeError(f"{type(policy).__name__} takes no weights: it has neither update_weights, "
+                        "update_weights_from_tensor nor update_weights_from_disk")
 
 
 def _pad_left(x: torch.Tensor, cols: int) -> torch.Tensor:
