@@ -65,7 +65,8 @@ class SGLangPolicy:
     Connection pool sized by `max_connections` (set it to your episode concurrency), per-request
     `timeout_s`, and `max_retries` with exponential backoff on connection errors and 5xx (never on
     4xx). Also the control calls a trainer needs (`health`, `flush_cache`, `pause_generation`,
-    `continue_generation`, `update_weights_from_disk`, `update_weights_from_tensor`, `abort`, `abort_all`, `get_model_info`).
+    `continue_generation`, `update_weights_from_disk`, `update_weights_from_tensor`, `abort`, `abort_all`,
+    `get_model_info`).
     """
 
     def __init__(self, url: str, *, max_connections: int = 256, timeout_s: float = 600.0,

@@ -14,10 +14,10 @@ import base64
 import io
 import pickle
 from collections.abc import Sequence
+from multiprocessing.reduction import ForkingPickler
 
 import torch
 import torch.multiprocessing  # noqa: F401 - registers the tensor reductions with ForkingPickler
-from multiprocessing.reduction import ForkingPickler
 
 
 def serialize_named_tensors(named_tensors: Sequence[tuple[str, torch.Tensor]]) -> str:

@@ -110,8 +110,6 @@ def megatron_rows(cfg, lengths, iters, report) -> None:
             (loss.float() * mask[rows]).mean().backward()
 
     report("megatron fwd+bwd padded (bshd, 2 x 8 rows)", timed(padded_step, iters), lengths)
-    del model
-    torch.cuda.empty_cache()
 
 
 def full_step_row(cfg, lengths, iters, report, label="megatron full RL step (MegatronTrainer.step)") -> float:
@@ -143,7 +141,8 @@ def hf_rows(cfg, lengths, iters, report) -> None:
     def step(m):
         def run():
             for rows in (slice(0, 8), slice(8, 16)):
-                out = m(input_ids=ids[rows], attention_mask=mask[rows], labels=ids[rows].masked_fill(mask[rows] == 0, -100))
+                labels = ids[rows].masked_fill(mask[rows] == 0, -100)
+                out = m(input_ids=ids[rows], attention_mask=mask[rows], labels=labels)
                 out.loss.backward()
         return run
 
@@ -172,7 +171,8 @@ def main() -> None:
         print(f"{seconds:.6f}")
         return
     peak, spec = matmul_peak(), spec_peak()
-    print(f"{torch.cuda.get_device_name()}: matmul peak {peak:.0f} TFLOP/s (spec {spec:.0f}); {len(lengths)} sequences, "
+    print(f"{torch.cuda.get_device_name()}: matmul peak {peak:.0f} TFLOP/s (spec {spec:.0f}); "
+          f"{len(lengths)} sequences, "
           f"{sum(lengths)} tokens (lengths 256..2048), ~{model_flops(cfg, [1]) / 6 / 1e9:.2f}B params")
     print(f"{'row':48s} {'ms':>8s} {'tokens/s':>10s} {'TFLOP/s':>8s} {'MFU spec':>9s} {'MFU meas.':>9s}")
 
@@ -182,6 +182,7 @@ def main() -> None:
               f"{tflops / peak:9.1%}", flush=True)
 
     megatron_rows(cfg, lengths, args.iters, report)
+    torch.cuda.empty_cache()  # the model of those rows is gone with the function
     full_step_row(cfg, lengths, args.iters, report)
     if not args.skip_hf:
         torch.cuda.empty_cache()

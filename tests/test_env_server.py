@@ -6,7 +6,6 @@ import asyncio
 import subprocess
 import sys
 import threading
-import time
 
 import pytest
 from helpers import LocalServer
@@ -127,11 +126,9 @@ def test_ray_backend_with_two_actors(smollm2_tok, renderer):
             await manager.close()
             return batch, stats
 
-        t0 = time.perf_counter()
         batch, stats = asyncio.run(main())
         assert stats == [{"open": 0, "created": 6}, {"open": 0, "created": 6}]  # spread evenly, all closed
         assert len(batch.groups) == 6
         assert all(t.status == "completed" and t.reward == 1.0 for g in batch.groups for t in g.trajectories)
-        assert time.perf_counter() - t0 < 120
     finally:
         ray.shutdown()

@@ -13,6 +13,7 @@ import pytest
 
 import slime_env
 from envs.math import MathReward, MathVerifier, extract_answer, load_math_tasks, slime_reward
+from envs.math.rewards import slime_group_reward
 from envs.math.reasoning_gym_env import reasoning_gym_tasks, write_tasks_jsonl
 from envs.math.verifier import fast_check
 from slime_env import ScriptedPolicy, get_renderer, load_tasks, run_episode
@@ -143,6 +144,7 @@ def test_slime_reward_takes_one_sample_or_a_list(runner):
     samples = [SimpleNamespace(response="\\boxed{6}", label="6"), SimpleNamespace(response="\\boxed{7}", label="6")]
     assert runner.run(slime_reward(args, samples[0])) == 1.0
     assert runner.run(slime_reward(args, samples)) == [1.0, -1.0]
+    assert runner.run(slime_group_reward(args, samples)) == [1.0, -1.0]
 
 
 def test_loaders_read_the_common_layouts(tmp_path):

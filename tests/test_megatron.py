@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import subprocess
 import sys
 
@@ -18,8 +17,10 @@ import torch
 pytest.importorskip("megatron.core", reason="megatron-core is not installed (pip install 'slime_env[megatron]')")
 
 from helpers import SHAPE, tiny, trajectories  # noqa: E402
+
 from trainers.batch import pack  # noqa: E402
 from trainers.torch_trainer import TorchTrainer, TrainerConfig  # noqa: E402
+
 
 @pytest.fixture(scope="module")
 def parallel():
@@ -238,7 +239,8 @@ def test_megatron_step_save_load_and_sync_round_trip(parallel, tmp_path):
 
     engine = Engine()
     assert asyncio.run(trainer.sync(engine)) == "1"
-    assert set(engine.state) == set(after) and torch.equal(engine.state["model.norm.weight"], after["model.norm.weight"])
+    assert set(engine.state) == set(after)
+    assert torch.equal(engine.state["model.norm.weight"], after["model.norm.weight"])
 
 
 def test_yaml_backend_switch_and_its_errors():

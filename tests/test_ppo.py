@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from helpers import SHAPE, tiny, trajectories
+
 from trainers import algorithms as alg
 from trainers.batch import pack
 from trainers.torch_trainer import TorchTrainer, TrainerConfig

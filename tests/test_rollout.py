@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -66,9 +65,7 @@ def test_ten_thousand_episodes_add_up(smollm2_tok, renderer):
         await manager.close()
         return groups
 
-    t0 = time.perf_counter()
-    groups = asyncio.run(main())
-    elapsed = time.perf_counter() - t0
+    groups = asyncio.run(main())  # how fast is bench/rollout.py's business; pytest-timeout catches a hang
     assert len(groups) == n_tasks and sorted(g.group_index for g in groups) == list(range(n_tasks))
     seen = collections.Counter()
     for g in groups:
@@ -78,7 +75,6 @@ def test_ten_thousand_episodes_add_up(smollm2_tok, renderer):
             assert t.metadata["index"] == g.group_index * n + k
             seen[(g.task.id, k)] += 1
     assert len(seen) == n_tasks * n and set(seen.values()) == {1}
-    assert elapsed < 120
 
 
 def test_dynamic_filter_drops_and_refills(smollm2_tok, renderer):

@@ -106,6 +106,22 @@ def test_generate_fills_samples_that_satisfy_slimes_invariants(engine):
     rewards = asyncio.run(plugin.reward(args, out))
     assert rewards == [float(s.reward) for s in out]
     assert asyncio.run(plugin.reward(args, out[0])) == float(out[0].reward)
+    assert asyncio.run(plugin.group_reward(args, out)) == rewards
+
+
+def test_reward_functions_have_slimes_parameter_names():
+    """slime's plug-in contract tests check `--custom-rm-path` functions by parameter name: `(args, sample)` for
+    one sample, `(args, samples)` with `--group-rm` (THUDM/slime tests/plugin_contracts)."""
+    import inspect
+
+    from envs.math import rewards as math_rewards
+
+    for fn, names in ((plugin.reward, ["args", "sample"]), (plugin.group_reward, ["args", "samples"]),
+                      (math_rewards.slime_reward, ["args", "sample"]),
+                      (math_rewards.slime_group_reward, ["args", "samples"])):
+        params = list(inspect.signature(fn).parameters)
+        assert params[:2] == names, (fn.__qualname__, params)
+        assert inspect.iscoroutinefunction(fn)
 
 
 def run_one(args, sample, params):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import pytest
@@ -34,33 +35,50 @@ class SlowEchoEnv:
         self.closed = True
 
 
+class RendezvousEnv(SlowEchoEnv):
+    """Blocks in `reset` until all `parties` envs are inside `reset` at once (only possible if they run
+    concurrently), and in `step` until the event loop has run while this thread was blocked."""
+
+    def __init__(self, barrier, in_call, loop_ran):
+        super().__init__(delay=0)
+        self.barrier, self.in_call, self.loop_ran = barrier, in_call, loop_ran
+
+    def reset(self, *, seed=None, options=None):
+        self.barrier.wait(timeout=60)  # BrokenBarrierError (a failed episode) if the resets were serialised
+        return super().reset(seed=seed, options=options)
+
+    def step(self, text):
+        self.in_call.set()
+        if not self.loop_ran.wait(timeout=60):
+            raise RuntimeError("the event loop did not run while a blocking step was in progress")
+        return super().step(text)
+
+
 def test_blocking_envs_run_concurrently_and_loop_stays_responsive(smollm2_tok):
+    """No clocks: the four resets meet at a barrier (they overlap or the episodes fail), and each step waits
+    for a sign, given by a coroutine, that the loop kept running while the step's thread was blocked."""
     renderer = get_renderer(smollm2_tok, strict=True)
-    envs = [SlowEchoEnv() for _ in range(4)]
-    ticks = []
+    barrier, in_call, loop_ran = threading.Barrier(4), threading.Event(), threading.Event()
+    envs = [RendezvousEnv(barrier, in_call, loop_ran) for _ in range(4)]
 
     async def heartbeat(stop):
         while not stop.is_set():
-            ticks.append(time.perf_counter())
-            await asyncio.sleep(0.01)
+            if in_call.is_set():  # a blocking step is in progress in a worker thread, and the loop runs
+                loop_ran.set()
+            await asyncio.sleep(0.005)
 
     async def main():
         stop = asyncio.Event()
         hb = asyncio.create_task(heartbeat(stop))
-        t0 = time.perf_counter()
         trajs = await asyncio.gather(*(run_episode(from_sync(e), ScriptedPolicy(smollm2_tok, ["hi"]), task("cats"),
                                                    renderer=renderer) for e in envs))
-        elapsed = time.perf_counter() - t0
         stop.set()
         await hb
-        return trajs, elapsed
+        return trajs
 
-    trajs, elapsed = asyncio.run(main())
-    assert all(t.status == "completed" and t.reward == 1.0 for t in trajs)
-    # 4 envs x 3 blocking calls x 0.2 s = 2.4 s if serial; concurrent: about 0.6 s
-    assert elapsed < 1.5
-    gaps = [b - a for a, b in zip(ticks, ticks[1:])]
-    assert max(gaps) < 0.15  # the loop kept ticking while envs slept
+    trajs = asyncio.run(main())
+    assert all(t.status == "completed" and t.reward == 1.0 for t in trajs), [t.reason for t in trajs]
+    assert not barrier.broken and loop_ran.is_set()
     t = trajs[0]
     assert [m.role for m in t.messages] == ["user", "assistant", "user", "assistant", "user"]
     assert t.messages[0].content == "Say something about cats"

@@ -3,14 +3,14 @@
 
 Building blocks, reusable on their own: `extract_answer` (boxed / <answer> / Answer: / ####),
 `MathVerifier` (math-verify in killable worker processes), `MathReward` (1/0, ±1, format penalty,
-</think> requirement; `slime_reward` for slime's --custom-rm-path), `load_math_tasks` (slime, chat,
+</think> requirement; `slime_reward` / `slime_group_reward` for slime's --custom-rm-path), `load_math_tasks` (slime, chat,
 GSM8K and MATH layouts), `reasoning_gym_tasks` / `write_tasks_jsonl`.
 """
 
 from envs.math.data import load_math_tasks, math_row_to_task
 from envs.math.extract import FORMATS, extract_answer, gold_answer
-from envs.math.rewards import MathReward, slime_reward
+from envs.math.rewards import MathReward, slime_group_reward, slime_reward
 from envs.math.verifier import MathVerifier, Verdict, check, shared_verifier
 
 __all__ = ["FORMATS", "MathReward", "MathVerifier", "Verdict", "check", "extract_answer", "gold_answer",
-           "load_math_tasks", "math_row_to_task", "shared_verifier", "slime_reward"]
+           "load_math_tasks", "math_row_to_task", "shared_verifier", "slime_group_reward", "slime_reward"]

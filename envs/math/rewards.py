@@ -51,15 +51,25 @@ class MathReward:
         return reward
 
 
-async def slime_reward(args: Any, sample_or_samples: Any, **kwargs: Any) -> float | list[float]:
+def _math_reward(args: Any) -> MathReward:
+    return MathReward(mode=getattr(args, "math_reward_mode", "binary"),
+                      format_penalty=float(getattr(args, "math_format_penalty", 0.0)),
+                      require_think_close=bool(getattr(args, "math_require_think_close", False)))
+
+
+async def slime_reward(args: Any, sample: Any, **kwargs: Any) -> float | list[float]:
     """slime `--custom-rm-path envs.math.rewards.slime_reward`: `sample.response` against `sample.label`.
 
-    Reads `math_reward_mode` ("binary"/"pm1"), `math_format_penalty` and `math_require_think_close`
-    from `args` (set them in `--custom-config-path`). Accepts one Sample or a list.
+    slime's one-sample signature `(args, sample)`; a list is accepted too. Reads `math_reward_mode`
+    ("binary"/"pm1"), `math_format_penalty` and `math_require_think_close` from `args` (set them in
+    `--custom-config-path`).
     """
-    reward = MathReward(mode=getattr(args, "math_reward_mode", "binary"),
-                        format_penalty=float(getattr(args, "math_format_penalty", 0.0)),
-                        require_think_close=bool(getattr(args, "math_require_think_close", False)))
-    if isinstance(sample_or_samples, list):
-        return [(await reward(s.response, s.label))[0] for s in sample_or_samples]
-    return (await reward(sample_or_samples.response, sample_or_samples.label))[0]
+    if isinstance(sample, (list, tuple)):
+        return await slime_group_reward(args, list(sample))
+    return (await _math_reward(args)(sample.response, sample.label))[0]
+
+
+async def slime_group_reward(args: Any, samples: list[Any], **kwargs: Any) -> list[float]:
+    """slime `--custom-rm-path envs.math.rewards.slime_group_reward` with `--group-rm`: `(args, samples)`."""
+    reward = _math_reward(args)
+    return [(await reward(s.response, s.label))[0] for s in samples]

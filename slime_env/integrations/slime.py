@@ -152,17 +152,26 @@ def _fail(sample: Any, reason: str, trace: str) -> Any:
     return sample
 
 
-async def reward(args: Any, sample_or_samples: Any, **kwargs: Any) -> float | list[float]:
-    """slime's custom reward: the env's reward, computed during `generate` (one Sample or a list)."""
-    def one(sample: Any) -> float:
-        if sample.reward is not None and not isinstance(sample.reward, dict):
-            return float(sample.reward)
-        stored = (sample.metadata or {}).get("slime_env", {}) if isinstance(sample.metadata, Mapping) else {}
-        return float(stored.get("reward", 0.0))
+def _env_reward(sample: Any) -> float:
+    if sample.reward is not None and not isinstance(sample.reward, dict):
+        return float(sample.reward)
+    stored = (sample.metadata or {}).get("slime_env", {}) if isinstance(sample.metadata, Mapping) else {}
+    return float(stored.get("reward", 0.0))
 
-    if isinstance(sample_or_samples, (list, tuple)):
-        return [one(s) for s in sample_or_samples]
-    return one(sample_or_samples)
+
+async def reward(args: Any, sample: Any, **kwargs: Any) -> float | list[float]:
+    """`--custom-rm-path slime_env.integrations.slime.reward`: the env's reward, computed during `generate`.
+
+    slime's one-sample signature `(args, sample)` (its contract tests check the names); a list is accepted too.
+    """
+    if isinstance(sample, (list, tuple)):
+        return [_env_reward(s) for s in sample]
+    return _env_reward(sample)
+
+
+async def group_reward(args: Any, samples: list[Any], **kwargs: Any) -> list[float]:
+    """`--custom-rm-path slime_env.integrations.slime.group_reward` with `--group-rm`: slime's `(args, samples)`."""
+    return [_env_reward(s) for s in samples]
 
 
 async def close() -> None:
