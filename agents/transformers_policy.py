@@ -45,6 +45,23 @@ class _Request:
     aborted: bool = False  # set from the event loop; read by the worker between decoding steps
 
 
+def _check_ids(input_ids: Any, vocab_size: int) -> list[int]:
+    """`input_ids` as a list of token ids, or an `InvalidInput` naming the argument and what is wrong with it."""
+    if isinstance(input_ids, (str, bytes)):
+        raise InvalidInput("input_ids must be a sequence of token ids, got a string: tokenize it first "
+                           "(renderer.render_prompt(messages) gives the ids of a chat prompt)")
+    try:
+        ids = [int(t) for t in input_ids]
+    except (TypeError, ValueError):
+        raise InvalidInput(f"input_ids must be a sequence of integer token ids, got {type(input_ids).__name__}") from None
+    if not ids:
+        raise InvalidInput("input_ids is empty")
+    bad = [t for t in ids if not 0 <= t < vocab_size]
+    if bad:
+        raise InvalidInput(f"input_ids holds {len(bad)} id(s) outside the vocabulary [0, {vocab_size}): {bad[:5]}")
+    return ids
+
+
 class TransformersPolicy:
     """A `slime_env.Policy` on a local transformers model (CPU or one GPU). See the module docstring.
 
@@ -80,8 +97,7 @@ class TransformersPolicy:
     async def generate(self, input_ids: Sequence[int], sampling_params: Mapping[str, Any], *,
                        rid: str | None = None) -> Generation:
         """Generate a continuation; `rid` names the request so `abort(rid)` can stop it."""
-        if not input_ids:
-            raise InvalidInput("input_ids is empty")
+        input_ids = _check_ids(input_ids, self.model.config.vocab_size)
         loop = asyncio.get_running_loop()
         if self._queue is None or self._worker is None or self._worker.done():
             self._queue = asyncio.Queue()

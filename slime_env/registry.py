@@ -10,6 +10,7 @@ Gymnasium as `slime_env/<id>` (a synchronous text env).
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
@@ -87,14 +88,20 @@ def registry_specs() -> list[EnvSpec]:
 
 
 def describe(spec_: EnvSpec) -> str:
-    """The spec's description, else the first line of its env class's docstring."""
+    """One line: the spec's description, else the env module's headline ("<id>: what it is"), else the first
+    line of the env class's docstring."""
     if spec_.description:
         return spec_.description
     try:
         target = load_object(spec_.entry_point) if isinstance(spec_.entry_point, str) else spec_.entry_point
     except InvalidInput as e:
         return f"(cannot load: {e})"
-    return ((target.__doc__ or "").strip().splitlines() or [""])[0]
+    module = sys.modules.get(getattr(target, "__module__", ""), None)
+    headline = ((getattr(module, "__doc__", None) or "").strip().splitlines() or [""])[0]
+    if headline.startswith(f"{spec_.id}:"):
+        return headline[len(spec_.id) + 1:].strip()
+    first = ((target.__doc__ or "").strip().splitlines() or [""])[0]
+    return first.replace(" (see the module docstring)", "")
 
 
 def register_entry_points() -> None:

@@ -11,7 +11,7 @@ import pytest
 from helpers import LocalServer
 from test_rollout import CoinEnv  # noqa: F401 - registers TestCoin-v0 in this process
 
-from slime_env import RolloutManager, ScriptedPolicy, Task, get_renderer, make, run_episode
+from slime_env import Env, RolloutManager, ScriptedPolicy, Task, get_renderer, make, run_episode
 from slime_env.http import HttpClient, RemoteError
 from slime_env.rollout.env_server import EnvServer, RemoteEnv, close_shared_clients
 
@@ -132,3 +132,39 @@ def test_ray_backend_with_two_actors(smollm2_tok, renderer):
         assert all(t.status == "completed" and t.reward == 1.0 for g in batch.groups for t in g.trajectories)
     finally:
         ray.shutdown()
+
+
+class StopEnv(Env):
+    """One turn that ends at a stop string (as Search-v0's turns end at </search>)."""
+
+    stop = ("</search>",)
+
+    async def reset(self, *, seed=None, options=None):
+        return self.task_from(options).messages(), {}
+
+    async def step(self, action):
+        return [], 1.0, True, False, {}
+
+
+def test_remote_env_carries_the_envs_stop_strings(smollm2_tok, renderer):
+    from slime_env import register
+
+    register("TestStop-v0", StopEnv, override=True)
+
+    class Recording(ScriptedPolicy):
+        def plan(self, input_ids, sampling_params):  # every generation path plans its reply here
+            self.seen = dict(sampling_params)
+            return super().plan(input_ids, sampling_params)
+
+    async def main():
+        async with Served("TestStop-v0") as s:
+            policy = Recording(smollm2_tok, ["ok"])
+            remote = RemoteEnv(s.url)
+            traj = await run_episode(remote, policy, TASK, renderer=renderer)
+            await remote.close()
+            await close_shared_clients()
+            return traj, policy.seen, remote.stop
+
+    traj, params, stop = asyncio.run(main())
+    assert traj.status != "failed", traj.reason
+    assert stop == ("</search>",) and "</search>" in params["stop"]

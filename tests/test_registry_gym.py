@@ -82,3 +82,12 @@ def test_core_does_not_import_the_other_packages():
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)
     assert slime_env.__version__
+
+
+def test_every_builtin_env_has_a_one_line_description():
+    """`slime-env list` shows what each env is, not a pointer elsewhere."""
+    from slime_env.registry import describe, registry_specs
+
+    for spec in registry_specs():
+        text = describe(spec)
+        assert text and "\n" not in text and "see the module docstring" not in text, (spec.id, text)

@@ -148,3 +148,16 @@ def test_generation_does_not_block_the_event_loop(engine):
     assert threads and loop_thread not in threads  # every forward pass ran off the event-loop thread
     gaps = [b - a for a, b in zip(ticks, ticks[1:])]
     assert len(ticks) > 20 and max(gaps) < 1.0  # and the loop kept ticking meanwhile
+
+
+def test_bad_prompt_ids_are_refused_at_the_boundary_naming_the_argument(engine):
+    import pytest
+
+    from slime_env.errors import InvalidInput
+
+    policy = engine[2]
+    for bad, message in (("What is 2+2?", "got a string"), ([], "empty"), ([1, "x"], "integer token ids"),
+                         ([1, 10 ** 9], "outside the vocabulary")):
+        with pytest.raises(InvalidInput, match=message) as err:
+            asyncio.run(policy.generate(bad, {"max_new_tokens": 2}))
+        assert "input_ids" in str(err.value)

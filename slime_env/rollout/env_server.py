@@ -186,6 +186,7 @@ class RemoteEnv(Env):
         if self.session_id is None:
             created = await self.client.request("POST", "/sessions", {"env_kwargs": self.env_kwargs})
             self.session_id, self.parser, self.tools = created["session_id"], created.get("parser"), created.get("tools")
+            self.stop = tuple(created.get("stop") or ())  # the env's stop strings reach the sampling params
         out = await self.client.request("POST", f"/sessions/{self.session_id}/reset",
                                         {"seed": seed, "task": task_payload(options)}, max_retries=0)
         return reset_answer(out, "remote")

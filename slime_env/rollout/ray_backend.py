@@ -120,6 +120,7 @@ class RayEnv(Env):
         if self.session_id is None:
             created = await self.actor.create.remote(self.env_kwargs)
             self.session_id, self.parser, self.tools = created["session_id"], created["parser"], created["tools"]
+            self.stop = tuple(created.get("stop") or ())
         out = await self.actor.reset.remote(self.session_id, seed, task_payload(options))
         return reset_answer(out, "ray")
 

@@ -43,8 +43,9 @@ def messages_from_list(data: Any, where: str) -> list[Message]:
 
 
 def env_created(session_id: str, env: Any) -> dict[str, Any]:
-    """What a new session reports: its id, and the env's parser and tools (the caller needs them)."""
-    return {"session_id": session_id, "parser": env.parser, "tools": list(env.tools) if env.tools else None}
+    """What a new session reports: its id, and the env's parser, tools and stop strings (the runner needs them)."""
+    return {"session_id": session_id, "parser": env.parser, "tools": list(env.tools) if env.tools else None,
+            "stop": list(getattr(env, "stop", ()) or ())}
 
 
 async def run_reset(env: Any, seed: int | None, task: Any) -> dict[str, Any]:
