@@ -53,7 +53,8 @@ def _check_ids(input_ids: Any, vocab_size: int) -> list[int]:
     try:
         ids = [int(t) for t in input_ids]
     except (TypeError, ValueError):
-        raise InvalidInput(f"input_ids must be a sequence of integer token ids, got {type(input_ids).__name__}") from None
+        raise InvalidInput("input_ids must be a sequence of integer token ids, "
+                           f"got {type(input_ids).__name__}") from None
     if not ids:
         raise InvalidInput("input_ids is empty")
     bad = [t for t in ids if not 0 <= t < vocab_size]
