@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 import aiohttp
@@ -44,6 +44,7 @@ class HttpClient:
         self.headers = dict(headers or {})
         self._session: aiohttp.ClientSession | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._closer: Any = None  # see _close_at_loop_shutdown
         self.retries = 0  # total retries made, for metrics and tests
 
     def session(self) -> aiohttp.ClientSession:
@@ -62,6 +63,13 @@ class HttpClient:
         url = f"{self.base_url}{path}"
         last: Exception | None = None
         retries = self.max_retries if max_retries is None else max_retries
+        session = self.session()
+        if self._closer is None or self._closer[0] is not session:
+            # Close this pool when its event loop shuts down (asyncio.run and friends finalise async
+            # generators before closing the loop), even if nobody calls close(): slime, for one, never does.
+            closer = _close_at_loop_shutdown(session)
+            await closer.__anext__()
+            self._closer = (session, closer)
         for attempt in range(retries + 1):
             if attempt:
                 self.retries += 1
@@ -89,6 +97,16 @@ class HttpClient:
         if self._session is not None and not self._session.closed:
             await self._session.close()
         self._session = None
+
+
+async def _close_at_loop_shutdown(session: aiohttp.ClientSession) -> AsyncIterator[None]:
+    """Started once per session; suspended until the loop's `shutdown_asyncgens()` closes it, then closes the
+    session on that loop while it still runs (no "Unclosed client session", no leaked sockets)."""
+    try:
+        yield  # never resumed: only aclose() (the loop's shutdown, or garbage collection) ends it
+    finally:
+        if not session.closed:
+            await session.close()
 
 
 def serve_forever(make_app: Callable[[], Any], *, host: str, port: int, backlog: int = 128,

@@ -288,3 +288,27 @@ def test_update_weights_from_tensor_through_shared_memory_equals_the_in_process_
     assert after.token_ids == here.token_ids
     assert after.logprobs == pytest.approx(here.logprobs, abs=1e-4)
     assert restored.token_ids == before.token_ids and restored.weight_version == "restored"
+
+
+def test_pooled_sessions_close_with_their_event_loop_without_close(engine_url):
+    """slime drives the plug-in from a plain asyncio program and never calls our close(): the pooled aiohttp
+    session must still be closed when the loop shuts down (no "Unclosed client session", no leaked socket)."""
+    import subprocess
+    import sys
+
+    code = f"""
+import asyncio
+from agents import SGLangPolicy
+keep = []
+async def main():
+    policy = SGLangPolicy({engine_url!r})
+    info = await policy.get_model_info()
+    keep.append(policy)  # a module-level pool, as the slime plug-in keeps one
+    print("model", bool(info))
+asyncio.run(main())
+print("loop closed")
+"""
+    out = subprocess.run([sys.executable, "-X", "dev", "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "loop closed" in out.stdout
+    assert "Unclosed" not in out.stderr, out.stderr[-2000:]
