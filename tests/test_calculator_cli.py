@@ -54,7 +54,9 @@ def test_cli_help_and_list():
     out = _cli("--help")
     assert out.returncode == 0 and "list" in out.stdout and "demo" in out.stdout
     out = _cli("list")
-    assert out.returncode == 0 and out.stdout.splitlines()[0].startswith("Calculator-v0\t")
+    lines = out.stdout.splitlines()
+    assert out.returncode == 0 and lines == sorted(lines)  # one line per env, by id
+    assert "Calculator-v0\tarithmetic questions answered with the help of a calculator tool." in lines
 
 
 def test_scripted_demo_shows_the_ledger():
