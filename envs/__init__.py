@@ -1,8 +1,26 @@
-"""envs: the built-in environments.
+"""envs: the built-in environments, one subpackage or module each.
 
-Now: `Calculator-v0` (arithmetic with a calculator tool, the demo env). Planned: Search-R1 search,
-code with unit tests, math with a verifier and a python tool, multi-agent examples, adapters.
-Each env is declared as one `slime_env.envs` entry point in pyproject.toml (name = env id, value =
-`module:Class`). Imports `slime_env` (and may use `tools_sandbox`); `slime_env` reaches this package
-only through those entry points.
+`Calculator-v0` (`envs.calculator`: a calculator tool), `Math-v0` / `MathTool-v0` / `ReasoningGym-v0` /
+`ArithmeticRetry-v0` (`envs.math`), `Code-v0` (`envs.code`: unit tests in a sandbox), `Search-v0`
+(`envs.search`: Search-R1). Each env is declared as one `slime_env.envs` entry point in pyproject.toml
+(name = env id, value = `module:Class`), so `slime_env.make(id)` imports only the env it makes. Imports
+`slime_env` (and may use `tools_sandbox`); `slime_env` reaches this package only through those entry points.
+The classes are importable from here too (`from envs import CodeEnv`), each on first use.
 """
+
+from importlib import import_module
+from typing import Any
+
+_EXPORTS = {
+    "CalculatorEnv": "envs.calculator", "MathEnv": "envs.math.env", "MathToolEnv": "envs.math.tool_env",
+    "ReasoningGymEnv": "envs.math.reasoning_gym_env", "ArithmeticRetryEnv": "envs.math.retry_env",
+    "arithmetic_tasks": "envs.math.retry_env", "CodeEnv": "envs.code.env", "SearchEnv": "envs.search.env",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'envs' has no attribute {name!r}")

@@ -8,6 +8,7 @@ Core API (this package never imports `envs`, `agents`, `tools_sandbox` or `train
 - `get_parser`: tool-call parsers (hermes, qwen3_coder, search_r1, python_block).
 - `ScriptedPolicy`: a deterministic policy for tests and demos.
 - `RolloutManager`, `load_tasks`: many episodes at once, in groups, persisted and resumable.
+- `RemoteEnv`, `EnvServer`: an env served over HTTP (`slime-env serve-env`) and its client.
 """
 
 from slime_env.env import Env, Wrapper
@@ -18,6 +19,7 @@ from slime_env.policy import Policy, ScriptedPolicy
 from slime_env.registry import EnvSpec, make, register, registry_ids, spec
 from slime_env.renderers import TemplateRenderer, get_renderer, register_renderer
 from slime_env.rollout import Batch, Group, RolloutManager, load_tasks
+from slime_env.rollout.env_server import EnvServer, RemoteEnv, close_shared_clients
 from slime_env.runner import Episode, run_episode
 from slime_env.sync_env import SyncEnv, from_sync
 from slime_env.trajectory import STATUSES, Trajectory
@@ -30,7 +32,8 @@ from slime_env.registry import register_entry_points as _register_entry_points  
 _register_entry_points()
 
 __all__ = [
-    "Action", "Batch", "Env", "Episode", "Group", "RolloutManager", "load_tasks", "EnvSpec", "Generation", "InvalidInput", "Message", "ParseError", "ParseResult", "Policy",
+    "Action", "Batch", "Env", "EnvServer", "Episode", "Group", "RemoteEnv", "RolloutManager", "close_shared_clients",
+    "load_tasks", "EnvSpec", "Generation", "InvalidInput", "Message", "ParseError", "ParseResult", "Policy",
     "RegistryError", "RenderError", "RenderMismatch", "STATUSES", "ScriptedPolicy", "SlimeEnvError", "Span",
     "SyncEnv", "Task", "TemplateRenderer", "TokenLedger", "ToolCall", "Trajectory", "Wrapper", "from_sync",
     "get_parser", "get_renderer", "make", "parser_names", "register", "register_parser", "register_renderer",
