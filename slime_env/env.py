@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any, ClassVar
 
 from slime_env.errors import InvalidInput
@@ -47,8 +48,23 @@ class Env:
         return None
 
     def sample_task(self, rng: random.Random) -> Task | None:
-        """A task drawn from `rng` when reset gets none (Gymnasium tooling, demos). None: tasks are required."""
+        """A task drawn from `rng` when reset gets none (Gymnasium tooling, demos): from the tasks given to
+        `set_tasks`, else from `default_tasks()`. None: tasks are required."""
+        pool = getattr(self, "_task_pool", None) or self.default_tasks()
+        return rng.choice(pool) if pool else None
+
+    def default_tasks(self) -> Sequence[Task] | None:
+        """An offline task source for resets without a task (override; None: there is none)."""
         return None
+
+    def set_tasks(self, tasks: str | Path | Sequence[Any] | None) -> None:
+        """Tasks for resets without one: a JSONL / Parquet path (`load_tasks`) or a list of tasks / dicts."""
+        if tasks is None:
+            self._task_pool = None
+            return
+        from slime_env.rollout.dataset import coerce_tasks
+
+        self._task_pool = coerce_tasks(tasks, f"{type(self).__name__}(tasks=...)")
 
     def task_from(self, options: Mapping[str, Any] | None, seed: int | None = None) -> Task:
         """The task of `reset(options=...)`, or one from `sample_task` seeded by `seed`; a clear error otherwise."""

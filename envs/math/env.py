@@ -24,11 +24,18 @@ class MathEnv(Env):
 
     def __init__(self, *, system_prompt: str | None = SYSTEM_PROMPT, reward_mode: str = "binary",
                  format_penalty: float = 0.0, require_think_close: bool = False,
-                 answer_formats: Sequence[str] = FORMATS, reward: MathReward | None = None):
+                 answer_formats: Sequence[str] = FORMATS, reward: MathReward | None = None,
+                 tasks: Any = None):
+        self.set_tasks(tasks)  # resets without a task draw from these, else from default_tasks()
         self.system_prompt = system_prompt
         self.reward = reward or MathReward(mode=reward_mode, format_penalty=format_penalty,
                                            require_think_close=require_think_close, formats=tuple(answer_formats))
         self._task: Task | None = None
+
+    def default_tasks(self) -> list[Task]:
+        from envs.math.retry_env import arithmetic_tasks
+
+        return arithmetic_tasks(200, 0, digits=(2, 2), ops="+-*")  # offline: no dataset to download
 
     async def reset(self, *, seed: int | None = None, options: Mapping[str, Any] | None = None):
         self._task = self.task_from(options, seed)

@@ -43,7 +43,8 @@ class MathToolEnv(Env):
                  count_tokens: Callable[[str], int] | None = None, tool_bonus: float = 0.0,
                  tool_call_penalty: float = 0.0, reward_mode: str = "binary", format_penalty: float = 0.0,
                  answer_formats: Sequence[str] = FORMATS, system_prompt: str | None = None,
-                 reward: MathReward | None = None):
+                 reward: MathReward | None = None, tasks: Any = None):
+        self.set_tasks(tasks)  # resets without a task draw from these, else from default_tasks()
         if tool_format not in ("hermes", "fenced"):
             raise ValueError(f"tool_format must be 'hermes' or 'fenced', got {tool_format!r}")
         self.tool_format = tool_format
@@ -67,6 +68,11 @@ class MathToolEnv(Env):
 
             self._sandbox = tools_sandbox.auto()  # shared per process: one pool for every episode
         return self._sandbox
+
+    def default_tasks(self) -> list[Task]:
+        from envs.math.retry_env import arithmetic_tasks
+
+        return arithmetic_tasks(200, 0, digits=(2, 2), ops="+-*")  # offline: no dataset to download
 
     async def reset(self, *, seed: int | None = None, options: Mapping[str, Any] | None = None):
         self._task = self.task_from(options, seed)

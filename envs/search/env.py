@@ -69,11 +69,13 @@ class SearchEnv(Env):
 
     def __init__(self, *, retriever: Retriever | str | None = None, topk: int = 3, max_turns: int = 4,
                  observation_budget_tokens: int = 500, count_tokens: Callable[[str], int] | None = None,
-                 template: str = SEARCH_R1_TEMPLATE, reward: str | Callable = "em", format_score: float = 0.0):
+                 template: str = SEARCH_R1_TEMPLATE, reward: str | Callable = "em", format_score: float = 0.0,
+                 tasks: Any = None):
         if topk < 1 or max_turns < 1:
             raise InvalidInput(f"topk and max_turns must be >= 1, got {topk} and {max_turns}")
         if "{question}" not in template:
             raise InvalidInput("template must contain {question}")
+        self.set_tasks(tasks)  # resets without a task draw from these, else from the demo corpus's questions
         self._retriever = retriever
         self.topk, self.max_turns = topk, max_turns
         self.budget, self.count_tokens = observation_budget_tokens, count_tokens
@@ -83,6 +85,11 @@ class SearchEnv(Env):
         self._golds: list[str] = []
         self._turns = 0
         self.searches: list[str] = []
+
+    def default_tasks(self) -> list[Task]:
+        from envs.search.corpus import demo_questions
+
+        return [Task(prompt=q["question"], label=q["answers"], id=f"demo-{i}") for i, q in enumerate(demo_questions())]
 
     @property
     def retriever(self) -> Retriever:

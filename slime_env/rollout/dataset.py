@@ -3,12 +3,26 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from slime_env.errors import InvalidInput
 from slime_env.types import Task
+
+
+def coerce_tasks(spec: str | Path | Sequence[Any], where: str = "tasks") -> list[Task]:
+    """A task list from a `.jsonl` / `.parquet` path (`load_tasks`) or a sequence of tasks, prompts or dicts;
+    an empty one, or a bad item, is an `InvalidInput` naming `where` (and the item's index)."""
+    if isinstance(spec, (str, Path)):
+        tasks = load_tasks(spec)
+    elif isinstance(spec, Sequence):
+        tasks = [Task.coerce(t, f"{where}[{i}]") for i, t in enumerate(spec)]
+    else:
+        raise InvalidInput(f"{where}: a path or a list of tasks, got {type(spec).__name__}")
+    if not tasks:
+        raise InvalidInput(f"{where}: no tasks")
+    return tasks
 
 
 def load_tasks(path: str | Path, *, input_key: str = "prompt", label_key: str | None = "label",
