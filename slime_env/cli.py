@@ -1,4 +1,9 @@
-"""The `slime-env` command line (also `python -m slime_env`). Later issues add subcommands here."""
+"""The `slime-env` command line (also `python -m slime_env`): the application layer.
+
+The core's own subcommands live here (`list`, `demo`, `serve-env`, `rollout`); every other package owns its
+subcommands in its own `cli` module, declared in the `slime_env.cli` entry-point group (`name =
+"package.cli:register"`) and added when the command line starts — never at `import slime_env`.
+"""
 
 from __future__ import annotations
 
@@ -41,24 +46,6 @@ def demo(episodes: int = typer.Option(4, min=1, help="episodes to run (concurren
     finally:
         if policy is not None:
             policy.close()
-
-
-@app.command("serve-engine")
-def serve_engine(model: str = typer.Option("default", help="'default' (embedded SmolLM2-135M-Instruct) or a "
-                                                           "Hugging Face model folder"),
-                 host: str = typer.Option("127.0.0.1", help="address to bind"),
-                 port: int = typer.Option(30000, help="port (0 picks a free one)"),
-                 max_batch_size: int = typer.Option(16, min=1, help="requests generated together"),
-                 batch_window_ms: float = typer.Option(
-                     20.0, min=0, help="how long to wait to fill a batch (HTTP requests arrive spread out)"),
-                 device: str = typer.Option("auto", help="'auto' (CUDA when present), 'cuda', 'cuda:N' or 'cpu'"),
-                 dtype: str = typer.Option("auto", help="'auto' (bfloat16 on CUDA, float32 on CPU), 'bfloat16', "
-                                                         "'float16' or 'float32'")) -> None:
-    """Serve a local transformers model through SGLang's native HTTP API (/generate, ...)."""
-    from agents.engine_server import serve
-
-    serve(model=model, host=host, port=port, max_batch_size=max_batch_size, batch_window_s=batch_window_ms / 1000,
-          device=device, dtype=dtype)
 
 
 @app.command("serve-env")
@@ -168,157 +155,15 @@ def rollout(env: str = typer.Option(..., help="registered env id (tasks may over
 STATUS_KEYS = ("completed", "truncated", "aborted", "failed")
 
 
-@app.command()
-def train(config: str = typer.Option(None, help="run config (YAML); default: the embedded demo run "
-                                                "(trainers/configs/demo.yaml)"),
-          steps: int = typer.Option(None, min=1, help="override the config's steps"),
-          run_dir: str = typer.Option(None, help="override the config's run_dir")) -> None:
-    """RL training: rollouts -> TorchTrainer -> weight sync -> held-out eval; writes metrics, TensorBoard, curves.png."""
-    import asyncio
-    from importlib.resources import files
+def _register_package_commands() -> None:
+    from importlib.metadata import entry_points
 
-    from slime_env.errors import InvalidInput
+    from slime_env.loading import load_object
 
-    from trainers.train_loop import TrainConfig, train as run_train  # lazy: the core never imports trainers
-
-    path = config or str(files("trainers") / "configs" / "demo.yaml")
-    try:
-        cfg = TrainConfig.from_yaml(path)
-    except InvalidInput as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(1) from None
-    if steps:
-        cfg.steps = steps
-    if run_dir:
-        cfg.run_dir = run_dir
-    typer.echo(f"training {cfg.env} with {cfg.trainer.get('estimator', 'grpo')} for {cfg.steps} steps -> {cfg.run_dir}")
-    summary = asyncio.run(run_train(cfg, log=typer.echo))
-    typer.echo(f"held-out accuracy {summary['first_accuracy']:.3f} -> {summary['last_accuracy']:.3f} in "
-               f"{summary['elapsed_s']:.0f}s; curves: {summary['curves']}, metrics: {summary['metrics']}")
-
-search_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Search-R1 retrieval (envs.search).")
-app.add_typer(search_app, name="search")
-
-
-@search_app.command("build-index")
-def search_build_index(corpus: str = typer.Option(..., help="corpus JSONL: {id, contents} (Search-R1) or {id, title, "
-                                                              "text}"),
-                       out: str = typer.Option(..., help="index folder to write"),
-                       dense: str = typer.Option(None, help="build a dense index with this sentence-transformers "
-                                                            "model folder ('default': the offline MiniLM)")) -> None:
-    """Build a BM25 (default) or dense retrieval index from a corpus file."""
-    from envs.search.corpus import read_corpus
-    from envs.search.retrievers import BM25Retriever, DenseRetriever
-    from slime_env.errors import InvalidInput
-
-    try:
-        passages = list(read_corpus(corpus))
-        if dense:
-            DenseRetriever.build(passages, out, model=None if dense == "default" else dense, log=typer.echo)
-        else:
-            BM25Retriever.build(passages, out, log=typer.echo)
-    except InvalidInput as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(1) from None
-    typer.echo(f"wrote {'dense' if dense else 'bm25'} index of {len(passages)} passages to {out}")
-
-
-@search_app.command("demo-data")
-def search_demo_data(out: str = typer.Option(..., help="folder for corpus.jsonl and questions.jsonl"),
-                     questions: int = typer.Option(200, min=1)) -> None:
-    """Write the offline demo corpus (Python reference topics, not Wikipedia) and its questions."""
-    import json
-    from pathlib import Path
-
-    from envs.search.corpus import demo_corpus, demo_questions, write_corpus
-
-    write_corpus(demo_corpus(), Path(out) / "corpus.jsonl")
-    with open(Path(out) / "questions.jsonl", "w") as f:
-        for row in demo_questions(questions):
-            f.write(json.dumps(row) + "\n")
-    typer.echo(f"wrote {out}/corpus.jsonl and {out}/questions.jsonl")
-
-
-@app.command("serve-retriever")
-def serve_retriever(index: str = typer.Option(..., help="index folder (slime-env search build-index)"),
-                    host: str = typer.Option("127.0.0.1", help="address to bind"),
-                    port: int = typer.Option(8000, help="port (0 picks a free one)"),
-                    topk: int = typer.Option(3, min=1, help="topk when a request gives none")) -> None:
-    """Serve an index with Search-R1's POST /retrieve API."""
-    from envs.search.server import serve
-
-    serve(index, host=host, port=port, default_topk=topk)
-
-
-sandbox_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Sandboxed code execution (tools_sandbox).")
-app.add_typer(sandbox_app, name="sandbox")
-
-
-def _sandbox(backend: str, max_concurrency: int | None):
-    from tools_sandbox import auto  # lazy: the core never imports tools_sandbox at import time
-
-    common = {"max_concurrency": max_concurrency} if max_concurrency else {}
-    return auto(None if backend == "auto" else backend, shared=False, **common)
-
-
-@sandbox_app.command("build-image")
-def sandbox_build_image(tag: str = typer.Option("slime-env-sandbox:py3", help="image name:tag"),
-                        method: str = typer.Option("auto", help="auto | dockerfile | mmdebstrap"),
-                        suite: str = typer.Option("bookworm", help="Debian suite for mmdebstrap"),
-                        mirror: str = typer.Option(None, help="Debian mirror URL for mmdebstrap")) -> None:
-    """Build the local Python sandbox image (Dockerfile if a registry answers, else mmdebstrap + docker import)."""
-    from tools_sandbox.image import build_image
-    from tools_sandbox.types import SandboxError
-
-    try:
-        used = build_image(tag, method=method, suite=suite, mirror=mirror, log=typer.echo)
-    except SandboxError as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(1) from None
-    typer.echo(f"built {tag} ({used})")
-
-
-@sandbox_app.command("cleanup")
-def sandbox_cleanup(all_owners: bool = typer.Option(False, "--all", help="also containers of live processes")) -> None:
-    """Remove sandbox containers left behind by crashed processes."""
-    from tools_sandbox import cleanup
-
-    typer.echo(f"removed {cleanup(all_owners=all_owners)} container(s)")
-
-
-@sandbox_app.command("run")
-def sandbox_run(file: str = typer.Argument(..., help="code file to run ('-' reads stdin)"),
-                language: str = typer.Option("python"), backend: str = typer.Option("auto"),
-                timeout_s: float = typer.Option(10.0), memory_mb: int = typer.Option(512)) -> None:
-    """Run one file in the sandbox and print the ExecResult as JSON."""
-    import asyncio
-    import json
-    import sys
-
-    code = sys.stdin.read() if file == "-" else open(file).read()
-
-    async def main():
-        sandbox = _sandbox(backend, None)
-        try:
-            return await sandbox.run(code, language, timeout_s=timeout_s, memory_mb=memory_mb)
-        finally:
-            await sandbox.close()
-
-    typer.echo(json.dumps(asyncio.run(main()).to_dict(), indent=1))
-
-
-@app.command("serve-sandbox")
-def serve_sandbox(host: str = typer.Option("127.0.0.1", help="address to bind"),
-                  port: int = typer.Option(8080, help="port (0 picks a free one)"),
-                  backend: str = typer.Option("auto", help="auto | docker | bwrap | process"),
-                  max_concurrency: int = typer.Option(None, help="runs executing at once (default: the backend's)"),
-                  queue_timeout_s: float = typer.Option(30.0, help="503 after waiting this long for a slot")) -> None:
-    """Serve a sandbox with SandboxFusion's POST /run_code API (plus GET /health)."""
-    from tools_sandbox.server import serve
-
-    serve(_sandbox(backend, max_concurrency), host=host, port=port, max_concurrency=max_concurrency,
-          queue_timeout_s=queue_timeout_s)
+    for ep in sorted(entry_points(group="slime_env.cli"), key=lambda e: e.name):
+        load_object(ep.value)(app)
 
 
 def main() -> None:
+    _register_package_commands()
     app()

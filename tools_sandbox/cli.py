@@ -1,0 +1,80 @@
+"""`slime-env sandbox build-image | cleanup | run` and `slime-env serve-sandbox` (registered through
+`slime_env.cli`)."""
+
+from __future__ import annotations
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    """Add this package's subcommands to the `slime-env` app."""
+    app.add_typer(sandbox_app, name="sandbox")
+    app.command("serve-sandbox")(serve_sandbox)
+
+
+sandbox_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Sandboxed code execution (tools_sandbox).")
+
+
+def _sandbox(backend: str, max_concurrency: int | None):
+    from tools_sandbox import auto  # lazy: the core never imports tools_sandbox at import time
+
+    common = {"max_concurrency": max_concurrency} if max_concurrency else {}
+    return auto(None if backend == "auto" else backend, shared=False, **common)
+
+
+@sandbox_app.command("build-image")
+def sandbox_build_image(tag: str = typer.Option("slime-env-sandbox:py3", help="image name:tag"),
+                        method: str = typer.Option("auto", help="auto | dockerfile | mmdebstrap"),
+                        suite: str = typer.Option("bookworm", help="Debian suite for mmdebstrap"),
+                        mirror: str = typer.Option(None, help="Debian mirror URL for mmdebstrap")) -> None:
+    """Build the local Python sandbox image (Dockerfile if a registry answers, else mmdebstrap + docker import)."""
+    from tools_sandbox.image import build_image
+    from tools_sandbox.types import SandboxError
+
+    try:
+        used = build_image(tag, method=method, suite=suite, mirror=mirror, log=typer.echo)
+    except SandboxError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(f"built {tag} ({used})")
+
+
+@sandbox_app.command("cleanup")
+def sandbox_cleanup(all_owners: bool = typer.Option(False, "--all", help="also containers of live processes")) -> None:
+    """Remove sandbox containers left behind by crashed processes."""
+    from tools_sandbox import cleanup
+
+    typer.echo(f"removed {cleanup(all_owners=all_owners)} container(s)")
+
+
+@sandbox_app.command("run")
+def sandbox_run(file: str = typer.Argument(..., help="code file to run ('-' reads stdin)"),
+                language: str = typer.Option("python"), backend: str = typer.Option("auto"),
+                timeout_s: float = typer.Option(10.0), memory_mb: int = typer.Option(512)) -> None:
+    """Run one file in the sandbox and print the ExecResult as JSON."""
+    import asyncio
+    import json
+    import sys
+
+    code = sys.stdin.read() if file == "-" else open(file).read()
+
+    async def main():
+        sandbox = _sandbox(backend, None)
+        try:
+            return await sandbox.run(code, language, timeout_s=timeout_s, memory_mb=memory_mb)
+        finally:
+            await sandbox.close()
+
+    typer.echo(json.dumps(asyncio.run(main()).to_dict(), indent=1))
+
+
+def serve_sandbox(host: str = typer.Option("127.0.0.1", help="address to bind"),
+                  port: int = typer.Option(8080, help="port (0 picks a free one)"),
+                  backend: str = typer.Option("auto", help="auto | docker | bwrap | process"),
+                  max_concurrency: int = typer.Option(None, help="runs executing at once (default: the backend's)"),
+                  queue_timeout_s: float = typer.Option(30.0, help="503 after waiting this long for a slot")) -> None:
+    """Serve a sandbox with SandboxFusion's POST /run_code API (plus GET /health)."""
+    from tools_sandbox.server import serve
+
+    serve(_sandbox(backend, max_concurrency), host=host, port=port, max_concurrency=max_concurrency,
+          queue_timeout_s=queue_timeout_s)

@@ -1,0 +1,38 @@
+"""`slime-env train`: the trainers package's subcommand (registered through `slime_env.cli`)."""
+
+from __future__ import annotations
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    """Add this package's subcommands to the `slime-env` app."""
+    app.command()(train)
+
+
+def train(config: str = typer.Option(None, help="run config (YAML); default: the embedded demo run "
+                                                "(trainers/configs/demo.yaml)"),
+          steps: int = typer.Option(None, min=1, help="override the config's steps"),
+          run_dir: str = typer.Option(None, help="override the config's run_dir")) -> None:
+    """RL training: rollouts -> TorchTrainer or MegatronTrainer -> weight sync -> held-out eval (metrics, curves)."""
+    import asyncio
+    from importlib.resources import files
+
+    from slime_env.errors import InvalidInput
+    from trainers.train_loop import TrainConfig
+    from trainers.train_loop import train as run_train
+
+    path = config or str(files("trainers") / "configs" / "demo.yaml")
+    try:
+        cfg = TrainConfig.from_yaml(path)
+    except InvalidInput as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(1) from None
+    if steps:
+        cfg.steps = steps
+    if run_dir:
+        cfg.run_dir = run_dir
+    typer.echo(f"training {cfg.env} with {cfg.trainer.get('estimator', 'grpo')} for {cfg.steps} steps -> {cfg.run_dir}")
+    summary = asyncio.run(run_train(cfg, log=typer.echo))
+    typer.echo(f"held-out accuracy {summary['first_accuracy']:.3f} -> {summary['last_accuracy']:.3f} in "
+               f"{summary['elapsed_s']:.0f}s; curves: {summary['curves']}, metrics: {summary['metrics']}")
