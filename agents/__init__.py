@@ -11,8 +11,7 @@ Imports `slime_env`, never the reverse. Names are imported lazily so `import age
 torch unless a local engine is used.
 """
 
-from importlib import import_module
-from typing import Any
+from slime_env.loading import lazy_exports
 
 _EXPORTS = {
     "SGLangPolicy": "agents.sglang_policy", "EpisodeSession": "agents.session",
@@ -23,9 +22,4 @@ _EXPORTS = {
 }
 
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'agents' has no attribute {name!r}")
+__getattr__ = lazy_exports("agents", _EXPORTS)

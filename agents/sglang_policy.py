@@ -109,26 +109,25 @@ class SGLangPolicy:
         await self.http.request("POST", "/continue_generation", {}, expect_json=False)
 
     async def update_weights_from_disk(self, model_path: str, weight_version: str | None = None) -> dict[str, Any]:
-        body = {"model_path": model_path}
-        if weight_version is not None:
-            body["weight_version"] = weight_version
-        result = await self.http.request("POST", "/update_weights_from_disk", body)
-        if isinstance(result, dict) and result.get("success") is False:
-            raise RemoteError(f"update_weights_from_disk({model_path!r}) failed: {result.get('message')}")
-        return result
+        return await self._update_weights("update_weights_from_disk", {"model_path": model_path}, weight_version,
+                                          f"update_weights_from_disk({model_path!r})")
 
     async def update_weights_from_tensor(self, named_tensors, weight_version: str | None = None) -> dict[str, Any]:
         """Weights from this host's memory (CUDA IPC or shared memory; `agents.weight_transfer`), SGLang's
         `/update_weights_from_tensor`. The tensors must stay alive until this returns."""
         from agents.weight_transfer import serialize_named_tensors
 
-        body: dict[str, Any] = {"serialized_named_tensors": [serialize_named_tensors(list(named_tensors))],
-                                "flush_cache": True}
+        body = {"serialized_named_tensors": [serialize_named_tensors(list(named_tensors))], "flush_cache": True}
+        return await self._update_weights("update_weights_from_tensor", body, weight_version,
+                                          "update_weights_from_tensor")
+
+    async def _update_weights(self, route: str, body: dict[str, Any], weight_version: str | None,
+                              what: str) -> dict[str, Any]:
         if weight_version is not None:
             body["weight_version"] = weight_version
-        result = await self.http.request("POST", "/update_weights_from_tensor", body)
+        result = await self.http.request("POST", f"/{route}", body)
         if isinstance(result, dict) and result.get("success") is False:
-            raise RemoteError(f"update_weights_from_tensor failed: {result.get('message')}")
+            raise RemoteError(f"{what} failed: {result.get('message')}")
         return result
 
     async def abort(self, rid: str) -> None:

@@ -8,8 +8,7 @@
 The classes are importable from here too (`from envs import CodeEnv`), each on first use.
 """
 
-from importlib import import_module
-from typing import Any
+from slime_env.loading import lazy_exports
 
 _EXPORTS = {
     "CalculatorEnv": "envs.calculator", "MathEnv": "envs.math.env", "MathToolEnv": "envs.math.tool_env",
@@ -18,9 +17,4 @@ _EXPORTS = {
 }
 
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'envs' has no attribute {name!r}")
+__getattr__ = lazy_exports("envs", _EXPORTS)

@@ -29,3 +29,14 @@ def load_object(path: str) -> Any:
         except AttributeError:
             raise InvalidInput(f"module {module_name!r} has no attribute {attr!r} (from {path!r})") from None
     return obj
+
+
+def lazy_exports(package: str, exports: dict[str, str]) -> Any:
+    """A module `__getattr__` for `package` that imports `exports[name]` (a module path) on first access, so
+    `import package` stays light while `from package import Name` works for every public name."""
+    def __getattr__(name: str) -> Any:
+        if name in exports:
+            return getattr(importlib.import_module(exports[name]), name)
+        raise AttributeError(f"module {package!r} has no attribute {name!r}")
+
+    return __getattr__

@@ -10,8 +10,7 @@
 Imports `slime_env`, never the reverse.
 """
 
-from importlib import import_module
-from typing import Any
+from slime_env.loading import lazy_exports
 
 _EXPORTS = {
     "TorchTrainer": "trainers.torch_trainer", "TrainerConfig": "trainers.torch_trainer",
@@ -20,9 +19,4 @@ _EXPORTS = {
 }
 
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'trainers' has no attribute {name!r}")
+__getattr__ = lazy_exports("trainers", _EXPORTS)

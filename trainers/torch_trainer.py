@@ -162,7 +162,9 @@ class TorchTrainer:
         return metrics
 
     def _split(self, batch: TrainBatch, old: torch.Tensor | None, ref: torch.Tensor | None, targets=None):
-        cut = lambda x, a, b: None if x is None else x[a:b]
+        def cut(x, a, b):
+            return None if x is None else x[a:b]
+
         for a, b in batch.minibatch_bounds(self.config.n_minibatches):
             yield (batch.rows(slice(a, b)), cut(old, a, b), cut(ref, a, b),
                    None if targets is None else tuple(t[a:b] for t in targets))

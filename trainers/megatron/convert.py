@@ -61,7 +61,9 @@ def hf_to_mcore(hf: Mapping[str, torch.Tensor], hf_config: Any, *, tp_rank: int 
     missing = [k for k in _required_hf_keys(hf_config) if k not in hf]
     if missing:
         raise KeyError(f"HF state dict lacks {len(missing)} weight(s) of {hf_config.model_type}: {missing[:4]}")
-    s = lambda x, dim: _shard(x, dim, tp_rank, tp_size)
+    def s(x: torch.Tensor, dim: int) -> torch.Tensor:
+        return _shard(x, dim, tp_rank, tp_size)
+
     out = {"embedding.word_embeddings.weight": s(hf["model.embed_tokens.weight"], 0),
            "decoder.final_layernorm.weight": hf["model.norm.weight"]}
     if not getattr(hf_config, "tie_word_embeddings", False):
@@ -91,7 +93,9 @@ def mcore_to_hf(shards: Sequence[Mapping[str, torch.Tensor]], hf_config: Any) ->
     Tied embeddings are written once (`model.embed_tokens.weight`), as `save_pretrained` does."""
     family = model_family(hf_config)
     tp = len(shards)
-    cat = lambda name, dim: torch.cat([sh[name] for sh in shards], dim=dim) if tp > 1 else shards[0][name]
+    def cat(name: str, dim: int) -> torch.Tensor:
+        return torch.cat([sh[name] for sh in shards], dim=dim) if tp > 1 else shards[0][name]
+
     first = shards[0]
     out = {"model.embed_tokens.weight": cat("embedding.word_embeddings.weight", 0),
            "model.norm.weight": first["decoder.final_layernorm.weight"]}

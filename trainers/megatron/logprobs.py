@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from trainers.megatron.compiled import lazily_compiled
+
 
 def vocab_parallel_logprobs(logits: torch.Tensor, targets: torch.Tensor, *, with_entropy: bool = False):
     """`logits` [N, V / tp] (any float dtype), `targets` [N] (global ids) -> log-probs [N] in fp32, and the
@@ -19,7 +21,7 @@ def vocab_parallel_logprobs(logits: torch.Tensor, targets: torch.Tensor, *, with
 
     tp = ps.get_tensor_model_parallel_world_size() if ps.model_parallel_is_initialized() else 1
     if tp == 1 and logits.is_cuda:  # one fused kernel per direction instead of ~10 passes over [N, V] in fp32
-        logp, ent = _compiled()(logits, targets)
+        logp, ent = _fused_logprobs_entropy(logits, targets)
         return (logp, ent) if with_entropy else logp
     z = logits.float()
     zmax = z.detach().max(dim=-1).values
@@ -53,11 +55,4 @@ def _logprobs_entropy(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torc
     return target - lse, entropy
 
 
-_compiled_fn = None
-
-
-def _compiled():
-    global _compiled_fn
-    if _compiled_fn is None:
-        _compiled_fn = torch.compile(_logprobs_entropy, dynamic=True)
-    return _compiled_fn
+_fused_logprobs_entropy = lazily_compiled(_logprobs_entropy)

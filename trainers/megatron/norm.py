@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from trainers.megatron.compiled import lazily_compiled
+
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     h = x.float()
@@ -16,7 +18,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * h.to(x.dtype)
 
 
-_compiled = None
+_fused_rms_norm = lazily_compiled(rms_norm)
 
 
 class FusedRMSNorm(torch.nn.Module):
@@ -29,7 +31,4 @@ class FusedRMSNorm(torch.nn.Module):
         setattr(self.weight, "sequence_parallel", config.sequence_parallel)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        global _compiled
-        if _compiled is None:
-            _compiled = torch.compile(rms_norm, dynamic=True)
-        return _compiled(x, self.weight, self.eps)
+        return _fused_rms_norm(x, self.weight, self.eps)

@@ -12,6 +12,8 @@ from __future__ import annotations
 import torch
 from megatron.core.models.common.embeddings import rope_utils
 
+from trainers.megatron.compiled import lazily_compiled
+
 
 def packed_positions(cu_seqlens: torch.Tensor, total: int) -> torch.Tensor:
     """Position of every packed token inside its own sequence: [total] (long), from cu_seqlens [B + 1]."""
@@ -26,7 +28,7 @@ def apply_rotary_pos_emb_thd(t: torch.Tensor, cu_seqlens: torch.Tensor, freqs: t
     """RoPE on packed `t` [T, heads, d] with `freqs` [max_s, 1, 1, d] (no context parallelism)."""
     if t.is_cuda and not rotary_interleaved and not multi_latent_attention and freqs.shape[-1] == t.shape[-1]:
         cos, sin = _cos_sin(cu_seqlens, freqs, t.shape[0], t.dtype, mscale)
-        return _rotate_compiled()(t, cos, sin)
+        return _fused_rotate(t, cos, sin)
     pos = packed_positions(cu_seqlens.to(t.device), t.shape[0])
     return rope_utils._apply_rotary_pos_emb_bshd(t.unsqueeze(1), freqs[pos], rotary_interleaved=rotary_interleaved,
                                                  multi_latent_attention=multi_latent_attention,
@@ -53,14 +55,7 @@ def _rotate(t, cos, sin):
     return t * cos + torch.cat((-x2, x1), dim=-1) * sin
 
 
-_compiled = None
-
-
-def _rotate_compiled():
-    global _compiled
-    if _compiled is None:
-        _compiled = torch.compile(_rotate, dynamic=True)
-    return _compiled
+_fused_rotate = lazily_compiled(_rotate)
 
 
 _installed = False
