@@ -87,7 +87,8 @@ class MegatronTrainer(TorchTrainer):
         self.dtype = {"auto": torch.bfloat16 if self.cuda else torch.float32, "bfloat16": torch.bfloat16,
                       "float32": torch.float32}[c.dtype]
         if not self.cuda and self.dtype != torch.float32:
-            raise ValueError("MegatronTrainer on CPU trains in float32 (megatron's mixed-precision optimizer is CUDA-only)")
+            raise ValueError("MegatronTrainer on CPU trains in float32 "
+                             "(megatron's mixed-precision optimizer is CUDA-only)")
         self.parallel = init_parallel(c.tp)
         from megatron.core import parallel_state as ps
 

@@ -26,7 +26,8 @@ def vocab_parallel_logprobs(logits: torch.Tensor, targets: torch.Tensor, *, with
     z = logits.float()
     zmax = z.detach().max(dim=-1).values
     if tp > 1:
-        torch.distributed.all_reduce(zmax, op=torch.distributed.ReduceOp.MAX, group=ps.get_tensor_model_parallel_group())
+        torch.distributed.all_reduce(zmax, op=torch.distributed.ReduceOp.MAX,
+                                     group=ps.get_tensor_model_parallel_group())
     z = z - zmax.unsqueeze(-1)
     exp = z.exp()
     sum_exp = exp.sum(-1)
