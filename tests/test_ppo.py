@@ -96,3 +96,29 @@ def test_megatron_critic_equals_the_torch_critic_and_learns(family):
     for _ in range(9):
         last = mega.step(trajs, group_size=4)
     assert last["train/value_loss"] < 0.5 * first["train/value_loss"] and last["train/critic_grad_norm"] > 0
+
+
+@pytest.mark.parametrize("backend", ["torch", "megatron"])
+def test_ppo_checkpoints_resume_the_critic(backend, tmp_path):
+    if backend == "megatron":
+        pytest.importorskip("megatron.core", reason="megatron-core is not installed")
+        from trainers.megatron import init_parallel
+        from trainers.megatron_trainer import MegatronTrainer as Trainer
+
+        init_parallel(1)
+    else:
+        Trainer = TorchTrainer
+    cfg = TrainerConfig(estimator="ppo", backend=backend, lr=3e-4, critic_lr=3e-3, micro_batch_size=4)
+    trainer = Trainer(tiny("llama"), cfg, pad_id=0)
+    trajs = trajectories(8, seed=4)
+    for _ in range(3):
+        trainer.step(trajs, group_size=4)
+    trainer.save(tmp_path / "ckpt")
+    fresh = Trainer(tiny("llama"), cfg, pad_id=0)
+    fresh.load(tmp_path / "ckpt")
+    batch = pack(trajs, group_size=4, pad_id=0, estimator="ppo")
+    with torch.no_grad():
+        before, after = trainer.values(batch), fresh.values(batch)
+    assert before.abs().max() > 0 and torch.equal(before, after)
+    assert trainer.step(trajs, group_size=4)["train/value_loss"] == pytest.approx(
+        fresh.step(trajs, group_size=4)["train/value_loss"], rel=1e-5)

@@ -319,18 +319,16 @@ class MegatronTrainer(TorchTrainer):
             (path / "config.json").write_text(json.dumps(asdict(self.config)))
         if dist.get_world_size() > 1:
             dist.barrier()
-        torch.save({"optimizer": self._optimizer_state(), "step": self.step_count}, path / f"trainer_rank{rank}.pt")
+        saved: dict[str, Any] = {"optimizer": _optimizer_shards(self.optimizer, self.ddp), "step": self.step_count}
+        if self.critic is not None:  # PPO: the critic's weights (this rank's shards) and optimizer too
+            saved["critic"] = {k: v.detach().to("cpu", copy=True) for k, v in self.critic.named_parameters()}
+            saved["critic_optimizer"] = _optimizer_shards(self.critic_optimizer, self.critic_ddp)
+        torch.save(saved, path / f"trainer_rank{rank}.pt")
         return path
 
     def _inner_optimizers(self) -> list[torch.optim.Optimizer]:
         """The torch optimizers over this rank's fp32 master weights (megatron's chain), or the CPU AdamW."""
         return [self.optimizer] if self.ddp is None else _inner(self.optimizer)
-
-    def _optimizer_state(self) -> list[dict[str, Any]]:
-        # Each rank saves its own shard: the torch optimizer state (moments, step) and the fp32 master weights
-        # it updates. A resume must use the same TP x DP layout (checked on load).
-        return [{"state": o.state_dict(), "master": [p.detach().to("cpu", copy=True) for g in o.param_groups
-                                                     for p in g["params"]]} for o in self._inner_optimizers()]
 
     def load(self, path: str | Path) -> None:
         """Weights from `path/model` (HF safetensors: ours, or any of this architecture), then the optimizer
@@ -353,21 +351,12 @@ class MegatronTrainer(TorchTrainer):
         state = path / f"trainer_rank{dist.get_rank()}.pt"
         if state.exists():
             saved = torch.load(state, map_location="cpu", weights_only=False)
-            inner = self._inner_optimizers()
-            if len(saved["optimizer"]) != len(inner):
-                raise ValueError(f"{state}: saved by a different parallel layout (optimizer chain of "
-                                 f"{len(saved['optimizer'])}, this trainer has {len(inner)})")
-            with torch.no_grad():
-                for opt, part in zip(inner, saved["optimizer"]):
-                    params = [p for g in opt.param_groups for p in g["params"]]
-                    if [p.shape for p in params] != [m.shape for m in part["master"]]:
-                        raise ValueError(f"{state}: saved by a different TP x DP layout (master weight shards differ)")
-                    for p, m in zip(params, part["master"]):
-                        p.copy_(m)
-                    opt.load_state_dict(part["state"])
-            if self.ddp is not None:  # the bf16 parameters from the exact fp32 master weights
-                for o in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
-                    o._copy_main_params_to_model_params()
+            _restore_optimizer(self.optimizer, self.ddp, saved["optimizer"], state)
+            if self.critic is not None and "critic" in saved:
+                _copy_params(self.critic, saved["critic"])
+                if self.critic_ddp is not None:
+                    self.critic_optimizer.reload_model_params()
+                _restore_optimizer(self.critic_optimizer, self.critic_ddp, saved["critic_optimizer"], state)
             self.step_count = int(saved["step"])
 
     async def sync(self, policy: Any, *, version: str | None = None, path: str | Path | None = None) -> str:
@@ -419,3 +408,29 @@ def _copy_params(module: torch.nn.Module, state: Mapping[str, torch.Tensor]) -> 
     for name, p in params.items():
         if name in state:
             p.copy_(state[name])
+
+
+def _optimizer_shards(optimizer: Any, ddp: Any) -> list[dict[str, Any]]:
+    """This rank's shard of an optimizer: the torch state (moments, step) and the fp32 master weights it updates.
+    A resume must use the same TP x DP layout (checked by `_restore_optimizer`)."""
+    inner = [optimizer] if ddp is None else _inner(optimizer)
+    return [{"state": o.state_dict(), "master": [p.detach().to("cpu", copy=True) for g in o.param_groups
+                                                 for p in g["params"]]} for o in inner]
+
+
+@torch.no_grad()
+def _restore_optimizer(optimizer: Any, ddp: Any, shards: list[dict[str, Any]], where: Path) -> None:
+    inner = [optimizer] if ddp is None else _inner(optimizer)
+    if len(shards) != len(inner):
+        raise ValueError(f"{where}: saved by a different parallel layout (optimizer chain of {len(shards)}, "
+                         f"this trainer has {len(inner)})")
+    for opt, part in zip(inner, shards):
+        params = [p for g in opt.param_groups for p in g["params"]]
+        if [p.shape for p in params] != [m.shape for m in part["master"]]:
+            raise ValueError(f"{where}: saved by a different TP x DP layout (master weight shards differ)")
+        for p, m in zip(params, part["master"]):
+            p.copy_(m)
+        opt.load_state_dict(part["state"])
+    if ddp is not None:  # the bf16 parameters from the exact fp32 master weights
+        for o in getattr(optimizer, "chained_optimizers", [optimizer]):
+            o._copy_main_params_to_model_params()

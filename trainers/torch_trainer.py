@@ -269,11 +269,14 @@ class TorchTrainer:
 
     # --- checkpoints and weight sync ------------------------------------------------------------------
     def save(self, path: str | Path) -> Path:
-        """Model (safetensors, `save_pretrained`), optimizer, step and config under `path`."""
+        """Model (safetensors, `save_pretrained`), optimizer, step and config under `path` (and PPO's critic)."""
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         self.model.save_pretrained(path / "model", safe_serialization=True)
         torch.save({"optimizer": self.optimizer.state_dict(), "step": self.step_count}, path / "trainer.pt")
+        if self.critic is not None:  # PPO: the critic resumes too
+            torch.save({"critic": self.critic.state_dict(), "optimizer": self.critic_optimizer.state_dict()},
+                       path / "critic.pt")
         (path / "config.json").write_text(json.dumps(asdict(self.config)))
         return path
 
@@ -290,6 +293,10 @@ class TorchTrainer:
             saved = torch.load(path / "trainer.pt", map_location=self.device, weights_only=False)
             self.optimizer.load_state_dict(saved["optimizer"])
             self.step_count = int(saved["step"])
+        if self.critic is not None and (path / "critic.pt").exists():
+            saved = torch.load(path / "critic.pt", map_location=self.device, weights_only=False)
+            self.critic.load_state_dict(saved["critic"])
+            self.critic_optimizer.load_state_dict(saved["optimizer"])
 
     async def sync(self, policy: Any, *, version: str | None = None, path: str | Path | None = None) -> str:
         """Push the current weights to `policy`: in place when it has `update_weights` (TransformersPolicy);
