@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from slime_env.trajectory import Trajectory
 from trainers.batch import TrainBatch
 from trainers.torch_trainer import TorchTrainer, TrainerConfig
 
@@ -111,6 +112,39 @@ class MegatronTrainer(TorchTrainer):
         del hf_state
         self.ddp, self.optimizer = self._optimizer_for(self.model, c.lr)
         self.step_count = 0
+        self._offloaded = False
+
+    # --- GPU memory between steps -------------------------------------------------------------------
+    def offload(self) -> None:
+        """Release the GPU memory the trainer needs only inside `step` — the optimizer's master weights and
+        moments go to CPU memory, the gradient buffers are freed — so a colocated engine can use it while it
+        generates. The bf16 weights stay (the engine syncs from them). `step` brings everything back itself.
+        A no-op on CPU. With `offload: true` in the config, every `step` ends with it."""
+        if self.ddp is None or self._offloaded:
+            return
+        for ddp, optimizer in self._parts():
+            optimizer.offload_to_cpu()
+            ddp.offload_grad_buffers()
+        self._offloaded = True
+
+    def onload(self) -> None:
+        """Undo `offload` (called by `step`)."""
+        if not self._offloaded:
+            return
+        for ddp, optimizer in self._parts():
+            ddp.restore_grad_buffers()
+            optimizer.restore_from_cpu()
+        self._offloaded = False
+
+    def _parts(self) -> list[tuple[Any, Any]]:
+        return [(self.ddp, self.optimizer)] + ([(self.critic_ddp, self.critic_optimizer)] if self.critic_ddp else [])
+
+    def step(self, trajectories: Sequence[Trajectory], group_size: int) -> dict[str, float]:
+        self.onload()
+        metrics = super().step(trajectories, group_size)
+        if self.config.offload:
+            self.offload()
+        return metrics
 
     def _optimizer_for(self, module: torch.nn.Module, lr: float):
         """(megatron DDP, megatron distributed Adam) on CUDA; (None, AdamW) on CPU."""
@@ -312,6 +346,7 @@ class MegatronTrainer(TorchTrainer):
     # --- checkpoints and weight sync ------------------------------------------------------------------------
     def save(self, path: str | Path) -> Path:
         """`path/model` (HF safetensors + config.json), optimizer state and step; every rank must call it."""
+        self.onload()
         path = Path(path)
         self.save_weights(path / "model")
         rank = dist.get_rank()

@@ -61,6 +61,7 @@ class TrainerConfig:
     tp: int = 1
     max_tokens_per_micro_batch: int = 8192
     dtype: str = "auto"
+    offload: bool = False  # megatron on CUDA: optimizer state and gradient buffers leave the GPU between steps
 
     def __post_init__(self) -> None:
         if self.backend not in ("torch", "megatron"):
