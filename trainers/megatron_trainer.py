@@ -107,7 +107,7 @@ class MegatronTrainer(TorchTrainer):
             self.critic = MegatronValueModel(self.hf_config, tp=c.tp, dtype=self.dtype)
             mc = hf_to_mcore(hf_state, self.hf_config, tp_rank=self.tp_rank, tp_size=c.tp)
             mc = {f"gpt.{k}": v for k, v in mc.items()} | {"norm.weight": mc["decoder.final_layernorm.weight"]}
-            _copy_params(self.critic, mc)
+            _copy_params(self.critic, mc | {f"head.{k}": v for k, v in self.critic.head.state_dict().items()})
             self.critic_ddp, self.critic_optimizer = self._optimizer_for(self.critic, c.critic_lr)
         del hf_state
         self.ddp, self.optimizer = self._optimizer_for(self.model, c.lr)
@@ -361,10 +361,6 @@ class MegatronTrainer(TorchTrainer):
         torch.save(saved, path / f"trainer_rank{rank}.pt")
         return path
 
-    def _inner_optimizers(self) -> list[torch.optim.Optimizer]:
-        """The torch optimizers over this rank's fp32 master weights (megatron's chain), or the CPU AdamW."""
-        return [self.optimizer] if self.ddp is None else _inner(self.optimizer)
-
     def load(self, path: str | Path) -> None:
         """Weights from `path/model` (HF safetensors: ours, or any of this architecture), then the optimizer
         state and step when `path` holds them."""
@@ -412,10 +408,9 @@ class MegatronTrainer(TorchTrainer):
             self._save_hf(path, hf)
         return Path(path)
 
-    def _save_hf(self, path: str | Path, hf: dict[str, torch.Tensor] | None = None) -> None:
+    def _save_hf(self, path: str | Path, hf: dict[str, torch.Tensor]) -> None:
         from safetensors.torch import save_file
 
-        hf = self.hf_state_dict() if hf is None else hf
         Path(path).mkdir(parents=True, exist_ok=True)
         save_file({k: v.detach().to("cpu").contiguous() for k, v in hf.items()}, str(Path(path) / "model.safetensors"),
                   metadata={"format": "pt"})
@@ -437,12 +432,11 @@ def _zero(ddp: Any, optimizer: Any) -> None:
 def _copy_params(module: torch.nn.Module, state: Mapping[str, torch.Tensor]) -> None:
     """Copy `state` into `module`'s parameters by name; every parameter must be there."""
     params = dict(module.named_parameters())
-    missing = [k for k in params if k not in state and not k.startswith("head.")]
+    missing = [k for k in params if k not in state]
     if missing:
         raise KeyError(f"megatron weights lack {missing[:4]}")
     for name, p in params.items():
-        if name in state:
-            p.copy_(state[name])
+        p.copy_(state[name])
 
 
 def _optimizer_shards(optimizer: Any, ddp: Any) -> list[dict[str, Any]]:

@@ -252,14 +252,16 @@ def make_trainer(tc: TrainerConfig, model_path: str, policy: Any, pad_id: int) -
     from transformers import AutoModelForCausalLM
 
     if policy.model.dtype == torch.float32:
-        source = copy.deepcopy(policy.model)  # already the float32 weights: no second read
+        source = policy.model  # already the float32 weights: no second read
     else:
         source = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
     if tc.backend == "megatron":
         from trainers.megatron_trainer import MegatronTrainer
 
-        return MegatronTrainer(source, tc, pad_id=pad_id)
-    return TorchTrainer(source.to(policy.device), tc, pad_id=pad_id)
+        return MegatronTrainer(source, tc, pad_id=pad_id)  # reads the weights; keeps no reference to `source`
+    # TorchTrainer updates its model in place: it must not be the engine's
+    return TorchTrainer((copy.deepcopy(source) if source is policy.model else source).to(policy.device), tc,
+                        pad_id=pad_id)
 
 
 def _statuses(trajs) -> dict[str, int]:

@@ -3,8 +3,8 @@
 
 Building blocks, reusable on their own: `extract_answer` (boxed / <answer> / Answer: / ####),
 `MathVerifier` (math-verify in killable worker processes), `MathReward` (1/0, ±1, format penalty,
-</think> requirement; `slime_reward` / `slime_group_reward` for slime's --custom-rm-path), `load_math_tasks` (slime, chat,
-GSM8K and MATH layouts), `reasoning_gym_tasks` / `write_tasks_jsonl`.
+</think> requirement; `slime_reward` / `slime_group_reward` for slime's --custom-rm-path),
+`load_math_tasks` (slime, chat, GSM8K and MATH layouts), `reasoning_gym_tasks` / `write_tasks_jsonl`.
 """
 
 from envs.math.data import load_math_tasks, math_row_to_task

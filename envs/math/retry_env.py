@@ -13,6 +13,7 @@ Tasks come from `arithmetic_tasks(size, seed, ...)` (reproducible splits, no dow
 
 from __future__ import annotations
 
+import functools
 import operator
 import random
 import zlib
@@ -52,6 +53,12 @@ def arithmetic_tasks(size: int, seed: int = 0, *, digits: Sequence[int] = (2, 1)
             continue
         tasks.append(Task(prompt=prompt, label=_OPS[op](a, b), id=f"arith-{seed}-{len(tasks)}"))
     return tasks
+
+
+@functools.cache
+def default_math_tasks() -> tuple[Task, ...]:
+    """The offline task source of the math envs' resets without a task: 200 fixed two-digit problems (+ - *)."""
+    return tuple(arithmetic_tasks(200, 0, digits=(2, 2), ops="+-*"))
 
 
 class ArithmeticRetryEnv(Env):

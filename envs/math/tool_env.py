@@ -69,10 +69,10 @@ class MathToolEnv(Env):
             self._sandbox = tools_sandbox.auto()  # shared per process: one pool for every episode
         return self._sandbox
 
-    def default_tasks(self) -> list[Task]:
-        from envs.math.retry_env import arithmetic_tasks
+    def default_tasks(self) -> Sequence[Task]:
+        from envs.math.retry_env import default_math_tasks
 
-        return arithmetic_tasks(200, 0, digits=(2, 2), ops="+-*")  # offline: no dataset to download
+        return default_math_tasks()  # offline: no dataset to download
 
     async def reset(self, *, seed: int | None = None, options: Mapping[str, Any] | None = None):
         self._task = self.task_from(options, seed)

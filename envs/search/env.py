@@ -17,6 +17,7 @@ answers. Only the model's own turns are scored, so the example answer inside the
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -61,6 +62,15 @@ def demo_index() -> Path:
     return path
 
 
+@functools.cache
+def _demo_tasks() -> tuple[Task, ...]:
+    """The demo corpus's questions as tasks (built once per process: finding them parses the whole corpus)."""
+    from envs.search.corpus import demo_questions
+
+    return tuple(Task(prompt=q["question"], label=q["answers"], id=f"demo-{i}")
+                 for i, q in enumerate(demo_questions()))
+
+
 class SearchEnv(Env):
     """Search-R1 search environment (see the module docstring)."""
 
@@ -86,10 +96,8 @@ class SearchEnv(Env):
         self._turns = 0
         self.searches: list[str] = []
 
-    def default_tasks(self) -> list[Task]:
-        from envs.search.corpus import demo_questions
-
-        return [Task(prompt=q["question"], label=q["answers"], id=f"demo-{i}") for i, q in enumerate(demo_questions())]
+    def default_tasks(self) -> Sequence[Task]:
+        return _demo_tasks()
 
     @property
     def retriever(self) -> Retriever:

@@ -165,7 +165,7 @@ async def reward(args: Any, sample: Any, **kwargs: Any) -> float | list[float]:
     slime's one-sample signature `(args, sample)` (its contract tests check the names); a list is accepted too.
     """
     if isinstance(sample, (list, tuple)):
-        return [_env_reward(s) for s in sample]
+        return await group_reward(args, list(sample))
     return _env_reward(sample)
 
 

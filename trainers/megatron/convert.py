@@ -26,7 +26,8 @@ def model_family(hf_config: Any) -> str:
     return family
 
 
-def _dims(c: Any) -> tuple[int, int, int]:
+def attention_dims(c: Any) -> tuple[int, int, int]:
+    """(attention heads, KV heads, head dim) of an HF config."""
     heads = c.num_attention_heads
     kv = getattr(c, "num_key_value_heads", None) or heads
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
@@ -34,7 +35,7 @@ def _dims(c: Any) -> tuple[int, int, int]:
 
 
 def _qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c: Any) -> torch.Tensor:
-    heads, kv, d = _dims(c)
+    heads, kv, d = attention_dims(c)
     rest = q.shape[1:]
     q = q.reshape(kv, heads // kv * d, *rest)
     k, v = k.reshape(kv, d, *rest), v.reshape(kv, d, *rest)
@@ -42,7 +43,7 @@ def _qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c: Any) -> torch.Ten
 
 
 def _split_qkv(qkv: torch.Tensor, c: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    heads, kv, d = _dims(c)
+    heads, kv, d = attention_dims(c)
     rest = qkv.shape[1:]
     g = qkv.reshape(kv, (heads // kv + 2) * d, *rest)
     q, k, v = torch.split(g, [heads // kv * d, d, d], dim=1)

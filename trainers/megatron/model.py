@@ -12,7 +12,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from trainers.megatron.convert import model_family
+from trainers.megatron.convert import attention_dims, model_family
 
 
 def rope_theta(hf_config: Any) -> float:
@@ -34,12 +34,11 @@ def transformer_config(hf_config: Any, *, tp: int = 1, dtype: torch.dtype = torc
 
     family = model_family(hf_config)
     c = hf_config
-    heads, kv = c.num_attention_heads, getattr(c, "num_key_value_heads", None) or c.num_attention_heads
+    heads, kv, head_dim = attention_dims(c)
     for what, n in (("attention heads", heads), ("KV heads", kv), ("vocabulary size", c.vocab_size)):
         if n % tp:
             raise ValueError(f"tensor-parallel size {tp} does not divide the {what} ({n}) of {c.model_type}: "
                              f"choose a TP size that divides {heads} heads and {kv} KV heads")
-    head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
     cuda = torch.cuda.is_available()
     kw = dict(
         num_layers=c.num_hidden_layers, hidden_size=c.hidden_size, num_attention_heads=heads, num_query_groups=kv,

@@ -80,7 +80,6 @@ def install_rope_patch() -> None:
 
     from megatron.core.models.common.embeddings import rotary_pos_embedding as rpe
 
-    get_emb = rpe.RotaryEmbedding.get_emb
     if not torch.cuda.is_available():
         def get_emb_cpu(self, max_seq_len, offset=0):
             freqs = self.get_freqs_non_repeated(max_seq_len, offset)
@@ -90,6 +89,4 @@ def install_rope_patch() -> None:
 
         rpe.RotaryEmbedding.get_emb = get_emb_cpu
         rpe.RotaryEmbedding.forward.cache_clear()
-    else:
-        rpe.RotaryEmbedding.get_emb = get_emb
     _installed = True
