@@ -54,7 +54,7 @@ def test_formats_normalise():
                        "private_test_cases": private, "metadata": json.dumps({"func_name": "f"})})
     assert lcb.kind == "call" and lcb.inputs == [[[1], 2], [[1, 2], 3]] and lcb.outputs == [3, 6] and lcb.public == [True, False]
     mbpp = parse_tests({"test_list": ["assert add(1, 2) == 3", "assert add(0, 0) == 0"], "test_setup_code": ""})
-    assert mbpp.kind == "assert" and len(mbpp) == 2 and mbpp.guard == ["add"]
+    assert mbpp.kind == "assert" and len(mbpp) == 2 and mbpp.stubs == {"add": "add"}
     he = parse_tests({"test": "X = 1\n\ndef check(candidate):\n    import math\n    assert candidate(1) == 2\n"
                               "    for i in range(3):\n        assert candidate(i) == i + 1\n", "entry_point": "inc"})
     assert he.kind == "assert" and len(he) == 2 and he.prelude == "X = 1" and he.statements[0] == ("import math", False)
@@ -65,7 +65,8 @@ def test_formats_normalise():
 @pytest.mark.parametrize("bad, message", [
     ({"input_output": "{not json"}, "not valid JSON"),
     ({"input_output": {"inputs": ["1"], "outputs": []}}, "1 inputs but 0 outputs"),
-    ({"test": "def check(candidate):\n    pass\n"}, "has no assert"),
+    ({"test": "def check(candidate):\n    pass\n", "entry_point": "f"}, "has no assert"),
+    ({"test": "def check(candidate):\n    assert candidate(1) == 2\n"}, "need 'entry_point'"),
     ({"test_list": ["assert f(1) =="]}, r"test_list\[0\]: does not parse"),
     ({"whatever": 1}, "no known test format"),
     ({"public_test_cases": "[]", "private_test_cases": "!!notbase64"}, "cannot decode"),

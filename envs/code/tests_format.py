@@ -10,8 +10,10 @@ Accepted shapes (a dict, or its JSON string):
   with cases `{"input", "output", "testtype": "stdin" | "functional"}` (JSON strings, and LCB's
   base64-zlib-pickled private cases, are decoded); functional inputs are one JSON value per line.
 - Generic: `{"tests": [{"input": ..., "output": ...}, ...], "fn_name": optional}` or just that list.
-- HumanEval: `{"test": "def check(candidate): ...", "entry_point": "f"}`; every statement of `check`
-  that contains an `assert` is one test case, the others are setup.
+- HumanEval: `{"test": "def check(candidate): ...", "entry_point": "f", "prompt": optional}`; every
+  statement of `check` that contains an `assert` is one test case, the others are setup. The helper
+  functions a Python `prompt` defines (HumanEval's `poly`, `encode_cyclic`) are used by the tests as
+  the prompt wrote them, never as the solution redefines them.
 - MBPP: `{"test_list": ["assert f(1) == 2", ...], "test_setup_code": "..."}`; each assert is a case.
 - Assert code: `{"test": "<code with top-level asserts>"}`.
 """
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import ast
 import base64
+import builtins
 import json
 import pickle
 import zlib
@@ -33,9 +36,11 @@ from slime_env.errors import InvalidInput
 @dataclass(frozen=True)
 class TestSuite:
     """`kind` stdio / call / assert. stdio: `inputs` and `outputs` are strings; call: `inputs` are
-    argument lists, `outputs` the expected values, `fn_name` the function; assert: `prelude` (module-level
-    test code) and `statements` `(code, is_case)`, `entry_point` (bound to `candidate`) and `guard`
-    (the functions whose return values must be plain). `public[i]` marks cases the prompt shows."""
+    argument lists, `outputs` the expected values, `fn_name` the function; assert: `support` (helpers
+    from the prompt), `prelude` (module-level test code) and `statements` `(code, is_case)`, `stubs`
+    (each name the tests use for a solution function -> that function, e.g. `candidate` -> the entry
+    point) and `modules` (names used as `name.attr` without an import: modules the solution imported).
+    `public[i]` marks cases the prompt shows."""
 
     kind: str
     inputs: list[Any] = field(default_factory=list)
@@ -44,7 +49,9 @@ class TestSuite:
     prelude: str = ""
     statements: list[tuple[str, bool]] = field(default_factory=list)
     entry_point: str | None = None
-    guard: list[str] = field(default_factory=list)
+    support: str = ""
+    stubs: dict[str, str] = field(default_factory=dict)
+    modules: list[str] = field(default_factory=list)
     public: list[bool] = field(default_factory=list)
 
     def __len__(self) -> int:
@@ -78,7 +85,7 @@ def parse_tests(spec: Any, where: str = "tests") -> TestSuite:
         if "test_list" in spec:
             return _mbpp(spec, where)
         if "test" in spec:
-            return _assert_code(str(spec["test"]), spec.get("entry_point"), where)
+            return _assert_code(str(spec["test"]), spec.get("entry_point"), spec.get("prompt"), where)
         if "tests" in spec:
             return _generic(spec["tests"], spec.get("fn_name"), where)
     except InvalidInput:
@@ -182,45 +189,92 @@ def _contains_assert(node: ast.AST) -> bool:
     return any(isinstance(n, ast.Assert) for n in ast.walk(node))
 
 
-def _called_names(nodes: Sequence[ast.AST]) -> list[str]:
-    names = []
+def _bound_names(nodes: Sequence[ast.AST]) -> set[str]:
+    """Every name the code binds anywhere (an over-approximation: scopes are ignored)."""
+    bound = set()
     for node in nodes:
         for n in ast.walk(node):
-            if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id not in names:
-                names.append(n.func.id)
-    return names
+            if isinstance(n, ast.Name) and isinstance(n.ctx, (ast.Store, ast.Del)):
+                bound.add(n.id)
+            elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                bound.add(n.name)
+            elif isinstance(n, ast.arg):
+                bound.add(n.arg)
+            elif isinstance(n, ast.alias):
+                bound.add((n.asname or n.name).split(".")[0])
+            elif isinstance(n, (ast.ExceptHandler, ast.MatchAs, ast.MatchStar)) and n.name:
+                bound.add(n.name)
+    return bound
 
 
-def _assert_code(code: str, entry_point: str | None, where: str) -> TestSuite:
+def _free_names(nodes: Sequence[ast.AST], bound: set[str]) -> tuple[list[str], list[str]]:
+    """Names the code reads but never binds and Python does not provide: (functions, modules), where a
+    module-like name is only ever used as `name.attr`."""
+    attribute_bases = {id(n.value) for node in nodes for n in ast.walk(node) if isinstance(n, ast.Attribute)}
+    uses: dict[str, bool] = {}
+    for node in nodes:
+        for n in ast.walk(node):
+            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id not in bound \
+                    and not hasattr(builtins, n.id):
+                uses[n.id] = uses.get(n.id, True) and id(n) in attribute_bases
+    return [name for name, module in uses.items() if not module], [name for name, module in uses.items() if module]
+
+
+def _prompt_helpers(prompt: Any, entry_point: str | None) -> str:
+    """The prompt's module-level code without the function to write: imports and helper functions."""
+    try:
+        tree = ast.parse(str(prompt))
+    except SyntaxError:  # a prose prompt: no helpers
+        return ""
+    return "\n".join(ast.unparse(n) for n in tree.body if not (
+        isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.name == entry_point))
+
+
+def _assert_suite(prelude: str, body: Sequence[ast.stmt], stubs: dict[str, str], support: str,
+                  entry_point: str | None, where: str, shown: int = 0) -> TestSuite:
+    """An assert-style suite; its first `shown` cases are public (the prompt shows them)."""
+    statements = [(ast.unparse(n), _contains_assert(n)) for n in body]
+    n_cases = sum(1 for _, is_case in statements if is_case)
+    if not n_cases:
+        raise InvalidInput(f"{where}: the test code has no assert")
+    trees = [ast.parse(support), ast.parse(prelude), *body]
+    functions, modules = _free_names(trees, _bound_names(trees))
+    stubs = {**{name: name for name in functions + modules}, **stubs}  # a module-like name may be the solution's
+    return TestSuite("assert", prelude=prelude, statements=statements, entry_point=entry_point, support=support,
+                     stubs=stubs, modules=modules, public=[i < shown for i in range(n_cases)])
+
+
+def _assert_code(code: str, entry_point: str | None, prompt: Any, where: str) -> TestSuite:
     try:
         tree = ast.parse(code)
     except SyntaxError as e:
         raise InvalidInput(f"{where}: test code does not parse: {e}") from None
+    support = _prompt_helpers(prompt, entry_point) if prompt else ""
     check = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "check"), None)
-    if check is not None:  # HumanEval: check(candidate) holds the tests
-        prelude = "\n".join(ast.unparse(n) for n in tree.body if n is not check)
-        body = check.body
-        guard = [entry_point] if entry_point else []
-    else:
-        prelude, body = "", tree.body
-        guard = _called_names([n for n in body if _contains_assert(n)])
-    statements = [(ast.unparse(n), _contains_assert(n)) for n in body]
-    if not any(is_case for _, is_case in statements):
-        raise InvalidInput(f"{where}: the test code has no assert")
-    n_cases = sum(1 for _, c in statements if c)
-    return TestSuite("assert", prelude=prelude, statements=statements, entry_point=entry_point, guard=guard,
-                     public=[False] * n_cases)
+    if check is None:  # top-level asserts
+        return _assert_suite("", tree.body, {}, support, entry_point, where)
+    # HumanEval: check(candidate) holds the tests; its parameter is the function under test
+    if not entry_point:
+        raise InvalidInput(f"{where}: tests with check(candidate) need 'entry_point', the function to test")
+    if len(check.args.args) != 1:
+        raise InvalidInput(f"{where}: check() must take one argument, the function under test")
+    prelude = "\n".join(ast.unparse(n) for n in tree.body if n is not check)
+    return _assert_suite(prelude, check.body, {check.args.args[0].arg: entry_point}, support, entry_point, where)
 
 
 def _mbpp(spec: Mapping, where: str) -> TestSuite:
     tests = list(spec["test_list"]) + list(spec.get("challenge_test_list") or [])
     if not tests:
         raise InvalidInput(f"{where}.test_list: no test cases")
+    body = []
     for i, t in enumerate(tests):
         try:
-            ast.parse(t)
+            body += ast.parse(t).body
         except SyntaxError as e:
             raise InvalidInput(f"{where}.test_list[{i}]: does not parse: {e}") from None
-    guard = _called_names([ast.parse(t) for t in tests])
-    return TestSuite("assert", prelude=str(spec.get("test_setup_code") or ""), statements=[(t, True) for t in tests],
-                     guard=guard, public=[i < 3 for i in range(len(tests))])
+    setup = str(spec.get("test_setup_code") or "")
+    try:
+        ast.parse(setup)
+    except SyntaxError as e:
+        raise InvalidInput(f"{where}.test_setup_code: does not parse: {e}") from None
+    return _assert_suite(setup, body, {}, "", None, where, shown=3)
