@@ -19,6 +19,12 @@ sandboxes, sb = per_backend_fixtures(max_concurrency=4, pool_size=2)
 
 SQUARE = {"test": "def check(candidate):\n    assert candidate(2) == 4\n    assert candidate(3) == 9\n"
                   "    assert abs(candidate(0.5) - 0.25) < 1e-9\n    assert candidate(-2) == 4\n", "entry_point": "square"}
+# The same four cases in shapes only the trusted replay handles (a loop, a nested call).
+SQUARE_REPLAYED = {"test": "def check(candidate):\n    for x, want in ((2, 4), (3, 9)):\n        assert candidate(x) == want\n"
+                           "    ys = [candidate(0.5)]\n    assert abs(ys[0] - 0.25) < 1e-9\n"
+                           "    assert candidate(candidate(-2) - 2) == 4\n    assert candidate(-3) == 9\n",
+                   "entry_point": "square"}
+SUITES = {"checked by the grader": SQUARE, "replayed": SQUARE_REPLAYED}
 
 # Every shape a report of ours has had or has, claiming passes and plausible values for many indices. Each
 # shape is forged on its own, so that a parser that reads it is not stopped by another shape's line.
@@ -89,19 +95,26 @@ def grade(runner, sandbox, code, tests):
     return runner.run(grader.grade(code, parse_tests(tests)))
 
 
+@pytest.mark.parametrize("suite", SUITES)
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("when", WHEN)
-def test_forged_reports_earn_nothing_on_assert_tests(runner, sb, when, shape):
-    result = grade(runner, sb, forger(when, SHAPES[shape]), SQUARE)
+def test_forged_reports_earn_nothing_on_assert_tests(runner, sb, when, shape, suite):
+    result = grade(runner, sb, forger(when, SHAPES[shape]), SUITES[suite])
     assert result.total == 4 and result.passed == 0, (when, shape, [c.to_dict() for c in result.cases])
 
 
-def test_forged_return_values_earn_what_returning_them_earns(runner, sb):
-    # The forger claims every call returned 4: exactly what `return 4` earns (two cases), never more.
+def test_both_assert_paths_grade_an_honest_square(runner, sb):
+    for tests in SUITES.values():
+        assert grade(runner, sb, "def square(x):\n    return x * x\n", tests).all_passed
+
+
+@pytest.mark.parametrize("suite", SUITES)
+def test_forged_return_values_earn_what_returning_them_earns(runner, sb, suite):
+    # The forger claims every call returned 4: at most what `return 4` earns, never more.
     claim = forger("import", [json.dumps(["call", k, {"status": "ok", "value": 4}]) for k in range(8)])
-    forged = grade(runner, sb, claim, SQUARE)
-    honest = grade(runner, sb, "def square(x):\n    return 4\n", SQUARE)
-    assert honest.passed == 2
+    forged = grade(runner, sb, claim, SUITES[suite])
+    honest = grade(runner, sb, "def square(x):\n    return 4\n", SUITES[suite])
+    assert 0 < honest.passed < 4
     assert forged.passed <= honest.passed
 
 
@@ -114,13 +127,13 @@ def test_forged_reports_earn_nothing_on_call_and_stdio_tests(runner, sb):
         assert grade(runner, sb, f"LINES = {lines!r}\n" + _FORGE + "_forge()\nprint(0)\n", stdio).passed == 0, shape
 
 
+@pytest.mark.parametrize("shape", ["runner lines, first version", "runner lines"])
 @pytest.mark.parametrize("backend", ISOLATING)
-def test_the_reported_attack_fails_on_five_humaneval_problems(runner, backend):
+def test_the_reported_attack_fails_on_five_humaneval_problems(runner, backend, shape):
     """The attack as reported: `return None`, then a module-level loop writing protocol-shaped lines to
-    fds 3..63 and os._exit(0). It earned full marks on 5 of 5 problems. Now the lines can only claim
-    that calls returned True, which earns at most what `return True` earns."""
-    lines = [json.dumps([i, "pass", None]) for i in range(-3, 30)] + [json.dumps(["loaded"])] + \
-            [json.dumps(["call", k, {"status": "ok", "value": True}]) for k in range(30)]
+    fds 3..63 and os._exit(0). It earned full marks on 5 of 5 problems. Now lines in any protocol can at
+    most claim that calls returned True (or something else), which earns what `return True` earns."""
+    lines = SHAPES[shape]
     attack = ("\nimport os\n_data = (" + repr("\n".join(lines) + "\n") + ").encode()\nfor _fd in range(3, 64):\n"
               "    try:\n        os.write(_fd, _data)\n    except OSError:\n        pass\nos._exit(0)\n")
     tasks = load_humaneval()[:5]

@@ -3,11 +3,14 @@
 No verdict comes from a process the solution controls, and no expected value enters its sandbox.
 The solution's sandbox run (`envs.code.harness`) only reports what the code printed or returned:
 - stdin/stdout and call-based tests: one run; outputs are compared here (`envs.code.compare`);
-- assert-style tests (HumanEval, MBPP, `{"test": ...}`): the test code runs in sandbox runs that hold no
-  solution (`envs.code.replay`), on the return values the solution's run recorded. A first replay,
-  cached per suite, lists the calls the tests make; the solution's run makes them (it sees the
-  arguments, never the assertions); a second replay gives the verdicts. Calls whose arguments depend
-  on earlier results (`candidate(candidate(x))`) take another round, `max_rounds` at most.
+- assert-style tests (HumanEval, MBPP, `{"test": ...}`): the solution's run sees only the arguments of
+  the calls the tests make, never the assertions. When every case is a check the grader can evaluate
+  itself (`assert candidate(<literals>) == <literal>` and relatives, `envs.code.checks`: 149 of
+  HumanEval's 164 problems), that is the only run. Otherwise the test code runs in sandbox runs that
+  hold no solution (`envs.code.replay`), on the return values the solution's run recorded: a first
+  replay, cached per suite, lists the calls; the solution's run makes them; a second replay gives the
+  verdicts. Calls whose arguments depend on earlier results (`candidate(candidate(x))`) take another
+  round, `max_rounds` at most.
 So a forged report claims only outputs or return values: no more than printing or returning them.
 The result has per-case outcomes, the pass rate and a status; a sandbox that fails marks every case
 failed with the reason. Nothing here raises for what the submission does.
@@ -25,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from envs.code import values
+from envs.code import checks, values
 from envs.code.compare import MODES, stdout_matches, value_matches
 from envs.code.tests_format import TestSuite
 from slime_env.errors import InvalidInput
@@ -104,6 +107,7 @@ class Grader:
         self.case_timeout_s, self.total_timeout_s, self.memory_mb = case_timeout_s, total_timeout_s, memory_mb
         self.compare, self.float_tol, self.output_cap_bytes = compare, float_tol, output_cap_bytes
         self.max_rounds, self.max_calls = max_rounds, max_calls
+        self._checks: dict[str, list[checks.Check] | None] = {}  # suite digest -> its cases as checks, or None
         self._plans: dict[str, dict[str, Any]] = {}  # suite digest -> its first replay (same for every solution)
         self._planning: dict[tuple[int, str], asyncio.Task] = {}
         self._batchers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Batcher] = weakref.WeakKeyDictionary()
@@ -162,7 +166,42 @@ class Grader:
     # --- assert-style: the tests replayed on recorded return values, without the solution ----------
 
     async def _grade_assert(self, code: str, suite: TestSuite) -> GradeResult:
-        verdict, reason = await self._plan(suite)
+        key = _digest(suite)
+        if key not in self._checks:
+            if len(self._checks) >= 4096:
+                self._checks.pop(next(iter(self._checks)))
+            self._checks[key] = checks.split(suite)
+        if self._checks[key] is not None:  # every case checkable here: one sandbox run, no test code run
+            return await self._grade_checks(code, suite, self._checks[key])
+        return await self._grade_replayed(code, suite, key)
+
+    async def _grade_checks(self, code: str, suite: TestSuite, cases: list[checks.Check]) -> GradeResult:
+        calls = [{"case": c.statement, "fn": fn, "args": values.tag(args), "kwargs": values.tag(kwargs)}
+                 for c in cases for fn, args, kwargs in c.calls]
+        report, reason = await self._run_solution(code, {"kind": "calls", "calls": calls}, self.total_timeout_s)
+        outcomes = _call_outcomes(report, len(calls))
+        if outcomes is None:
+            return _unrunnable(suite, reason)
+        if report.get("loaded") is not True:
+            return _load_failed(suite, report, outcomes)
+        results, k = [], 0
+        for i, case in enumerate(cases):
+            returned = [_returned(o) for o in outcomes[k:k + len(case.calls)]]
+            k += len(case.calls)
+            common = {"input": _short(suite.describe(i)), "public": _public(suite, i)}
+            try:
+                passed = checks.evaluate(case, returned)
+            except checks.Failed as e:
+                results.append(CaseResult(False, "wrong_answer", error=_short(str(e)), **common))
+            except checks.Lost as e:
+                results.append(CaseResult(False, e.status, error=_short(e.error), **common))
+            else:
+                results.append(CaseResult(passed, "pass" if passed else "wrong_answer",
+                                          error="" if passed else "AssertionError", **common))
+        return GradeResult(sum(c.passed for c in results), len(results), results)
+
+    async def _grade_replayed(self, code: str, suite: TestSuite, key: str) -> GradeResult:
+        verdict, reason = await self._plan(suite, key)
         table: list[dict[str, Any]] = []
         budget = self.total_timeout_s
         for _ in range(self.max_rounds):
@@ -177,6 +216,8 @@ class Grader:
             outcomes = _call_outcomes(report, len(calls))
             if outcomes is None:
                 return _unrunnable(suite, reason)
+            if report.get("loaded") is not True:  # nothing to replay: every case fails as the load did
+                return _load_failed(suite, report, outcomes)
             if not calls:  # nothing to replay: the first replay already had every verdict
                 break
             table += [{"key": c["key"], "n": c["n"], "outcome": o} for c, o in zip(calls, outcomes)]
@@ -197,11 +238,9 @@ class Grader:
         return CaseResult(status == "pass", {"fail": "wrong_answer"}.get(status, status), error=_short(error),
                           input=_short(suite.describe(i)), public=_public(suite, i))
 
-    async def _plan(self, suite: TestSuite) -> tuple[dict[str, Any] | None, str]:
+    async def _plan(self, suite: TestSuite, key: str) -> tuple[dict[str, Any] | None, str]:
         """The replay with no recorded calls: which calls the tests make. Cached: it is the same for every
         solution, so a group of n samples of one prompt pays for it once."""
-        key = hashlib.sha256(json.dumps([suite.support, suite.prelude, suite.statements, suite.stubs, suite.modules,
-                                         self.case_timeout_s, self.max_calls]).encode()).hexdigest()
         if key in self._plans:
             return self._plans[key], ""
         loop = asyncio.get_running_loop()
@@ -232,10 +271,13 @@ class Grader:
 
     async def _replay_batch(self, specs: list[dict[str, Any]]) -> list[tuple[dict[str, Any] | None, str]]:
         """Several replays in one sandbox run: one interpreter start-up for all of them."""
-        result = await self.sandbox.run(REPLAY_SOURCE, files=_VALUES_FILE, stdin=json.dumps({"replays": specs}),
-                                        timeout_s=min(3600.0, self.total_timeout_s * len(specs) + 5.0),
-                                        memory_mb=self.memory_mb,
-                                        output_limit_bytes=max(4 << 20, self.output_cap_bytes * 4 * len(specs)))
+        for attempt in range(2):  # the replay is deterministic and runs no solution: safe to retry once
+            result = await self.sandbox.run(REPLAY_SOURCE, files=_VALUES_FILE, stdin=json.dumps({"replays": specs}),
+                                            timeout_s=min(3600.0, self.total_timeout_s * len(specs) + 5.0),
+                                            memory_mb=self.memory_mb,
+                                            output_limit_bytes=max(4 << 20, self.output_cap_bytes * 4 * len(specs)))
+            if result.status != "sandbox_error":  # a failure of the sandbox itself, not of the tests
+                break
         report = _last_json(result.stdout)
         if not (isinstance(report, dict) and isinstance(report.get("replays"), list)
                 and len(report["replays"]) == len(specs)):
@@ -306,6 +348,27 @@ class _Batcher:
         asyncio.get_running_loop().call_soon(self._start)
 
 
+def _digest(suite: TestSuite) -> str:
+    return hashlib.sha256(json.dumps([suite.support, suite.prelude, suite.statements, suite.stubs,
+                                      suite.modules]).encode()).hexdigest()
+
+
+def _returned(outcome: dict[str, Any]) -> Any:
+    """A cleaned call outcome as what the call gave the test: its value, or the exception to raise."""
+    if outcome["status"] == "ok":
+        return values.untag(outcome["value"])
+    if outcome["status"] == "error":
+        return checks.Failed(_error_text(outcome))
+    return checks.Lost(outcome["status"], outcome.get("error", ""))
+
+
+def _load_failed(suite: TestSuite, report: dict[str, Any], outcomes: list[dict[str, Any]]) -> GradeResult:
+    status = outcomes[0]["status"] if outcomes else ("timeout" if report.get("status") == "timeout" else "error")
+    failed = [CaseResult(False, status, input=_short(suite.describe(i)), error=_short(_load_error(report)),
+                         public=_public(suite, i)) for i in range(len(suite))]
+    return GradeResult(0, len(suite), failed)
+
+
 def _public(suite: TestSuite, i: int) -> bool:
     return bool(suite.public[i]) if i < len(suite.public) else False
 
@@ -335,9 +398,12 @@ def _call_outcomes(report: Any, n_calls: int) -> list[dict[str, Any]] | None:
         return None
     if report.get("loaded") is not True:
         status = "timeout" if report.get("status") == "timeout" else "error"
-        failed = {"status": status, "error": str(report.get("error") or "the solution did not load")[:300]}
-        return [failed] * n_calls
+        return [{"status": status, "error": _load_error(report)}] * n_calls
     return [_clean_outcome(o) for o in report["calls"]]
+
+
+def _load_error(report: dict[str, Any]) -> str:
+    return str(report.get("error") or "the solution did not load")[:300]
 
 
 def _clean_outcome(outcome: Any) -> dict[str, Any]:

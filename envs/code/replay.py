@@ -147,6 +147,7 @@ class Replay:
         self.statement = -1
         self.pending = False  # this statement touched a call whose result is not known
         self.tainted = False  # ... or an earlier one did: nothing from here on is a verdict
+        self.spoiled = None  # (status, error) of a call that exited or was lost, whatever the test caught
 
     def assert_failed(self, *message):
         if not (self.pending or self.tainted):
@@ -178,8 +179,12 @@ class Replay:
                     _update_in_place(target, value)
             return untag(outcome["value"])
         if status == "error":
-            raise _exception(outcome.get("type"), str(outcome.get("error", "")))
-        raise Lost(str(status), str(outcome.get("error", "")))
+            error = _exception(outcome.get("type"), str(outcome.get("error", "")))
+            if isinstance(error, SolutionExit):
+                self.spoiled = self.spoiled or ("fail", str(error))
+            raise error
+        self.spoiled = self.spoiled or (str(status), str(outcome.get("error", "")))
+        raise Lost(*self.spoiled)
 
     def stub(self, fn):
         def solution_function(*args, **kwargs):
@@ -236,7 +241,7 @@ def run(spec):
             if is_case:
                 cases.append({"status": "fail", "error": setup_error})
             continue
-        replay.statement, replay.pending = i, False
+        replay.statement, replay.pending, replay.spoiled = i, False, None
         status, error = "pass", ""
         signal.setitimer(signal.ITIMER_REAL, spec["statement_timeout_s"])
         try:
@@ -251,6 +256,8 @@ def run(spec):
             status, error = "fail", "%s: %s" % (type(e).__name__, str(e)[:300])
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
+        if replay.spoiled is not None:  # caught by the test or not, an exit or a lost call fails the case
+            status, error = replay.spoiled
         replay.tainted = replay.tainted or replay.pending  # what follows may depend on values not known yet
         if replay.tainted:
             status, error = "pending", ""

@@ -189,7 +189,7 @@ def _contains_assert(node: ast.AST) -> bool:
     return any(isinstance(n, ast.Assert) for n in ast.walk(node))
 
 
-def _bound_names(nodes: Sequence[ast.AST]) -> set[str]:
+def bound_names(nodes: Sequence[ast.AST]) -> set[str]:
     """Every name the code binds anywhere (an over-approximation: scopes are ignored)."""
     bound = set()
     for node in nodes:
@@ -238,7 +238,7 @@ def _assert_suite(prelude: str, body: Sequence[ast.stmt], stubs: dict[str, str],
     if not n_cases:
         raise InvalidInput(f"{where}: the test code has no assert")
     trees = [ast.parse(support), ast.parse(prelude), *body]
-    functions, modules = _free_names(trees, _bound_names(trees))
+    functions, modules = _free_names(trees, bound_names(trees))
     stubs = {**{name: name for name in functions + modules}, **stubs}  # a module-like name may be the solution's
     return TestSuite("assert", prelude=prelude, statements=statements, entry_point=entry_point, support=support,
                      stubs=stubs, modules=modules, public=[i < shown for i in range(n_cases)])
