@@ -275,3 +275,11 @@ def test_a_solution_that_does_not_load_fails_every_case(runner, grader):
     assert [c.status for c in result.cases] == ["error", "error"]
     syntax = grade(runner, grader, "def f(x) return x", tests)
     assert syntax.passed == 0 and "SyntaxError" in syntax.cases[0].error
+
+
+def test_leetcode_style_entry_points(runner, grader):
+    tests = {"test": "def check(candidate):\n    assert candidate([2, 7, 11], 9) == [0, 1]\n",
+             "entry_point": "Solution().twoSum"}
+    code = "class Solution:\n    def twoSum(self, nums, target):\n        seen = {}\n        for i, x in enumerate(nums):\n" \
+           "            if target - x in seen:\n                return [seen[target - x], i]\n            seen[x] = i\n"
+    assert grade(runner, grader, code, tests).all_passed

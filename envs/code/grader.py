@@ -37,6 +37,7 @@ _HERE = Path(__file__).parent
 HARNESS_SOURCE = (_HERE / "harness.py").read_text()  # the solution's run
 REPLAY_SOURCE = (_HERE / "replay.py").read_text()  # the trusted runs of assert-style tests
 _VALUES_FILE = {"_grader_values.py": (_HERE / "values.py").read_text()}
+_HARNESS_FILES = {**_VALUES_FILE, "_grader_runner.py": (_HERE / "runner.py").read_text()}
 _LOST = ("timeout", "crash", "output_limit", "not_run")
 
 
@@ -299,7 +300,7 @@ class Grader:
         """The solution's sandbox run: its report (observations only), or None and why there is none."""
         spec = {**spec, "case_timeout_s": self.case_timeout_s, "total_timeout_s": total_timeout_s,
                 "output_cap": self.output_cap_bytes}
-        result = await self.sandbox.run(HARNESS_SOURCE, files={"solution.py": code, **_VALUES_FILE},
+        result = await self.sandbox.run(HARNESS_SOURCE, files={"solution.py": code, **_HARNESS_FILES},
                                         stdin=json.dumps(spec), timeout_s=total_timeout_s + 5.0,
                                         memory_mb=self.memory_mb,
                                         output_limit_bytes=max(4 << 20, self.output_cap_bytes * 4))

@@ -13,27 +13,26 @@ Input, as JSON on stdin: `kind`, `case_timeout_s`, `total_timeout_s`, `output_ca
   Result per case: `status` (ok / error / timeout / output_limit / not_run), `exit_code`, `stdout`,
   `stderr`, `time_s`.
 - `calls`: `calls`, a list of `{"case", "fn", "args", "kwargs"}` (arguments tagged by
-  `envs.code.values`). A runner process imports the solution and makes the calls in order; `fn` is a
-  top-level name or `Class().method`. Result: `{"loaded", "status", "error", "calls": [...]}` (status
+  `envs.code.values`). A runner process (`envs.code.runner`) loads the solution and makes the calls in
+  order; `fn` is a top-level name or `Class().method`. Result: `{"loaded", "status", "error", "calls": [...]}` (status
   and error say why a solution did not load), per call
   `{"status": "ok", "value", "args_after"?}`, `{"status": "error", "type", "error"}`, or a case lost to
   `timeout` / `crash` / `output_limit` / `not_run` with its `error`.
 Each case has its own time limit, enforced from outside the runner: a runner that hangs, exits or
 crashes loses that case's remaining calls and is restarted at the next case. Output: one JSON line
-`{"results": ...}` at the end of stdout. The grader ships `envs/code/values.py` as `_grader_values.py`.
+`{"results": ...}` at the end of stdout. The grader ships `envs/code/runner.py` as `_grader_runner.py`
+and `envs/code/values.py` as `_grader_values.py`.
 """
 
-import builtins
 import json
 import os
+import select
+import signal
+import subprocess
 import sys
 import time
 
-try:
-    from _grader_values import NotPlain, tag, untag  # in the sandbox, shipped beside this script
-except ImportError:  # imported on the host (tests, linting)
-    from envs.code.values import NotPlain, tag, untag
-
+RUNNER_FILE = "_grader_runner.py"  # envs/code/runner.py, shipped beside this script by the grader
 RESTRICT_DUMPING = 4  # prctl(PR_SET_DUMPABLE, 0): other processes of the sandbox cannot read our memory or fds
 
 
@@ -46,90 +45,8 @@ def not_dumpable():
         pass
 
 
-# --- the runner: a child process that loads the solution and makes the calls ------------------------
-
-def resolve(namespace, name):
-    """The solution's callable for `name`: a top-level function, or `Class().method`."""
-    if name.endswith("()") or "()." in name:
-        cls_name, _, method = name.partition("().")
-        cls = namespace.get(cls_name)
-        if isinstance(cls, type):
-            return getattr(cls(), method, None) if method else cls
-        return None
-    fn = namespace.get(name)
-    if fn is None and isinstance(namespace.get("Solution"), type):  # LeetCode style: class Solution
-        fn = getattr(namespace["Solution"](), name, None)
-    return fn if callable(fn) else None
-
-
-def call_outcome(namespace, call, restore):
-    """Make one call; what it returned (tagged) or raised. Never raises."""
-    try:
-        fn = resolve(namespace, call["fn"])
-        if fn is None:
-            return {"status": "error", "type": "NameError", "error": "the solution defines no function %r" % call["fn"]}
-        args, kwargs = untag(call["args"]), untag(call["kwargs"])
-        value = fn(*args, **kwargs)
-        restore()
-        try:
-            outcome = {"status": "ok", "value": tag(value)}
-        except NotPlain as e:
-            return {"status": "error", "type": "TypeError",
-                    "error": "returned a %s: only plain built-in values can be checked" % type(e.value).__name__}
-        try:
-            after = tag(args)
-        except NotPlain:  # it put something else into its arguments: the test sees them as they were
-            return outcome
-        if after != call["args"]:  # the call changed its arguments in place: the test may look at them
-            outcome["args_after"] = after
-        return outcome
-    except BaseException as e:  # noqa: BLE001 - whatever the solution raises is its outcome
-        restore()
-        return {"status": "error", "type": type(e).__name__, "error": str(e)[:300]}
-
-
-def runner(fd, start):
-    """Load solution.py, then make the calls of cases >= `start`, one JSON line per event on `fd`."""
-    out = os.fdopen(fd, "w", buffering=1)
-    spec = json.loads(sys.stdin.read())
-    sys.stdin = open(os.devnull)
-    saved = dict(builtins.__dict__)
-
-    def restore():  # a solution that replaced built-ins must not break our own tagging
-        if builtins.__dict__ != saved:
-            builtins.__dict__.clear()
-            builtins.__dict__.update(saved)
-
-    def report(*event):
-        out.write(json.dumps(list(event)) + "\n")
-
-    namespace = {"__name__": "solution", "__builtins__": builtins}
-    sys.argv = ["solution.py"]
-    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10000))
-    with open("solution.py") as f:
-        source = f.read()
-    exec(compile(source, "solution.py", "exec"), namespace)  # noqa: S102 - the sandbox holds it
-    restore()
-    report("loaded")
-    current = None
-    for k, call in enumerate(spec["calls"]):
-        if call["case"] < start:
-            continue
-        if call["case"] != current:
-            current = call["case"]
-            report("case", current)
-        report("call", k, call_outcome(namespace, call, restore))
-
-
-# --- the parent: runs the runner (or the program) under per-case limits ------------------------------
-
-# (select, signal and subprocess are imported here, not at the top: the runner child, which starts once
-# per case lost, does not need them)
-
 def read_capped(proc, cap, deadline):
     """stdout of a process, cut at `cap` bytes, until it exits or `deadline`."""
-    import select
-
     buf, fd = bytearray(), proc.stdout.fileno()
     while True:
         left = deadline - time.monotonic()
@@ -147,8 +64,6 @@ def read_capped(proc, cap, deadline):
 
 
 def kill(proc):
-    import signal
-
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except OSError:
@@ -157,9 +72,6 @@ def kill(proc):
 
 
 def run_stdio(spec, python, end):
-    import select
-    import subprocess
-
     results = []
     for stdin in spec["inputs"]:
         deadline = min(time.monotonic() + spec["case_timeout_s"], end)
@@ -211,15 +123,12 @@ def parse_event(line, n_calls):
 
 def run_calls(spec, source, python, end):
     """The calls through the runner, restarted after a case that hangs, exits or floods its pipe."""
-    import select
-    import subprocess
-
     calls = spec["calls"]
     payload = json.dumps(spec).encode()
     results, loaded, load_error, load_status, start = {}, False, "", "", 0
     while time.monotonic() < end:
         r_fd, w_fd = os.pipe()
-        proc = subprocess.Popen([python, "-c", source, "--runner", str(w_fd), str(start)], pass_fds=(w_fd,),
+        proc = subprocess.Popen([python, "-s", "-u", "-c", source, str(w_fd), str(start)], pass_fds=(w_fd,),
                                 stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                 start_new_session=True)
         os.close(w_fd)
@@ -283,8 +192,8 @@ def run_calls(spec, source, python, end):
 
 def main():
     not_dumpable()
-    with open(__file__) as f:
-        source = f.read()  # read now, before any solution code runs, for the runner's restarts
+    with open(RUNNER_FILE) as f:
+        source = f.read()  # read now, before any solution code runs: every restart runs the same runner
     spec = json.loads(sys.stdin.read())
     end = time.monotonic() + spec["total_timeout_s"]
     if spec["kind"] == "stdio":
@@ -295,7 +204,4 @@ def main():
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--runner"]:
-        runner(int(sys.argv[2]), int(sys.argv[3]))
-    else:
-        main()
+    main()
