@@ -6,6 +6,7 @@ helpers, modules the test does not import."""
 
 from __future__ import annotations
 
+import asyncio
 import math
 
 import pytest
@@ -61,14 +62,15 @@ def mbpp(*tests, setup=""):
     "assert f(1, [2, (3,)], k={'a': None}) == {1: 'x'}", "assert not f(0)", "assert f(0) is None",
     "assert abs(f(0.5) - 0.25) < 1e-9", "assert set(f([1])) == {1}", "assert sorted(f('ba')) == ['a', 'b']",
     "assert f(1) == 2 and f(2) == 3", "assert 0 < f(3) <= 5", "assert -f(1) == -2", "assert 'a' in f('abc')",
-    "assert f(1), 'a message'"])
+    "assert f(1), 'a message'", "assert f(3 * 19, 2.0 / 3.0, 'ab' + 'c', -(2 ** 10)) == [3, 19]"])
 def test_literal_asserts_are_checked_by_the_grader(statement):
     assert split(mbpp(statement)) is not None
 
 
 @pytest.mark.parametrize("statements, setup", [
     (["assert f(f(1)) == 1"], ""), (["assert f(x) == 1"], ""), (["assert f(1) == 1 or f(2) == 2"], ""),
-    (["assert f(1) * 10 ** 9 == 0"], ""), (["assert f(1) is 5"], ""), (["assert helper(f(1)) == 2"], ""),
+    (["assert f(1) * 10 ** 9 == 0"], ""), (["assert f(1) is 5"], ""), (["assert f(1) is 1.0"], ""),
+    (["assert f(10 ** 10 ** 10) == 1"], ""), (["assert f('a' * 10 ** 9) == 1"], ""), (["assert helper(f(1)) == 2"], ""),
     (["assert abs(f(1)) == 1"], "abs = lambda v: 1"), (["assert f(*[1]) == 1"], ""),
     (["assert f(1) == 1", "x = 2"], ""), (["for i in range(3):\n    assert f(i) == i"], "")])
 def test_everything_else_goes_to_the_replay(statements, setup):
@@ -283,3 +285,26 @@ def test_leetcode_style_entry_points(runner, grader):
     code = "class Solution:\n    def twoSum(self, nums, target):\n        seen = {}\n        for i, x in enumerate(nums):\n" \
            "            if target - x in seen:\n                return [seen[target - x], i]\n            seen[x] = i\n"
     assert grade(runner, grader, code, tests).all_passed
+
+
+def test_checks_and_replay_agree_on_every_humaneval_case(runner, monkeypatch):
+    """The two assert paths are the same judge: every HumanEval problem's canonical solution and a broken
+    one (`return None`), graded case by case through the grader's own checks and through the replay."""
+    from envs.code import grader as grader_module
+    from envs.code import load_humaneval
+
+    tasks = load_humaneval()
+    sandbox = make_sandbox("process", max_concurrency=4)
+
+    async def grade_all(grader):
+        submissions = [(t.metadata["prompt_code"] + body, parse_tests(t.label)) for t in tasks
+                       for body in (t.metadata["canonical_solution"], "    return None\n")]
+        results = await asyncio.gather(*(grader.grade(code, suite) for code, suite in submissions))
+        return [[c.passed for c in r.cases] for r in results]
+
+    checked = runner.run(grade_all(Grader(sandbox, case_timeout_s=3.0, total_timeout_s=30.0)))
+    monkeypatch.setattr(grader_module.checks, "split", lambda suite: None)  # every suite through the replay
+    replayed = runner.run(grade_all(Grader(sandbox, case_timeout_s=3.0, total_timeout_s=30.0)))
+    runner.run(sandbox.close())
+    assert replayed == checked
+    assert sum(map(all, checked[0::2])) == len(tasks) and not any(map(all, checked[1::2]))

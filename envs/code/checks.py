@@ -3,18 +3,20 @@
 Most HumanEval and MBPP tests are `assert candidate(<literals>) == <literal>` or a close relative. Such a
 statement splits into calls of the solution (made in its sandbox, which sees only the arguments) and a
 check evaluated here on the plain values they returned. The checks this module accepts are built from:
-literals (`ast.literal_eval`), calls of the solution with literal arguments, `==` `!=` `<` `<=` `>`
+literals and arithmetic on literals (`3 * 19`), calls of the solution with such arguments, `==` `!=` `<` `<=` `>`
 `>=` `in` `not in`, `is` / `is not` against None / True / False, `not`, `and`, `+` `-`, unary `-`, the
 pure built-ins in `BUILTINS` and `math.isclose` / `math.fabs` / `math.sqrt` / `math.floor` /
 `math.ceil` / `math.isnan` / `math.isinf`. Nothing there can run long or allocate much on values the
 solution chose (no `*`, no `**`, no ranges), and none of those names may be rebound by the test code.
-Setup statements may only import. A suite with any other statement goes to `envs.code.replay`.
+Setup statements may only import (or be a bare constant or built-in name). A suite with any other statement goes to `envs.code.replay`.
 """
 
 from __future__ import annotations
 
 import ast
+import builtins
 import math
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -69,7 +71,7 @@ def split(suite: TestSuite) -> list[Check] | None:
         for i, ((_, is_case), body) in enumerate(zip(suite.statements, statements)):
             if not is_case:
                 for node in body:
-                    if not isinstance(node, (ast.Import, ast.Pass)) and not _is_docstring(node):
+                    if not isinstance(node, (ast.Import, ast.Pass)) and not _is_no_op(node, rebound):
                         raise _Unsupported()
                     if isinstance(node, ast.Import):
                         imported.update(a.asname or a.name for a in node.names)
@@ -85,15 +87,53 @@ def split(suite: TestSuite) -> list[Check] | None:
     return checks
 
 
-def _is_docstring(node: ast.stmt) -> bool:
-    return isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+def _is_no_op(node: ast.stmt, rebound: set[str]) -> bool:
+    """A constant or a built-in's name as a statement (HumanEval/129's stray `print`)."""
+    value = node.value if isinstance(node, ast.Expr) else None
+    return isinstance(value, ast.Constant) or (isinstance(value, ast.Name) and hasattr(builtins, value.id)
+                                               and value.id not in rebound)
+
+
+_FOLD = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+         ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
+_MAX_ITEMS = 1 << 20
 
 
 def _literal(node: ast.expr) -> Any:
-    try:
-        return ast.literal_eval(node)
-    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-        raise _Unsupported() from None
+    """A constant the test wrote: a literal, or arithmetic on literals (`3 * 19`, `2.0 / 3.0`, `'ab' + 'c'`),
+    folded here within size limits (a hostile dataset must not make the grader compute 10 ** 10 ** 10)."""
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
+        items = [_literal(e) for e in node.elts]
+        try:
+            return {ast.List: list, ast.Tuple: tuple, ast.Set: set}[type(node)](items)
+        except TypeError:  # an unhashable set member
+            raise _Unsupported() from None
+    if isinstance(node, ast.Dict) and None not in node.keys:
+        try:
+            return {_literal(k): _literal(v) for k, v in zip(node.keys, node.values)}
+        except TypeError:
+            raise _Unsupported() from None
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        value = _literal(node.operand)
+        if type(value) not in (int, float, complex):
+            raise _Unsupported()
+        return -value if isinstance(node.op, ast.USub) else value
+    if isinstance(node, ast.BinOp) and type(node.op) in _FOLD:
+        left, right = _literal(node.left), _literal(node.right)
+        if isinstance(node.op, ast.Pow) and not (type(right) is int and 0 <= right <= 256 and type(left) in (int, float)
+                                                and abs(left) <= 1 << 64):
+            raise _Unsupported()
+        if isinstance(node.op, ast.Mult) and any(isinstance(v, (str, bytes, list, tuple)) for v in (left, right)):
+            size = [len(v) if isinstance(v, (str, bytes, list, tuple)) else v for v in (left, right)]
+            if not all(type(v) is int for v in size) or size[0] * size[1] > _MAX_ITEMS:
+                raise _Unsupported()
+        try:
+            return _FOLD[type(node.op)](left, right)
+        except (ArithmeticError, TypeError, ValueError):
+            raise _Unsupported() from None
+    raise _Unsupported()
 
 
 def _scan(node: ast.expr, suite: TestSuite, rebound: set[str], imported: set[str],
@@ -130,8 +170,7 @@ def _scan(node: ast.expr, suite: TestSuite, rebound: set[str], imported: set[str
         for op, right in zip(node.ops, node.comparators):
             if isinstance(op, (ast.Is, ast.IsNot)):
                 sides = (node.left, right)
-                if not any(isinstance(s, ast.Constant) and s.value in _SINGLETONS and type(s.value) is not int
-                           for s in sides):
+                if not any(isinstance(s, ast.Constant) and any(s.value is v for v in _SINGLETONS) for s in sides):
                     raise _Unsupported()
             elif type(op) not in _COMPARE:
                 raise _Unsupported()
@@ -186,10 +225,10 @@ def evaluate(check: Check, returned: Sequence[Any]) -> bool:
             return value
         if isinstance(node, ast.UnaryOp):
             return (not ev(node.operand)) if isinstance(node.op, ast.Not) else -ev(node.operand)
-        if isinstance(node, ast.BinOp):
+        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub)):
             left, right = ev(node.left), ev(node.right)
             return left + right if isinstance(node.op, ast.Add) else left - right
-        return ast.literal_eval(node)
+        return _literal(node)
 
     try:
         return bool(ev(check.test))
