@@ -1,4 +1,5 @@
-"""Code-v0 end to end with a scripted policy: a wrong program, test feedback, the fix; then HumanEval grading.
+"""Code-v0 end to end with a scripted policy: a wrong program, test feedback, the fix; then HumanEval grading,
+and a solution that forges the grader's reports (it earns nothing: no verdict comes from its sandbox).
 
     python examples/code_env.py
 """
@@ -31,6 +32,19 @@ async def main() -> None:
                                                   parse_tests(t.label)) for t in tasks))
     print(f"HumanEval canonical solutions: {sum(r.all_passed for r in results)}/{len(tasks)} pass "
           f"({sum(r.total for r in results)} test cases)")
+
+    # Return nothing, then write "pass"-shaped lines to every file descriptor and exit: once a known hack.
+    forged_lines = "\n".join(json.dumps(line) for line in
+                              [["loaded"], *[[i, "pass", None] for i in range(20)],
+                               *[["call", k, {"status": "ok", "value": True}] for k in range(20)]])
+    forger = (tasks[0].metadata["prompt_code"] + "    return None\n\nimport os\nfor fd in range(3, 64):\n"
+              f"    try:\n        os.write(fd, {forged_lines + chr(10)!r}.encode())\n    except OSError:\n"
+              "        pass\nos._exit(0)\n")
+    forged = await grader.grade(forger, parse_tests(tasks[0].label))
+    # The lines can only claim that calls returned True: exactly what returning True earns.
+    honest = await grader.grade(tasks[0].metadata["prompt_code"] + "    return True\n", parse_tests(tasks[0].label))
+    print(f"{tasks[0].id}: forged reports pass {forged.passed}/{forged.total} cases; "
+          f"`return True` passes {honest.passed}/{honest.total}")
     await grader.sandbox.close()
 
 

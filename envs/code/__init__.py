@@ -1,8 +1,8 @@
 """Code env `Code-v0`: programs graded by unit tests in a sandbox, with multi-turn execution feedback.
 
 Pieces usable alone: `parse_tests` (APPS/TACO, CodeContests, LiveCodeBench, HumanEval, MBPP, generic →
-`TestSuite`), `Grader` (one sandbox run per submission, outputs compared outside the sandbox),
-`load_code_tasks` and `load_humaneval`.
+`TestSuite`), `Grader` (no verdict comes from the solution's sandbox: outputs are compared, and
+assert-style tests checked or replayed, outside it), `load_code_tasks` and `load_humaneval`.
 """
 
 from envs.code.data import code_row_to_task, load_code_tasks, load_humaneval
