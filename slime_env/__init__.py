@@ -4,6 +4,7 @@ Core API (this package never imports `envs`, `agents`, `tools_sandbox` or `train
 - `Env`, `Wrapper`: the async env contract; `from_sync` adapts synchronous text envs.
 - `register`, `make`, `spec`, `registry_ids`: the env registry (mirrored as `gymnasium.make("slime_env/<id>")`).
 - `run_episode`: drives a `Policy` through an env and returns a `Trajectory` (token ledger).
+- `MultiAgentEnv`, `run_multi_agent_episode`: several agents (turn-based or simultaneous), one ledger each.
 - `get_renderer`: chat-template renderers that bridge the ledger between turns.
 - `get_parser`: tool-call parsers (hermes, qwen3_coder, search_r1, python_block).
 - `ScriptedPolicy`: a deterministic policy for tests and demos.
@@ -14,6 +15,7 @@ Core API (this package never imports `envs`, `agents`, `tools_sandbox` or `train
 from slime_env.env import Env, Wrapper
 from slime_env.errors import InvalidInput, RegistryError, RenderError, RenderMismatch, SlimeEnvError
 from slime_env.ledger import Span, TokenLedger
+from slime_env.multi_agent import MultiAgentEnv, run_multi_agent_episode
 from slime_env.parsers import ParseResult, get_parser, parser_names, register_parser
 from slime_env.policy import Policy, ScriptedPolicy
 from slime_env.registry import EnvSpec, make, register, registry_ids, spec
@@ -33,9 +35,9 @@ _register_entry_points()
 
 __all__ = [
     "Action", "Batch", "Env", "EnvServer", "Episode", "Group", "RemoteEnv", "RolloutManager", "close_shared_clients",
-    "load_tasks", "EnvSpec", "Generation", "InvalidInput", "Message", "ParseError", "ParseResult", "Policy",
+    "load_tasks", "EnvSpec", "Generation", "InvalidInput", "Message", "MultiAgentEnv", "ParseError", "ParseResult", "Policy",
     "RegistryError", "RenderError", "RenderMismatch", "STATUSES", "ScriptedPolicy", "SlimeEnvError", "Span",
     "SyncEnv", "Task", "TemplateRenderer", "TokenLedger", "ToolCall", "Trajectory", "Wrapper", "from_sync",
     "get_parser", "get_renderer", "make", "parser_names", "register", "register_parser", "register_renderer",
-    "registry_ids", "run_episode", "spec",
+    "registry_ids", "run_episode", "run_multi_agent_episode", "spec",
 ]

@@ -18,7 +18,6 @@ from envs.code.replay import run as replay
 from envs.code.values import NotPlain, tag, untag
 from tests.sandbox_support import make_sandbox
 
-
 # --- tagged values ---------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("value", [0, -7, 10**40, 1.5, float("inf"), "x\udcff", b"\x00\xff", True, None, 1 + 2j,

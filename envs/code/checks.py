@@ -151,13 +151,11 @@ def _scan(node: ast.expr, suite: TestSuite, rebound: set[str], imported: set[str
                           {k.arg: _literal(k.value) for k in node.keywords}))
             nodes.append(node)
             return
-        if isinstance(func, ast.Name) and func.id in BUILTINS and func.id not in rebound:
-            pass
-        elif (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "math"
-              and func.attr in MATH and "math" not in rebound - imported
-              and ("math" in imported or "math" in suite.modules)):
-            pass
-        else:
+        builtin = isinstance(func, ast.Name) and func.id in BUILTINS and func.id not in rebound
+        from_math = (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "math"
+                     and func.attr in MATH and "math" not in rebound - imported
+                     and ("math" in imported or "math" in suite.modules))
+        if not (builtin or from_math):
             raise _Unsupported()
         for a in [*node.args, *(k.value for k in node.keywords)]:
             if isinstance(a, ast.Starred):

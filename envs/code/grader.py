@@ -197,7 +197,8 @@ class Grader:
             except checks.Lost as e:
                 results.append(CaseResult(False, e.status, error=_short(e.error), **common))
             else:
-                results.append(CaseResult(passed, "pass" if passed else "wrong_answer",
+                got = ", ".join(repr(v) for v in returned)  # what the solution returned, for feedback
+                results.append(CaseResult(passed, "pass" if passed else "wrong_answer", got=_short(got),
                                           error="" if passed else "AssertionError", **common))
         return GradeResult(sum(c.passed for c in results), len(results), results)
 

@@ -41,7 +41,7 @@ def not_dumpable():
         import ctypes
 
         ctypes.CDLL(None).prctl(RESTRICT_DUMPING, 0, 0, 0, 0)
-    except Exception:  # noqa: BLE001 - not Linux, or no libc: the grader never relies on it
+    except Exception:  # noqa: BLE001, S110 - not Linux, or no libc: the grader never relies on it
         pass
 
 

@@ -123,10 +123,10 @@ def _exception(kind, message):
         try:
             return cls(message)
         except Exception:  # noqa: BLE001 - an exception class with other constructor arguments
-            return SolutionError("%s: %s" % (kind, message))
+            return SolutionError(f"{kind}: {message}")
     if isinstance(cls, type) and issubclass(cls, BaseException):
-        return SolutionExit("%s: %s" % (kind, message))
-    return SolutionError("%s: %s" % (kind, message))
+        return SolutionExit(f"{kind}: {message}")
+    return SolutionError(f"{kind}: {message}")
 
 
 def _update_in_place(target, value):
@@ -160,8 +160,8 @@ class Replay:
             if _is_unknown(e.value):  # built from a result not known yet: wait for it
                 self.pending = True
                 return UNKNOWN
-            raise TypeError("%s() was passed a %s: only plain built-in values can be sent to the solution"
-                            % (fn, type(e.value).__name__)) from None
+            raise TypeError(f"{fn}() was passed a {type(e.value).__name__}: only plain built-in values can be sent "
+                            f"to the solution") from None
         key = json.dumps([fn, targs, tkwargs])
         n = self.seen[key] = self.seen.get(key, -1) + 1
         outcome = self.table.get((key, n))
@@ -221,8 +221,8 @@ def run(spec):
         exec(compile(spec["support"], "prompt.py", "exec"), namespace)  # noqa: S102 - trusted test code
         exec(compile(spec["prelude"], "test_prelude.py", "exec"), namespace)  # noqa: S102
     except BaseException as e:  # noqa: BLE001 - the tests themselves are broken
-        return {"cases": [], "calls": [], "error": "the test code fails before any test: %s: %s"
-                % (type(e).__name__, str(e)[:300])}
+        return {"cases": [], "calls": [],
+                "error": f"the test code fails before any test: {type(e).__name__}: {str(e)[:300]}"}
     for name in spec["modules"]:
         if name not in namespace:
             import importlib
@@ -251,9 +251,9 @@ def run(spec):
         except Lost as e:
             status, error = e.status, e.error
         except StatementTimeout:  # while values are unknown it may loop on them: then it is only pending
-            status, error = "timeout", "the test statement ran past %gs" % spec["statement_timeout_s"]
+            status, error = "timeout", f"the test statement ran past {spec['statement_timeout_s']:g}s"
         except BaseException as e:  # noqa: BLE001 - a failing test statement
-            status, error = "fail", "%s: %s" % (type(e).__name__, str(e)[:300])
+            status, error = "fail", f"{type(e).__name__}: {str(e)[:300]}"
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
         if replay.spoiled is not None:  # caught by the test or not, an exit or a lost call fails the case
@@ -264,7 +264,7 @@ def run(spec):
         if is_case:
             cases.append({"status": status, "error": error})
         elif status != "pass":
-            setup_error = "the test setup failed: %s" % error
+            setup_error = f"the test setup failed: {error}"
         if len(replay.new_calls) >= replay.max_new:
             break
     cases += [{"status": "pending", "error": ""}] * (sum(c for _, c in spec["statements"]) - len(cases))
@@ -281,7 +281,7 @@ def replay_in_child(spec):
             random.seed(0)
             data = json.dumps(run(spec)).encode()
         except BaseException as e:  # noqa: BLE001 - reported, never lost
-            data = json.dumps({"cases": [], "calls": [], "error": "the test replay failed: %r" % e}).encode()
+            data = json.dumps({"cases": [], "calls": [], "error": f"the test replay failed: {e!r}"}).encode()
         with os.fdopen(w_fd, "wb") as f:
             f.write(data)
         os._exit(0)
@@ -300,7 +300,7 @@ def replay_in_child(spec):
     os.close(r_fd)
     os.waitpid(pid, 0)
     if chunks is None:
-        return {"cases": [], "calls": [], "error": "the test replay ran past %gs" % spec["timeout_s"]}
+        return {"cases": [], "calls": [], "error": f"the test replay ran past {spec['timeout_s']:g}s"}
     try:
         return json.loads(b"".join(chunks))
     except ValueError:

@@ -40,7 +40,7 @@ def call_outcome(namespace, call, restore):
     try:
         fn = resolve(namespace, call["fn"])
         if fn is None:
-            return {"status": "error", "type": "NameError", "error": "the solution defines no function %r" % call["fn"]}
+            return {"status": "error", "type": "NameError", "error": f"the solution defines no function {call['fn']!r}"}
         args, kwargs = untag(call["args"]), untag(call["kwargs"])
         value = fn(*args, **kwargs)
         restore()
@@ -48,7 +48,7 @@ def call_outcome(namespace, call, restore):
             outcome = {"status": "ok", "value": tag(value)}
         except NotPlain as e:
             return {"status": "error", "type": "TypeError",
-                    "error": "returned a %s: only plain built-in values can be checked" % type(e.value).__name__}
+                    "error": f"returned a {type(e.value).__name__}: only plain built-in values can be checked"}
         try:
             after = tag(args)
         except NotPlain:  # it put something else into its arguments: the test sees them as they were
@@ -65,7 +65,7 @@ def runner(fd, start):
     """Load solution.py, then make the calls of cases >= `start`, one JSON line per event on `fd`."""
     out = os.fdopen(fd, "w", buffering=1)
     spec = json.loads(sys.stdin.read())
-    sys.stdin = open(os.devnull)
+    sys.stdin = open(os.devnull)  # noqa: SIM115 - the solution reads an empty stdin for its whole life
     saved = dict(builtins.__dict__)
 
     def restore():  # a solution that replaced built-ins must not break our own tagging

@@ -36,13 +36,14 @@ def _scorer(name: str):
 
 def reasoning_gym_tasks(dataset: str, size: int, seed: int = 0, config: Mapping[str, Any] | None = None) -> list[Task]:
     """`size` tasks of a reasoning-gym generator, each with its entry in metadata (JSON-safe)."""
+    return [_task(dataset, size, seed, config, i) for i in range(size)]
+
+
+def _task(dataset: str, size: int, seed: int, config: Mapping[str, Any] | None, i: int) -> Task:
     ds = _dataset(dataset, size, seed, json.dumps(dict(config or {}), sort_keys=True))
-    tasks = []
-    for i in range(size):
-        entry = json.loads(json.dumps(ds[i]))  # tuples -> lists: what a JSONL round trip gives anyway
-        tasks.append(Task(prompt=entry["question"], label=entry["answer"],
-                          metadata={"rg_dataset": dataset, "rg_entry": entry}, id=f"{dataset}-{seed}-{i}"))
-    return tasks
+    entry = json.loads(json.dumps(ds[i]))  # tuples -> lists: what a JSONL round trip gives anyway
+    return Task(prompt=entry["question"], label=entry["answer"], metadata={"rg_dataset": dataset, "rg_entry": entry},
+                id=f"{dataset}-{seed}-{i}")
 
 
 def write_tasks_jsonl(path: str | Path, dataset: str, size: int, seed: int = 0,
@@ -72,8 +73,7 @@ class ReasoningGymEnv(Env):
         self._task: Task | None = None
 
     def sample_task(self, rng: random.Random) -> Task:
-        index = rng.randrange(self.size)
-        return reasoning_gym_tasks(self.dataset, self.size, self.seed, self.config)[index]
+        return _task(self.dataset, self.size, self.seed, self.config, rng.randrange(self.size))  # that one only
 
     async def reset(self, *, seed: int | None = None, options: Mapping[str, Any] | None = None):
         self._task = self.task_from(options, seed)

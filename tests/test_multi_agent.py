@@ -1,0 +1,185 @@
+"""Multi-agent episodes: one exact token ledger per agent (strict renderer, real tokenizer), turn-based and
+simultaneous moves, zero-sum rewards, an agent out mid-episode, failures recorded per agent, shared
+and separate policies, a built-in bot seat."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from envs.games import RockPaperScissorsEnv, TicTacToeEnv
+from slime_env import Message, MultiAgentEnv, ScriptedPolicy, get_renderer, run_multi_agent_episode
+
+
+def first_free_cell(context: str) -> str:
+    board = re.findall(r"Board:\n([^\n]+)\n([^\n]+)\n([^\n]+)", context)[-1]
+    free = [c for row in board for c in row.split() if c.isdigit()]
+    return f"I take {free[0]}. <move>{free[0]}</move>"
+
+
+def play(runner, env, policies, tok, **kw):
+    return runner.run(run_multi_agent_episode(env, policies, "play", renderer=get_renderer(tok, strict=True), **kw))
+
+
+def assert_exact(traj, tok):
+    traj.check()  # ids, mask, log-probs and spans line up
+    assert not traj.metadata.get("history_rewrites")
+    generated = [t for t, m in zip(traj.response_ids, traj.loss_mask) if m]
+    replies = [m.content for m in traj.messages if m.role == "assistant"]
+    assert len(replies) == traj.num_turns
+    assert tok.decode(generated).count("<move>") == len(replies)
+
+
+def test_turn_based_game_keeps_one_exact_ledger_per_agent(runner, smollm2_tok):
+    env = TicTacToeEnv()
+    trajs = play(runner, env, ScriptedPolicy(smollm2_tok, first_free_cell), smollm2_tok)
+    assert set(trajs) == {"x", "o"}
+    x, o = trajs["x"], trajs["o"]
+    for t in (x, o):
+        assert_exact(t, smollm2_tok)
+        assert t.status == "completed" and t.metadata["episode_id"] == x.metadata["episode_id"]
+    # first-free-cell play: X takes 1, O 2, X 3, O 4, X 5, O 6, X 7 -> X wins on the diagonal 3-5-7
+    assert x.info["moves"] == ["x1", "o2", "x3", "o4", "x5", "o6", "x7"] and x.info["winner"] == "x"
+    assert (x.reward, o.reward) == (1.0, -1.0) and x.num_turns == 4 and o.num_turns == 3
+    assert x.metadata["role"] == "x" and o.metadata["role"] == "o"
+    # each agent saw the other's move only as inserted tokens, and the final board only in its record
+    o_inserted = smollm2_tok.decode([t for t, m in zip(o.response_ids, o.loss_mask) if not m])
+    assert "X played 3." in o_inserted and "X wins." not in o_inserted
+    assert o.messages[-1].content.endswith("X wins.")
+
+
+def test_illegal_moves_lose_and_rewards_sum_to_zero(runner, smollm2_tok):
+    trajs = play(runner, TicTacToeEnv(), ScriptedPolicy(smollm2_tok, ["<move>5</move>"]), smollm2_tok)
+    assert trajs["o"].reward == -1.0 and trajs["x"].reward == 1.0  # O repeats the taken cell 5
+    assert "cell 5 is taken" in trajs["o"].messages[-1].content
+    assert sum(t.reward for t in trajs.values()) == 0
+
+
+def test_simultaneous_moves_are_generated_concurrently(runner, smollm2_tok):
+    env = RockPaperScissorsEnv(rounds=3)
+    rock = ScriptedPolicy(smollm2_tok, ["<move>rock</move>"], latency_s=0.3)
+    cycle = ScriptedPolicy(smollm2_tok, ["<move>paper</move>", "<move>rock</move>", "<move>scissors</move>"],
+                           latency_s=0.3)
+    trajs = play(runner, env, {"player_0": rock, "player_1": cycle}, smollm2_tok)
+    p0, p1 = trajs["player_0"], trajs["player_1"]
+    assert p0.turn_rewards == [-1.0, 0.0, 1.0] and p1.turn_rewards == [1.0, 0.0, -1.0]
+    assert p0.num_turns == p1.num_turns == 3 and rock.calls == cycle.calls == 3  # each policy, its own agent
+    for t in trajs.values():
+        assert_exact(t, smollm2_tok)
+    # both agents waited on their policies at once: each one's generate time covers about the whole episode
+    assert p0.timings["generate_s"] + p1.timings["generate_s"] > p0.timings["total_s"] * 1.5
+
+
+class Elimination(MultiAgentEnv):
+    """Three agents say numbers each round; after round 1 the lowest is out, and is paid at the end."""
+
+    agents = ("a", "b", "c")
+
+    async def reset(self, *, seed=None, options=None):
+        self.round, self.out = 0, set()
+        return {a: [Message("system", "Say a number."), Message("user", "Round 1.")] for a in self.agents}, {}
+
+    def acting(self):
+        return [a for a in self.agents if a not in self.out] if self.round < 3 else []
+
+    async def step(self, actions):
+        self.round += 1
+        said = {a: int(re.findall(r"\d+", act.text)[-1]) for a, act in actions.items()}
+        terminated, rewards = {}, {}
+        if self.round == 1:
+            low = min(said, key=said.get)
+            self.out.add(low)
+            terminated[low] = True
+        if self.round == 3:
+            rewards = {a: 1.0 for a in self.agents}  # everyone, the eliminated one too
+            terminated = {a: True for a in self.agents}
+        obs = {a: [Message("user", f"Round {self.round + 1}.")] for a in self.agents if a not in self.out}
+        return obs, rewards, terminated, {}, {}
+
+
+def test_an_agent_out_mid_episode_keeps_its_ledger_and_its_reward(runner, smollm2_tok):
+    numbers = {"a": "1", "b": "2", "c": "3"}
+    policies = {a: ScriptedPolicy(smollm2_tok, [n]) for a, n in numbers.items()}
+    trajs = play(runner, Elimination(), policies, smollm2_tok)
+    assert [trajs[a].num_turns for a in "abc"] == [1, 3, 3]
+    assert all(t.status == "completed" and t.reward == 1.0 for t in trajs.values())
+    assert trajs["a"].turn_rewards == [1.0]  # paid after it was out: added to its last turn
+    for t in trajs.values():
+        t.check()
+
+
+def test_a_failing_policy_fails_its_agent_and_aborts_the_others(runner, smollm2_tok):
+    class Broken:
+        async def generate(self, input_ids, sampling_params):
+            raise RuntimeError("engine down")
+
+    trajs = play(runner, TicTacToeEnv(), {"x": ScriptedPolicy(smollm2_tok, first_free_cell), "o": Broken()},
+                 smollm2_tok)
+    assert trajs["o"].status == "failed" and "engine down" in trajs["o"].reason
+    assert trajs["x"].status == "aborted" and "'o' failed" in trajs["x"].reason
+    assert trajs["x"].num_turns == 1
+    trajs["x"].check()
+
+
+def test_a_failing_env_fails_every_agent(runner, smollm2_tok):
+    class Exploding(TicTacToeEnv):
+        async def step(self, actions):
+            raise ValueError("board on fire")
+
+    trajs = play(runner, Exploding(), ScriptedPolicy(smollm2_tok, first_free_cell), smollm2_tok)
+    assert all(t.status == "failed" and "env.step raised ValueError: board on fire" in t.reason
+               for t in trajs.values())
+
+
+def test_bad_env_output_is_named(runner, smollm2_tok):
+    class Silent(RockPaperScissorsEnv):
+        async def step(self, actions):
+            obs, rewards, terminated, truncated, info = await super().step(actions)
+            return {}, rewards, terminated, truncated, info  # nobody is shown the round
+
+    trajs = play(runner, Silent(rounds=2), ScriptedPolicy(smollm2_tok, ["<move>rock</move>"]), smollm2_tok)
+    assert all(t.status == "failed" and "was shown nothing since its last turn" in t.reason for t in trajs.values())
+
+
+def test_a_bot_plays_a_seat(runner, smollm2_tok):
+    trajs = play(runner, TicTacToeEnv(bot={"o": "perfect"}), ScriptedPolicy(smollm2_tok, first_free_cell),
+                 smollm2_tok, seed=0)
+    assert set(trajs) == {"x"}
+    x = trajs["x"]
+    assert x.status == "completed" and x.reward == -1.0 and x.info["winner"] == "o"  # first-free-cell loses
+    assert_exact(x, smollm2_tok)
+
+
+def test_max_turns_and_deadline_truncate_every_agent(runner, smollm2_tok):
+    trajs = play(runner, RockPaperScissorsEnv(rounds=5), ScriptedPolicy(smollm2_tok, ["<move>rock</move>"]),
+                 smollm2_tok, max_turns=2)
+    assert all(t.status == "truncated" and "max_turns=2" in t.reason and t.num_turns == 2 for t in trajs.values())
+    slow = ScriptedPolicy(smollm2_tok, ["<move>rock</move>"], latency_s=5.0)
+    trajs = play(runner, RockPaperScissorsEnv(), slow, smollm2_tok, deadline_s=0.3)
+    assert all(t.status == "truncated" and "deadline" in t.reason for t in trajs.values())
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_random_games_keep_every_ledger_exact(runner, smollm2_tok, seed):
+    import random
+
+    rng = random.Random(seed)
+
+    def random_player(context: str) -> str:
+        board = re.findall(r"Board:\n([^\n]+)\n([^\n]+)\n([^\n]+)", context)[-1]
+        free = [c for row in board for c in row.split() if c.isdigit()]
+        return f"{'Hmm. ' * rng.randrange(3)}<move>{rng.choice(free)}</move>{' ok' * rng.randrange(2)}"
+
+    trajs = play(runner, TicTacToeEnv(), ScriptedPolicy(smollm2_tok, random_player), smollm2_tok)
+    assert sum(t.reward for t in trajs.values()) == 0
+    for t in trajs.values():
+        assert t.status == "completed"
+        assert_exact(t, smollm2_tok)
+
+
+def test_shared_policy_serves_both_seats(runner, smollm2_tok):
+    shared = ScriptedPolicy(smollm2_tok, first_free_cell)
+    trajs = play(runner, TicTacToeEnv(), shared, smollm2_tok)
+    assert shared.calls == sum(t.num_turns for t in trajs.values()) == 7
+
