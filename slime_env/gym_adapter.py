@@ -17,6 +17,7 @@ from typing import Any
 import gymnasium
 
 from slime_env.env import Env
+from slime_env.errors import InvalidInput
 from slime_env.parsers import get_parser
 from slime_env.types import Action, Message
 
@@ -100,6 +101,9 @@ class GymTextEnv(gymnasium.Env):
 
 def make_gym_env(env_id: str, renderer: Any = None, parser: Any = "env", **kwargs: Any) -> GymTextEnv:
     """Gymnasium entry point for `slime_env/<env_id>`; kwargs go to the slime_env env."""
-    from slime_env.registry import make
+    from slime_env.registry import make, spec
 
+    if spec(env_id).multi_agent:
+        raise InvalidInput(f"{env_id} is a multi-agent env (slime_env.MultiAgentEnv): Gymnasium's single-agent API "
+                           f"cannot drive it; use slime_env.make({env_id!r}) with run_multi_agent_episode")
     return GymTextEnv(make(env_id, **kwargs), renderer=renderer, parser=parser)

@@ -19,6 +19,7 @@ from typing import Any
 from slime_env.env import Env
 from slime_env.errors import InvalidInput, RegistryError
 from slime_env.loading import load_object
+from slime_env.multi_agent import MultiAgentEnv
 
 ENTRY_POINT_GROUP = "slime_env.envs"
 GYM_NAMESPACE = "slime_env"
@@ -40,9 +41,20 @@ class EnvSpec:
             env = factory(**{**self.kwargs, **kwargs})
         except TypeError as e:
             raise InvalidInput(f"cannot make {self.id!r} with kwargs {sorted({**self.kwargs, **kwargs})}: {e}") from e
-        if not isinstance(env, Env):
-            raise RegistryError(f"entry point of {self.id!r} returned {type(env).__name__}, not a slime_env.Env")
+        if not isinstance(env, (Env, MultiAgentEnv)):
+            raise RegistryError(f"entry point of {self.id!r} returned {type(env).__name__}, not a slime_env.Env "
+                                f"or MultiAgentEnv")
         return env
+
+    @property
+    def multi_agent(self) -> bool:
+        """Whether the env is a `MultiAgentEnv` (loads its class): run it with `run_multi_agent_episode`.
+        False when the entry point cannot be loaded (`make` names that problem)."""
+        try:
+            target = load_object(self.entry_point) if isinstance(self.entry_point, str) else self.entry_point
+        except InvalidInput:
+            return False
+        return isinstance(target, type) and issubclass(target, MultiAgentEnv)
 
 
 _REGISTRY: dict[str, EnvSpec] = {}
@@ -73,7 +85,7 @@ def spec(id: str) -> EnvSpec:
         raise RegistryError(f"no env registered as {id!r}{hint}") from None
 
 
-def make(id: str, **kwargs: Any) -> Env:
+def make(id: str, **kwargs: Any) -> Env | MultiAgentEnv:
     """Build the async env registered as `id`; kwargs override the registered defaults."""
     return spec(id).make(**kwargs)
 

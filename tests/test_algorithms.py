@@ -126,3 +126,33 @@ def test_masked_tokens_change_neither_loss_nor_gradient(reduction, kind):
     loss2.backward()
     assert loss2.item() == pytest.approx(loss.item(), abs=1e-6)
     assert torch.allclose(changed.grad[mask == 1], grad[mask == 1], atol=1e-6)
+
+
+def test_role_baselines_follow_each_game_and_role_separately():
+    from trainers.algorithms import RoleBaselines
+
+    rae = RoleBaselines(decay=0.5)
+    adv = rae.advantages(torch.tensor([1.0, -1.0, 1.0, 0.0]),
+                         [("ttt", "x"), ("ttt", "o"), ("ttt", "x"), None])
+    # x: b = 0.5 * 0 + 0.5 * 1 = 0.5 -> A = 0.5; then b = 0.5 * 0.5 + 0.5 * 1 = 0.75 -> A = 0.25
+    assert adv.tolist() == [0.5, -0.5, 0.25, 0.0]
+    assert rae.values == {"ttt/x": 0.75, "ttt/o": -0.5}
+    copy = RoleBaselines()
+    copy.load_state_dict(rae.state_dict())
+    assert copy.values == rae.values and copy.decay == 0.5
+
+
+def test_rae_in_pack_is_keyed_by_env_and_role(smollm2_tok):
+    from slime_env import ScriptedPolicy, get_renderer, run_multi_agent_episode
+    from envs.games import TicTacToeEnv
+    from trainers.algorithms import RoleBaselines
+    from trainers.batch import pack
+    import asyncio
+
+    trajs = asyncio.run(run_multi_agent_episode(TicTacToeEnv(), ScriptedPolicy(smollm2_tok, ["<move>5</move>"]),
+                                                "play", renderer=get_renderer(smollm2_tok)))
+    rae = RoleBaselines(decay=0.0)  # baseline = the last reward: every advantage is 0 on the first sight
+    batch = pack([trajs["x"], trajs["o"]], group_size=1, pad_id=0, estimator="rae", role_baselines=rae)
+    assert set(rae.values) == {"/x", "/o"} and batch.advantages.abs().sum() == 0
+    with pytest.raises(ValueError, match="needs role_baselines"):
+        pack([trajs["x"]], group_size=1, pad_id=0, estimator="rae")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -42,6 +43,18 @@ def test_code_example():
     assert "Code-v0: status=completed reward=1.0 turn_rewards=[0.0, 1.0]" in out.stdout
     assert "Expected:\n  3\n  Got:\n  2" in out.stdout
     assert "HumanEval canonical solutions: 10/10 pass" in out.stdout
+    forged, honest = re.search(r"forged reports pass (\d+)/\d+ cases; `return True` passes (\d+)/", out.stdout).groups()
+    assert int(forged) <= int(honest)
+
+
+def test_multi_agent_example():
+    out = subprocess.run([sys.executable, str(ROOT / "examples" / "multi_agent_game.py")], capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "tic-tac-toe x: status=completed reward=+1 turns=4" in out.stdout
+    assert "tic-tac-toe o: status=completed reward=-1 turns=3" in out.stdout
+    assert "{'player_0': [-1.0, 1.0, 0.0], 'player_1': [1.0, -1.0, 0.0]}" in out.stdout
+    assert "against the perfect bot: reward -1" in out.stdout
 
 
 def test_search_example():

@@ -183,3 +183,23 @@ def test_shared_policy_serves_both_seats(runner, smollm2_tok):
     trajs = play(runner, TicTacToeEnv(), shared, smollm2_tok)
     assert shared.calls == sum(t.num_turns for t in trajs.values()) == 7
 
+
+
+def test_rollout_manager_groups_each_trained_agents_samples(runner, smollm2_tok):
+    from slime_env import RolloutManager
+
+    def run(train_agents):
+        manager = RolloutManager(["play"] * 2, env_id="TicTacToe-v0", policy=ScriptedPolicy(smollm2_tok, first_free_cell),
+                                 renderer=get_renderer(smollm2_tok), n_samples_per_prompt=3, max_turns=6,
+                                 train_agents=train_agents)
+        batch = runner.run(manager.generate_batch(2))
+        runner.run(manager.close())
+        return batch
+
+    both = run(None)
+    for group in both.groups:
+        assert [t.agent_id for t in group.trajectories] == ["x"] * 3 + ["o"] * 3  # one GRPO group per agent
+        assert [t.metadata["sample_index"] for t in group.trajectories] == [0, 1, 2] * 2
+        assert group.trajectories[0].metadata["episode_id"] == group.trajectories[3].metadata["episode_id"]
+    only_o = run(["o"])
+    assert all([t.agent_id for t in g.trajectories] == ["o"] * 3 for g in only_o.groups)

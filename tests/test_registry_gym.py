@@ -95,7 +95,16 @@ def test_every_builtin_env_has_a_one_line_description():
 
 def builtin_ids() -> list[str]:
     """The envs this package ships (declared as entry points into `envs`), not ones tests register."""
-    return [i for i in registry_ids() if isinstance(spec(i).entry_point, str) and spec(i).entry_point.startswith("envs.")]
+    return [i for i in registry_ids() if isinstance(spec(i).entry_point, str) and spec(i).entry_point.startswith("envs.")
+            and not spec(i).multi_agent]
+
+
+def test_multi_agent_envs_are_registered_and_refused_by_gymnasium_with_a_reason():
+    multi = [i for i in registry_ids() if spec(i).multi_agent]
+    assert {"TicTacToe-v0", "RockPaperScissors-v0"} <= set(multi)
+    assert isinstance(make("TicTacToe-v0"), slime_env.MultiAgentEnv)
+    with pytest.raises(slime_env.InvalidInput, match="multi-agent env"):
+        gymnasium.make("slime_env/TicTacToe-v0")
 
 
 def test_every_registered_env_passes_gymnasiums_checker_without_a_task():

@@ -70,6 +70,41 @@ def reinforce_plus_plus_advantages(rewards: torch.Tensor, group_size: int | None
     return centred / (centred.std(unbiased=False) + eps)
 
 
+class RoleBaselines:
+    """SPIRAL's role-conditioned advantage estimation (RAE) for multi-agent self-play: a running baseline
+    per (game, role), b <- decay * b + (1 - decay) * r for each trajectory in order, then A = r - b.
+    Unlike group baselines it needs no n samples of one prompt, and it keeps a shared policy from
+    learning a seat's advantage (X moves first) as skill. `state_dict()` / `load_state_dict()` for
+    checkpoints."""
+
+    def __init__(self, decay: float = 0.95):
+        if not 0.0 <= decay < 1.0:
+            raise ValueError(f"decay must be in [0, 1), got {decay}")
+        self.decay = decay
+        self.values: dict[str, float] = {}
+
+    def advantages(self, rewards: torch.Tensor, keys: list[tuple[str, str] | None]) -> torch.Tensor:
+        """Advantages for `rewards` [N]; a None key (a failed trajectory) gets 0 and moves no baseline."""
+        if rewards.dim() != 1 or rewards.numel() != len(keys):
+            raise ValueError(f"{rewards.numel()} rewards for {len(keys)} (game, role) keys")
+        out = torch.zeros_like(rewards)
+        for i, game_role in enumerate(keys):
+            if game_role is None:
+                continue
+            key = "/".join(game_role)
+            r = float(rewards[i])
+            b = self.decay * self.values.get(key, 0.0) + (1.0 - self.decay) * r
+            self.values[key] = b
+            out[i] = r - b
+        return out
+
+    def state_dict(self) -> dict[str, object]:
+        return {"decay": self.decay, "values": dict(self.values)}
+
+    def load_state_dict(self, state: dict[str, object]) -> None:
+        self.decay, self.values = float(state["decay"]), dict(state["values"])
+
+
 def token_returns(turn_rewards: torch.Tensor, turn_of_token: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Per-token return-to-go from per-turn rewards: token t of turn k gets sum_{j >= k} r_j (gamma = 1).
 
@@ -220,7 +255,8 @@ def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     return torch.gather(logp, -1, tokens.unsqueeze(-1)).squeeze(-1)
 
 
-ADVANTAGE_ESTIMATORS = ("grpo", "dr_grpo", "gspo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo")
+ADVANTAGE_ESTIMATORS = ("grpo", "dr_grpo", "gspo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo",
+                        "rae")
 
 
 def outcome_advantages(estimator: str, rewards: torch.Tensor, group_size: int) -> torch.Tensor:
@@ -236,4 +272,6 @@ def outcome_advantages(estimator: str, rewards: torch.Tensor, group_size: int) -
         return reinforce_plus_plus_advantages(rewards)
     if estimator == "reinforce_plus_plus_baseline":
         return reinforce_plus_plus_advantages(rewards, group_size)
+    if estimator == "rae":
+        raise ValueError("estimator 'rae' keeps running baselines: the trainer passes them (RoleBaselines)")
     raise ValueError(f"unknown advantage estimator {estimator!r}; one of {ADVANTAGE_ESTIMATORS} (ppo: gae_advantages)")

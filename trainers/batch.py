@@ -19,7 +19,7 @@ from dataclasses import dataclass, fields, replace
 import torch
 
 from slime_env.trajectory import Trajectory
-from trainers.algorithms import outcome_advantages, token_returns, token_rewards
+from trainers.algorithms import RoleBaselines, outcome_advantages, token_returns, token_rewards
 
 
 @dataclass(frozen=True)
@@ -88,11 +88,12 @@ class TrainBatch:
 
 
 def pack(trajectories: Sequence[Trajectory], *, group_size: int, pad_id: int, estimator: str = "grpo",
-         reward_assignment: str = "sequence") -> TrainBatch:
+         reward_assignment: str = "sequence", role_baselines: RoleBaselines | None = None) -> TrainBatch:
     """Tensors and advantages for `trajectories` (groups of `group_size`, consecutive, in sample order).
 
     A failed trajectory keeps its place (reward 0.0 in its group's statistics) but its loss mask is zeros,
-    as slime's `remove_sample` does. `estimator` is an outcome estimator of `trainers.algorithms`.
+    as slime's `remove_sample` does. `estimator` is an outcome estimator of `trainers.algorithms`; "rae"
+    takes `role_baselines` (keyed by each trajectory's env id and role) and updates them.
     """
     if reward_assignment not in ("sequence", "per_turn"):
         raise ValueError(f"reward_assignment must be 'sequence' or 'per_turn', got {reward_assignment!r}")
@@ -121,7 +122,16 @@ def pack(trajectories: Sequence[Trajectory], *, group_size: int, pad_id: int, es
             turn_rewards[i, :len(t.turn_rewards)] = torch.tensor(t.turn_rewards, dtype=torch.float32)
         for span in t.spans:
             turn_of[i, o + p + span.start:o + p + span.end] = span.turn
-    seq_adv = outcome_advantages(estimator, rewards, group_size)
+    if estimator == "rae":
+        if role_baselines is None:
+            raise ValueError("estimator 'rae' needs role_baselines (trainers.algorithms.RoleBaselines)")
+        keys = [None if t.status == "failed" else (str(t.metadata.get("env_id", "")), str(t.metadata.get("role", t.agent_id)))
+                for t in trajectories]
+        seq_adv = role_baselines.advantages(rewards, keys)
+        if reward_assignment != "sequence":
+            raise ValueError("estimator 'rae' gives one advantage per sequence: use reward_assignment 'sequence'")
+    else:
+        seq_adv = outcome_advantages(estimator, rewards, group_size)
     per_token = token_rewards(turn_rewards if reward_assignment == "per_turn" else rewards.unsqueeze(-1), turn_of,
                               loss_mask) if estimator == "ppo" else None
     if estimator == "ppo":  # advantages come from GAE over the critic's values, in the trainer

@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 
 from slime_env.trajectory import Trajectory
+from trainers import algorithms as alg
 from trainers.batch import TrainBatch
 from trainers.torch_trainer import TorchTrainer, TrainerConfig
 
@@ -111,6 +112,7 @@ class MegatronTrainer(TorchTrainer):
             self.critic_ddp, self.critic_optimizer = self._optimizer_for(self.critic, c.critic_lr)
         del hf_state
         self.ddp, self.optimizer = self._optimizer_for(self.model, c.lr)
+        self.role_baselines = alg.RoleBaselines(c.rae_decay) if c.estimator == "rae" else None
         self.step_count = 0
         self._offloaded = False
 

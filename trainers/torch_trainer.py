@@ -54,6 +54,8 @@ class TrainerConfig:
     value_clip: float | None = 0.2
     gamma: float = 1.0
     lam: float = 0.95
+    # RAE (estimator: rae, multi-agent self-play): the decay of the running (game, role) baselines.
+    rae_decay: float = 0.95
     # Which trainer runs the step: "torch" (TorchTrainer) or "megatron" (MegatronTrainer). The fields below are
     # the Megatron trainer's: TP size, the token budget of a packed micro-batch, the parameter dtype
     # ("auto": bfloat16 on CUDA, float32 on CPU).
@@ -102,6 +104,7 @@ class TorchTrainer:
             self.critic = ValueModel(model).to(self.device)
             self.critic_optimizer = torch.optim.AdamW(self.critic.parameters(), lr=c.critic_lr, betas=c.betas,
                                                       weight_decay=c.weight_decay)
+        self.role_baselines = alg.RoleBaselines(c.rae_decay) if c.estimator == "rae" else None
         self.step_count = 0
 
     # --- log-probs --------------------------------------------------------------------------------
@@ -138,7 +141,7 @@ class TorchTrainer:
         c = self.config
         t0 = time.perf_counter()
         batch = pack(trajectories, group_size=group_size, pad_id=self.pad_id, estimator=c.estimator,
-                     reward_assignment=c.reward_assignment)
+                     reward_assignment=c.reward_assignment, role_baselines=self.role_baselines)
         reuse_old = c.ppo_epochs == 1 and c.n_minibatches == 1 and not c.use_tis
         old = None if reuse_old else self._frozen_logprobs(self.model, batch)  # the policy that sampled
         ref = self._frozen_logprobs(self.ref_model, batch) if c.kl_coef > 0 else None
@@ -274,7 +277,9 @@ class TorchTrainer:
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         self.model.save_pretrained(path / "model", safe_serialization=True)
-        torch.save({"optimizer": self.optimizer.state_dict(), "step": self.step_count}, path / "trainer.pt")
+        torch.save({"optimizer": self.optimizer.state_dict(), "step": self.step_count,
+                    "role_baselines": self.role_baselines.state_dict() if self.role_baselines else None},
+                   path / "trainer.pt")
         if self.critic is not None:  # PPO: the critic resumes too
             torch.save({"critic": self.critic.state_dict(), "optimizer": self.critic_optimizer.state_dict()},
                        path / "critic.pt")
@@ -294,6 +299,8 @@ class TorchTrainer:
             saved = torch.load(path / "trainer.pt", map_location=self.device, weights_only=False)
             self.optimizer.load_state_dict(saved["optimizer"])
             self.step_count = int(saved["step"])
+            if self.role_baselines is not None and saved.get("role_baselines"):
+                self.role_baselines.load_state_dict(saved["role_baselines"])
         if self.critic is not None and (path / "critic.pt").exists():
             saved = torch.load(path / "critic.pt", map_location=self.device, weights_only=False)
             self.critic.load_state_dict(saved["critic"])

@@ -53,6 +53,10 @@ class TrainConfig:
     device: str = "auto"
     engine_dtype: str = "auto"
     trainer: dict[str, Any] = field(default_factory=dict)
+    # Multi-agent envs: whose trajectories train (None: every agent's, e.g. both seats in self-play), and
+    # the env kwargs of the evaluation episodes (e.g. a fixed bot in one seat: win rate against it).
+    train_agents: list[str] | None = None
+    eval_env_kwargs: dict[str, Any] | None = None
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> TrainConfig:
@@ -110,9 +114,13 @@ def load_split(spec: Mapping[str, Any], where: str) -> list[Task]:
 
 
 async def evaluate(tasks: list[Task], policy: Any, renderer: Any, cfg: TrainConfig) -> dict[str, float]:
-    """Greedy episodes on the held-out tasks: accuracy (info['correct'], else reward >= 1) and mean reward."""
-    from slime_env import make, run_episode
+    """Greedy episodes on the held-out tasks: accuracy (info['correct'], else reward >= 1) and mean reward.
+    A multi-agent env is played with `eval_env_kwargs`: accuracy is then the win rate (reward > 0) of its
+    agents, with draw and illegal-move rates."""
+    from slime_env import make, run_episode, spec
 
+    if spec(cfg.env).multi_agent:
+        return await _evaluate_games(tasks, policy, renderer, cfg)
     sem = asyncio.Semaphore(cfg.max_concurrency)
 
     async def one(task: Task):
@@ -129,6 +137,31 @@ async def evaluate(tasks: list[Task], policy: Any, renderer: Any, cfg: TrainConf
     correct = [bool(t.info.get("correct", t.reward >= 1.0)) if t.status != "failed" else False for t in trajs]
     return {"eval/accuracy": sum(correct) / len(trajs), "eval/reward_mean": sum(t.reward for t in trajs) / len(trajs),
             "eval/failed": sum(t.status == "failed" for t in trajs)}
+
+
+async def _evaluate_games(tasks: list[Task], policy: Any, renderer: Any, cfg: TrainConfig) -> dict[str, float]:
+    from slime_env import make, run_multi_agent_episode
+
+    sem = asyncio.Semaphore(cfg.max_concurrency)
+    kwargs = {**cfg.env_kwargs, **(cfg.eval_env_kwargs or {})}
+
+    async def one(i: int, task: Task):
+        async with sem:
+            env = make(cfg.env, **kwargs)
+            try:
+                return await run_multi_agent_episode(
+                    env, policy, task, renderer=renderer, max_turns=cfg.max_turns, seed=10_000 + i,
+                    max_new_tokens=cfg.eval_max_new_tokens or cfg.max_new_tokens, sampling_params={"temperature": 0.0})
+            finally:
+                await env.close()
+
+    games = await asyncio.gather(*(one(i, t) for i, t in enumerate(tasks)))
+    trajs = [t for game in games for a, t in game.items() if cfg.train_agents is None or a in cfg.train_agents]
+    n = max(len(trajs), 1)
+    return {"eval/accuracy": sum(t.reward > 0 for t in trajs) / n, "eval/draw_rate": sum(t.reward == 0 for t in trajs) / n,
+            "eval/illegal_rate": sum(bool(t.info.get("illegal")) and t.info.get("loser") == t.agent_id
+                                     for t in trajs) / n,
+            "eval/reward_mean": sum(t.reward for t in trajs) / n, "eval/failed": sum(t.status == "failed" for t in trajs)}
 
 
 def plot_curves(rows: list[dict[str, Any]], path: Path, title: str) -> Path:
@@ -193,7 +226,8 @@ async def train(cfg: TrainConfig, *, log: Callable[[str], None] = print) -> dict
                              sampling_params={"temperature": cfg.temperature, "top_p": cfg.top_p},
                              n_samples_per_prompt=cfg.n_samples_per_prompt,
                              max_concurrency=max(cfg.max_concurrency, cfg.n_samples_per_prompt),
-                             max_turns=cfg.max_turns, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed)
+                             max_turns=cfg.max_turns, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed,
+                             train_agents=cfg.train_agents)
     rows: list[dict[str, Any]] = []
     metrics_path = run / "metrics.jsonl"
     if not cfg.resume and metrics_path.exists():

@@ -1,4 +1,4 @@
-"""Rock-paper-scissors for two agents moving simultaneously, over `rounds` rounds (zero-sum).
+"""RockPaperScissors-v0: two agents move simultaneously, over `rounds` rounds (zero-sum).
 
 Both agents act in every round; each sees its system prompt, then before each round the previous
 round's moves. A move is `<move>rock|paper|scissors</move>` (the last tag counts). Each round: win

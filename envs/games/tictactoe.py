@@ -1,8 +1,9 @@
-"""Tic-tac-toe as a two-agent text game (turn-based, zero-sum): seats `x` and `o`, `x` moves first.
+"""TicTacToe-v0: tic-tac-toe as a two-agent text game (turn-based, zero-sum): seats `x` and `o`, `x` moves first.
 
 Each agent sees its own chat: a system prompt naming its mark, then the board before each of its turns
 (which shows the opponent's last move). A move is a cell number 1-9 in `<move>N</move>`; the last such
-tag of the reply counts. Rewards: win +1, loss -1, draw 0 for both. An illegal or missing move ends the
+tag of the reply counts (`move_format="tag_or_digit"` also takes the reply's last digit 1-9 when it
+has no tag, for small models still learning the format). Rewards: win +1, loss -1, draw 0 for both. An illegal or missing move ends the
 game: the offender gets `illegal_reward` (default -1) and the opponent its negation, so rewards always
 sum to zero. `bot={"o": "random" | "perfect"}` lets the env play a seat itself (for evaluation against
 a fixed opponent): that seat is then not an agent. `info` has the winner and the move list.
@@ -15,12 +16,19 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from slime_env import Action, Message, MultiAgentEnv
+from slime_env import Action, Message, MultiAgentEnv, Task
 
 LINES = ((0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4, 8), (2, 4, 6))
 _MOVE = re.compile(r"<move>\s*([1-9])\s*</move>")
+_DIGIT = re.compile(r"[1-9]")
 SYSTEM = ("You are playing tic-tac-toe as {mark}. Cells are numbered 1-9, left to right, top to bottom. "
-          "On your turn, think briefly, then give your move as <move>N</move> with N a free cell.")
+          "Reply with your move as <move>N</move>, N a free cell.")
+
+
+def play_tasks(size: int = 64) -> list[Task]:
+    """`size` game tasks for the rollout manager and the train loop (the board starts empty: a game needs no
+    data; each task is one group of games, the seed of each game varies the bots' moves)."""
+    return [Task(prompt="tic-tac-toe", id=f"tictactoe-{i}") for i in range(size)]
 
 
 def winner(board: list[str]) -> str | None:
@@ -67,12 +75,15 @@ class TicTacToeEnv(MultiAgentEnv):
 
     roles = {"x": "x", "o": "o"}
 
-    def __init__(self, *, bot: Mapping[str, str] | None = None, illegal_reward: float = -1.0):
+    def __init__(self, *, bot: Mapping[str, str] | None = None, illegal_reward: float = -1.0,
+                 move_format: str = "tag"):
         bot = dict(bot or {})
         if any(seat not in ("x", "o") or kind not in ("random", "perfect") for seat, kind in bot.items()) \
                 or len(bot) > 1:
             raise ValueError(f"bot must map at most one seat ('x' or 'o') to 'random' or 'perfect', got {bot}")
-        self.bot, self.illegal_reward = bot, illegal_reward
+        if move_format not in ("tag", "tag_or_digit"):
+            raise ValueError(f"move_format must be 'tag' or 'tag_or_digit', got {move_format!r}")
+        self.bot, self.illegal_reward, self.move_format = bot, illegal_reward, move_format
         self.agents = tuple(seat for seat in ("x", "o") if seat not in bot)
         self._rng = random.Random()
         self.board: list[str] = ["."] * 9
@@ -94,11 +105,12 @@ class TicTacToeEnv(MultiAgentEnv):
 
     async def step(self, actions: Mapping[str, Action]):
         mover = self.turn
-        found = _MOVE.findall(actions[mover].text)
+        text = actions[mover].text
+        found = _MOVE.findall(text) or (_DIGIT.findall(text) if self.move_format == "tag_or_digit" else [])
         cell = int(found[-1]) - 1 if found else None
         if cell is None or self.board[cell] != ".":
             problem = "no <move>N</move> found" if cell is None else f"cell {cell + 1} is taken"
-            return self._end(None, mover, f"Illegal move by {mover.upper()} ({problem}).")
+            return self._end(None, mover, f"Illegal move by {mover.upper()} ({problem}).", illegal=True)
         self._play(mover, cell)
         if self._finished():
             return self._result()
@@ -127,7 +139,7 @@ class TicTacToeEnv(MultiAgentEnv):
         text = "Draw." if w is None else f"{w.upper()} wins."
         return self._end(w, loser, text, reward=1.0)
 
-    def _end(self, won: str | None, lost: str | None, text: str, reward: float | None = None):
+    def _end(self, won: str | None, lost: str | None, text: str, reward: float | None = None, illegal: bool = False):
         self.over = True
         value = -self.illegal_reward if reward is None else reward  # what the other side gets
         rewards = {}
@@ -137,7 +149,7 @@ class TicTacToeEnv(MultiAgentEnv):
         final = f"Final board:\n{render(self.board)}\n{text}"
         obs = {a: [Message("user", final)] for a in self.agents}
         done = {a: True for a in self.agents}
-        return obs, rewards, done, {}, {**self._info(), "winner": won, "loser": lost}
+        return obs, rewards, done, {}, {**self._info(), "winner": won, "loser": lost, "illegal": illegal}
 
     def _prompt(self, mark: str) -> str:
         last = f"{self.moves[-1][0].upper()} played {self.moves[-1][1]}.\n" if self.moves else ""

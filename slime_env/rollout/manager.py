@@ -13,6 +13,7 @@ from typing import Any
 
 from slime_env.env import Env
 from slime_env.errors import InvalidInput
+from slime_env.multi_agent import MultiAgentEnv, run_multi_agent_episode
 from slime_env.registry import make
 from slime_env.renderers.template import TemplateRenderer
 from slime_env.rollout.filters import get_filter
@@ -31,6 +32,8 @@ class Group:
 
     `group_index` is the task's position in the dataset; trajectory k has `metadata["index"] ==
     group_index * n + k`. `accepted` is False when the dynamic filter dropped it (`filter_reason`).
+    A multi-agent env gives n trajectories per trained agent, agent after agent (each agent's n samples
+    consecutive: a GRPO group per agent), sharing `metadata["episode_id"]` per sample.
     """
 
     group_index: int
@@ -93,6 +96,9 @@ class RolloutManager:
     `env_factory(task, env_id) -> Env` (sync or async) replaces `make(env_id, **env_kwargs)`, e.g. for
     `RemoteEnv`; `backend="ray"` runs the envs in `ray_actors` Ray actors per env id
     (`slime_env.rollout.ray_backend`), generation staying in this event loop.
+    A `MultiAgentEnv` runs through `run_multi_agent_episode`: `policy` is one policy for every agent or a
+    mapping agent id -> policy; `train_agents` (default: all) says whose trajectories the groups hold.
+    Its episodes are not suspended by partial rollouts: a batch that closes waits for them to finish.
     """
 
     def __init__(self, tasks: Sequence[Task | Mapping[str, Any] | str], *, policy: Any,
@@ -104,7 +110,8 @@ class RolloutManager:
                  dynamic_filter: Any = None, over_sampling: float = 1.0, partial_rollout: bool = False,
                  mask_offpolicy: bool = False, out_dir: str | None = None, resume: bool = False,
                  parquet: bool = False, progress: bool = False, seed: int = 0, strict: bool | None = None,
-                 backend: str = "local", ray_actors: int = 2, ray_actor_options: Mapping[str, Any] | None = None):
+                 backend: str = "local", ray_actors: int = 2, ray_actor_options: Mapping[str, Any] | None = None,
+                 train_agents: Sequence[str] | None = None):
         if n_samples_per_prompt < 1:
             raise InvalidInput(f"n_samples_per_prompt must be >= 1, got {n_samples_per_prompt}")
         if max_concurrency < n_samples_per_prompt:
@@ -130,6 +137,7 @@ class RolloutManager:
         self.partial_rollout, self.mask_offpolicy = partial_rollout, mask_offpolicy
         self.progress = progress
         self.seed = seed
+        self.train_agents = list(train_agents) if train_agents is not None else None
         self.store = None
         if out_dir is not None:
             config = {"env_id": env_id, "n_samples_per_prompt": self.n, "num_tasks": len(self.tasks),
@@ -232,6 +240,9 @@ class RolloutManager:
         if any(r is None for r in results):
             return None  # suspended by an abort (partial rollout)
         await self._close_envs(rg)
+        if results and isinstance(results[0], dict):  # multi-agent: each agent's n samples in a row
+            agents = self.train_agents or list(results[0])
+            results = [r[a] for a in agents for r in results]
         return Group(rg.group_index, rg.task, rg.env_id, list(results))
 
     async def _start_episodes(self, rg: _Running) -> None:
@@ -243,6 +254,9 @@ class RolloutManager:
             except Exception as e:  # noqa: BLE001 - a broken env becomes failed trajectories, not a crash
                 env = _BrokenEnv(f"making env {rg.env_id!r} raised {type(e).__name__}: {e}")
             rg.envs.append(env)
+            if isinstance(env, MultiAgentEnv):
+                rg.episodes.append(_MultiAgentEpisode(env, self, rg.task, metadata, self.seed * 1_000_003 + index))
+                continue
             policy = self.policy.get("agent", self.policy.get("default")) if isinstance(self.policy, Mapping) \
                 else self.policy
             rg.episodes.append(Episode(env, policy, rg.task, renderer=self.renderer, metadata=metadata,
@@ -307,6 +321,35 @@ class RolloutManager:
         task_id = bar.add_task("groups", total=total)
         bar.start()
         return bar, task_id
+
+
+class _MultiAgentEpisode:
+    """One multi-agent sample of a group, with the parts of `Episode`'s interface the manager uses."""
+
+    suspended = False
+
+    def __init__(self, env: MultiAgentEnv, manager: RolloutManager, task: Task, metadata: dict[str, Any], seed: int):
+        self.env, self.manager, self.task, self.metadata, self.seed = env, manager, task, metadata, seed
+        self.done: dict[str, Trajectory] | None = None
+
+    async def run(self) -> dict[str, Trajectory]:
+        if self.done is None:
+            kw = self.manager.episode_kwargs
+            self.done = await run_multi_agent_episode(
+                self.env, self.manager.policy, self.task, renderer=self.manager.renderer, max_turns=kw["max_turns"],
+                max_new_tokens=kw["max_new_tokens"], max_context_tokens=kw["max_context_tokens"],
+                deadline_s=kw["deadline_s"], strict=kw["strict"], sampling_params=self.manager.sampling_params,
+                seed=self.seed, metadata=self.metadata)
+        return self.done
+
+    async def abort(self, reason: str) -> None:
+        return None  # a multi-agent episode runs to its end (its group is delivered with the next batch)
+
+    def mask_offpolicy(self) -> None:
+        return None
+
+    def trajectory(self) -> None:
+        return None
 
 
 class _BrokenEnv(Env):
