@@ -33,7 +33,7 @@ def config(args) -> TrainConfig:
         "train_data": {"generator": "envs.games.tictactoe:play_tasks", "size": 4096},
         "eval_data": {"generator": "envs.games.tictactoe:play_tasks", "size": args.eval_games},
         "steps": args.steps, "prompts_per_step": args.prompts, "n_samples_per_prompt": args.n,
-        "max_turns": 5, "max_new_tokens": 12, "temperature": 1.0, "eval_every": args.eval_every,
+        "max_turns": 5, "max_new_tokens": 10, "temperature": 1.0, "eval_every": args.eval_every,
         "max_concurrency": 64, "time_budget_s": args.budget_min * 60, "seed": 0,
         "trainer": {"estimator": args.estimator, "lr": args.lr, "micro_batch_size": 16, "clip_low": 0.2,
                     "clip_high": 0.28, "max_grad_norm": 1.0},

@@ -5,7 +5,7 @@ Each agent sees its own chat: a system prompt naming its mark, then the board be
 tag of the reply counts (`move_format="tag_or_digit"` also takes the reply's last digit 1-9 when it
 has no tag, for small models still learning the format). Rewards: win +1, loss -1, draw 0 for both. An illegal or missing move ends the
 game: the offender gets `illegal_reward` (default -1) and the opponent its negation, so rewards always
-sum to zero. `bot={"o": "random" | "perfect"}` lets the env play a seat itself (for evaluation against
+sum to zero. `system_prompt` replaces the default ("{mark}" becomes X or O). `bot={"o": "random" | "perfect"}` lets the env play a seat itself (for evaluation against
 a fixed opponent): that seat is then not an agent. `info` has the winner and the move list.
 """
 
@@ -21,8 +21,8 @@ from slime_env import Action, Message, MultiAgentEnv, Task
 LINES = ((0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4, 8), (2, 4, 6))
 _MOVE = re.compile(r"<move>\s*([1-9])\s*</move>")
 _DIGIT = re.compile(r"[1-9]")
-SYSTEM = ("You are playing tic-tac-toe as {mark}. Cells are numbered 1-9, left to right, top to bottom. "
-          "Reply with your move as <move>N</move>, N a free cell.")
+SYSTEM = ("You are {mark} in tic-tac-toe. Cells are numbered 1-9, left to right, top to bottom. Pick a free cell. "
+          "Reply like this: <move>5</move>")
 
 
 def play_tasks(size: int = 64) -> list[Task]:
@@ -76,7 +76,7 @@ class TicTacToeEnv(MultiAgentEnv):
     roles = {"x": "x", "o": "o"}
 
     def __init__(self, *, bot: Mapping[str, str] | None = None, illegal_reward: float = -1.0,
-                 move_format: str = "tag"):
+                 move_format: str = "tag", system_prompt: str | None = None):
         bot = dict(bot or {})
         if any(seat not in ("x", "o") or kind not in ("random", "perfect") for seat, kind in bot.items()) \
                 or len(bot) > 1:
@@ -84,6 +84,7 @@ class TicTacToeEnv(MultiAgentEnv):
         if move_format not in ("tag", "tag_or_digit"):
             raise ValueError(f"move_format must be 'tag' or 'tag_or_digit', got {move_format!r}")
         self.bot, self.illegal_reward, self.move_format = bot, illegal_reward, move_format
+        self.system_prompt = system_prompt if system_prompt is not None else SYSTEM  # "{mark}": X or O
         self.agents = tuple(seat for seat in ("x", "o") if seat not in bot)
         self._rng = random.Random()
         self.board: list[str] = ["."] * 9
@@ -96,8 +97,8 @@ class TicTacToeEnv(MultiAgentEnv):
         self.board, self.turn, self.moves, self.over = ["."] * 9, "x", [], False
         if "x" in self.bot:
             self._bot_move()
-        obs = {a: [Message("system", SYSTEM.format(mark=a.upper())), Message("user", self._prompt(a))]
-               if a == self.turn else [Message("system", SYSTEM.format(mark=a.upper()))] for a in self.agents}
+        system = {a: Message("system", self.system_prompt.format(mark=a.upper())) for a in self.agents}
+        obs = {a: [system[a], Message("user", self._prompt(a))] if a == self.turn else [system[a]] for a in self.agents}
         return obs, {"moves": []}
 
     def acting(self) -> list[str]:
