@@ -163,3 +163,30 @@ def test_chat_prompts_and_the_dynamic_filter(engine):
     same = [Sample(reward=1.0), Sample(reward=1.0)]
     mixed = [Sample(reward=1.0), Sample(reward=0.0)]
     assert plugin.filter_nonzero_std(args, same) is False and plugin.filter_nonzero_std(args, mixed) is True
+
+
+def test_multi_agent_env_returns_one_sample_per_trained_agent(engine):
+    args = make_args(engine, slime_env_id="TicTacToe-v0", slime_env_max_turns=3,
+                     slime_env_kwargs={"move_format": "tag_or_digit"})
+    only_x = make_args(engine, slime_env_id="TicTacToe-v0", slime_env_max_turns=3, slime_env_train_agents=["x"])
+    samples = [Sample(group_index=0, index=i, prompt="tic-tac-toe", rollout_id=None if i else 3) for i in range(3)]
+
+    async def main():
+        try:
+            both = await asyncio.gather(*(plugin.generate(args, s, dict(SAMPLING)) for s in samples))
+            x = await plugin.generate(only_x, Sample(group_index=1, index=9, prompt="tic-tac-toe"), dict(SAMPLING))
+            return both, x
+        finally:
+            await plugin.close()
+
+    both, x = asyncio.run(main())
+    for original, siblings in zip(samples, both):
+        assert isinstance(siblings, list) and len(siblings) == 2 and original not in siblings
+        assert [s.metadata["slime_env"]["agent_id"] for s in siblings] == ["x", "o"]
+        assert siblings[0].rollout_id == siblings[1].rollout_id is not None
+        assert siblings[0].metadata["slime_env"]["episode_id"] == siblings[1].metadata["slime_env"]["episode_id"]
+        for s in siblings:
+            check_invariants(s)
+        assert sum(s.reward for s in siblings) == 0  # zero-sum: both seats' outcomes
+    assert both[0][0].rollout_id == 3  # slime's rollout id is kept when it has one
+    assert [s.metadata["slime_env"]["agent_id"] for s in x] == ["x"]

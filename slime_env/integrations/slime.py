@@ -18,6 +18,11 @@ place: `tokens`, `response_length`, `loss_mask`, `rollout_log_probs` (0.0 at mas
 rewards, spans, timings, the env's info). A failed episode comes back in slime's safe form:
 `remove_sample=True`, reward 0.0, a mask of zeros. Nothing from slime is imported: the Sample class and
 its `Status` enum are taken from the object slime passes in.
+
+A multi-agent env (`slime_env.MultiAgentEnv`, e.g. `TicTacToe-v0`) plays one episode per sample with the
+SGLang policy in every seat and returns `list[Sample]`: one per trained agent (`slime_env_train_agents`,
+default all), copies of `sample` filled from that agent's trajectory, all with the same non-None
+`rollout_id` and `metadata["slime_env"]` naming the agent, its role and the episode id.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ class _Setup:
     max_turns: int
     url: str
     deadline_s: float | None
+    train_agents: list[str] | None
 
 
 _SETUPS: dict[tuple, _Setup] = {}
@@ -69,7 +75,8 @@ def _setup(args: Any) -> _Setup:
                               renderer=get_renderer(tok, family),
                               parser=getattr(args, "slime_env_parser", None) or "env",
                               max_turns=int(getattr(args, "slime_env_max_turns", None) or 8), url=url,
-                              deadline_s=getattr(args, "slime_env_deadline_s", None))
+                              deadline_s=getattr(args, "slime_env_deadline_s", None),
+                              train_agents=getattr(args, "slime_env_train_agents", None))
     return _SETUPS[key]
 
 
@@ -86,7 +93,7 @@ def _policy(url: str) -> Any:
 
 async def generate(args: Any, sample: Any, sampling_params: dict[str, Any], evaluation: bool = False) -> Any:
     """slime's custom generate function: one slime_env episode fills `sample` (see the module docstring)."""
-    from slime_env import make, run_episode
+    from slime_env import MultiAgentEnv, make, run_episode
     from slime_env.types import Task
 
     try:
@@ -97,6 +104,8 @@ async def generate(args: Any, sample: Any, sampling_params: dict[str, Any], eval
                             "id": None if sample.index is None else str(sample.index)}, "sample")
         params = {k: v for k, v in dict(sampling_params).items() if k != "max_new_tokens"}
         env = make(setup.env_id, **setup.env_kwargs)
+        if isinstance(env, MultiAgentEnv):
+            return await _generate_multi_agent(args, sample, setup, env, task, sampling_params, params)
         try:
             traj = await run_episode(
                 env, _policy(setup.url), task, renderer=setup.renderer, max_turns=setup.max_turns,
@@ -111,6 +120,41 @@ async def generate(args: Any, sample: Any, sampling_params: dict[str, Any], eval
         return _fail(sample, f"{type(e).__name__}: {e}", traceback.format_exc(limit=6))
     _fill(sample, traj)
     return sample
+
+
+async def _generate_multi_agent(args: Any, sample: Any, setup: _Setup, env: Any, task: Any,
+                                sampling_params: dict[str, Any], params: dict[str, Any]) -> list[Any]:
+    """One multi-agent episode; a filled copy of `sample` per trained agent (see the module docstring)."""
+    import copy
+    import zlib
+
+    from slime_env import run_multi_agent_episode
+
+    try:
+        trajs = await run_multi_agent_episode(
+            env, _policy(setup.url), task, renderer=setup.renderer, max_turns=setup.max_turns,
+            max_new_tokens=int(sampling_params.get("max_new_tokens") or getattr(args, "rollout_max_response_len", 1024)),
+            max_context_tokens=getattr(args, "rollout_max_context_len", None), deadline_s=setup.deadline_s,
+            sampling_params=params, metadata={"index": sample.index, "group_index": getattr(sample, "group_index", None)})
+    finally:
+        await env.close()
+    agents = list(setup.train_agents or trajs)
+    unknown = [a for a in agents if a not in trajs]
+    if unknown:
+        raise ValueError(f"slime_env_train_agents names {unknown}, not agents of {setup.env_id} ({list(trajs)})")
+    episode_id = next(iter(trajs.values())).metadata["episode_id"]
+    rollout_id = getattr(sample, "rollout_id", None)
+    if rollout_id is None:  # siblings must share a non-None rollout_id: one derived from the episode
+        rollout_id = zlib.crc32(episode_id.encode())
+    out = []
+    for agent in agents:
+        sibling = copy.deepcopy(sample)
+        _fill(sibling, trajs[agent])
+        sibling.rollout_id = rollout_id
+        sibling.metadata["slime_env"].update(agent_id=agent, role=trajs[agent].metadata.get("role", agent),
+                                             episode_id=episode_id)
+        out.append(sibling)
+    return out
 
 
 def _fill(sample: Any, traj: Any) -> None:
