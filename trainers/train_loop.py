@@ -164,7 +164,8 @@ async def _evaluate_games(tasks: list[Task], policy: Any, renderer: Any, cfg: Tr
             "eval/reward_mean": sum(t.reward for t in trajs) / n, "eval/failed": sum(t.status == "failed" for t in trajs)}
 
 
-def plot_curves(rows: list[dict[str, Any]], path: Path, title: str) -> Path:
+def plot_curves(rows: list[dict[str, Any]], path: Path, title: str,
+                eval_label: str = "held-out accuracy (greedy)") -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -176,7 +177,7 @@ def plot_curves(rows: list[dict[str, Any]], path: Path, title: str) -> Path:
             color="tab:blue", alpha=0.7)
     ev = [(r["step"], r["eval/accuracy"]) for r in rows if "eval/accuracy" in r]
     if ev:
-        ax.plot([s for s, _ in ev], [a for _, a in ev], marker="o", label="held-out accuracy (greedy)",
+        ax.plot([s for s, _ in ev], [a for _, a in ev], marker="o", label=eval_label,
                 color="tab:red")
     ax.set_xlabel("step")
     ax.set_ylim(-0.02, 1.02)
@@ -271,7 +272,11 @@ async def train(cfg: TrainConfig, *, log: Callable[[str], None] = print) -> dict
         if writer is not None:
             writer.close()
     all_rows = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
-    curves = plot_curves(all_rows, run / "curves.png", f"{cfg.env} — {TrainerConfig(**cfg.trainer).estimator}")
+    from slime_env import spec
+
+    games = spec(cfg.env).multi_agent  # zero-sum self-play: the mean train reward is 0 by construction
+    curves = plot_curves(all_rows, run / "curves.png", f"{cfg.env} — {TrainerConfig(**cfg.trainer).estimator}",
+                         "win rate against the evaluation opponent (greedy)" if games else "held-out accuracy (greedy)")
     accs = [(r["step"], r["eval/accuracy"]) for r in all_rows if "eval/accuracy" in r]
     summary = {"run_dir": str(run), "curves": str(curves), "metrics": str(metrics_path),
                "first_accuracy": accs[0][1] if accs else math.nan, "last_accuracy": accs[-1][1] if accs else math.nan,

@@ -5,7 +5,7 @@ The solution's sandbox run (`envs.code.harness`) only reports what the code prin
 - stdin/stdout and call-based tests: one run; outputs are compared here (`envs.code.compare`);
 - assert-style tests (HumanEval, MBPP, `{"test": ...}`): the solution's run sees only the arguments of
   the calls the tests make, never the assertions. When every case is a check the grader can evaluate
-  itself (`assert candidate(<literals>) == <literal>` and relatives, `envs.code.checks`: 149 of
+  itself (`assert candidate(<literals>) == <literal>` and relatives, `envs.code.checks`: 158 of
   HumanEval's 164 problems), that is the only run. Otherwise the test code runs in sandbox runs that
   hold no solution (`envs.code.replay`), on the return values the solution's run recorded: a first
   replay, cached per suite, lists the calls; the solution's run makes them; a second replay gives the
@@ -139,7 +139,8 @@ class Grader:
                                                 "kwargs": {"dict": []}} for i, args in enumerate(suite.inputs)]}
         report, reason = await self._run_solution(code, spec, self.total_timeout_s)
         if suite.kind == "stdio":
-            outcomes = report if isinstance(report, list) and len(report) == len(suite) else None
+            outcomes = [_clean_stdio(o) for o in report] if isinstance(report, list) and len(report) == len(suite) \
+                else None
         else:
             outcomes = _call_outcomes(report, len(suite))
         if outcomes is None:
@@ -273,7 +274,7 @@ class Grader:
 
     async def _replay_batch(self, specs: list[dict[str, Any]]) -> list[tuple[dict[str, Any] | None, str]]:
         """Several replays in one sandbox run: one interpreter start-up for all of them."""
-        for attempt in range(2):  # the replay is deterministic and runs no solution: safe to retry once
+        for _ in range(2):  # the replay is deterministic and runs no solution: safe to retry once
             result = await self.sandbox.run(REPLAY_SOURCE, files=_VALUES_FILE, stdin=json.dumps({"replays": specs}),
                                             timeout_s=min(3600.0, self.total_timeout_s * len(specs) + 5.0),
                                             memory_mb=self.memory_mb,
@@ -402,6 +403,14 @@ def _call_outcomes(report: Any, n_calls: int) -> list[dict[str, Any]] | None:
         status = "timeout" if report.get("status") == "timeout" else "error"
         return [{"status": status, "error": _load_error(report)}] * n_calls
     return [_clean_outcome(o) for o in report["calls"]]
+
+
+def _clean_stdio(outcome: Any) -> dict[str, Any]:
+    """A program's run as the harness reported it, reduced to known statuses and texts."""
+    if not isinstance(outcome, dict) or outcome.get("status") not in ("ok", "error", *_LOST):
+        return {"status": "crash", "error": "the solution's run reported nothing usable for this case"}
+    return {"status": outcome["status"], "stdout": str(outcome.get("stdout", "")),
+            "stderr": str(outcome.get("stderr", "")), "error": str(outcome.get("error", ""))}
 
 
 def _load_error(report: dict[str, Any]) -> str:
