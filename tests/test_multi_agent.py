@@ -203,3 +203,42 @@ def test_rollout_manager_groups_each_trained_agents_samples(runner, smollm2_tok)
         assert group.trajectories[0].metadata["episode_id"] == group.trajectories[3].metadata["episode_id"]
     only_o = run(["o"])
     assert all([t.agent_id for t in g.trajectories] == ["o"] * 3 for g in only_o.groups)
+
+
+def test_cooperative_taboo_rewards_both_and_hides_the_word(runner, smollm2_tok):
+    from envs.games import TabooEnv
+
+    describer = ScriptedPolicy(smollm2_tok, ["A red or green fruit that keeps doctors away."])
+    guesser = ScriptedPolicy(smollm2_tok, ["<guess>cherry</guess>", "<guess>Apple</guess>"])
+    trajs = runner.run(run_multi_agent_episode(TabooEnv(), {"describer": describer, "guesser": guesser},
+                                               {"prompt": "taboo", "label": "apple"},
+                                               renderer=get_renderer(smollm2_tok, strict=True)))
+    d, g = trajs["describer"], trajs["guesser"]
+    assert d.reward == g.reward == 1.0 and d.num_turns == 2 and g.num_turns == 2
+    assert "apple" not in smollm2_tok.decode(g.prompt_ids + g.response_ids).lower().replace("<guess>apple", "")
+    for t in trajs.values():
+        t.check()
+    cheat = ScriptedPolicy(smollm2_tok, ["The word is apple."])
+    lost = runner.run(run_multi_agent_episode(TabooEnv(), {"describer": cheat, "guesser": guesser},
+                                              {"prompt": "taboo", "label": "apple"}, renderer=get_renderer(smollm2_tok)))
+    assert lost["describer"].reward == lost["guesser"].reward == 0.0 and lost["guesser"].num_turns == 0
+
+
+def test_negotiation_pays_each_side_its_private_values(runner, smollm2_tok):
+    from envs.games import SplitItemsEnv
+
+    env = SplitItemsEnv()
+    a = ScriptedPolicy(smollm2_tok, ["<propose>books=0 hats=0 balls=0</propose>"])  # gives everything away
+    b = ScriptedPolicy(smollm2_tok, ["<accept/>"])
+    trajs = runner.run(run_multi_agent_episode(env, {"a": a, "b": b}, "negotiate", renderer=get_renderer(smollm2_tok),
+                                               seed=3))
+    assert trajs["a"].reward == 0.0 and trajs["b"].reward == 1.0  # b's whole pool is worth 10/10 to b
+    assert trajs["a"].info["deal"]["b"] == env.pool
+    # b never saw a's values: its prompt holds its own values only
+    b_text = smollm2_tok.decode(trajs["b"].prompt_ids)
+    values_b = ", ".join(f"{k}={v}" for k, v in env.values["b"].items())
+    assert values_b in b_text and ", ".join(f"{k}={v}" for k, v in env.values["a"].items()) not in b_text \
+        or env.values["a"] == env.values["b"]
+    rude = ScriptedPolicy(smollm2_tok, ["no"])
+    none = runner.run(run_multi_agent_episode(SplitItemsEnv(), rude, "negotiate", renderer=get_renderer(smollm2_tok)))
+    assert none["a"].reward == none["b"].reward == 0.0 and none["b"].num_turns == 0

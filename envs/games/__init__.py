@@ -1,7 +1,11 @@
 """Multi-agent games as text (`slime_env.MultiAgentEnv`): `TicTacToeEnv` (turn-based, zero-sum, with an
-optional built-in random or perfect bot in either seat) and `RockPaperScissorsEnv` (simultaneous moves)."""
+optional built-in random or perfect bot in either seat), `RockPaperScissorsEnv` (simultaneous moves),
+`TabooEnv` (cooperative: one agent sees the word, the other must guess it from clues) and `SplitItemsEnv`
+(mixed-motive negotiation over items with private values)."""
 
+from envs.games.negotiation import SplitItemsEnv
 from envs.games.rps import RockPaperScissorsEnv
+from envs.games.taboo import TabooEnv
 from envs.games.tictactoe import TicTacToeEnv
 
-__all__ = ["RockPaperScissorsEnv", "TicTacToeEnv"]
+__all__ = ["RockPaperScissorsEnv", "SplitItemsEnv", "TabooEnv", "TicTacToeEnv"]
