@@ -242,3 +242,54 @@ def test_negotiation_pays_each_side_its_private_values(runner, smollm2_tok):
     rude = ScriptedPolicy(smollm2_tok, ["no"])
     none = runner.run(run_multi_agent_episode(SplitItemsEnv(), rude, "negotiate", renderer=get_renderer(smollm2_tok)))
     assert none["a"].reward == none["b"].reward == 0.0 and none["b"].num_turns == 0
+
+
+def test_opponent_pool_picks_one_opponent_per_episode_reproducibly(runner, smollm2_tok):
+    from slime_env import RolloutManager
+    from trainers import OpponentPool
+
+    live = ScriptedPolicy(smollm2_tok, first_free_cell)
+    old = [ScriptedPolicy(smollm2_tok, first_free_cell) for _ in range(3)]
+    pool = OpponentPool(live, size=2, latest_p=0.0, seed=1)
+    assert pool.opponent(0) is live  # no snapshot yet: self-play
+    for p in old:
+        pool.add(p)
+    assert list(pool.snapshots) == old[1:]  # the oldest left first
+    picks = [pool.opponent(i) for i in range(40)]
+    assert picks == [pool.opponent(i) for i in range(40)] and set(map(id, picks)) == {id(old[1]), id(old[2])}
+    assert OpponentPool(live, latest_p=1.0).opponent(3) is live
+
+    manager = RolloutManager(["play"], env_id="TicTacToe-v0", policy=live, renderer=get_renderer(smollm2_tok),
+                             n_samples_per_prompt=4, max_turns=6, train_agents=["x"],
+                             policy_for=lambda index, agent: pool.opponent(index) if agent == "o" else None)
+    batch = runner.run(manager.generate_batch(1))
+    runner.run(manager.close())
+    assert [t.agent_id for t in batch.groups[0].trajectories] == ["x"] * 4
+    assert live.calls == 4 * 4 and old[1].calls + old[2].calls == 4 * 3  # x: 4 moves a game; o: 3, by the pool
+
+
+def test_snapshots_are_frozen_copies_of_a_local_engine(runner):
+    import torch
+
+    from agents.default_model import load_policy
+    from trainers import snapshot
+
+    engine, _ = load_policy("default", max_batch_size=2)
+    copy = snapshot(engine, version="step-0")
+    try:
+        before = next(copy.model.parameters()).detach().clone()
+        with torch.no_grad():
+            next(engine.model.parameters()).add_(1.0)  # the live policy moves on
+        assert torch.equal(next(copy.model.parameters()), before) and copy.weight_version == "step-0"
+    finally:
+        copy.close()
+        engine.close()
+
+
+def test_train_config_names_a_bad_opponent_pool():
+    from slime_env.errors import InvalidInput
+    from trainers import TrainConfig
+
+    with pytest.raises(InvalidInput, match="opponent_pool needs 'agents'"):
+        TrainConfig.from_dict({"env": "TicTacToe-v0", "opponent_pool": {"size": 2}}, "cfg.yaml")
+    assert TrainConfig.from_dict({"opponent_pool": {"agents": ["o"], "every": 3}}).opponent_pool["every"] == 3

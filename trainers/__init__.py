@@ -5,6 +5,7 @@
 - `TorchTrainer`, `TrainerConfig`: the reference trainer on a Hugging Face causal LM (CPU or one GPU).
 - `MegatronTrainer`: the same RL step on megatron-core (GPUs, TP x DP); imported on first use, since
   megatron-core is an optional dependency (`slime_env[megatron]`).
+- `OpponentPool`, `snapshot`: frozen past policies as opponents (league self-play in multi-agent envs).
 - `TrainConfig`, `train`: `slime-env train`.
 
 Imports `slime_env`, never the reverse.
@@ -16,6 +17,7 @@ _EXPORTS = {
     "TorchTrainer": "trainers.torch_trainer", "TrainerConfig": "trainers.torch_trainer",
     "MegatronTrainer": "trainers.megatron_trainer", "TrainBatch": "trainers.batch", "pack": "trainers.batch",
     "TrainConfig": "trainers.train_loop", "train": "trainers.train_loop",
+    "OpponentPool": "trainers.opponent_pool", "snapshot": "trainers.opponent_pool",
 }
 
 __all__ = sorted(_EXPORTS)

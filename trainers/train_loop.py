@@ -57,6 +57,9 @@ class TrainConfig:
     # the env kwargs of the evaluation episodes (e.g. a fixed bot in one seat: win rate against it).
     train_agents: list[str] | None = None
     eval_env_kwargs: dict[str, Any] | None = None
+    # League self-play: the seats in `agents` are played by frozen snapshots of the trained policy taken
+    # every `every` steps (the initial policy first), `size` kept, the live policy with probability `latest_p`.
+    opponent_pool: dict[str, Any] | None = None
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> TrainConfig:
@@ -85,6 +88,12 @@ class TrainConfig:
             raise InvalidInput(f"{where}: trainer: {e}") from None
         except ValueError as e:
             raise InvalidInput(f"{where}: trainer: {e}") from None
+        pool = cfg.opponent_pool
+        if pool is not None:
+            unknown_keys = sorted(set(pool) - {"agents", "every", "size", "latest_p"})
+            if unknown_keys or not pool.get("agents"):
+                raise InvalidInput(f"{where}: opponent_pool needs 'agents' (the seats it plays) and takes 'every', "
+                                   f"'size', 'latest_p'; got {sorted(pool)}")
         for name in ("steps", "prompts_per_step", "n_samples_per_prompt", "max_turns", "max_new_tokens"):
             if getattr(cfg, name) < 1:
                 raise InvalidInput(f"{where}: {name} must be >= 1, got {getattr(cfg, name)}")
@@ -223,7 +232,20 @@ async def train(cfg: TrainConfig, *, log: Callable[[str], None] = print) -> dict
     writer = _tensorboard(run)
     per_step = cfg.prompts_per_step
     order = [train_tasks[i % len(train_tasks)] for i in range(start * per_step, (cfg.steps + 1) * per_step)]
+    pool, opponent_for = None, None
+    if cfg.opponent_pool:
+        from trainers.opponent_pool import OpponentPool, snapshot
+
+        pool = OpponentPool(policy, size=int(cfg.opponent_pool.get("size", 4)),
+                            latest_p=float(cfg.opponent_pool.get("latest_p", 0.0)), seed=cfg.seed)
+        pool.add(snapshot(policy, version=str(start)))
+        pool_seats = set(cfg.opponent_pool["agents"])
+
+        def opponent_for(index: int, agent: str) -> Any:
+            return pool.opponent(index) if agent in pool_seats else None  # None: the live policy
+
     manager = RolloutManager(order, env_id=cfg.env, env_kwargs=cfg.env_kwargs, policy=policy, renderer=renderer,
+                             policy_for=opponent_for,
                              sampling_params={"temperature": cfg.temperature, "top_p": cfg.top_p},
                              n_samples_per_prompt=cfg.n_samples_per_prompt,
                              max_concurrency=max(cfg.max_concurrency, cfg.n_samples_per_prompt),
@@ -248,6 +270,8 @@ async def train(cfg: TrainConfig, *, log: Callable[[str], None] = print) -> dict
             rollout_s = time.perf_counter() - t0
             metrics = await asyncio.to_thread(trainer.step, trajs, cfg.n_samples_per_prompt)
             await trainer.sync(policy, version=str(step))
+            if pool is not None and step % max(int(cfg.opponent_pool.get("every", 5)), 1) == 0:
+                pool.add(snapshot(policy, version=str(step)))
             metrics.update({"rollout/s": rollout_s, "rollout/statuses": _statuses(trajs),
                             "time/elapsed_s": time.perf_counter() - t_start})
             out_of_time = cfg.time_budget_s is not None and time.perf_counter() - t_start > cfg.time_budget_s
@@ -268,6 +292,8 @@ async def train(cfg: TrainConfig, *, log: Callable[[str], None] = print) -> dict
                 break
     finally:
         await manager.close()
+        if pool is not None:
+            pool.close()
         policy.close()
         if writer is not None:
             writer.close()

@@ -97,7 +97,9 @@ class RolloutManager:
     `RemoteEnv`; `backend="ray"` runs the envs in `ray_actors` Ray actors per env id
     (`slime_env.rollout.ray_backend`), generation staying in this event loop.
     A `MultiAgentEnv` runs through `run_multi_agent_episode`: `policy` is one policy for every agent or a
-    mapping agent id -> policy; `train_agents` (default: all) says whose trajectories the groups hold.
+    mapping agent id -> policy; `policy_for(episode_index, agent_id) -> Policy | None` overrides it per
+    episode (e.g. an opponent drawn from a pool; None keeps `policy`); `train_agents` (default: all)
+    says whose trajectories the groups hold.
     Its episodes are not suspended by partial rollouts: a batch that closes waits for them to finish.
     """
 
@@ -111,7 +113,8 @@ class RolloutManager:
                  mask_offpolicy: bool = False, out_dir: str | None = None, resume: bool = False,
                  parquet: bool = False, progress: bool = False, seed: int = 0, strict: bool | None = None,
                  backend: str = "local", ray_actors: int = 2, ray_actor_options: Mapping[str, Any] | None = None,
-                 train_agents: Sequence[str] | None = None):
+                 train_agents: Sequence[str] | None = None,
+                 policy_for: Callable[[int, str], Any] | None = None):
         if n_samples_per_prompt < 1:
             raise InvalidInput(f"n_samples_per_prompt must be >= 1, got {n_samples_per_prompt}")
         if max_concurrency < n_samples_per_prompt:
@@ -138,6 +141,7 @@ class RolloutManager:
         self.progress = progress
         self.seed = seed
         self.train_agents = list(train_agents) if train_agents is not None else None
+        self.policy_for = policy_for
         self.store = None
         if out_dir is not None:
             config = {"env_id": env_id, "n_samples_per_prompt": self.n, "num_tasks": len(self.tasks),
@@ -335,8 +339,13 @@ class _MultiAgentEpisode:
     async def run(self) -> dict[str, Trajectory]:
         if self.done is None:
             kw = self.manager.episode_kwargs
+            policies = self.manager.policy
+            if self.manager.policy_for is not None:
+                base = policies if isinstance(policies, Mapping) else dict.fromkeys(self.env.agents, policies)
+                index = self.metadata["index"]
+                policies = {a: self.manager.policy_for(index, a) or base[a] for a in self.env.agents}
             self.done = await run_multi_agent_episode(
-                self.env, self.manager.policy, self.task, renderer=self.manager.renderer, max_turns=kw["max_turns"],
+                self.env, policies, self.task, renderer=self.manager.renderer, max_turns=kw["max_turns"],
                 max_new_tokens=kw["max_new_tokens"], max_context_tokens=kw["max_context_tokens"],
                 deadline_s=kw["deadline_s"], strict=kw["strict"], sampling_params=self.manager.sampling_params,
                 seed=self.seed, metadata=self.metadata)

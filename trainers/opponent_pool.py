@@ -1,0 +1,61 @@
+"""`OpponentPool`: frozen snapshots of the policy being trained, played as opponents (league self-play).
+
+Plain self-play trains against the current policy only and can chase its own tail; a pool of past
+snapshots keeps old strategies in play. `add(policy)` keeps a policy as an opponent (`snapshot(engine)`
+makes one from a local `TransformersPolicy`: its own copy of the weights, frozen from then on);
+`opponent(episode)` picks the opponent of one episode — the live policy with probability `latest_p`,
+else a snapshot uniformly — the same one for every seat of that episode, reproducibly from `seed`.
+At most `size` snapshots are kept; the oldest leaves first.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+from collections import deque
+from typing import Any
+
+from slime_env.errors import InvalidInput
+
+
+def snapshot(engine: Any, *, version: str | None = None) -> Any:
+    """A frozen copy of a local `TransformersPolicy` (own weights, same tokenizer and batching)."""
+    from agents.transformers_policy import TransformersPolicy
+
+    if not isinstance(engine, TransformersPolicy):
+        raise InvalidInput(f"an opponent snapshot needs a local TransformersPolicy, got {type(engine).__name__} "
+                           f"(for a remote engine, serve a checkpoint and pass its policy to OpponentPool.add)")
+    model = copy.deepcopy(engine.model).requires_grad_(False)
+    return TransformersPolicy(model, engine.tokenizer, max_batch_size=engine.max_batch_size,
+                              batch_window_s=engine.batch_window_s, weight_version=version)
+
+
+class OpponentPool:
+    """Opponents for multi-agent training (see the module docstring)."""
+
+    def __init__(self, live: Any, *, size: int = 4, latest_p: float = 0.0, seed: int = 0):
+        if size < 1 or not 0.0 <= latest_p <= 1.0:
+            raise InvalidInput(f"opponent pool: size must be >= 1 and latest_p in [0, 1], got {size}, {latest_p}")
+        self.live, self.size, self.latest_p, self.seed = live, size, latest_p, seed
+        self.snapshots: deque[Any] = deque()
+
+    def add(self, policy: Any) -> None:
+        if len(self.snapshots) >= self.size:
+            self._close(self.snapshots.popleft())
+        self.snapshots.append(policy)
+
+    def opponent(self, episode: int) -> Any:
+        rng = random.Random(self.seed * 1_000_003 + episode)
+        if not self.snapshots or rng.random() < self.latest_p:
+            return self.live
+        return self.snapshots[rng.randrange(len(self.snapshots))]
+
+    def close(self) -> None:
+        while self.snapshots:
+            self._close(self.snapshots.popleft())
+
+    @staticmethod
+    def _close(policy: Any) -> None:
+        close = getattr(policy, "close", None)
+        if callable(close):
+            close()
