@@ -1,0 +1,158 @@
+"""PettingZoo envs as `MultiAgentEnv`s: `from_pettingzoo(env, render=...)` (optional extra `[pettingzoo]`).
+
+Works with both PettingZoo APIs. AEC envs (turn-based: `agent_selection`, `last()`, classic games such as
+tic-tac-toe, connect four, Leduc hold'em) act one agent at a time; Parallel envs (`parallel_env()`,
+e.g. rock-paper-scissors) act all live agents at once. Each agent's chat gets `system_prompt` and,
+before each of its turns, `render(agent, observation)` — the text the model sees for PettingZoo's
+observation (numpy arrays; write one per game) — after a line per move of the others
+(`describe_move(agent, action)`). The reply is parsed into an action by `parse(text)` (default: the
+last integer in it, e.g. `<move>4</move>`); an action that does not parse, is outside the action space
+or is masked out (`action_mask` in the observation) ends the episode: the offender gets
+`illegal_reward`, the others 0, and everyone is told why — never a crash. Rewards are PettingZoo's,
+per step, to every agent (also those that did not act). Agents PettingZoo terminates step out of the
+episode; dead agents' AEC turns (`step(None)`) are taken here.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from slime_env.multi_agent import MultiAgentEnv
+from slime_env.types import Action, Message
+
+_LAST_INT = re.compile(r"-?\d+")
+
+
+def last_integer(text: str) -> int | None:
+    """The default action parser: the last integer in the reply."""
+    found = _LAST_INT.findall(text)
+    return int(found[-1]) if found else None
+
+
+def _moved(agent: str, action: int) -> str:
+    return f"{agent} played {action}."
+
+
+def from_pettingzoo(env: Any, *, render: Callable[[str, Any], str],
+                    describe_move: Callable[[str, int], str] | None = None,
+                    parse: Callable[[str], int | None] = last_integer, illegal_reward: float = -1.0,
+                    system_prompt: str = "You are {agent} in a game. Reply with your action as <move>N</move>.") \
+        -> MultiAgentEnv:
+    """A `MultiAgentEnv` over a PettingZoo AEC or Parallel env (see the module docstring)."""
+    from pettingzoo import AECEnv, ParallelEnv
+
+    if isinstance(env, AECEnv):  # wrappers included (they subclass AECEnv)
+        return _AEC(env, render, describe_move, parse, illegal_reward, system_prompt)
+    if isinstance(env, ParallelEnv):
+        return _Parallel(env, render, describe_move, parse, illegal_reward, system_prompt)
+    raise TypeError(f"{type(env).__name__} is neither a PettingZoo AEC nor a Parallel env")
+
+
+class _Base(MultiAgentEnv):
+    def __init__(self, env: Any, render, describe_move, parse, illegal_reward: float, system_prompt: str):
+        self.env, self.render, self.parse, self.illegal_reward = env, render, parse, illegal_reward
+        self.describe_move = describe_move or _moved
+        self.system_prompt = system_prompt
+        self.agents = tuple(env.possible_agents)
+        self.over = False
+
+    def _system(self, agent: str) -> Message:
+        return Message("system", self.system_prompt.format(agent=agent))
+
+    def _legal(self, agent: str, action: int | None, observation: Any) -> str | None:
+        """Why `action` is not legal for `agent`, or None."""
+        if action is None:
+            return "no action found in the reply"
+        space = self.env.action_space(agent)
+        if not space.contains(action):
+            return f"action {action} is outside the action space {space}"
+        mask = observation.get("action_mask") if isinstance(observation, Mapping) else None
+        if mask is not None and not mask[action]:
+            return f"action {action} is not allowed now"
+        return None
+
+    def _illegal(self, agent: str, problem: str):
+        self.over = True
+        text = f"Illegal move by {agent} ({problem}): the game is over."
+        rewards = {a: (self.illegal_reward if a == agent else 0.0) for a in self.agents}
+        return ({a: [Message("user", text)] for a in self.agents}, rewards, dict.fromkeys(self.agents, True), {},
+                {"illegal": agent, "problem": problem})
+
+    async def close(self) -> None:
+        self.env.close()
+
+
+class _AEC(_Base):
+    async def reset(self, *, seed: int | None = None, options: Mapping[str, Any] | None = None):
+        self.env.reset(seed=seed)
+        self.over = False
+        self._skip_dead()
+        obs = {a: [self._system(a)] for a in self.agents}
+        if not self.over:
+            current = self.env.agent_selection
+            obs[current].append(Message("user", self.render(current, self.env.observe(current))))
+        return obs, {}
+
+    def acting(self) -> list[str]:
+        return [] if self.over else [self.env.agent_selection]
+
+    async def step(self, actions: Mapping[str, Action]):
+        agent = self.env.agent_selection
+        action = self.parse(actions[agent].text)
+        problem = self._legal(agent, action, self.env.observe(agent))
+        if problem is not None:
+            return self._illegal(agent, problem)
+        self.env.step(action)
+        rewards = {a: float(self.env.rewards.get(a, 0.0)) for a in self.agents}
+        terminated = {a: bool(self.env.terminations.get(a, False)) for a in self.agents}
+        truncated = {a: bool(self.env.truncations.get(a, False)) for a in self.agents}
+        move = self.describe_move(agent, action)
+        obs: dict[str, list[Message]] = {a: [Message("user", move)] for a in self.agents if a != agent}
+        self._skip_dead()
+        if not self.over:
+            current = self.env.agent_selection
+            obs.setdefault(current, []).append(Message("user", self.render(current, self.env.observe(current))))
+        else:
+            terminated = {a: terminated[a] or not truncated[a] for a in self.agents}
+        return obs, rewards, terminated, truncated, {}
+
+    def _skip_dead(self) -> None:
+        """PettingZoo makes terminated agents take a `None` turn; take it for them."""
+        while self.env.agents:
+            current = self.env.agent_selection
+            if not (self.env.terminations.get(current) or self.env.truncations.get(current)):
+                return
+            self.env.step(None)
+        self.over = True
+
+
+class _Parallel(_Base):
+    async def reset(self, *, seed: int | None = None, options: Mapping[str, Any] | None = None):
+        observations, _ = self.env.reset(seed=seed)
+        self.over = not self.env.agents
+        self._last = observations
+        return {a: [self._system(a), Message("user", self.render(a, observations[a]))] if a in observations
+                else [self._system(a)] for a in self.agents}, {}
+
+    def acting(self) -> list[str]:
+        return [] if self.over else list(self.env.agents)
+
+    async def step(self, actions: Mapping[str, Action]):
+        parsed = {}
+        for agent, act in actions.items():
+            action = self.parse(act.text)
+            problem = self._legal(agent, action, self._last.get(agent))
+            if problem is not None:
+                return self._illegal(agent, problem)
+            parsed[agent] = action
+        observations, rewards, terminations, truncations, _ = self.env.step(parsed)
+        self._last = observations
+        self.over = not self.env.agents
+        moves = " ".join(self.describe_move(a, x) for a, x in parsed.items())
+        obs = {a: [Message("user", moves if self.over else f"{moves}\n{self.render(a, observations[a])}")]
+               for a in self.agents if a in observations}
+        terminated = {a: bool(terminations.get(a, False)) or self.over for a in self.agents}
+        return obs, {a: float(r) for a, r in rewards.items()}, terminated, \
+            {a: bool(truncations.get(a, False)) for a in self.agents}, {}

@@ -1,0 +1,68 @@
+"""PettingZoo games (real `pettingzoo` classic envs) through `from_pettingzoo`: an AEC game played to the end with
+exact ledgers and PettingZoo's own rewards, an illegal (masked) move ending the game with the penalty, and a
+Parallel game with simultaneous moves."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from slime_env import ScriptedPolicy, get_renderer, run_multi_agent_episode
+from slime_env.integrations.pettingzoo import from_pettingzoo
+
+pytest.importorskip("pettingzoo")
+from pettingzoo.classic import rps_v2, tictactoe_v3  # noqa: E402
+
+
+def legal_actions(agent, observation) -> str:
+    return f"Legal actions: {' '.join(map(str, np.flatnonzero(observation['action_mask'])))}. Your move?"
+
+
+def first_legal(context: str) -> str:
+    return f"<move>{re.findall(r'Legal actions: ([0-9 ]+)', context)[-1].split()[0]}</move>"
+
+
+def play(runner, env, policy, tok, **kw):
+    return runner.run(run_multi_agent_episode(env, policy, "play", renderer=get_renderer(tok, strict=True), **kw))
+
+
+def test_an_aec_game_runs_to_its_end_with_pettingzoos_rewards(runner, smollm2_tok):
+    env = from_pettingzoo(tictactoe_v3.env(), render=legal_actions)
+    trajs = play(runner, env, ScriptedPolicy(smollm2_tok, first_legal), smollm2_tok, seed=0)
+    assert set(trajs) == {"player_1", "player_2"}
+    assert sorted(t.reward for t in trajs.values()) == [-1.0, 1.0]  # first-legal play: someone wins
+    for t in trajs.values():
+        t.check()
+        assert t.status == "completed" and not t.metadata.get("history_rewrites")
+        assert all("<move>" in m.content for m in t.messages if m.role == "assistant")
+    # each agent saw the other's moves as inserted tokens
+    inserted = smollm2_tok.decode([i for i, m in zip(trajs["player_2"].response_ids, trajs["player_2"].loss_mask) if not m])
+    assert "player_1 played" in inserted
+
+
+def test_a_masked_move_ends_the_game_with_the_penalty(runner, smollm2_tok):
+    env = from_pettingzoo(tictactoe_v3.env(), render=legal_actions, illegal_reward=-2.0)
+    trajs = play(runner, env, ScriptedPolicy(smollm2_tok, ["<move>0</move>"]), smollm2_tok)
+    assert trajs["player_2"].reward == -2.0 and trajs["player_1"].reward == 0.0  # player_2 repeats cell 0
+    assert "action 0 is not allowed now" in trajs["player_1"].messages[-1].content
+    nonsense = play(runner, from_pettingzoo(tictactoe_v3.env(), render=legal_actions),
+                    ScriptedPolicy(smollm2_tok, ["no idea"]), smollm2_tok)
+    assert nonsense["player_1"].reward == -1.0 and "no action found" in nonsense["player_1"].messages[-1].content
+
+
+def test_a_parallel_game_moves_simultaneously(runner, smollm2_tok):
+    env = from_pettingzoo(rps_v2.parallel_env(max_cycles=3), render=lambda agent, obs: f"Last seen: {int(obs)}.")
+    rock = ScriptedPolicy(smollm2_tok, ["<move>0</move>"])
+    paper = ScriptedPolicy(smollm2_tok, ["<move>1</move>"])
+    trajs = play(runner, env, {"player_0": rock, "player_1": paper}, smollm2_tok)
+    assert trajs["player_1"].turn_rewards == [1.0, 1.0, 1.0] and trajs["player_0"].reward == -3.0
+    for t in trajs.values():
+        t.check()
+        assert t.num_turns == 3 and t.status == "completed"
+
+
+def test_anything_else_is_refused_by_name():
+    with pytest.raises(TypeError, match="neither a PettingZoo AEC nor a Parallel env"):
+        from_pettingzoo(object(), render=str)
