@@ -1,0 +1,42 @@
+"""TextArena's tic-tac-toe (the real `textarena` package, offline) through `from_textarena`: players' chats hold what
+TextArena showed each of them, replies go to TextArena verbatim, its rewards end the game; ledgers exact."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from slime_env import ScriptedPolicy, get_renderer, run_multi_agent_episode
+from slime_env.integrations.textarena import from_textarena
+
+ta = pytest.importorskip("textarena")
+
+
+def first_available(context: str) -> str:
+    moves = re.findall(r"Available Moves: ([^\n]+)", context)[-1]
+    return re.findall(r"\[\d\]", moves)[0]
+
+
+def test_textarena_tictactoe_is_played_to_the_end(runner, smollm2_tok):
+    env = from_textarena(ta.make(env_id="TicTacToe-v0"), num_players=2)
+    trajs = runner.run(run_multi_agent_episode(env, ScriptedPolicy(smollm2_tok, first_available), "play",
+                                               renderer=get_renderer(smollm2_tok, strict=True), seed=0))
+    assert set(trajs) == {"player_0", "player_1"}
+    assert sorted(t.reward for t in trajs.values()) == [-1.0, 1.0]
+    for t in trajs.values():
+        t.check()
+        assert t.status == "completed" and not t.metadata.get("history_rewrites")
+    p1_shown = smollm2_tok.decode(trajs["player_1"].prompt_ids + [
+        i for i, m in zip(trajs["player_1"].response_ids, trajs["player_1"].loss_mask) if not m])
+    assert p1_shown.count("You are Player 1") == 1  # each observation holds only what is new to the player
+    assert "[Player 0] [0]" in p1_shown
+
+
+def test_invalid_moves_are_textarenas_business(runner, smollm2_tok):
+    env = from_textarena(ta.make(env_id="TicTacToe-v0"), num_players=2)
+    trajs = runner.run(run_multi_agent_episode(env, ScriptedPolicy(smollm2_tok, ["[4]"]), "play",
+                                               renderer=get_renderer(smollm2_tok), seed=0, max_turns=6))
+    assert all(t.status in ("completed", "truncated") for t in trajs.values())
+    p1 = " ".join(m.content for m in trajs["player_1"].messages)
+    assert "invalid move" in p1.lower()
