@@ -293,3 +293,33 @@ def test_train_config_names_a_bad_opponent_pool():
     with pytest.raises(InvalidInput, match="opponent_pool needs 'agents'"):
         TrainConfig.from_dict({"env": "TicTacToe-v0", "opponent_pool": {"size": 2}}, "cfg.yaml")
     assert TrainConfig.from_dict({"opponent_pool": {"agents": ["o"], "every": 3}}).opponent_pool["every"] == 3
+
+
+def test_every_game_has_a_built_in_opponent_for_evaluation(runner, smollm2_tok):
+    from envs.games import SplitItemsEnv, TabooEnv
+
+    rps = play(runner, RockPaperScissorsEnv(rounds=3, bot={"player_1": "cycle"}),
+               ScriptedPolicy(smollm2_tok, ["<move>paper</move>"]), smollm2_tok)
+    assert set(rps) == {"player_0"} and rps["player_0"].turn_rewards == [1.0, 0.0, -1.0]  # vs rock, paper, scissors
+    guesser = ScriptedPolicy(smollm2_tok, lambda ctx: "<guess>" + re.findall(r"starts with '(\w+)'", ctx)[-1] + "</guess>")
+    taboo = runner.run(run_multi_agent_episode(TabooEnv(rounds=6, bot={"describer": "letters"}), guesser,
+                                               {"prompt": "taboo", "label": "tiger"},
+                                               renderer=get_renderer(smollm2_tok, strict=True)))
+    assert set(taboo) == {"guesser"} and taboo["guesser"].reward == 1.0 and taboo["guesser"].num_turns == 5
+    taboo["guesser"].check()
+    generous = SplitItemsEnv(bot={"b": "fair"})
+    gift = play(runner, generous, ScriptedPolicy(smollm2_tok, ["<propose>books=0 hats=0 balls=0</propose>"]),
+                smollm2_tok, seed=5)
+    assert set(gift) == {"a"} and gift["a"].reward == 0.0 and gift["a"].info["deal"]["b"] == generous.pool
+
+    def keep_all_then_accept(context: str) -> str:
+        if "They propose" in context:
+            return "<accept/>"
+        counts = dict((k, n) for n, k in re.findall(r"(\d+) (books|hats|balls)", context.split("Your values")[0]))
+        return f"<propose>books={counts['books']} hats={counts['hats']} balls={counts['balls']}</propose>"
+
+    greedy = SplitItemsEnv(bot={"b": "fair"})
+    deal = play(runner, greedy, ScriptedPolicy(smollm2_tok, keep_all_then_accept), smollm2_tok, seed=5)["a"]
+    share = deal.info["deal"]  # the bot refused a share worth 0 and countered with one worth >= 6 to it
+    assert sum(share["b"][k] * greedy.values["b"][k] for k in share["b"]) >= 6
+    assert deal.reward == sum(share["a"][k] * greedy.values["a"][k] for k in share["a"]) / 10 and deal.num_turns == 2

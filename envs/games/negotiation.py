@@ -5,7 +5,9 @@ numbers, its pool is worth 10 to it) that the other never sees. Agents alternate
 is either a proposal `<propose>books=1 hats=2 balls=0</propose>` (what the proposer keeps; the rest
 goes to the other) or `<accept/>` of the last proposal. An accepted deal pays each agent the value of
 its share / 10; no deal after `max_proposals` proposals, or an invalid message, pays both 0.
-Both can gain from a deal; each wants the items it values most.
+Both can gain from a deal; each wants the items it values most. `bot={"b": "fair"}` lets the env play a
+seat itself: it accepts an offer worth at least 5 to it, else keeps the items it values most (value per
+item, highest first) until its share is worth at least 6; that seat is then not an agent.
 """
 
 from __future__ import annotations
@@ -37,12 +39,16 @@ def _values(rng: random.Random, pool: dict[str, int]) -> dict[str, int]:
 class SplitItemsEnv(MultiAgentEnv):
     """Two-agent item-splitting negotiation with private values (see the module docstring)."""
 
-    agents = ("a", "b")
+    seats = ("a", "b")
 
-    def __init__(self, *, max_proposals: int = 4):
+    def __init__(self, *, max_proposals: int = 4, bot: Mapping[str, str] | None = None):
         if max_proposals < 1:
             raise ValueError(f"max_proposals must be >= 1, got {max_proposals}")
-        self.max_proposals = max_proposals
+        bot = dict(bot or {})
+        if len(bot) > 1 or any(s not in self.seats or k != "fair" for s, k in bot.items()):
+            raise ValueError(f"bot must map at most one seat ('a' or 'b') to 'fair', got {bot}")
+        self.max_proposals, self.bot = max_proposals, bot
+        self.agents = tuple(s for s in self.seats if s not in bot)
         self.pool: dict[str, int] = {}
         self.values: dict[str, dict[str, int]] = {}
         self.offer: tuple[str, dict[str, int]] | None = None  # (proposer, what the proposer keeps)
@@ -53,41 +59,71 @@ class SplitItemsEnv(MultiAgentEnv):
     async def reset(self, *, seed: int | None = None, options: Mapping[str, Any] | None = None):
         rng = random.Random(seed)
         self.pool = {k: rng.randint(1, 3) for k in ITEMS}
-        self.values = {a: _values(rng, self.pool) for a in self.agents}
+        self.values = {a: _values(rng, self.pool) for a in self.seats}
         self.offer, self.proposals, self.turn, self.over = None, 0, "a", False
         pool = ", ".join(f"{n} {k}" for k, n in self.pool.items())
         obs = {a: [Message("system", SYSTEM.format(pool=pool, values=", ".join(
             f"{k}={v}" for k, v in self.values[a].items())))] for a in self.agents}
+        info = {"pool": dict(self.pool), "values": {a: dict(v) for a, v in self.values.items()}}
+        if "a" in self.bot:  # the bot opens; the agent's first view is its proposal
+            result = await self.step({"a": Action(text=self._bot_reply("a"))})
+            for agent, messages in result[0].items():
+                obs[agent] += messages
+            return obs, info
         obs["a"].append(Message("user", "You start: make a proposal."))
-        return obs, {"pool": dict(self.pool), "values": {a: dict(v) for a, v in self.values.items()}}
+        return obs, info
 
     def acting(self) -> list[str]:
         return [] if self.over else [self.turn]
 
     async def step(self, actions: Mapping[str, Action]):
+        result = self._move(actions[self.turn].text)
+        if self.bot and not self.over and self.turn in self.bot:  # the bot answers at once
+            shown = result[0]
+            result = self._move(self._bot_reply(self.turn))
+            for agent, messages in shown.items():
+                result[0][agent] = messages + result[0].get(agent, [])
+        return result
+
+    def _bot_reply(self, seat: str) -> str:
+        values = self.values[seat]
+        if self.offer is not None and self.offer[0] != seat:
+            mine = {k: self.pool[k] - self.offer[1][k] for k in ITEMS}
+            if sum(mine[k] * values[k] for k in ITEMS) >= 5:
+                return "<accept/>"
+        keep, worth = dict.fromkeys(ITEMS, 0), 0
+        for k in sorted(ITEMS, key=lambda item: -values[item]):
+            while keep[k] < self.pool[k] and worth < 6:
+                keep[k] += 1
+                worth += values[k]
+        return "<propose>" + " ".join(f"{k}={n}" for k, n in keep.items()) + "</propose>"
+
+    def _move(self, text: str):
         me = self.turn
         other = "b" if me == "a" else "a"
-        text = actions[me].text
         if _ACCEPT.search(text) and self.offer is not None and self.offer[0] == other:
             keeps = self.offer[1]
             share = {other: keeps, me: {k: self.pool[k] - keeps[k] for k in ITEMS}}
-            rewards = {a: sum(share[a][k] * self.values[a][k] for k in ITEMS) / 10 for a in self.agents}
+            rewards = {a: sum(share[a][k] * self.values[a][k] for k in ITEMS) / 10 for a in self.seats}
             return self._end(rewards, f"Deal: {me} accepted. {other} gets {_fmt(keeps)}; {me} gets {_fmt(share[me])}.",
                              deal=share)
         keeps = _parse(text, self.pool)
         if keeps is None:
-            return self._end({a: 0.0 for a in self.agents}, f"{me} sent no valid proposal or acceptance: no deal.")
+            return self._end({a: 0.0 for a in self.seats}, f"{me} sent no valid proposal or acceptance: no deal.")
         self.offer, self.proposals = (me, keeps), self.proposals + 1
         if self.proposals > self.max_proposals:
-            return self._end({a: 0.0 for a in self.agents}, "Too many proposals: no deal.")
+            return self._end({a: 0.0 for a in self.seats}, "Too many proposals: no deal.")
         gives = {k: self.pool[k] - keeps[k] for k in ITEMS}
         self.turn = other
+        if other not in self.agents:
+            return {}, {}, {}, {}, self._info()
         return {other: [Message("user", f"They propose to keep {_fmt(keeps)}, giving you {_fmt(gives)}. "
                                         f"Accept with <accept/> or make a proposal.")]}, {}, {}, {}, self._info()
 
     def _end(self, rewards: dict[str, float], text: str, deal: dict[str, dict[str, int]] | None = None):
         self.over = True
         obs = {a: [Message("user", text)] for a in self.agents}
+        rewards = {a: r for a, r in rewards.items() if a in self.agents}
         return obs, rewards, {a: True for a in self.agents}, {}, {**self._info(), "deal": deal}
 
     def _info(self) -> dict[str, Any]:

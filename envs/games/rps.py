@@ -3,11 +3,13 @@
 Both agents act in every round; each sees its system prompt, then before each round the previous
 round's moves. A move is `<move>rock|paper|scissors</move>` (the last tag counts). Each round: win
 +1, loss -1, tie 0; a missing move loses the round (both missing: a tie). Rewards are per round, so a
-trajectory's per-turn rewards show each round's outcome.
+trajectory's per-turn rewards show each round's outcome. `bot={"player_1": "random" | "rock" | "cycle"}`
+lets the env play a seat itself (evaluation against a fixed opponent); that seat is then not an agent.
 """
 
 from __future__ import annotations
 
+import random
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -23,17 +25,22 @@ SYSTEM = ("You are playing {rounds} rounds of rock-paper-scissors against one op
 class RockPaperScissorsEnv(MultiAgentEnv):
     """Simultaneous-move rock-paper-scissors (see the module docstring)."""
 
-    agents = ("player_0", "player_1")
+    seats = ("player_0", "player_1")
 
-    def __init__(self, *, rounds: int = 3):
+    def __init__(self, *, rounds: int = 3, bot: Mapping[str, str] | None = None):
         if rounds < 1:
             raise ValueError(f"rounds must be >= 1, got {rounds}")
-        self.rounds = rounds
+        bot = dict(bot or {})
+        if len(bot) > 1 or any(s not in self.seats or k not in ("random", "rock", "cycle") for s, k in bot.items()):
+            raise ValueError(f"bot must map at most one seat to 'random', 'rock' or 'cycle', got {bot}")
+        self.rounds, self.bot = rounds, bot
+        self.agents = tuple(s for s in self.seats if s not in bot)
+        self._rng = random.Random()
         self.round = 0
         self.history: list[dict[str, str | None]] = []
 
     async def reset(self, *, seed: int | None = None, options: Mapping[str, Any] | None = None):
-        self.round, self.history = 0, []
+        self.round, self.history, self._rng = 0, [], random.Random(seed)
         system = SYSTEM.format(rounds=self.rounds)
         return {a: [Message("system", system), Message("user", "Round 1. Your move.")] for a in self.agents}, {}
 
@@ -45,18 +52,24 @@ class RockPaperScissorsEnv(MultiAgentEnv):
         for a in self.agents:
             found = _MOVE.findall(actions[a].text)
             moves[a] = found[-1].lower() if found else None
-        a, b = self.agents
+        for seat, kind in self.bot.items():
+            moves[seat] = {"rock": "rock", "cycle": ("rock", "paper", "scissors")[self.round % 3]}.get(
+                kind) or self._rng.choice(tuple(BEATS))
+        a, b = self.seats
         score = _score(moves[a], moves[b])
         self.history.append(moves)
         self.round += 1
         done = self.round >= self.rounds
         obs = {}
         for me, other in ((a, b), (b, a)):
+            if me not in self.agents:
+                continue
             line = f"Round {self.round}: you played {moves[me] or 'nothing'}, your opponent played " \
                    f"{moves[other] or 'nothing'}."
             obs[me] = [Message("user", line + ("" if done else f"\nRound {self.round + 1}. Your move."))]
         terminated = {x: done for x in self.agents}
-        return obs, {a: score, b: -score}, terminated, {}, {"history": list(self.history)}
+        rewards = {x: r for x, r in ((a, score), (b, -score)) if x in self.agents}
+        return obs, rewards, terminated, {}, {"history": list(self.history)}
 
 
 def _score(mine: str | None, theirs: str | None) -> float:

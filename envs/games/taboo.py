@@ -4,6 +4,8 @@ Turn-based: the describer writes a clue (it must not contain the word: a clue th
 with reward 0), the guesser answers `<guess>word</guess>`; a wrong guess is shown to both and the
 describer gives another clue, up to `rounds` guesses. Both agents get the same reward: 1 when the
 guesser finds the word (case-insensitive), else 0. The guesser never sees the word: only the clues.
+`bot={"describer": "letters"}` lets the env describe (its clue k gives the length and the first k
+letters), for evaluating a guesser alone; the describer is then not an agent.
 """
 
 from __future__ import annotations
@@ -27,12 +29,16 @@ GUESSER = ("You play a word game with a partner who knows a secret word and give
 class TabooEnv(MultiAgentEnv):
     """Cooperative clue-and-guess (see the module docstring)."""
 
-    agents = ("describer", "guesser")
+    seats = ("describer", "guesser")
 
-    def __init__(self, *, rounds: int = 3, words: tuple[str, ...] = WORDS):
+    def __init__(self, *, rounds: int = 3, words: tuple[str, ...] = WORDS, bot: Mapping[str, str] | None = None):
         if rounds < 1 or not words:
             raise ValueError("rounds must be >= 1 and words non-empty")
-        self.rounds, self.words = rounds, tuple(w.lower() for w in words)
+        bot = dict(bot or {})
+        if bot not in ({}, {"describer": "letters"}):
+            raise ValueError(f"bot must be {{'describer': 'letters'}} or nothing, got {bot}")
+        self.rounds, self.words, self.bot = rounds, tuple(w.lower() for w in words), bot
+        self.agents = tuple(s for s in self.seats if s not in bot)
         self.word = ""
         self.guesses: list[str] = []
         self.turn = "describer"
@@ -43,6 +49,9 @@ class TabooEnv(MultiAgentEnv):
         label = getattr(task, "label", None)
         self.word = str(label).lower() if isinstance(label, str) and label else random.Random(seed).choice(self.words)
         self.guesses, self.turn, self.over = [], "describer", False
+        if self.bot:
+            self.turn = "guesser"
+            return {"guesser": [Message("system", GUESSER), Message("user", f"Clue: {self._clue()}\nYour guess?")]}, {}
         return {"describer": [Message("system", DESCRIBER.format(word=self.word)),
                               Message("user", "Your first clue.")],
                 "guesser": [Message("system", GUESSER)]}, {}
@@ -64,10 +73,16 @@ class TabooEnv(MultiAgentEnv):
             return self._end(1.0, f"Correct: the word was {self.word}.")
         if len(self.guesses) >= self.rounds:
             return self._end(0.0, f"Out of guesses: the word was {self.word}.")
+        if self.bot:
+            return {"guesser": [Message("user", f"Wrong. Clue: {self._clue()}\nYour guess?")]}, {}, {}, {}, self._info()
         self.turn = "describer"
         said = f"Your partner guessed {guess!r}: wrong." if guess else "Your partner gave no <guess>."
         return {"describer": [Message("user", f"{said} Another clue.")],
                 "guesser": [Message("user", "Wrong. Wait for the next clue.")]}, {}, {}, {}, self._info()
+
+    def _clue(self) -> str:
+        shown = self.word[:len(self.guesses) + 1]
+        return f"The word has {len(self.word)} letters and starts with {shown!r}."
 
     def _end(self, reward: float, text: str):
         self.over = True
