@@ -323,3 +323,12 @@ def test_every_game_has_a_built_in_opponent_for_evaluation(runner, smollm2_tok):
     share = deal.info["deal"]  # the bot refused a share worth 0 and countered with one worth >= 6 to it
     assert sum(share["b"][k] * greedy.values["b"][k] for k in share["b"]) >= 6
     assert deal.reward == sum(share["a"][k] * greedy.values["a"][k] for k in share["a"]) / 10 and deal.num_turns == 2
+
+
+def test_every_negotiation_seed_has_a_pool_worth_ten(runner):
+    from envs.games import SplitItemsEnv
+
+    env = SplitItemsEnv()
+    for seed in range(300):  # a pool of 3 of each item once made reset loop forever
+        runner.run(env.reset(seed=seed))
+        assert all(sum(env.pool[k] * v[k] for k in env.pool) == 10 for v in env.values.values())

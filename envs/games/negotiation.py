@@ -12,6 +12,7 @@ item, highest first) until its share is worth at least 6; that seat is then not 
 
 from __future__ import annotations
 
+import math
 import random
 import re
 from collections.abc import Mapping
@@ -59,6 +60,8 @@ class SplitItemsEnv(MultiAgentEnv):
     async def reset(self, *, seed: int | None = None, options: Mapping[str, Any] | None = None):
         rng = random.Random(seed)
         self.pool = {k: rng.randint(1, 3) for k in ITEMS}
+        while 10 % math.gcd(*self.pool.values()):  # 3 of each: no whole values sum to 10
+            self.pool = {k: rng.randint(1, 3) for k in ITEMS}
         self.values = {a: _values(rng, self.pool) for a in self.seats}
         self.offer, self.proposals, self.turn, self.over = None, 0, "a", False
         pool = ", ".join(f"{n} {k}" for k, n in self.pool.items())
