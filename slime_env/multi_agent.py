@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import math
 import secrets
 import time
 from collections.abc import Mapping, Sequence
@@ -29,7 +28,7 @@ from slime_env.policy import Policy
 from slime_env.renderers.template import TemplateRenderer
 from slime_env.runner import _Episode
 from slime_env.trajectory import Trajectory
-from slime_env.types import Action, Message, Task, coerce_messages
+from slime_env.types import Action, Message, Task, coerce_messages, coerce_reward
 
 Observations = Mapping[str, Sequence[Message | Mapping[str, Any]]]
 
@@ -275,15 +274,7 @@ def _step_result(result: Any, env: MultiAgentEnv, seats: Mapping[str, _Seat]):
         if unknown:
             raise InvalidInput(f"{name}.step {part} name unknown agents {unknown}")
     clean_obs = {a: coerce_messages(m, f"{name}.step observations[{a!r}]") for a, m in observations.items()}
-    clean_rewards = {}
-    for a, r in rewards.items():
-        try:
-            value = float(r)
-        except (TypeError, ValueError):
-            raise InvalidInput(f"{name}.step rewards[{a!r}] must be a number, got {r!r}") from None
-        if not math.isfinite(value):
-            raise InvalidInput(f"{name}.step rewards[{a!r}] must be finite, got {value}")
-        clean_rewards[a] = value
+    clean_rewards = {a: coerce_reward(r, f"{name}.step rewards[{a!r}]") for a, r in rewards.items()}
     return clean_obs, clean_rewards, terminated, truncated, dict(info or {})
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import math
 import secrets
 import time
 import traceback
@@ -17,7 +16,7 @@ from slime_env.parsers import get_parser
 from slime_env.policy import Policy
 from slime_env.renderers.template import TemplateRenderer
 from slime_env.trajectory import Trajectory
-from slime_env.types import Action, Generation, Message, Task, coerce_messages
+from slime_env.types import Action, Generation, Message, Task, coerce_messages, coerce_reward
 
 _FROM_ENV = "env"
 
@@ -308,12 +307,7 @@ class _Episode:
             raise InvalidInput(f"{name}.step must return (observation, reward, terminated, truncated, info)")
         obs, reward, terminated, truncated, info = result
         obs = coerce_messages(obs, f"{name}.step observation")
-        try:
-            reward = float(reward)
-        except (TypeError, ValueError):
-            raise InvalidInput(f"{name}.step reward must be a number, got {reward!r}") from None
-        if not math.isfinite(reward):
-            raise InvalidInput(f"{name}.step reward must be finite, got {reward}")
+        reward = coerce_reward(reward, f"{name}.step reward")
         self.turn_rewards.append(reward)
         self.info = dict(info or {})
         self.turn += 1

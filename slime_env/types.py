@@ -7,6 +7,7 @@ Frozen, slotted dataclasses with validation and conversion only. `Message` is wh
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -59,6 +60,17 @@ class Message:
         if self.tool_call_id is not None:
             d["tool_call_id"] = self.tool_call_id
         return d
+
+
+def coerce_reward(value: Any, where: str) -> float:
+    """A step's reward as a finite float; InvalidInput naming `where` otherwise."""
+    try:
+        reward = float(value)
+    except (TypeError, ValueError):
+        raise InvalidInput(f"{where} must be a number, got {value!r}") from None
+    if not math.isfinite(reward):
+        raise InvalidInput(f"{where} must be finite, got {reward}")
+    return reward
 
 
 def coerce_messages(values: Sequence[Message | Mapping[str, Any]], where: str) -> list[Message]:

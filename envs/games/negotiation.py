@@ -18,6 +18,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from envs.games.seats import split_seats
 from slime_env import Action, Message, MultiAgentEnv
 
 ITEMS = ("books", "hats", "balls")
@@ -45,11 +46,8 @@ class SplitItemsEnv(MultiAgentEnv):
     def __init__(self, *, max_proposals: int = 4, bot: Mapping[str, str] | None = None):
         if max_proposals < 1:
             raise ValueError(f"max_proposals must be >= 1, got {max_proposals}")
-        bot = dict(bot or {})
-        if len(bot) > 1 or any(s not in self.seats or k != "fair" for s, k in bot.items()):
-            raise ValueError(f"bot must map at most one seat ('a' or 'b') to 'fair', got {bot}")
-        self.max_proposals, self.bot = max_proposals, bot
-        self.agents = tuple(s for s in self.seats if s not in bot)
+        self.bot, self.agents = split_seats(bot, self.seats, ("fair",))
+        self.max_proposals = max_proposals
         self.pool: dict[str, int] = {}
         self.values: dict[str, dict[str, int]] = {}
         self.offer: tuple[str, dict[str, int]] | None = None  # (proposer, what the proposer keeps)

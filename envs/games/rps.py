@@ -14,6 +14,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from envs.games.seats import split_seats
 from slime_env import Action, Message, MultiAgentEnv
 
 BEATS = {"rock": "scissors", "paper": "rock", "scissors": "paper"}
@@ -30,11 +31,8 @@ class RockPaperScissorsEnv(MultiAgentEnv):
     def __init__(self, *, rounds: int = 3, bot: Mapping[str, str] | None = None):
         if rounds < 1:
             raise ValueError(f"rounds must be >= 1, got {rounds}")
-        bot = dict(bot or {})
-        if len(bot) > 1 or any(s not in self.seats or k not in ("random", "rock", "cycle") for s, k in bot.items()):
-            raise ValueError(f"bot must map at most one seat to 'random', 'rock' or 'cycle', got {bot}")
-        self.rounds, self.bot = rounds, bot
-        self.agents = tuple(s for s in self.seats if s not in bot)
+        self.bot, self.agents = split_seats(bot, self.seats, ("random", "rock", "cycle"))
+        self.rounds = rounds
         self._rng = random.Random()
         self.round = 0
         self.history: list[dict[str, str | None]] = []

@@ -15,6 +15,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from envs.games.seats import split_seats
 from slime_env import Action, Message, MultiAgentEnv, Task
 
 WORDS = ("apple", "river", "guitar", "winter", "rocket", "pillow", "candle", "tiger", "bridge", "coffee",
@@ -34,11 +35,8 @@ class TabooEnv(MultiAgentEnv):
     def __init__(self, *, rounds: int = 3, words: tuple[str, ...] = WORDS, bot: Mapping[str, str] | None = None):
         if rounds < 1 or not words:
             raise ValueError("rounds must be >= 1 and words non-empty")
-        bot = dict(bot or {})
-        if bot not in ({}, {"describer": "letters"}):
-            raise ValueError(f"bot must be {{'describer': 'letters'}} or nothing, got {bot}")
-        self.rounds, self.words, self.bot = rounds, tuple(w.lower() for w in words), bot
-        self.agents = tuple(s for s in self.seats if s not in bot)
+        self.bot, self.agents = split_seats(bot, self.seats, ("letters",), bot_seats=("describer",))
+        self.rounds, self.words = rounds, tuple(w.lower() for w in words)
         self.word = ""
         self.guesses: list[str] = []
         self.turn = "describer"

@@ -16,6 +16,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from envs.games.seats import split_seats
 from slime_env import Action, Message, MultiAgentEnv, Task
 
 LINES = ((0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4, 8), (2, 4, 6))
@@ -77,15 +78,11 @@ class TicTacToeEnv(MultiAgentEnv):
 
     def __init__(self, *, bot: Mapping[str, str] | None = None, illegal_reward: float = -1.0,
                  move_format: str = "tag", system_prompt: str | None = None):
-        bot = dict(bot or {})
-        if any(seat not in ("x", "o") or kind not in ("random", "perfect") for seat, kind in bot.items()) \
-                or len(bot) > 1:
-            raise ValueError(f"bot must map at most one seat ('x' or 'o') to 'random' or 'perfect', got {bot}")
+        self.bot, self.agents = split_seats(bot, ("x", "o"), ("random", "perfect"))
         if move_format not in ("tag", "tag_or_digit"):
             raise ValueError(f"move_format must be 'tag' or 'tag_or_digit', got {move_format!r}")
-        self.bot, self.illegal_reward, self.move_format = bot, illegal_reward, move_format
+        self.illegal_reward, self.move_format = illegal_reward, move_format
         self.system_prompt = system_prompt if system_prompt is not None else SYSTEM  # "{mark}": X or O
-        self.agents = tuple(seat for seat in ("x", "o") if seat not in bot)
         self._rng = random.Random()
         self.board: list[str] = ["."] * 9
         self.turn = "x"
