@@ -10,6 +10,8 @@ Core API (this package never imports `envs`, `agents`, `tools_sandbox` or `train
 - `ScriptedPolicy`: a deterministic policy for tests and demos.
 - `RolloutManager`, `load_tasks`: many episodes at once, in groups, persisted and resumable.
 - `RemoteEnv`, `EnvServer`: an env served over HTTP (`slime-env serve-env`) and its client.
+- `ToolEnv`, `StatefulToolEnv`, `tool`, `Rubric`: tool-use envs from typed Python functions (and MCP servers,
+  `slime_env.integrations.mcp`).
 """
 
 from slime_env.env import Env, Wrapper
@@ -24,6 +26,8 @@ from slime_env.rollout import Batch, Group, RolloutManager, load_tasks
 from slime_env.rollout.env_server import EnvServer, RemoteEnv, close_shared_clients
 from slime_env.runner import Episode, run_episode
 from slime_env.sync_env import SyncEnv, from_sync
+from slime_env.tool_env import Rubric, StatefulToolEnv, ToolEnv, ToolRecord
+from slime_env.tools import Tool, ToolArgumentError, tool
 from slime_env.trajectory import STATUSES, Trajectory
 from slime_env.types import Action, Generation, Message, ParseError, Task, ToolCall
 
@@ -40,4 +44,5 @@ __all__ = [
     "SyncEnv", "Task", "TemplateRenderer", "TokenLedger", "ToolCall", "Trajectory", "Wrapper", "from_sync",
     "get_parser", "get_renderer", "make", "parser_names", "register", "register_parser", "register_renderer",
     "registry_ids", "run_episode", "run_multi_agent_episode", "spec",
+    "Rubric", "StatefulToolEnv", "Tool", "ToolArgumentError", "ToolEnv", "ToolRecord", "tool",
 ]

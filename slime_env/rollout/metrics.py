@@ -11,7 +11,7 @@ from slime_env.trajectory import STATUSES
 
 def batch_metrics(accepted: list[Any], dropped: list[Any], wall_s: float, *, carried: int = 0,
                   queued: int = 0) -> dict[str, float]:
-    """Throughput, turns, rewards per env, status counts and where the time went.
+    """Throughput, turns, rewards per env, status counts, tool use and where the time went.
 
     `time/*_s` are summed over episodes (engine = waiting for generations, env = reset/step,
     framework = everything else inside episodes); `time/*_frac` are their shares of episode time.
@@ -35,9 +35,32 @@ def batch_metrics(accepted: list[Any], dropped: list[Any], wall_s: float, *, car
     for env_id, rewards in by_env.items():
         m[f"rollout/reward_mean/{env_id}"] = statistics.fmean(rewards)
         m[f"rollout/reward_std/{env_id}"] = statistics.pstdev(rewards)
+    m.update(_tool_metrics(trajs))
     total = sum(t.timings.get("total_s", 0.0) for t in trajs) or 1e-9
     for part in ("generate", "env", "framework"):
         spent = sum(t.timings.get(f"{part}_s", 0.0) for t in trajs)
         m[f"rollout/time/{part}_s"] = spent
         m[f"rollout/time/{part}_frac"] = spent / total
     return m
+
+
+def _tool_metrics(trajs: list[Any]) -> dict[str, float]:
+    """`rollout/tools/<name>/{calls,errors,timeouts,invalid,latency_mean_s}` summed over episodes, from the
+    `tool_stats` that `ToolEnv` (or any env) reports in its last step's info."""
+    totals: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    for t in trajs:
+        stats = (t.info or {}).get("tool_stats")
+        if not isinstance(stats, dict):
+            continue
+        for name, s in stats.items():
+            if isinstance(s, dict):
+                for key in ("calls", "errors", "timeouts", "invalid", "latency_s"):
+                    value = s.get(key, 0)
+                    if isinstance(value, (int, float)):
+                        totals[name][key] += value
+    out = {}
+    for name, s in totals.items():
+        for key in ("calls", "errors", "timeouts", "invalid"):
+            out[f"rollout/tools/{name}/{key}"] = s[key]
+        out[f"rollout/tools/{name}/latency_mean_s"] = s["latency_s"] / s["calls"] if s["calls"] else 0.0
+    return out
