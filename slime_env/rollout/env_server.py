@@ -189,6 +189,7 @@ class RemoteEnv(Env):
             self.stop = tuple(created.get("stop") or ())  # the env's stop strings reach the sampling params
         out = await self.client.request("POST", f"/sessions/{self.session_id}/reset",
                                         {"seed": seed, "task": task_payload(options)}, max_retries=0)
+        self.tools = out.get("tools", self.tools)
         return reset_answer(out, "remote")
 
     async def step(self, action: Action):

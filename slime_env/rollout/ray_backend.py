@@ -122,6 +122,7 @@ class RayEnv(Env):
             self.session_id, self.parser, self.tools = created["session_id"], created["parser"], created["tools"]
             self.stop = tuple(created.get("stop") or ())
         out = await self.actor.reset.remote(self.session_id, seed, task_payload(options))
+        self.tools = out.get("tools", self.tools)
         return reset_answer(out, "ray")
 
     async def step(self, action: Action):

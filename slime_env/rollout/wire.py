@@ -51,7 +51,9 @@ def env_created(session_id: str, env: Any) -> dict[str, Any]:
 async def run_reset(env: Any, seed: int | None, task: Any) -> dict[str, Any]:
     options = {"task": Task.coerce(task, "task")} if task is not None else None
     obs, info = await env.reset(seed=seed, options=options)
-    return {"observation": messages_to_list(obs, "reset observation"), "info": dict(info or {})}
+    # Tools can be known only after reset (ToolEnv lists an MCP server's tools per episode).
+    return {"observation": messages_to_list(obs, "reset observation"), "info": dict(info or {}),
+            "tools": list(env.tools) if env.tools else None}
 
 
 async def run_step(env: Any, action: Any) -> dict[str, Any]:

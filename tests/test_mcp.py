@@ -1,0 +1,179 @@
+"""MCP servers as ToolEnv tools, against a real MCP server (tests/servers/mcp_demo.py, written with the
+SDK's server API) over stdio and over streamable HTTP on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("mcp", reason="the [mcp] extra is not installed")
+
+from slime_env import ScriptedPolicy, ToolEnv, get_renderer, run_episode  # noqa: E402
+from slime_env.integrations.mcp import MCPConnectionError, MCPServer  # noqa: E402
+from slime_env.tool_env import exact_answer  # noqa: E402
+from slime_env.types import Action, ToolCall  # noqa: E402
+
+SERVER = str(Path(__file__).parent / "servers" / "mcp_demo.py")
+STDIO = [sys.executable, SERVER, "stdio"]
+
+
+def _call(name, **arguments):
+    return ToolCall(name, arguments)
+
+
+async def _step(env, *calls):
+    obs, *_ = await env.step(Action("..", tool_calls=calls))
+    return [m.content for m in obs]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture()
+def http_server():
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, SERVER, "http", str(port)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            break
+        except OSError:
+            assert proc.poll() is None, "the MCP test server exited"
+            time.sleep(0.1)
+    yield proc, f"http://127.0.0.1:{port}/mcp"
+    proc.kill()
+    proc.wait()
+
+
+def test_stdio_round_trip_through_an_episode(smollm2_tok):
+    async def main():
+        async with MCPServer(STDIO, timeout_s=20) as server:
+            env = ToolEnv([server], rubric=exact_answer)
+            calls = ('<tool_call>{"name": "add", "arguments": {"a": 40, "b": 2}}</tool_call>'
+                     '<tool_call>{"name": "fail", "arguments": {"message": "no luck"}}</tool_call>'
+                     '<tool_call>{"name": "add", "arguments": {"a": "x"}}</tool_call>')
+            policy = ScriptedPolicy(smollm2_tok, [calls, "<answer>42</answer>"])
+            traj = await run_episode(env, policy, {"prompt": "q", "label": 42},
+                                     renderer=get_renderer(smollm2_tok, strict=True))
+            schema = {t["function"]["name"]: t["function"] for t in env.tools}
+            return traj, schema
+
+    traj, schema = asyncio.run(main())
+    assert set(schema) == {"add", "count", "pid", "fail", "sleep", "die"}
+    assert schema["add"]["parameters"]["required"] == ["a", "b"]
+    assert schema["add"]["description"].startswith("Add two integers.")
+    assert traj.status == "completed" and traj.reward == 1.0, traj.reason
+    tool_msgs = [(m.name, m.tool_call_id, m.content) for m in traj.messages if m.role == "tool"]
+    assert tool_msgs[0] == ("add", "call_1_0", "42")
+    assert tool_msgs[1][0] == "fail" and tool_msgs[1][2].startswith("error: fail raised MCPToolError")
+    assert "missing required argument 'b'" in tool_msgs[2][2] and "argument 'a': expected integer" in tool_msgs[2][2]
+    assert traj.info["tool_stats"]["add"] == {"calls": 2, "errors": 0, "timeouts": 0, "invalid": 1,
+                                              "latency_s": traj.info["tool_stats"]["add"]["latency_s"]}
+
+
+def test_http_round_trip_shared_connection_and_server_death(http_server):
+    proc, url = http_server
+
+    async def main():
+        server = MCPServer(url=url, timeout_s=5, connect_timeout_s=20, prefix="demo_", include=["add", "count"])
+        first, second = ToolEnv([server]), ToolEnv([server])
+        await first.reset(options={"task": {"prompt": "q"}})
+        await second.reset(options={"task": {"prompt": "q"}})
+        assert first.tool_names == ["demo_add", "demo_count"]
+        assert await _step(first, _call("demo_add", a=1, b=2)) == ["3"]
+        # One shared connection to one server process: the counter goes on across episodes.
+        assert await _step(first, _call("demo_count")) == ["1"]
+        assert await _step(second, _call("demo_count")) == ["2"]
+        proc.kill()
+        proc.wait()
+        t = time.perf_counter()
+        out = await _step(first, _call("demo_add", a=1, b=2))
+        assert out[0].startswith("error: demo_add raised") and time.perf_counter() - t < 15
+        await server.close()
+
+    asyncio.run(main())
+
+
+def test_stdio_server_dying_mid_call_is_an_error_observation_then_reconnects():
+    async def main():
+        async with MCPServer(STDIO, timeout_s=20) as server:
+            env = ToolEnv([server])
+            await env.reset(options={"task": {"prompt": "q"}})
+            pid_before = (await _step(env, _call("pid")))[0]
+            t = time.perf_counter()
+            out = await _step(env, _call("die"))
+            assert "MCPConnectionError" in out[0] and "closed the connection" in out[0]
+            assert time.perf_counter() - t < 15
+            pid_after = (await _step(env, _call("pid")))[0]  # a new server process answers
+            assert pid_after.isdigit() and pid_after != pid_before
+
+    asyncio.run(main())
+
+
+def test_a_hanging_mcp_tool_is_cut_at_its_timeout():
+    async def main():
+        async with MCPServer(STDIO, timeout_s=0.5) as server:
+            env = ToolEnv([server])
+            await env.reset(options={"task": {"prompt": "q"}})
+            out = await _step(env, _call("sleep", seconds=30), _call("add", a=1, b=1))
+            assert out == ["error: sleep timed out after 0.5s", "2"]
+
+    asyncio.run(main())
+
+
+def test_per_episode_sessions_are_separate_and_closed():
+    async def main():
+        server = MCPServer(STDIO, per_episode=True, timeout_s=20)
+        a, b = ToolEnv([server]), ToolEnv([server])
+        await a.reset(options={"task": {"prompt": "q"}})
+        await b.reset(options={"task": {"prompt": "q"}})
+        pid_a, pid_b = (await _step(a, _call("pid")))[0], (await _step(b, _call("pid")))[0]
+        assert pid_a != pid_b and await _step(a, _call("count")) == ["1"] and await _step(b, _call("count")) == ["1"]
+        await a.close()
+        await b.close()
+        for pid in (int(pid_a), int(pid_b)):
+            for _ in range(100):
+                try:
+                    os.kill(pid, 0)
+                except ProcessLookupError:
+                    break
+                await asyncio.sleep(0.05)
+            else:
+                raise AssertionError(f"server process {pid} still runs after close()")
+
+    asyncio.run(main())
+
+
+def test_unreachable_server_fails_the_episode_with_the_reason(smollm2_tok):
+    missing = [sys.executable, "-c", "import sys; sys.exit(5)"]
+
+    async def main():
+        with pytest.raises(MCPConnectionError, match="cannot connect to MCP server"):
+            await ToolEnv([MCPServer(missing, connect_timeout_s=20)]).reset(options={"task": {"prompt": "q"}})
+        env = ToolEnv([MCPServer(url=f"http://127.0.0.1:{_free_port()}/mcp", connect_timeout_s=5)])
+        return await run_episode(env, ScriptedPolicy(smollm2_tok, ["hi"]), {"prompt": "q"},
+                                 renderer=get_renderer(smollm2_tok))
+
+    traj = asyncio.run(main())
+    assert traj.status == "failed" and "MCPConnectionError" in traj.reason and "127.0.0.1" in traj.reason
+
+
+def test_bad_configuration_is_refused():
+    from slime_env import InvalidInput
+
+    with pytest.raises(InvalidInput, match="exactly one of"):
+        MCPServer()
+    with pytest.raises(InvalidInput, match="non-empty list"):
+        MCPServer("python server.py")
