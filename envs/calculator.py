@@ -1,6 +1,6 @@
 """Calculator-v0: arithmetic questions answered with the help of a calculator tool.
 
-The smallest complete tool-use env: the model may call `calculator` (hermes tool calls,
+The smallest complete tool-use env (a `ToolEnv`): the model may call `calculator` (hermes tool calls,
 `<tool_call>{"name": "calculator", "arguments": {"expression": "12*7"}}</tool_call>`), reads the
 result as a tool message, and answers with `<answer>N</answer>`. Reward 1.0 for the right number,
 0.0 otherwise; an optional `format_penalty` is subtracted for turns with malformed tool calls.
@@ -17,16 +17,12 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from slime_env import Action, Env, Message, Task
+from slime_env import Action, Message, Task, ToolEnv
 
 SYSTEM_PROMPT = (
     "You are a careful assistant with a calculator. To compute, reply with\n"
     '<tool_call>{"name": "calculator", "arguments": {"expression": "EXPRESSION"}}</tool_call>\n'
     "and wait for the result. When you know the answer, reply with <answer>NUMBER</answer>.")
-
-TOOL_SCHEMA = {"type": "function", "function": {
-    "name": "calculator", "description": "Evaluate an arithmetic expression (+ - * / // % ** and parentheses).",
-    "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}}}
 
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
@@ -93,55 +89,42 @@ def random_task(rng: random.Random) -> Task:
     return Task(prompt=f"What is {expr}?", label=evaluate(expr), metadata={"expression": expr})
 
 
-class CalculatorEnv(Env):
+class CalculatorEnv(ToolEnv):
     """Arithmetic with a calculator tool (hermes tool calls), reward 1/0 on the <answer>.
 
-    `max_steps` bounds the env's own turns (then `truncated`); see the module docstring.
+    A `ToolEnv` with one tool (`envs.tools.calculator_tool`): a turn with an <answer> and no tool call
+    ends the episode; `max_steps` bounds the env's own turns (then `truncated`); see the module docstring.
     """
 
-    parser = "hermes"
-    tools = (TOOL_SCHEMA,)
-
     def __init__(self, *, max_steps: int = 6, format_penalty: float = 0.0, system_prompt: str = SYSTEM_PROMPT):
+        from envs.tools import calculator_tool
+
+        super().__init__([calculator_tool()], system_prompt=system_prompt, max_turns=max_steps,
+                         tool_timeout_s=5.0)
         self.max_steps = max_steps
         self.format_penalty = format_penalty
-        self.system_prompt = system_prompt
-        self._task: Task | None = None
-        self._steps = 0
 
     def sample_task(self, rng: random.Random) -> Task:
         return random_task(rng)
 
     async def reset(self, *, seed: int | None = None, options: Mapping[str, Any] | None = None):
-        self._task = self.task_from(options, seed)
-        self._steps = 0
-        return self._task.messages(system=self.system_prompt), {"label": self._task.label}
+        messages, info = await super().reset(seed=seed, options=options)
+        return messages, {**info, "label": self.task.label}
 
-    async def step(self, action: Action):
-        if self._task is None:
-            raise RuntimeError("CalculatorEnv.step called before reset")
-        self._steps += 1
-        penalty = self.format_penalty if action.parse_errors else 0.0
-        answer = _ANSWER.search(action.text)
-        if answer is not None and not action.tool_calls:
-            got, want = _number(answer.group(1)), float(self._task.label)
-            correct = got is not None and math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-9)
-            return [], (1.0 if correct else 0.0) - penalty, True, False, {"correct": correct, "answer": answer.group(1)}
-        obs = [Message("tool", self._run_tool(call.name, call.arguments)) for call in action.tool_calls]
-        obs += [Message("tool", f"error: {e.message}") for e in action.parse_errors]
-        if not obs:
-            obs = [Message("user", "Call the calculator or reply with <answer>NUMBER</answer>.")]
-        truncated = self._steps >= self.max_steps
-        return obs, -penalty, False, truncated, {"tool_calls": len(action.tool_calls)}
+    def is_done(self, action: Action) -> bool:
+        return _ANSWER.search(action.text) is not None and not action.tool_calls
 
-    @staticmethod
-    def _run_tool(name: str, arguments: dict[str, Any]) -> str:
-        if name != "calculator":
-            return f"error: unknown tool {name!r}; the only tool is 'calculator'"
-        expression = arguments.get("expression")
-        if not isinstance(expression, str):
-            return "error: 'expression' must be a string"
-        try:
-            return str(evaluate(expression))
-        except CalculatorError as e:
-            return f"error: {e}"
+    def turn_reward(self, action: Action) -> float:
+        return -self.format_penalty if action.parse_errors else 0.0
+
+    async def finish(self, action: Action):
+        answer = _ANSWER.search(action.text).group(1)
+        got, want = _number(answer), float(self.task.label)
+        correct = got is not None and math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-9)
+        return [], 1.0 if correct else 0.0, True, False, {**self.step_info(), "correct": correct, "answer": answer}
+
+    def no_tool_message(self) -> Message:
+        return Message("user", "Call the calculator or reply with <answer>NUMBER</answer>.")
+
+    def unknown_tool_message(self, name: str) -> str:
+        return f"error: unknown tool {name!r}; the only tool is 'calculator'"

@@ -27,7 +27,7 @@ from slime_env.rollout.env_server import EnvServer, RemoteEnv, close_shared_clie
 from slime_env.runner import Episode, run_episode
 from slime_env.sync_env import SyncEnv, from_sync
 from slime_env.tool_env import Rubric, StatefulToolEnv, ToolEnv, ToolRecord
-from slime_env.tools import Tool, ToolArgumentError, tool
+from slime_env.tools import Tool, ToolArgumentError, ToolError, tool
 from slime_env.trajectory import STATUSES, Trajectory
 from slime_env.types import Action, Generation, Message, ParseError, Task, ToolCall
 
@@ -44,5 +44,5 @@ __all__ = [
     "SyncEnv", "Task", "TemplateRenderer", "TokenLedger", "ToolCall", "Trajectory", "Wrapper", "from_sync",
     "get_parser", "get_renderer", "make", "parser_names", "register", "register_parser", "register_renderer",
     "registry_ids", "run_episode", "run_multi_agent_episode", "spec",
-    "Rubric", "StatefulToolEnv", "Tool", "ToolArgumentError", "ToolEnv", "ToolRecord", "tool",
+    "Rubric", "StatefulToolEnv", "Tool", "ToolArgumentError", "ToolEnv", "ToolError", "ToolRecord", "tool",
 ]

@@ -21,7 +21,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from slime_env.env import Env, StepResult
 from slime_env.errors import InvalidInput
-from slime_env.tools import Tool, ToolArgumentError, as_tool
+from slime_env.tools import Tool, ToolArgumentError, ToolError, as_tool
 from slime_env.types import Action, Message, ParseError, Task, ToolCall, coerce_reward
 
 DEFAULT_SYSTEM_PROMPT = ("You can call tools to help you. When you have the final answer, reply without a tool "
@@ -152,7 +152,7 @@ class ToolEnv(Env):
     default asks for `<answer>`). `rubric` (a `Rubric` or one reward function) scores the final turn.
     `max_turns` truncates the episode (None: the runner's limit). `tool_timeout_s` bounds each call
     (a tool's own `timeout_s` wins); `max_output_chars` cuts long results.
-    Hooks to override: `is_done`, `finish`, `turn_reward`, `no_tool_message`, `format_result`,
+    Hooks to override: `is_done`, `is_truncated`, `finish`, `turn_reward`, `no_tool_message`, `format_result`,
     `tool_message`, `unknown_tool_message`, `setup_state` / `cleanup_state`.
     `info` of every step carries `tool_calls` (this episode's count) and `tool_stats` (per tool: calls,
     errors, timeouts, invalid, latency_s); the final step adds `rubric` (each function's score).
@@ -217,8 +217,7 @@ class ToolEnv(Env):
         if not obs:
             obs = [self.no_tool_message()]
         self.history.extend(obs)
-        truncated = self.max_turns is not None and self.turn >= self.max_turns
-        return obs, self.turn_reward(action), False, truncated, self.step_info()
+        return obs, self.turn_reward(action), False, self.is_truncated(), self.step_info()
 
     async def close(self) -> None:
         await self._release()
@@ -227,6 +226,10 @@ class ToolEnv(Env):
     def is_done(self, action: Action) -> bool:
         """Whether this turn is the final answer (default: it has no tool call, well-formed or not)."""
         return not action.tool_calls and not action.parse_errors
+
+    def is_truncated(self) -> bool:
+        """Whether the episode is cut after this (non-final) turn (default: `max_turns` reached)."""
+        return self.max_turns is not None and self.turn >= self.max_turns
 
     async def finish(self, action: Action) -> StepResult:
         """The final step: the rubric's reward, `terminated`."""
@@ -311,6 +314,8 @@ class ToolEnv(Env):
                 status, text = "ok", self.format_result(result)
             except TimeoutError:
                 status, text = "timeout", f"error: {call.name} timed out after {timeout:g}s"
+            except ToolError as e:
+                status, text = "error", f"error: {e}"
             except Exception as e:  # noqa: BLE001 - a tool's failure is the model's observation
                 status, text = "error", f"error: {call.name} raised {type(e).__name__}: {e}"
             latency = time.perf_counter() - t0

@@ -25,6 +25,11 @@ from typing import Any, get_type_hints
 from slime_env.errors import InvalidInput
 
 
+class ToolError(Exception):
+    """Raised by a tool to report a failure to the model in its own words: the observation is
+    `error: <message>` (any other exception reads `error: <tool> raised <type>: <message>`)."""
+
+
 class ToolArgumentError(ValueError):
     """The arguments of a tool call do not match the tool's schema; the message names each problem."""
 
@@ -263,4 +268,4 @@ def _pool() -> ThreadPoolExecutor:
         return _POOL
 
 
-__all__ = ["Tool", "ToolArgumentError", "as_tool", "set_tool_threads", "tool"]
+__all__ = ["Tool", "ToolArgumentError", "ToolError", "as_tool", "set_tool_threads", "tool"]

@@ -50,7 +50,7 @@ def test_gymnasium_make_and_check_env():
     try:
         check_env(env.unwrapped, skip_render_check=True)
         obs, info = env.reset(seed=3)
-        assert "What is" in obs and info["label"] == env.unwrapped.env._task.label
+        assert "What is" in obs and info["label"] == env.unwrapped.env.task.label
         obs2, _ = env.reset(seed=3)
         assert obs2 == obs  # seeded resets are reproducible
         call = '<tool_call>{"name": "calculator", "arguments": {"expression": "2*21"}}</tool_call>'

@@ -16,15 +16,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from slime_env import Action, Env, Message, Task
-from envs.budget import truncate_to_budget
+from slime_env import Action, Message, Task, ToolEnv
+from slime_env.tool_env import ToolRecord
+from slime_env.types import ParseError
 from envs.math.extract import FORMATS
 from envs.math.rewards import MathReward
-
-PYTHON_TOOL = {"type": "function", "function": {
-    "name": "python", "description": "Run Python 3 code and return what it prints (stdout and stderr).",
-    "parameters": {"type": "object", "properties": {"code": {"type": "string", "description": "the code"}},
-                   "required": ["code"]}}}
 
 SYSTEM_HERMES = ("Solve the problem. You may run Python by replying with\n"
                  '<tool_call>{"name": "python", "arguments": {"code": "print(2**10)"}}</tool_call>\n'
@@ -33,10 +29,9 @@ SYSTEM_FENCED = ("Solve the problem. You may run Python by writing a ```python c
                  "back in an ```output block. When you are done, put the final answer in \\boxed{}.")
 
 
-class MathToolEnv(Env):
-    """Multi-turn math with a sandboxed Python tool (see the module docstring)."""
-
-    tools = (PYTHON_TOOL,)
+class MathToolEnv(ToolEnv):
+    """Multi-turn math with a sandboxed Python tool (see the module docstring); a `ToolEnv` whose one
+    tool is `envs.tools.python_tool`."""
 
     def __init__(self, *, tool_format: str = "hermes", sandbox: Any = None, max_tool_calls: int = 4,
                  tool_timeout_s: float = 5.0, tool_memory_mb: int = 512, output_budget_tokens: int = 256,
@@ -44,20 +39,23 @@ class MathToolEnv(Env):
                  tool_call_penalty: float = 0.0, reward_mode: str = "binary", format_penalty: float = 0.0,
                  answer_formats: Sequence[str] = FORMATS, system_prompt: str | None = None,
                  reward: MathReward | None = None, tasks: Any = None):
-        self.set_tasks(tasks)  # resets without a task draw from these, else from default_tasks()
+        from envs.tools import python_tool
+
         if tool_format not in ("hermes", "fenced"):
             raise ValueError(f"tool_format must be 'hermes' or 'fenced', got {tool_format!r}")
         self.tool_format = tool_format
-        self.parser = "hermes" if tool_format == "hermes" else "python_block"
-        self.system_prompt = system_prompt if system_prompt is not None else (
-            SYSTEM_HERMES if tool_format == "hermes" else SYSTEM_FENCED)
+        python = python_tool(lambda: self.sandbox, timeout_s=tool_timeout_s, memory_mb=tool_memory_mb,
+                             output_budget_tokens=output_budget_tokens, count_tokens=count_tokens,
+                             on_run=self._count_run)
+        super().__init__([python], tasks=tasks, parser="hermes" if tool_format == "hermes" else "python_block",
+                         system_prompt=system_prompt if system_prompt is not None else (
+                             SYSTEM_HERMES if tool_format == "hermes" else SYSTEM_FENCED))
         self._sandbox = sandbox
         self.max_tool_calls, self.tool_timeout_s, self.tool_memory_mb = max_tool_calls, tool_timeout_s, tool_memory_mb
         self.output_budget_tokens, self.count_tokens = output_budget_tokens, count_tokens
         self.tool_bonus, self.tool_call_penalty = tool_bonus, tool_call_penalty
         self.reward = reward or MathReward(mode=reward_mode, format_penalty=format_penalty,
                                            formats=tuple(answer_formats))
-        self._task: Task | None = None
         self._calls = 0
         self._ok_calls = 0
 
@@ -75,52 +73,36 @@ class MathToolEnv(Env):
         return default_math_tasks()  # offline: no dataset to download
 
     async def reset(self, *, seed: int | None = None, options: Mapping[str, Any] | None = None):
-        self._task = self.task_from(options, seed)
-        if self._task.label is None:
+        messages, info = await super().reset(seed=seed, options=options)
+        if self.task.label is None:
             raise ValueError("MathTool-v0 task has no 'label' (the gold answer)")
         self._calls = self._ok_calls = 0
-        return self._task.messages(system=self.system_prompt), {}
+        return messages, info
 
-    async def step(self, action: Action):
-        if self._task is None:
-            raise RuntimeError("MathToolEnv.step called before reset")
-        if not action.tool_calls and not action.parse_errors:
-            return await self._finish(action)
-        obs: list[Message] = []
-        info: dict[str, Any] = {"tool_runs": []}
-        for call in action.tool_calls:
-            if call.name != "python" or not isinstance(call.arguments.get("code"), str):
-                obs.append(self._observation(f"error: unknown tool {call.name!r} or missing 'code'; "
-                                             "the only tool is python(code)"))
-                continue
-            self._calls += 1
-            result = await self.sandbox.run(call.arguments["code"], timeout_s=self.tool_timeout_s,
-                                            memory_mb=self.tool_memory_mb)
-            info["tool_runs"].append({"status": result.status, "exit_code": result.exit_code,
-                                      "duration_s": result.duration_s})
-            self._ok_calls += result.status == "ok"
-            obs.append(self._observation(self._format(result)))
-        for error in action.parse_errors:
-            obs.append(self._observation(f"error: {error.message}"))
-        truncated = self._calls >= self.max_tool_calls
-        return obs, 0.0, False, truncated, info
+    def _count_run(self, result: Any) -> None:
+        self._calls += 1
+        self._ok_calls += result.status == "ok"
 
-    async def _finish(self, action: Action):
-        reward, verdict = await self.reward(action.text, self._task.label)
+    def is_truncated(self) -> bool:
+        return self._calls >= self.max_tool_calls
+
+    async def finish(self, action: Action):
+        reward, verdict = await self.reward(action.text, self.task.label)
         if verdict["correct"] and self._ok_calls and self.tool_bonus:
             reward += self.tool_bonus
         reward -= self.tool_call_penalty * self._calls
-        return [], reward, True, False, {"verdict": verdict, "correct": verdict["correct"], "tool_calls": self._calls}
+        return [], reward, True, False, {**self.step_info(), "verdict": verdict, "correct": verdict["correct"],
+                                         "tool_calls": self._calls}
 
-    def _format(self, result) -> str:
-        text = result.stdout + (("\n" if result.stdout and result.stderr else "") + result.stderr)
-        if result.status == "timeout":
-            text += f"\n[timed out after {self.tool_timeout_s:g}s]"
-        elif result.status in ("memory", "output_limit", "sandbox_error"):
-            text += f"\n[{result.status}: {result.reason}]"
-        return truncate_to_budget(text.strip() or "(no output)", self.output_budget_tokens, self.count_tokens)
+    def unknown_tool_message(self, name: str) -> str:
+        return f"error: unknown tool {name!r}; the only tool is python(code)"
 
-    def _observation(self, text: str) -> Message:
+    def tool_message(self, record: ToolRecord) -> Message:
         if self.tool_format == "hermes":
-            return Message("tool", text)
-        return Message("user", f"```output\n{text}\n```")
+            return super().tool_message(record)
+        return Message("user", f"```output\n{record.output}\n```")
+
+    def parse_error_message(self, error: ParseError) -> Message:
+        if self.tool_format == "hermes":
+            return super().parse_error_message(error)
+        return Message("user", f"```output\nerror: {error.message}\n```")
