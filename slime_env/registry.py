@@ -76,10 +76,13 @@ def register(id: str, entry_point: str | Callable[..., Env], *, description: str
 
 
 def spec(id: str) -> EnvSpec:
-    """The spec of a registered id; RegistryError naming close matches if none."""
+    """The spec of a registered id (or of an import path "pkg.mod:factory" / "file.py:factory", unregistered);
+    RegistryError naming close matches if none."""
     try:
         return _REGISTRY[id]
     except KeyError:
+        if isinstance(id, str) and ":" in id:  # "pkg.mod:make_env" or "my_env.py:MyEnv": built without registering
+            return EnvSpec(id=id, entry_point=id)
         close = [k for k in _REGISTRY if k.split("-v")[0].lower() == id.split("-v")[0].lower()]
         hint = f"; did you mean {close}?" if close else f"; registered: {sorted(_REGISTRY)}"
         raise RegistryError(f"no env registered as {id!r}{hint}") from None

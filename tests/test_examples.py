@@ -63,3 +63,25 @@ def test_search_example():
     assert out.returncode == 0, out.stderr
     assert "information (masked): <information>Doc 1(Title:" in out.stdout
     assert out.stdout.strip().splitlines()[-1].startswith("status=completed reward=1.0")
+
+
+def test_tool_env_example():
+    out = subprocess.run([sys.executable, str(ROOT / "examples" / "tool_env.py")], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "tool road_distance [call_1_0]: 465.0\ntool road_distance [call_1_1]: 470.0" in out.stdout
+    assert "argument 'to_unit': Input should be 'm', 'km' or 'mi'" in out.stdout
+    assert "status=completed reward=1.1 turns=4" in out.stdout
+
+
+def test_tool_env_trains_from_its_file(tmp_path):
+    """From a function to a training run: `slime-env train` builds the env and the tasks from the example file."""
+    out = subprocess.run([sys.executable, "-m", "slime_env", "train", "--config", "examples/tool_env.yaml",
+                          "--steps", "1", "--run-dir", str(tmp_path / "run")], capture_output=True, text=True,
+                         timeout=900, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-3000:]
+    import json
+
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    trained = [r for r in rows if r["step"] == 1][0]
+    assert trained["train/tokens"] > 0 and sum(trained["rollout/statuses"].values()) == 8

@@ -23,6 +23,7 @@ from typing import Any
 
 from slime_env import Task
 from slime_env.errors import InvalidInput
+from slime_env.rollout.metrics import tool_metrics
 from trainers.torch_trainer import TorchTrainer, TrainerConfig
 
 
@@ -273,7 +274,7 @@ async def train(cfg: TrainConfig, *, log: Callable[[str], None] = print) -> dict
             if pool is not None and step % max(int(cfg.opponent_pool.get("every", 5)), 1) == 0:
                 pool.add(snapshot(policy, version=str(step)))
             metrics.update({"rollout/s": rollout_s, "rollout/statuses": _statuses(trajs),
-                            "time/elapsed_s": time.perf_counter() - t_start})
+                            "time/elapsed_s": time.perf_counter() - t_start, **tool_metrics(trajs)})
             out_of_time = cfg.time_budget_s is not None and time.perf_counter() - t_start > cfg.time_budget_s
             if eval_tasks and (step % max(cfg.eval_every, 1) == 0 or step == cfg.steps or out_of_time):
                 metrics.update(await evaluate(eval_tasks, policy, renderer, cfg))

@@ -35,7 +35,7 @@ def batch_metrics(accepted: list[Any], dropped: list[Any], wall_s: float, *, car
     for env_id, rewards in by_env.items():
         m[f"rollout/reward_mean/{env_id}"] = statistics.fmean(rewards)
         m[f"rollout/reward_std/{env_id}"] = statistics.pstdev(rewards)
-    m.update(_tool_metrics(trajs))
+    m.update(tool_metrics(trajs))
     total = sum(t.timings.get("total_s", 0.0) for t in trajs) or 1e-9
     for part in ("generate", "env", "framework"):
         spent = sum(t.timings.get(f"{part}_s", 0.0) for t in trajs)
@@ -44,7 +44,7 @@ def batch_metrics(accepted: list[Any], dropped: list[Any], wall_s: float, *, car
     return m
 
 
-def _tool_metrics(trajs: list[Any]) -> dict[str, float]:
+def tool_metrics(trajs: list[Any]) -> dict[str, float]:
     """`rollout/tools/<name>/{calls,errors,timeouts,invalid,latency_mean_s}` summed over episodes, from the
     `tool_stats` that `ToolEnv` (or any env) reports in its last step's info."""
     totals: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
