@@ -1,6 +1,6 @@
 """The `slime-env` command line (also `python -m slime_env`): the application layer.
 
-The core's own subcommands live here (`list`, `demo`, `serve-env`, `rollout`); every other package owns its
+The core's own subcommands live here (`list`, `demo`, `serve-env`, `rollout`, `view`); every other package owns its
 subcommands in its own `cli` module, declared in the `slime_env.cli` entry-point group (`name =
 "package.cli:register"`) and added when the command line starts — never at `import slime_env`.
 """
@@ -153,6 +153,39 @@ def rollout(env: str = typer.Option(..., help="registered env id (tasks may over
 
 
 STATUS_KEYS = ("completed", "truncated", "aborted", "failed")
+
+
+@app.command()
+def view(path: str = typer.Argument(..., help="a rollout directory (groups.jsonl), a `slime-env train` run directory, "
+                                              "or a trajectories .jsonl / .parquet file"),
+         out: str = typer.Option(None, help="HTML file to write (default: view.html in the directory, or FILE.html)"),
+         tokenizer: str = typer.Option(None, help="how to cut ids into tokens: default | qwen2.5 | qwen3 | llama3.1 | "
+                                                  "llama3.2 | deepseek_r1 | none | a tokenizer folder (default: the "
+                                                  "run's model, else SmolLM2)"),
+         port: int = typer.Option(None, help="also serve the page on http://127.0.0.1:PORT until Ctrl-C")) -> None:
+    """Write a self-contained HTML viewer of trajectories: turns, the token ledger, log-probs, groups, agents."""
+    from slime_env.errors import InvalidInput
+    from slime_env.viewer import build_view
+
+    try:
+        target, loaded = build_view(path, out, tokenizer=tokenizer)
+    except InvalidInput as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(1) from None
+    for warning in loaded.warnings:
+        typer.echo(f"warning: {warning}", err=True)
+    typer.echo(f"{len(loaded.episodes)} episodes -> {target}")
+    if port is not None:
+        import functools
+        import http.server
+
+        handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(target.parent.resolve()))
+        with http.server.ThreadingHTTPServer(("127.0.0.1", port), handler) as server:
+            typer.echo(f"serving http://127.0.0.1:{server.server_address[1]}/{target.name} (Ctrl-C to stop)")
+            try:
+                server.serve_forever()
+            except KeyboardInterrupt:
+                pass
 
 
 def _register_package_commands() -> None:
