@@ -201,3 +201,9 @@ trainer: {{lr: 1.0e-5, micro_batch_size: 4}}
     assert (run / "curves.png").stat().st_size > 1000 and any((run / "tensorboard").iterdir())
     assert (run / "checkpoints" / "latest").read_text() == "step_2"
     assert "held-out accuracy" in out.stdout
+    # The report and the trajectories it shows: both steps' groups saved whole, the report written at the end.
+    samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in samples] == [1, 1, 2, 2] and all(len(s["trajectories"]) == 2 for s in samples)
+    report = (run / "report.html").read_text()
+    assert report.count("data:image/png;base64,") >= 5 and '"episodes":[' in report
+    assert f"report: {run / 'report.html'}" in out.stdout

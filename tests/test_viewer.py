@@ -223,3 +223,48 @@ def test_html_is_self_contained(store):
     text = render_html(loaded, "default")
     assert "http://" not in text.split('<script id="data"')[0] and "https://" not in text.split('<script id="data"')[0]
     assert "default-src 'none'" in text and "<script src" not in text and "<link" not in text
+
+
+def _fake_run(directory: Path, store_dir: Path) -> Path:
+    """A run directory as `slime-env train` leaves it: metrics per step and the groups sampled at steps 1..3."""
+    run = directory / "run"
+    run.mkdir()
+    rows = [{"step": 0, "eval/accuracy": 0.1, "eval/reward_mean": 0.1}]
+    for step in (1, 2, 3):
+        rows.append({"step": step, "train/reward_mean": 0.2 * step, "train/kl": 0.01 * step, "train/entropy": 2 - 0.1 * step,
+                     "train/clip_frac": 0.05, "train/response_len": 40 + step, "train/step_s": 3.0, "rollout/s": 2.0,
+                     "rollout/statuses": {"completed": 6, "truncated": 1, "failed": 1},
+                     "rollout/tools/calculator/calls": 3 + step})
+    rows[-1]["eval/accuracy"] = 0.5
+    (run / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    (run / "config.json").write_text(json.dumps({"env": "Calculator-v0", "model": "default", "trainer": {"estimator": "grpo"}}))
+    group = json.loads((store_dir / "groups.jsonl").read_text().splitlines()[0])
+    (run / "samples.jsonl").write_text("".join(json.dumps({**group, "step": s}) + "\n" for s in (1, 2, 3)))
+    return run
+
+
+def test_training_report_in_the_browser(store, driver, tmp_path):
+    from trainers.report import write_report
+
+    directory, _, _, _ = store
+    run = _fake_run(tmp_path, directory)
+    out = subprocess.run([sys.executable, "-m", "slime_env", "report", str(run)], capture_output=True, text=True,
+                         timeout=300, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    page = run / "report.html"
+    assert out.stdout.strip() == f"report: {page}"
+    open_page(driver, page)
+    titles = [f.text for f in driver.find_elements("css selector", "#charts figcaption")]
+    assert titles == ["Reward", "Held-out accuracy", "Response length", "KL", "Entropy", "Clip fraction",
+                      "Time per step", "Episode statuses", "Tool calls"]
+    widths = driver.execute_script("return [...document.querySelectorAll('#charts img')].map(i => i.naturalWidth)")
+    assert all(w > 200 for w in widths)  # every picture decoded
+    facts = driver.find_element("id", "facts").text
+    assert "held-out accuracy 0.100 → 0.500" in facts and "trajectories shown steps 1, 3" in facts
+    from selenium.webdriver.support.ui import Select
+
+    steps = [o.get_attribute("value") for o in Select(driver.find_element("id", "f-step")).options]
+    assert steps == ["", "1", "3"]  # the first and the last step's trajectories only
+    assert len(_rows(driver)) == 8 and network_requests(driver) == []
+    driver.save_screenshot(str(tmp_path / "report.png"))
+    assert write_report(run, tmp_path / "again.html").read_text().count("data:image/png") == 9

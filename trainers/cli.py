@@ -1,4 +1,4 @@
-"""`slime-env train`: the trainers package's subcommand (registered through `slime_env.cli`)."""
+"""`slime-env train` and `slime-env report`: the trainers package's subcommands (registered through `slime_env.cli`)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import typer
 def register(app: typer.Typer) -> None:
     """Add this package's subcommands to the `slime-env` app."""
     app.command()(train)
+    app.command()(report)
 
 
 def train(config: str = typer.Option(None, help="run config (YAML); default: the embedded demo run "
@@ -36,3 +37,17 @@ def train(config: str = typer.Option(None, help="run config (YAML); default: the
     summary = asyncio.run(run_train(cfg, log=typer.echo))
     typer.echo(f"held-out accuracy {summary['first_accuracy']:.3f} -> {summary['last_accuracy']:.3f} in "
                f"{summary['elapsed_s']:.0f}s; curves: {summary['curves']}, metrics: {summary['metrics']}")
+
+
+def report(run_dir: str = typer.Argument(..., help="a `slime-env train` run directory"),
+           out: str = typer.Option(None, help="HTML file to write (default: RUN_DIR/report.html)")) -> None:
+    """Write the training report: curves, summary, config and the first/last steps' trajectories in the viewer."""
+    from slime_env.errors import InvalidInput
+    from trainers.report import write_report
+
+    try:
+        path = write_report(run_dir, out)
+    except InvalidInput as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(f"report: {path}")

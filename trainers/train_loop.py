@@ -54,6 +54,8 @@ class TrainConfig:
     device: str = "auto"
     engine_dtype: str = "auto"
     trainer: dict[str, Any] = field(default_factory=dict)
+    # Groups per step written to samples.jsonl (the report shows the first and last steps' in the viewer).
+    sample_groups: int = 4
     # Multi-agent envs: whose trajectories train (None: every agent's, e.g. both seats in self-play), and
     # the env kwargs of the evaluation episodes (e.g. a fixed bot in one seat: win rate against it).
     train_agents: list[str] | None = None
@@ -254,8 +256,10 @@ async def train(cfg: TrainConfig, *, log: Callable[[str], None] = print) -> dict
                              train_agents=cfg.train_agents)
     rows: list[dict[str, Any]] = []
     metrics_path = run / "metrics.jsonl"
-    if not cfg.resume and metrics_path.exists():
-        metrics_path.unlink()
+    samples_path = run / "samples.jsonl"
+    if not cfg.resume:
+        metrics_path.unlink(missing_ok=True)
+        samples_path.unlink(missing_ok=True)
     t_start = time.perf_counter()
     try:
         if eval_tasks and start == 0:
@@ -269,6 +273,7 @@ async def train(cfg: TrainConfig, *, log: Callable[[str], None] = print) -> dict
             if not trajs:
                 raise RuntimeError("the rollout manager returned no groups")
             rollout_s = time.perf_counter() - t0
+            _save_samples(samples_path, step, batch.groups[:max(cfg.sample_groups, 0)])
             metrics = await asyncio.to_thread(trainer.step, trajs, cfg.n_samples_per_prompt)
             await trainer.sync(policy, version=str(step))
             if pool is not None and step % max(int(cfg.opponent_pool.get("every", 5)), 1) == 0:
@@ -309,6 +314,11 @@ async def train(cfg: TrainConfig, *, log: Callable[[str], None] = print) -> dict
                "first_accuracy": accs[0][1] if accs else math.nan, "last_accuracy": accs[-1][1] if accs else math.nan,
                "steps": cfg.steps, "elapsed_s": time.perf_counter() - t_start}
     (run / "summary.json").write_text(json.dumps(summary, indent=1))
+    from trainers.report import write_report
+
+    summary["report"] = str(write_report(run))
+    (run / "summary.json").write_text(json.dumps(summary, indent=1))
+    log(f"report: {summary['report']}")
     return summary
 
 
@@ -328,6 +338,15 @@ def make_trainer(tc: TrainerConfig, model_path: str, policy: Any, pad_id: int) -
     # TorchTrainer updates its model in place: it must not be the engine's
     return TorchTrainer((copy.deepcopy(source) if source is policy.model else source).to(policy.device), tc,
                         pad_id=pad_id)
+
+
+def _save_samples(path: Path, step: int, groups: list[Any]) -> None:
+    """This step's first groups, whole, for the report's trajectory viewer."""
+    if not groups:
+        return
+    with path.open("a", encoding="utf-8") as f:
+        for g in groups:
+            f.write(json.dumps({**g.to_record(), "step": step}, ensure_ascii=False) + "\n")
 
 
 def _statuses(trajs) -> dict[str, int]:

@@ -90,8 +90,10 @@ def _byte_decoder() -> dict[str, int]:
     return {chr(c): b for b, c in zip(bs, cs)}
 
 
-def render_html(loaded: Loaded, tokenizer: Any = "default", *, title: str | None = None) -> str:
-    """The page for `loaded` as one HTML string (data, script and style inline)."""
+def render_html(loaded: Loaded, tokenizer: Any = "default", *, title: str | None = None,
+                extra: dict[str, Any] | None = None) -> str:
+    """The page for `loaded` as one HTML string (data, script and style inline). `extra` adds top-level data
+    fields (`report`: the training report's facts, images and config, shown above the episodes)."""
     tok, tok_name = resolve_tokenizer(tokenizer)
     ids: set[int] = set()
     for ep in loaded.episodes:
@@ -101,7 +103,8 @@ def render_html(loaded: Loaded, tokenizer: Any = "default", *, title: str | None
     special = sorted(set(getattr(tok, "all_special_ids", []) or []) & ids) if tok is not None else []
     data = {"title": title or "slime_env trajectories", "sources": loaded.sources, "tokenizer": tok_name,
             "generated_at": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "warnings": loaded.warnings,
-            "pieces": {str(k): v for k, v in pieces.items()}, "special": special, "episodes": loaded.episodes}
+            "pieces": {str(k): v for k, v in pieces.items()}, "special": special, "episodes": loaded.episodes,
+            **(extra or {})}
     return page(data)
 
 

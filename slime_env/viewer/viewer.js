@@ -224,7 +224,21 @@
       el("tbody", {}, rows));
   }
 
+  function report() {
+    const R = D.report;
+    if (!R) return;
+    document.body.classList.add("has-report");
+    const box = document.getElementById("report");
+    box.append(el("h2", {}, "Training run"),
+      el("div", { class: "facts", id: "facts" }, Object.entries(R.facts || {}).map(([k, v]) => el("span", {}, el("b", {}, k), " " + String(v ?? "–")))),
+      el("div", { class: "charts", id: "charts" }, (R.images || []).map((img) =>
+        el("figure", {}, el("img", { src: img.src, alt: img.title }), el("figcaption", {}, img.title)))),
+      el("details", {}, el("summary", {}, "config"), el("pre", {}, JSON.stringify(R.config || {}, null, 1))),
+      el("h2", {}, "Trajectories of the first and last steps"));
+  }
+
   header();
+  report();
   filters();
   renderList();
   if (EP.length) select(filtered()[0].i);
