@@ -139,9 +139,12 @@ def _add_one(t: dict[str, Any], where: str, group: dict[str, Any], out: Loaded) 
 
 
 def _episode(t: dict[str, Any], where: str, group: dict[str, Any], warnings: list[str]) -> dict[str, Any]:
-    prompt, response = [int(x) for x in t["prompt_ids"]], [int(x) for x in t["response_ids"]]
-    mask = [int(x) for x in t.get("loss_mask") or [1] * len(response)]
-    lps = [float(x) for x in t.get("rollout_logprobs") or [0.0] * len(response)]
+    import numpy as np  # a store holds millions of ids: convert and round them in bulk
+
+    prompt = np.asarray(t["prompt_ids"], dtype=np.int64).tolist()
+    response = np.asarray(t["response_ids"], dtype=np.int64).tolist()
+    mask = np.asarray(t.get("loss_mask") or [1] * len(response), dtype=np.int64).tolist()
+    lps = np.round(np.asarray(t.get("rollout_logprobs") or [0.0] * len(response), dtype=np.float64), 4).tolist()
     if len(mask) != len(response) or len(lps) != len(response):
         raise ValueError(f"{len(response)} response ids but {len(mask)} mask values and {len(lps)} log-probs")
     spans = t.get("spans")
@@ -181,7 +184,7 @@ def _episode(t: dict[str, Any], where: str, group: dict[str, Any], warnings: lis
         "messages": [{k: m.get(k) for k in ("role", "content", "name", "tool_call_id") if m.get(k) is not None}
                      for m in messages if isinstance(m, dict)],
         "prompt_ids": prompt, "response_ids": response, "mask": mask,
-        "logprobs": [round(x, 4) for x in lps], "spans": shown_spans,
+        "logprobs": lps, "spans": shown_spans,
         "timings": {k: round(_num(v, 0.0), 4) for k, v in (t.get("timings") or {}).items()},
         "info": _short(t.get("info") or {}), "drift": drift, "length": len(response),
         "generated": sum(mask), "index": md.get("index", t.get("index")),
