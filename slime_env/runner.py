@@ -217,7 +217,8 @@ class _Episode:
         self.abort_reason = ""
         self.resumed = 0
         self.turns_generated = 0
-        self._gen_task: asyncio.Future | None = None
+        self._generating: asyncio.Task | None = None  # the episode's task while it waits for the policy
+        self._cancelled_for_abort = False
 
     async def reset(self, seed: int | None, deadline_at: float | None) -> None:
         t = time.perf_counter()
@@ -235,19 +236,26 @@ class _Episode:
     async def generate(self, params: dict[str, Any], deadline_at: float | None) -> Generation:
         self.phase = "policy.generate"
         t = time.perf_counter()
-        self._gen_task = asyncio.ensure_future(self.policy.generate(self.ledger.ids, params))
+        # Awaited in the episode's own task (no task per turn); an abort of a policy that cannot stop itself
+        # cancels this task while it waits here, and the cancellation is taken back below.
+        self._generating = asyncio.current_task()
         try:
-            async with asyncio.timeout_at(deadline_at):
-                gen = await self._gen_task
+            if deadline_at is None:
+                gen = await self.policy.generate(self.ledger.ids, params)
+            else:
+                async with asyncio.timeout_at(deadline_at):
+                    gen = await self.policy.generate(self.ledger.ids, params)
         except asyncio.CancelledError:
-            if not (self.abort_requested and self._gen_task.cancelled()):
+            if not self._cancelled_for_abort:
                 raise  # our caller was cancelled, not the generation
+            self._cancelled_for_abort = False
+            self._generating.uncancel()
             gen = Generation((), (), "abort")  # aborted by cancellation: the policy could not stop itself
         except TimeoutError:
             await self._abort_engine_request()
             raise
         finally:
-            self._gen_task = None
+            self._generating = None
             self.generate_s += time.perf_counter() - t
         self.phase = "framework"
         if not isinstance(gen, Generation):
@@ -278,12 +286,13 @@ class _Episode:
 
     async def request_abort(self, reason: str) -> None:
         self.abort_requested, self.abort_reason = True, reason
-        task = self._gen_task
+        task = self._generating
         if task is None or task.done():
             return
         if callable(getattr(self.policy, "abort", None)):
             await self._abort_engine_request()  # the engine returns the partial tokens, finish "abort"
-        else:
+        elif not self._cancelled_for_abort and task is not asyncio.current_task():
+            self._cancelled_for_abort = True
             task.cancel()
 
     async def _abort_engine_request(self) -> None:
@@ -298,8 +307,11 @@ class _Episode:
     async def step(self, action: Action, deadline_at: float | None) -> tuple[list[Message], bool, bool]:
         self.phase = "env.step"
         t = time.perf_counter()
-        async with asyncio.timeout_at(deadline_at):
+        if deadline_at is None:
             result = await self.env.step(action)
+        else:
+            async with asyncio.timeout_at(deadline_at):
+                result = await self.env.step(action)
         self.env_s += time.perf_counter() - t
         self.phase = "framework"
         name = type(self.env).__name__

@@ -241,3 +241,46 @@ def test_suspended_time_does_not_count_against_the_deadline(smollm2_tok, rendere
     assert traj.metadata["resumed"] == 1
     assert renderer.decode(traj.response_ids).count("a long reply") == 4
     traj.check()
+
+
+class _Forever:
+    """A policy that cannot stop itself (no `abort()`): only cancelling its call ends it."""
+
+    started: asyncio.Event | None = None
+
+    async def generate(self, input_ids, sampling_params):
+        self.started.set()
+        await asyncio.Event().wait()
+
+
+def test_abort_of_a_policy_without_abort_cancels_only_the_generation(renderer):
+    from slime_env import Episode
+
+    async def main():
+        policy = _Forever()
+        policy.started = asyncio.Event()
+        ep = Episode(ScriptedEnv(), policy, task(), renderer=renderer)
+        running = asyncio.create_task(ep.run())
+        await policy.started.wait()
+        await ep.abort("stop now")
+        traj = await running  # the episode's task itself goes on and returns
+        assert not running.cancelled() and running.cancelling() == 0
+        return traj
+
+    traj = asyncio.run(main())
+    assert traj.status == "aborted" and traj.reason == "stop now"
+
+
+def test_cancelling_the_caller_still_cancels_the_episode(renderer):
+    from slime_env import Episode
+
+    async def main():
+        policy = _Forever()
+        policy.started = asyncio.Event()
+        running = asyncio.create_task(Episode(ScriptedEnv(), policy, task(), renderer=renderer).run())
+        await policy.started.wait()
+        running.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await running
+
+    asyncio.run(main())
