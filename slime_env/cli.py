@@ -114,20 +114,27 @@ def rollout(env: str = typer.Option(..., help="registered env id (tasks may over
             metadata_key: str = typer.Option("metadata"),
             resume: bool = typer.Option(False, help="continue the rollout already in --out"),
             parquet: bool = typer.Option(False, help="also write one Parquet file per batch"),
+            workers: int = typer.Option(0, min=0, help="driver processes running the groups (0: this one); "
+                                                        "needs a remote --policy"),
             seed: int = typer.Option(0)) -> None:
     """Run the rollout manager over a dataset and write the trajectories."""
     import asyncio
 
+    from slime_env.errors import InvalidInput
     from slime_env.renderers import get_renderer
     from slime_env.rollout import RolloutManager, load_tasks
 
     tasks = load_tasks(data, input_key=input_key, label_key=label_key, metadata_key=metadata_key)
     pol, tok = _policy_and_tokenizer(policy, tokenizer, seed)
-    manager = RolloutManager(tasks, env_id=env, policy=pol, renderer=get_renderer(tok),
-                             sampling_params={"temperature": temperature}, n_samples_per_prompt=n,
-                             max_concurrency=max(concurrency, n), max_turns=max_turns, max_new_tokens=max_new_tokens,
-                             dynamic_filter=dynamic_filter, out_dir=out, resume=resume, parquet=parquet,
-                             progress=True, seed=seed)
+    try:
+        manager = RolloutManager(tasks, env_id=env, policy=pol, renderer=get_renderer(tok),
+                                 sampling_params={"temperature": temperature}, n_samples_per_prompt=n,
+                                 max_concurrency=max(concurrency, n), max_turns=max_turns,
+                                 max_new_tokens=max_new_tokens, dynamic_filter=dynamic_filter, out_dir=out,
+                                 resume=resume, parquet=parquet, progress=True, seed=seed, workers=workers)
+    except InvalidInput as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(1) from None
 
     async def main() -> None:
         try:

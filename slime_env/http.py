@@ -47,6 +47,10 @@ class HttpClient:
         self._closer: Any = None  # see _close_at_loop_shutdown
         self.retries = 0  # total retries made, for metrics and tests
 
+    def __getstate__(self) -> dict[str, Any]:
+        # A copy in another process (a rollout worker) opens its own pool on first use.
+        return {**self.__dict__, "_session": None, "_loop": None, "_closer": None}
+
     def session(self) -> aiohttp.ClientSession:
         loop = asyncio.get_running_loop()
         if self._session is None or self._session.closed or self._loop is not loop:

@@ -257,19 +257,21 @@ KILL_SCRIPT = textwrap.dedent("""
         tasks = [Task(prompt=f"task {{i}}", metadata={{"p": 2}}, id=str(i)) for i in range(40)]
         m = RolloutManager(tasks, env_id="TestCoin-v0", policy=ScriptedPolicy(tok, ["ok"], latency_s=0.02),
                            renderer=get_renderer(tok), n_samples_per_prompt=4, max_concurrency=16,
-                           out_dir=sys.argv[1], resume=True)
+                           out_dir=sys.argv[1], resume=True, workers={workers})
         async for g in m.run(batch_size=2):
             print("group", g.group_index, flush=True)
         await m.close()
         print("done", flush=True)
 
-    asyncio.run(main())
+    if __name__ == "__main__":  # rollout workers are spawned: they import this file without running it
+        asyncio.run(main())
 """)
 
 
-def test_kill_minus_nine_and_resume(tmp_path):
+@pytest.mark.parametrize("workers", [0, 2])
+def test_kill_minus_nine_and_resume(tmp_path, workers):
     script = tmp_path / "run.py"
-    script.write_text(KILL_SCRIPT.format(tests=str(ROOT / "tests")))
+    script.write_text(KILL_SCRIPT.format(tests=str(ROOT / "tests"), workers=workers))
     out = tmp_path / "out"
     proc = subprocess.Popen([sys.executable, str(script), str(out)], stdout=subprocess.PIPE, text=True)
     seen = 0

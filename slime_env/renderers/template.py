@@ -57,6 +57,7 @@ class TemplateRenderer:
         self.tokenizer = tokenizer
         self.strict = strict
         self.on_history_rewrite = on_history_rewrite
+        self._source = source
         self._template = compile_template(source)
         self._codec = TokenCodec(tokenizer)
         special = {k: v for k, v in getattr(tokenizer, "special_tokens_map", {}).items() if isinstance(v, str)}
@@ -74,6 +75,17 @@ class TemplateRenderer:
         if self.end_of_turn_id is not None and self.end_of_turn_id not in stops:
             stops.insert(0, self.end_of_turn_id)
         self.stop_token_ids: tuple[int, ...] = tuple(stops)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A compiled Jinja template cannot be pickled: it is compiled again on the other side (rollout
+        # worker processes get their renderer this way).
+        state = self.__dict__.copy()
+        del state["_template"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._template = compile_template(self._source)
 
     # --- rendering -------------------------------------------------------------------------------
     def render_text(self, messages: Sequence[Message | Mapping[str, Any]], *, tools: Sequence[Mapping] | None = None,

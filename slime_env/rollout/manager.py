@@ -101,6 +101,10 @@ class RolloutManager:
     episode (e.g. an opponent drawn from a pool; None keeps `policy`); `train_agents` (default: all)
     says whose trajectories the groups hold.
     Its episodes are not suspended by partial rollouts: a batch that closes waits for them to finish.
+    `workers=N` runs the groups in N driver processes (`slime_env.rollout.workers`): the policy, renderer and
+    env factory are copied into each (they must pickle: a remote engine, not a local model); queue, filter,
+    batches, store and resume stay here, so the output is the same exactly-once stream. Not with
+    `partial_rollout` or `backend="ray"`.
     """
 
     def __init__(self, tasks: Sequence[Task | Mapping[str, Any] | str], *, policy: Any,
@@ -114,7 +118,7 @@ class RolloutManager:
                  parquet: bool = False, progress: bool = False, seed: int = 0, strict: bool | None = None,
                  backend: str = "local", ray_actors: int = 2, ray_actor_options: Mapping[str, Any] | None = None,
                  train_agents: Sequence[str] | None = None,
-                 policy_for: Callable[[int, str], Any] | None = None):
+                 policy_for: Callable[[int, str], Any] | None = None, workers: int = 0):
         if n_samples_per_prompt < 1:
             raise InvalidInput(f"n_samples_per_prompt must be >= 1, got {n_samples_per_prompt}")
         if max_concurrency < n_samples_per_prompt:
@@ -153,6 +157,23 @@ class RolloutManager:
         self._ready: deque[Group] = deque()      # accepted beyond a batch's target, delivered next time
         self._ready_dropped: list[Group] = []    # dropped after a batch closed, delivered with the next one
         self.batches = 0
+        self.workers = workers
+        self._pool = None
+        if workers:
+            if partial_rollout:
+                raise InvalidInput("partial_rollout keeps suspended episodes in the driver: use workers=0 with it")
+            if backend != "local":
+                raise InvalidInput("workers run envs in their own processes: use backend='local' with workers")
+            from slime_env.registry import _REGISTRY
+            from slime_env.rollout.workers import WorkerPool
+
+            env_ids = {env_id, *(t.metadata.get("env_id") for t in self.tasks)} - {None}
+            self._pool = WorkerPool(workers, {
+                "tasks": self.tasks, "policy": policy, "renderer": renderer, "env_id": env_id,
+                "env_kwargs": self.env_kwargs, "env_factory": env_factory, "sampling_params": self.sampling_params,
+                "n_samples_per_prompt": self.n, "max_concurrency": max_concurrency, **self.episode_kwargs,
+                "seed": seed, "train_agents": train_agents, "policy_for": policy_for,
+                "env_specs": {e: _REGISTRY[e] for e in env_ids if e in _REGISTRY}})
 
     # --- public API ------------------------------------------------------------------------------
     def remaining(self) -> int:
@@ -226,6 +247,8 @@ class RolloutManager:
             self.store.close()
         for pool in self._ray_pools.values():
             pool.shutdown()
+        if self._pool is not None:
+            await self._pool.close()
         self._ray_pools.clear()
 
     # --- internals -------------------------------------------------------------------------------
@@ -234,6 +257,8 @@ class RolloutManager:
         return _Running(index, task, str(task.metadata.get("env_id", self.env_id)))
 
     async def _run_group(self, rg: _Running) -> Group | None:
+        if self._pool is not None:  # a worker process runs it and sends the whole group back
+            return await self._pool.run_group(rg.group_index)
         if not rg.episodes:
             await self._start_episodes(rg)
         elif self.mask_offpolicy:
@@ -304,6 +329,8 @@ class RolloutManager:
         """Abort groups still running once the batch is full; keep (partial) or requeue their tasks."""
         if not running:
             return
+        if self._pool is not None:
+            await asyncio.gather(*(self._pool.abort(rg.group_index, ABORTED) for rg in running.values()))
         await asyncio.gather(*(ep.abort(ABORTED) for rg in running.values() for ep in rg.episodes))
         for fut, rg in running.items():
             group = await fut

@@ -1,0 +1,103 @@
+"""RolloutManager(workers=N): groups run in spawned driver processes, the output stays exactly-once."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import os
+import signal
+
+import pytest
+
+from slime_env import RolloutManager, ScriptedPolicy, get_renderer
+from slime_env.errors import InvalidInput
+from slime_env.rollout import read_groups
+from test_rollout import tasks  # noqa: F401 - importing registers TestCoin-v0 (the workers get its spec)
+
+
+def _check_exactly_once(groups, n_tasks, n):
+    keys = collections.Counter((g.group_index, t.metadata["sample_index"]) for g in groups for t in g.trajectories)
+    assert len(keys) == n_tasks * n and set(keys.values()) == {1}  # none lost, none duplicated
+    for g in groups:  # each group in sample order, indices consistent
+        assert [t.metadata["index"] for t in g.trajectories] == [g.group_index * n + k for k in range(n)]
+        assert {t.task.id for t in g.trajectories} == {str(g.group_index)}
+
+
+def test_ten_thousand_episodes_across_two_workers(smollm2_tok, tmp_path):
+    n_tasks, n = 1250, 8
+
+    async def main():
+        manager = RolloutManager(tasks(n_tasks), env_id="TestCoin-v0", policy=ScriptedPolicy(smollm2_tok, ["ok"]),
+                                 renderer=get_renderer(smollm2_tok), n_samples_per_prompt=n, max_concurrency=512,
+                                 out_dir=str(tmp_path), workers=2)
+        batches = [await manager.generate_batch(400) for _ in range(4)]
+        assert manager.remaining() == 0
+        await manager.close()
+        return batches
+
+    batches = asyncio.run(main())
+    assert [len(b.groups) for b in batches] == [400, 400, 400, 50]
+    groups = [g for b in batches for g in b.groups]
+    _check_exactly_once(groups, n_tasks, n)
+    assert all(t.status == "completed" for g in groups for t in g.trajectories)
+    assert sum(b.metrics["rollout/episodes"] for b in batches) == n_tasks * n
+    stored = read_groups(tmp_path)
+    assert sorted(r["group_index"] for r in stored) == list(range(n_tasks))  # persisted once each
+    for t in groups[0].trajectories:
+        t.check()
+
+
+def test_a_worker_killed_mid_batch_loses_nothing(smollm2_tok):
+    n_tasks, n = 60, 4
+
+    async def main():
+        manager = RolloutManager(tasks(n_tasks, delay=0.05), env_id="TestCoin-v0",
+                                 policy=ScriptedPolicy(smollm2_tok, ["ok"], latency_s=0.02),
+                                 renderer=get_renderer(smollm2_tok), n_samples_per_prompt=n, max_concurrency=64,
+                                 workers=2)
+        batch = asyncio.create_task(manager.generate_batch(n_tasks))
+        while not manager._pool._workers or not all(w.pending for w in manager._pool._workers):
+            await asyncio.sleep(0.05)
+        victim = manager._pool._workers[0]
+        os.kill(victim.process.pid, signal.SIGKILL)
+        result = await batch
+        restarts = manager._pool.restarts
+        await manager.close()
+        return result, restarts
+
+    batch, restarts = asyncio.run(main())
+    assert restarts >= 1
+    _check_exactly_once(batch.groups, n_tasks, n)
+    assert all(t.status == "completed" for g in batch.groups for t in g.trajectories)
+
+
+def test_closing_a_batch_aborts_the_groups_still_running_in_workers(smollm2_tok):
+    async def main():
+        manager = RolloutManager(tasks(12, delay=0.3), env_id="TestCoin-v0",
+                                 policy=ScriptedPolicy(smollm2_tok, ["ok"]), renderer=get_renderer(smollm2_tok),
+                                 n_samples_per_prompt=2, max_concurrency=24, over_sampling=2.0, workers=2)
+        first = await manager.generate_batch(4)
+        rest = [g for _ in range(3) for g in (await manager.generate_batch(4)).groups]
+        await manager.close()
+        return first, rest
+
+    first, rest = asyncio.run(main())
+    _check_exactly_once([*first.groups, *rest], 12, 2)  # aborted groups were requeued and rerun
+
+
+def test_refusals_say_why(smollm2_tok):
+    class Local:  # holds a lock: cannot be copied into another process
+        def __init__(self):
+            import threading
+
+            self.lock = threading.Lock()
+
+        async def generate(self, ids, params):
+            raise AssertionError
+
+    with pytest.raises(InvalidInput, match="cannot be pickled.*remote engine"):
+        RolloutManager(tasks(2), env_id="TestCoin-v0", policy=Local(), renderer=get_renderer(smollm2_tok),
+                       n_samples_per_prompt=2, workers=2)
+    with pytest.raises(InvalidInput, match="partial_rollout"):
+        RolloutManager(tasks(2), env_id="TestCoin-v0", policy=ScriptedPolicy(smollm2_tok, ["ok"]),
+                       renderer=get_renderer(smollm2_tok), n_samples_per_prompt=2, workers=2, partial_rollout=True)
