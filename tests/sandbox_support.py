@@ -42,19 +42,20 @@ def ensure_image() -> None:
 
 
 def make_sandbox(backend: str, **kw):
-    """A fresh sandbox of `backend` ("docker", "bwrap" or "process"), or skip/fail when it cannot run here."""
+    """A fresh sandbox of `backend` ("docker", "bwrap", "bwrap_fork" — bubblewrap's fork-server mode — or
+    "process"), or skip/fail when it cannot run here."""
     try:
         if backend == "docker":
             ensure_image()
             from tools_sandbox.docker_pool import DockerSandbox
 
             return DockerSandbox(IMAGE, **{"pool_size": 2, **kw})
-        if backend == "bwrap":
+        if backend in ("bwrap", "bwrap_fork"):
             from tools_sandbox.auto import probe_bwrap
             from tools_sandbox.bwrap import BwrapSandbox
 
             probe_bwrap()
-            return BwrapSandbox(**kw)
+            return BwrapSandbox(fork_server=backend == "bwrap_fork", **kw)
         from tools_sandbox.process import ProcessSandbox
 
         return ProcessSandbox(**kw)
@@ -62,8 +63,8 @@ def make_sandbox(backend: str, **kw):
         unavailable(f"{backend}: {e}")
 
 
-BACKENDS = ("docker", "bwrap", "process")
-ISOLATING = ("docker", "bwrap")
+BACKENDS = ("docker", "bwrap", "bwrap_fork", "process")
+ISOLATING = ("docker", "bwrap", "bwrap_fork")
 
 
 def per_backend_fixtures(**options):

@@ -5,16 +5,23 @@ announces `{"ready": true}`, then for each request `{"id", "argv", "files": {pat
 base64, "timeout_s", "memory_bytes", "cpu_s", "fsize_bytes", "nofile", "output_limit"}` it runs `argv` in
 a fresh /work/run-<id> and answers `{"id", "exit_code", "stdout", "stderr", "timed_out",
 "output_exceeded", "oom", "duration_s"}`. A line `{"abort": id}` while a run is going kills it.
+With `"inline": true` (Python, when the agent is the same interpreter the run would exec) the forked child
+runs the file itself, as `python -s -u FILE` would, instead of exec-ing a new interpreter: no start-up
+cost. Each run is still a fresh fork of the agent, which never runs untrusted code, so no module state,
+environment or file of one run is seen by the next.
 
 Why it is safe to reuse a container: the agent is PID 1 of the container's pid namespace, so no
 process inside can kill it (the kernel drops signals to a namespace's init that it has no handler
 for), it is not dumpable (so no process of the same uid may ptrace it or open its /proc files), and
-after every run it SIGKILLs every other process (`kill(-1)`), reaps them, and wipes /work, /tmp and
-/dev/shm. The root filesystem is read-only; nothing else persists between runs.
+after every run it SIGKILLs every other process (`kill(-1)`), reaps them, wipes /work, /tmp and /dev/shm,
+and removes the System V IPC objects the run created. The root filesystem is read-only; nothing else
+persists between runs. (`BwrapSandbox(fork_server=True)` runs the same agent inside a long-lived
+bubblewrap sandbox per slot.)
 """
 
 AGENT_SOURCE = r'''
 import base64, ctypes, json, os, select, shutil, signal, sys, time, resource
+import atexit, builtins, io, threading, traceback, types  # what an inline run needs: imported once, before forks
 signal.signal(signal.SIGINT, signal.SIG_DFL)
 try:
     ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 0
@@ -69,6 +76,74 @@ def wipe(path):
         except OSError:
             pass
 
+def remove_ipc():
+    """System V shared memory, semaphores and message queues outlive processes: remove what a run made."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    for kind, ctl in (("shm", libc.shmctl), ("sem", libc.semctl), ("msg", libc.msgctl)):
+        try:
+            lines = open("/proc/sysvipc/" + kind).read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            try:
+                ident = int(line.split()[1])
+                if kind == "sem":
+                    ctl(ident, 0, 0)  # IPC_RMID
+                else:
+                    ctl(ident, 0, None)  # IPC_RMID
+            except (ValueError, IndexError, OSError):
+                pass
+
+def exit_code(e):
+    code = e.code
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    try:
+        sys.stderr.write(str(code) + "\n")
+    except Exception:
+        pass
+    return 1
+
+def run_inline(path):
+    """In the forked child: run `path` as `python -s -u path` runs a script, then exit."""
+    sys.argv = [path]  # as given on the command line
+    path = os.path.abspath(path)
+    sys.path[0] = os.path.dirname(path)
+    main = types.ModuleType("__main__")
+    main.__file__, main.__cached__, main.__builtins__ = path, None, builtins
+    sys.modules["__main__"] = main
+    sys.stdin = sys.__stdin__ = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)), encoding="utf-8")
+    sys.stdout = sys.__stdout__ = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8",
+                                                   write_through=True)
+    sys.stderr = sys.__stderr__ = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8",
+                                                   errors="backslashreplace", write_through=True)
+    code = 0
+    try:
+        with open(path, "rb") as f:
+            source = f.read()
+        exec(compile(source, path, "exec"), main.__dict__)
+    except SystemExit as e:
+        code = exit_code(e)
+    except BaseException as e:
+        tb = e.__traceback__.tb_next if e.__traceback__ is not None else None  # not this runner's frame
+        traceback.print_exception(type(e), e, tb)
+        code = 1
+    try:
+        threading._shutdown()  # like interpreter exit: wait for non-daemon threads, then atexit handlers
+        atexit._run_exitfuncs()
+    except SystemExit as e:
+        code = exit_code(e)
+    except BaseException:
+        traceback.print_exc()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    os._exit(code)
+
 def kill_all():
     try:
         os.kill(-1, signal.SIGKILL)
@@ -105,6 +180,7 @@ def run(req):
             os.setsid()
             os.chdir(work)
             fd = os.open(stdin_path, os.O_RDONLY)
+            os.unlink(stdin_path)  # open already: /tmp is the run's own, empty, as in a fresh sandbox
             os.dup2(fd, 0); os.dup2(o_w, 1); os.dup2(e_w, 2)
             os.closerange(3, 65536)
             try:
@@ -118,6 +194,16 @@ def run(req):
             resource.setrlimit(resource.RLIMIT_FSIZE, (req["fsize_bytes"], req["fsize_bytes"]))
             resource.setrlimit(resource.RLIMIT_NOFILE, (req["nofile"], req["nofile"]))
             resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+            if req.get("nproc"):
+                resource.setrlimit(resource.RLIMIT_NPROC, (req["nproc"], req["nproc"]))
+            if req.get("inline"):
+                try:  # a normal process again (its own /proc files readable); the agent stays undumpable
+                    ctypes.CDLL(None).prctl(4, 1, 0, 0, 0)
+                except Exception:
+                    pass
+                os.environ.clear()
+                os.environ.update(ENV, HOME=work)
+                run_inline(req["argv"][-1])  # never returns
             signal.signal(signal.SIGPIPE, signal.SIG_DFL)
             signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
             os.execve(req["argv"][0], req["argv"], dict(ENV, HOME=work))
@@ -190,6 +276,7 @@ def run(req):
     oom = oom_count() > oom_before
     for d in ("/work", "/tmp", "/dev/shm"):
         wipe(d)
+    remove_ipc()
     return {"id": rid, "exit_code": None if (timed_out or aborted) else code,
             "stdout": bufs[o_r].decode("utf-8", "replace"), "stderr": bufs[e_r].decode("utf-8", "replace"),
             "timed_out": timed_out, "output_exceeded": exceeded, "oom": oom, "aborted": aborted,

@@ -27,9 +27,10 @@ class RunCgroup:
         self.dirs, self.v2 = dirs, v2
         self._memory: int | None = None
 
-    def prepare(self, memory_bytes: int) -> int:
-        """Empty the group (a previous run's stragglers), set the memory limit; returns the OOM-kill count."""
-        if self.pids():
+    def prepare(self, memory_bytes: int, *, empty: bool = True) -> int:
+        """Empty the group (a previous run's stragglers; `empty=False` keeps a fork server's sandbox), set the
+        memory limit; returns the OOM-kill count."""
+        if empty and self.pids():
             self.kill()
         if memory_bytes != self._memory:
             mem = self.dirs["memory"]
