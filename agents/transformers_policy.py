@@ -1,8 +1,10 @@
 """`TransformersPolicy`: a local engine on a Hugging Face causal LM, batching concurrent requests.
 
-Requests from many episodes that arrive within `batch_window_s` of each other are generated as one
-left-padded batch (at most `max_batch_size`), with a KV cache, on one worker thread: the event loop
-never runs torch code. Each request keeps its own sampling params (SGLang names: temperature,
+By default (`batching="continuous"`, `agents.engine`) requests join the running batch at the next
+decoding step — none waits for another to finish — and each episode session keeps the KV cache of what
+it has fed so far, so its next turn encodes only the new tokens. `batching="static"` is the older loop:
+requests that arrive within `batch_window_s` of each other are generated as one left-padded batch (at most
+`max_batch_size`) run to completion. Either way one worker thread runs torch: the event loop never does. Each request keeps its own sampling params (SGLang names: temperature,
 top_p, top_k, max_new_tokens, stop, stop_token_ids, ignore_eos, sampling_seed) and gets back the log-prob of
 every sampled token under the distribution it was sampled from (temperature, top-k and top-p
 applied and renormalised; for greedy decoding, temperature 0, the model's own log-softmax).
@@ -43,6 +45,11 @@ class _Request:
     out_logprobs: list[float] = field(default_factory=list)
     finish: str | None = None
     aborted: bool = False  # set from the event loop; read by the worker between decoding steps
+    session: str | None = None  # prefix-cache key (the episode session)
+    loop: asyncio.AbstractEventLoop | None = None
+    error: BaseException | None = None
+    cached_tokens: int = 0
+    weight_version: str | None = None
 
 
 def _check_ids(input_ids: Any, vocab_size: int) -> list[int]:
@@ -71,9 +78,12 @@ class TransformersPolicy:
     """
 
     def __init__(self, model: Any, tokenizer: Any, *, max_batch_size: int = 16, batch_window_s: float = 0.005,
-                 weight_version: str = "0", seed: int | None = None):
+                 weight_version: str = "0", seed: int | None = None, batching: str = "continuous",
+                 prefix_cache_tokens: int = 32768):
         if max_batch_size < 1:
             raise InvalidInput(f"max_batch_size must be >= 1, got {max_batch_size}")
+        if batching not in ("continuous", "static"):
+            raise InvalidInput(f"batching must be 'continuous' or 'static', got {batching!r}")
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.device = next(model.parameters()).device
@@ -92,14 +102,24 @@ class TransformersPolicy:
         self._ids = itertools.count()
         self._decode_lock = threading.Lock()
         self.usage = {"prompt_tokens": 0, "completion_tokens": 0, "batches": 0, "requests": 0, "aborted": 0,
-                      "generate_s": 0.0}
+                      "generate_s": 0.0, "cached_tokens": 0}
+        self.batching = batching
+        self._engine = None
+        if batching == "continuous":
+            from agents.engine import ContinuousEngine
+
+            self._engine = ContinuousEngine(self, max_batch_size=max_batch_size,
+                                            prefix_cache_tokens=prefix_cache_tokens)
 
     # --- public API ------------------------------------------------------------------------------
     async def generate(self, input_ids: Sequence[int], sampling_params: Mapping[str, Any], *,
-                       rid: str | None = None) -> Generation:
-        """Generate a continuation; `rid` names the request so `abort(rid)` can stop it."""
+                       rid: str | None = None, session: str | None = None) -> Generation:
+        """Generate a continuation; `rid` names the request so `abort(rid)` can stop it; `session` (an
+        episode's id) lets its next turn reuse the KV of this one's tokens (continuous batching only)."""
         input_ids = _check_ids(input_ids, self.model.config.vocab_size)
         loop = asyncio.get_running_loop()
+        if self._engine is not None:
+            return await self._generate_continuous(input_ids, sampling_params, rid, session, loop)
         if self._queue is None or self._worker is None or self._worker.done():
             self._queue = asyncio.Queue()
             self._worker = loop.create_task(self._batcher())
@@ -119,8 +139,46 @@ class TransformersPolicy:
                           finish_reason=req.finish or "length", text=text, weight_version=self.weight_version,
                           prompt_tokens=len(req.input_ids), latency_s=time.perf_counter() - t0)
 
+    async def _generate_continuous(self, input_ids: list[int], sampling_params: Mapping[str, Any], rid: str | None,
+                                   session: str | None, loop: asyncio.AbstractEventLoop) -> Generation:
+        req = self._request(input_ids, sampling_params, loop.create_future())
+        req.rid, req.session, req.loop = rid or f"req-{next(self._ids)}", session, loop
+        self._live[req.rid] = req
+        self.usage["requests"] += 1
+        t0 = time.perf_counter()
+        self._engine.submit(req)
+        try:
+            await req.future
+        finally:
+            self._live.pop(req.rid, None)
+            if req.future.cancelled():  # the caller went away: stop spending compute on it
+                req.aborted = True
+        self.usage["aborted"] += req.finish == "abort"
+        return Generation(token_ids=tuple(req.out_ids), logprobs=tuple(req.out_logprobs),
+                          finish_reason=req.finish or "length", text=self._decode(req.out_ids),
+                          weight_version=req.weight_version or self.weight_version, prompt_tokens=len(req.input_ids),
+                          cached_tokens=req.cached_tokens, latency_s=time.perf_counter() - t0)
+
+    def _complete(self, req: _Request) -> None:
+        """Called on the engine's thread when a request is done: resolve its future on its loop."""
+        def resolve() -> None:
+            if req.future.done():
+                return
+            if req.error is not None:
+                req.future.set_exception(req.error)
+            else:
+                req.future.set_result(None)
+
+        try:
+            req.loop.call_soon_threadsafe(resolve)
+        except RuntimeError:
+            pass  # its event loop is closed: nobody waits for it
+
     def for_episode(self, session_id: str) -> EpisodeSession:
-        """A per-episode view: one rid per call, `abort()` stops the live one."""
+        """A per-episode view: one rid per call, `abort()` stops the live one; with continuous batching the
+        session's turns share a prefix cache."""
+        if self._engine is not None:
+            return EpisodeSession(self, session_id, session=session_id)
         return EpisodeSession(self, session_id)
 
     def abort(self, rid: str) -> bool:
@@ -137,25 +195,50 @@ class TransformersPolicy:
         return len(self._live)
 
     def pause(self) -> None:
-        """Start no new batch until `resume()` (the batch in flight finishes)."""
+        """Start no new batch (admit no new request) until `resume()`; what runs finishes."""
         self._running.clear()
+        if self._engine is not None:
+            self._engine.hold(True)
 
     def resume(self) -> None:
         self._running.set()
+        if self._engine is not None:
+            self._engine.hold(False)
 
     @property
     def paused(self) -> bool:
         return not self._running.is_set()
 
     async def update_weights(self, weights: Mapping[str, torch.Tensor] | str, weight_version: str) -> None:
-        """Load a state dict (or a saved model folder / safetensors file) in place, between batches."""
+        """Load a state dict (or a saved model folder / safetensors file) in place, between batches. With
+        continuous batching no request is admitted meanwhile, the running ones finish first, and the prefix
+        cache (KV of the old weights) is cleared."""
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self._executor, self._load, weights)
-        self.weight_version = str(weight_version)
+        if self._engine is None:
+            await loop.run_in_executor(self._executor, self._load, weights)
+            self.weight_version = str(weight_version)
+            return
+        engine = self._engine
+        engine.hold(True)
+        try:
+            while not engine.idle():
+                await asyncio.sleep(0.005)
+
+            def load() -> None:
+                with engine.model_lock:
+                    self._load(weights)
+                    engine.prefix.clear()
+
+            await loop.run_in_executor(self._executor, load)
+            self.weight_version = str(weight_version)
+        finally:
+            engine.hold(self.paused)
 
     def close(self) -> None:
         if self._worker is not None:
             self._worker.cancel()
+        if self._engine is not None:
+            self._engine.close()
         self._executor.shutdown(wait=False, cancel_futures=True)
 
     # --- batching --------------------------------------------------------------------------------

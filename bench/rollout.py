@@ -5,9 +5,11 @@ Little's law gives the ideal throughput C / (turns x latency) episodes/s; we pri
 beside it, and the framework's share of episode time (time inside episodes spent neither waiting for
 the engine nor in the env). Set-ups, same run: an in-process stub policy (no HTTP: the framework
 alone), the stub engine over HTTP through SGLangPolicy, the same with every env behind `serve-env`
-(RemoteEnv: HTTP per reset/step), and envs in 2 Ray actors.
+(RemoteEnv: HTTP per reset/step), envs in 2 Ray actors, and the in-process stub with the manager's groups
+run in 1 and 2 driver worker processes (`workers=`). `--compare-rev REV` also measures the in-process row with
+the code of git revision REV (a worktree, same machine, same run): the old path beside the new.
 
-    python bench/rollout.py [--concurrency 1000 10000] [--turns 3] [--latency-ms 20]
+    python bench/rollout.py [--concurrency 1000 10000] [--turns 3] [--latency-ms 20] [--compare-rev REV]
 """
 
 from __future__ import annotations
@@ -70,19 +72,24 @@ def _spawn(args: list[str]) -> tuple[subprocess.Popen, str]:
     raise RuntimeError(f"{args} did not start")
 
 
-async def measure(policy, renderer, concurrency: int, turns: int, env_factory=None, backend="local") -> dict:
+async def measure(policy, renderer, concurrency: int, turns: int, env_factory=None, backend="local",
+                  workers: int = 0) -> dict:
     n = 8
-    tasks = [Task(prompt=f"task {i}", id=str(i)) for i in range(2 * concurrency // n)]
+    groups = 2 * concurrency // n
+    warm = concurrency // n if workers else 0  # worker processes start (and warm up) outside the measured batch
+    tasks = [Task(prompt=f"task {i}", id=str(i)) for i in range(groups + warm)]
     manager = RolloutManager(tasks, env_id="BenchTurns-v0", env_kwargs={"turns": turns}, env_factory=env_factory,
                              policy=policy, renderer=renderer, n_samples_per_prompt=n, max_concurrency=concurrency,
-                             max_turns=turns, backend=backend)
+                             max_turns=turns, backend=backend, **({"workers": workers} if workers else {}))
+    if warm:
+        await manager.generate_batch(warm)
     t0 = time.perf_counter()
     cpu0 = time.process_time()
-    batch = await manager.generate_batch(len(tasks))
+    batch = await manager.generate_batch(groups)
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     await manager.close()
     m = batch.metrics
-    if m["rollout/status/completed"] != len(tasks) * n:
+    if m["rollout/status/completed"] != groups * n:
         first = next(t for g in batch.groups for t in g.trajectories if t.status != "completed")
         raise RuntimeError(f"{int(m['rollout/status/failed'])} episodes failed, e.g.: {first.reason}")
     return {"episodes_per_s": m["rollout/episodes"] / wall, "framework_frac": m["rollout/time/framework_frac"],
@@ -94,7 +101,8 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1000, 10000])
     ap.add_argument("--turns", type=int, default=3)
     ap.add_argument("--latency-ms", type=float, default=20.0)
-    ap.add_argument("--skip", nargs="*", default=[], choices=["http", "remote_env", "ray"])
+    ap.add_argument("--skip", nargs="*", default=[], choices=["http", "remote_env", "ray", "workers"])
+    ap.add_argument("--compare-rev", default=None, help="also run the in-process row with this git revision's code")
     args = ap.parse_args()
     latency = args.latency_ms / 1000
     renderer = get_renderer(smollm2())
@@ -111,6 +119,13 @@ def main() -> None:
         for c in args.concurrency:
             ideal = c / (args.turns * latency)
             setups = [("in-process stub policy", lambda c=c: measure(StubPolicy(latency), renderer, c, args.turns))]
+            if args.compare_rev:
+                setups.insert(0, (f"in-process, code of {args.compare_rev[:10]}",
+                                  lambda c=c: _at_revision(args.compare_rev, c, args.turns, args.latency_ms)))
+            if "workers" not in args.skip:
+                for w in (1, 2):
+                    setups.append((f"in-process stub, {w} worker{'s' * (w > 1)}", lambda c=c, w=w: measure(
+                        StubPolicy(latency), renderer, c, args.turns, workers=w)))
             if "http" not in args.skip:
                 setups.append(("stub engine over HTTP", lambda c=c: _with_http(engine_url, c, renderer, args.turns)))
             if "remote_env" not in args.skip:
@@ -120,13 +135,36 @@ def main() -> None:
                 setups.append(("HTTP engine + 2 Ray actors", lambda c=c: _with_http(
                     engine_url, c, renderer, args.turns, backend="ray")))
             for name, run in setups:
-                r = asyncio.run(run())
+                r = run() if name.startswith("in-process, code of") else asyncio.run(run())
                 print(f"{name:<26} {c:>9} {ideal:>10.0f} {r['episodes_per_s']:>9.0f} "
                       f"{r['episodes_per_s'] / ideal:>6.2f} {r['framework_frac']:>14.2%} "
                       f"{r['cpu_per_turn_us']:>12.0f} µs", flush=True)
     finally:
         engine.terminate()
         env_server.terminate()
+
+
+def _at_revision(rev: str, concurrency: int, turns: int, latency_ms: float) -> dict:
+    """The in-process row measured with another revision's slime_env (a git worktree), in a subprocess."""
+    import json
+    import tempfile
+
+    root = HERE.parent
+    with tempfile.TemporaryDirectory() as tmp:
+        tree = Path(tmp) / "tree"
+        subprocess.run(["git", "-C", str(root), "worktree", "add", "--detach", str(tree), rev], check=True,
+                       capture_output=True)
+        try:
+            code = (f"import asyncio, json, sys; sys.path[:0] = [{str(tree)!r}, {str(HERE)!r}]\n"
+                    "import rollout\n"
+                    "from slime_env import get_renderer\nfrom slime_env.offline_tokenizers import smollm2\n"
+                    f"r = asyncio.run(rollout.measure(rollout.StubPolicy({latency_ms / 1000}), get_renderer(smollm2()), "
+                    f"{concurrency}, {turns}))\nprint(json.dumps(r))")
+            out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                                 cwd=str(tree), env={**os.environ, "PYTHONPATH": str(tree)})
+            return json.loads(out.stdout.strip().splitlines()[-1])
+        finally:
+            subprocess.run(["git", "-C", str(root), "worktree", "remove", "--force", str(tree)], capture_output=True)
 
 
 async def _with_http(url, c, renderer, turns, env_factory=None, backend="local"):

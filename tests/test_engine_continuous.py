@@ -1,0 +1,138 @@
+"""TransformersPolicy's continuous batching and per-session prefix cache, on the real SmolLM2-135M-Instruct."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from agents.default_model import load_default_model  # noqa: E402
+from agents.transformers_policy import TransformersPolicy  # noqa: E402
+from slime_env import Message, Task, get_renderer, make, run_episode  # noqa: E402
+
+GREEDY = {"temperature": 0.0}
+
+
+@pytest.fixture(scope="module")
+def model_tok():
+    return load_default_model()
+
+
+def _episodes(policy, renderer, n=2):
+    """`n` concurrent 3-turn Calculator-v0 episodes, greedy: every turn extends the episode's prefix."""
+    async def main():
+        tasks = [Task(prompt=f"What is {7 + i} * {3 + i}?", label=(7 + i) * (3 + i)) for i in range(n)]
+        return await asyncio.gather(*(run_episode(make("Calculator-v0"), policy, t, renderer=renderer, max_turns=3,
+                                                  max_new_tokens=16, sampling_params=GREEDY,
+                                                  metadata={"session_id": f"s{i}"}) for i, t in enumerate(tasks)))
+    return asyncio.run(main())
+
+
+@pytest.mark.parametrize("cache_tokens", [32768, 130])  # 130: sessions evict each other
+def test_prefix_cache_is_exact_across_multi_turn_episodes(model_tok, cache_tokens):
+    model, tok = model_tok
+    renderer = get_renderer(tok)
+    cached = TransformersPolicy(model, tok, max_batch_size=8, prefix_cache_tokens=cache_tokens)
+    plain = TransformersPolicy(model, tok, max_batch_size=8, batching="static")
+    try:
+        with_cache = _episodes(cached, renderer)
+        without = _episodes(plain, renderer)
+    finally:
+        cached.close()
+        plain.close()
+    assert all(t.num_turns >= 2 for t in with_cache)  # multi-turn: later turns had a prefix to reuse
+    for a, b in zip(with_cache, without):
+        assert a.status == b.status and a.response_ids == b.response_ids
+        assert a.rollout_logprobs == pytest.approx(b.rollout_logprobs, abs=2e-4)
+        a.check()
+    if cache_tokens > 1000:
+        assert cached.usage["cached_tokens"] > 0 and cached._engine.prefix.hits >= 2
+    else:
+        assert cached._engine.prefix.tokens <= 130
+
+
+def test_a_short_request_arriving_during_a_long_one_finishes_first(model_tok):
+    model, tok = model_tok
+    policy = TransformersPolicy(model, tok, max_batch_size=4)
+    prompt = get_renderer(tok).render_prompt([Message("user", "Tell me a long story.")])
+    done: list[str] = []
+
+    async def main():
+        async def one(name, n):
+            gen = await policy.generate(prompt, {**GREEDY, "max_new_tokens": n, "ignore_eos": True})
+            done.append(name)
+            return gen
+
+        long = asyncio.create_task(one("long", 200))
+        while policy._engine.steps < 5:  # the long one is decoding
+            await asyncio.sleep(0.01)
+        short = await one("short", 3)
+        assert not long.done()
+        return short, await long
+
+    try:
+        short, long = asyncio.run(main())
+    finally:
+        policy.close()
+    assert done == ["short", "long"]
+    assert len(short.token_ids) == 3 and len(long.token_ids) == 200
+    assert long.token_ids[:3] == short.token_ids  # same prompt, greedy: joining the batch changed nothing
+
+
+def test_abort_mid_decode_then_the_session_goes_on(model_tok):
+    model, tok = model_tok
+    renderer = get_renderer(tok)
+    policy = TransformersPolicy(model, tok, max_batch_size=4)
+    reference = TransformersPolicy(model, tok, max_batch_size=4, batching="static")
+    prompt = renderer.render_prompt([Message("user", "Count from one to a hundred.")])
+
+    async def main():
+        session = policy.for_episode("ep")
+        task = asyncio.create_task(session.generate(prompt, {**GREEDY, "max_new_tokens": 300, "ignore_eos": True}))
+        while policy._engine.steps < 5:
+            await asyncio.sleep(0.01)
+        assert await session.abort()
+        partial = await task
+        follow = list(prompt) + list(partial.token_ids) + renderer.bridge(partial.token_ids, [Message("user", "go on")])
+        again = await session.generate(follow, {**GREEDY, "max_new_tokens": 8})
+        expected = await reference.generate(follow, {**GREEDY, "max_new_tokens": 8})
+        return partial, again, expected
+
+    try:
+        partial, again, expected = asyncio.run(main())
+    finally:
+        policy.close()
+        reference.close()
+    assert partial.finish_reason == "abort" and 0 < len(partial.token_ids) < 300
+    assert again.token_ids == expected.token_ids
+    assert list(again.logprobs) == pytest.approx(list(expected.logprobs), abs=2e-4)
+
+
+def test_weights_update_waits_for_running_requests_and_clears_the_cache(model_tok):
+    model, tok = model_tok
+    renderer = get_renderer(tok)
+    policy = TransformersPolicy(model, tok, max_batch_size=4)
+    prompt = renderer.render_prompt([Message("user", "Hello")])
+
+    async def main():
+        session = policy.for_episode("w")
+        first = await session.generate(prompt, {**GREEDY, "max_new_tokens": 4})
+        assert policy._engine.prefix.tokens > 0
+        steps = policy._engine.steps
+        running = asyncio.create_task(policy.generate(prompt, {**GREEDY, "max_new_tokens": 60, "ignore_eos": True}))
+        while policy._engine.steps < steps + 2:  # it is decoding
+            await asyncio.sleep(0.01)
+        await policy.update_weights(dict(model.state_dict()), "1")
+        old = await running
+        assert len(old.token_ids) == 60 and old.weight_version == "0"  # it finished on the old weights
+        new = await policy.generate(prompt, {**GREEDY, "max_new_tokens": 2})
+        assert new.weight_version == "1"
+        return first
+
+    try:
+        asyncio.run(main())
+        assert policy._engine.prefix.tokens == 0 and policy.weight_version == "1"
+    finally:
+        policy.close()
