@@ -24,6 +24,8 @@ from typing import Any
 
 import torch
 
+GROW = 256  # columns of room the batch's K/V buffers get when they are (re)allocated
+
 
 @dataclass
 class _Row:
@@ -94,7 +96,9 @@ class ContinuousEngine:
         self._closed = False
         self._hold = False  # set while the weights change: no admissions, the running rows finish first
         self.model_lock = threading.Lock()
-        self.cache: Any = None
+        self.kb: list[torch.Tensor] | None = None  # per layer: keys of the batch (rows, heads, capacity, dim)
+        self.vb: list[torch.Tensor] | None = None
+        self.width = 0  # columns in use (the same for every row: rows are left-padded)
         self.mask: torch.Tensor | None = None
         self.rows: list[_Row | None] = []
         self.steps = 0
@@ -145,10 +149,11 @@ class ContinuousEngine:
                     self.policy.usage["generate_s"] += time.perf_counter() - t0
             except Exception as e:  # noqa: BLE001 - fail what is running, keep serving
                 for r in [row.req for row in self.rows if row is not None] + admit:
-                    if r.finish is None:
+                    if not r.future.done():
                         r.error = e
                         self.policy._complete(r)
-                self.cache, self.mask, self.rows = None, None, []
+                self.kb = self.vb = self.mask = None
+                self.rows, self.width = [], 0
         for r in pending + [row.req for row in self.rows if row is not None]:
             r.finish = "abort"
             self.policy._complete(r)
@@ -164,11 +169,14 @@ class ContinuousEngine:
                 self.policy._complete(r)
                 continue
             n, kv = self.prefix.take(r.session, r.input_ids)
-            (extending if kv is not None else fresh).append((r, n, kv))
+            if kv is None:
+                fresh.append(r)
+            else:
+                extending.append((r, n, kv))
         if fresh:
-            self._prefill_fresh([r for r, _, _ in fresh])
-        for r, n, kv in extending:
-            self._prefill_extending(r, n, kv)
+            self._prefill_fresh(fresh)
+        if extending:
+            self._prefill_extending(extending)
 
     def _prefill_fresh(self, reqs: list[Any]) -> None:
         model, device = self.policy.model, self.policy.device
@@ -189,22 +197,44 @@ class ContinuousEngine:
             row_kv = [(k[i:i + 1, :, width - n:], v[i:i + 1, :, width - n:]) for k, v in kv]
             self._start_row(r, list(r.input_ids), row_kv, logits[i:i + 1])
 
-    def _prefill_extending(self, r: Any, cached: int, kv: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        from transformers import DynamicCache
-
+    def _prefill_extending(self, items: list[tuple[Any, int, list]]) -> None:
+        """Requests whose session prefix is cached, in one forward: each row's cached KV (left-padded to the
+        longest) as the past, its new tokens (left-padded to the longest) as the input; masks hide the pads."""
         model, device = self.policy.model, self.policy.device
-        new = r.input_ids[cached:]
-        cache = DynamicCache()
-        for layer, (k, v) in enumerate(kv):
-            cache.update(k, v, layer)
-        ids = torch.tensor([new], dtype=torch.long, device=device)
-        mask = torch.ones((1, cached + len(new)), dtype=torch.long, device=device)
-        positions = torch.arange(cached, cached + len(new), device=device).unsqueeze(0)
-        out = model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True)
-        r.cached_tokens = cached
-        self.policy.usage["prompt_tokens"] += len(new)
-        self.policy.usage["cached_tokens"] += cached
-        self._start_row(r, list(r.input_ids), _layers(out.past_key_values), out.logits[:, -1, :].float())
+        past_w = max(n for _, n, _ in items)
+        new_w = max(len(r.input_ids) - n for r, n, _ in items)
+        b = len(items)
+        ref_k, ref_v = items[0][2][0]
+        past = []
+        for layer in range(len(items[0][2])):
+            k = ref_k.new_zeros((b, ref_k.shape[1], past_w, ref_k.shape[3]))
+            v = ref_v.new_zeros((b, ref_v.shape[1], past_w, ref_v.shape[3]))
+            for i, (_, n, kv) in enumerate(items):
+                k[i, :, past_w - n:] = kv[layer][0][0]
+                v[i, :, past_w - n:] = kv[layer][1][0]
+            past.append((k, v))
+        ids = torch.full((b, new_w), self.policy.pad_id, dtype=torch.long)
+        mask = torch.zeros((b, past_w + new_w), dtype=torch.long)
+        positions = torch.zeros((b, new_w), dtype=torch.long)
+        for i, (r, n, _) in enumerate(items):
+            new = r.input_ids[n:]
+            ids[i, new_w - len(new):] = torch.tensor(new)
+            mask[i, past_w - n:past_w] = 1
+            mask[i, past_w + new_w - len(new):] = 1
+            positions[i, new_w - len(new):] = torch.arange(n, n + len(new))
+        out = model(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device),
+                    past_key_values=_cache_from(past), use_cache=True)
+        kv = _layers(out.past_key_values)
+        logits = out.logits[:, -1, :].float()
+        for i, (r, n, _) in enumerate(items):
+            s = len(r.input_ids) - n
+            r.cached_tokens = n
+            self.policy.usage["prompt_tokens"] += s
+            self.policy.usage["cached_tokens"] += n
+            row_kv = [(torch.cat([k[i:i + 1, :, past_w - n:past_w], k[i:i + 1, :, past_w + new_w - s:]], 2),
+                       torch.cat([v[i:i + 1, :, past_w - n:past_w], v[i:i + 1, :, past_w + new_w - s:]], 2))
+                      for k, v in kv]
+            self._start_row(r, list(r.input_ids), row_kv, logits[i:i + 1])
 
     def _start_row(self, r: Any, fed: list[int], kv: list[tuple[torch.Tensor, torch.Tensor]],
                    logits: torch.Tensor) -> None:
@@ -218,47 +248,52 @@ class ContinuousEngine:
             return
         self._place(_Row(r, len(fed), fed), kv)
 
+    # --- the batch: K/V buffers with room to grow, rows left-padded, one column per step -------------------
     def _place(self, row: _Row, kv: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         n = row.length
-        if self.cache is None:
-            self.cache = [[k.clone(), v.clone()] for k, v in kv]
-            self.mask = torch.ones((1, n), dtype=torch.long, device=kv[0][0].device)
-            self.rows = [row]
-            return
-        width = self.mask.shape[1]
-        if n > width:  # the batch grows to the left for a longer row
-            self._pad_left(n - width)
-            width = n
+        if self.kb is None:
+            k0 = kv[0][0]
+            shape = (self.max_batch_size, k0.shape[1], n + GROW, k0.shape[3])
+            self.kb = [k0.new_zeros(shape) for _ in kv]
+            self.vb = [k0.new_zeros(shape) for _ in kv]
+            self.width = 0
+            self.mask = torch.zeros((0, 0), dtype=torch.long, device=k0.device)
+        if n > self.width:  # the batch grows to the left for a longer row
+            self._relayout(left=n - self.width)
+        width = self.width
         try:
             slot = self.rows.index(None)
         except ValueError:
             slot = len(self.rows)
             self.rows.append(None)
             self.mask = torch.cat([self.mask, self.mask.new_zeros((1, width))], 0)
-            for layer in self.cache:
-                for j in (0, 1):
-                    t = layer[j]
-                    layer[j] = torch.cat([t, t.new_zeros((1, *t.shape[1:]))], 0)
-        for layer, (k, v) in zip(self.cache, kv):
-            layer[0][slot].zero_()
-            layer[1][slot].zero_()
-            layer[0][slot, :, width - n:] = k[0]
-            layer[1][slot, :, width - n:] = v[0]
+        for kb, vb, (k, v) in zip(self.kb, self.vb, kv):
+            kb[slot, :, :width - n].zero_()
+            vb[slot, :, :width - n].zero_()
+            kb[slot, :, width - n:width] = k[0]
+            vb[slot, :, width - n:width] = v[0]
         self.mask[slot].zero_()
         self.mask[slot, width - n:] = 1
         self.rows[slot] = row
 
-    def _pad_left(self, cols: int) -> None:
-        self.mask = torch.cat([self.mask.new_zeros((self.mask.shape[0], cols)), self.mask], 1)
-        for layer in self.cache:
-            for j in (0, 1):
-                t = layer[j]
-                layer[j] = torch.cat([t.new_zeros((t.shape[0], t.shape[1], cols, t.shape[3])), t], 2)
+    def _relayout(self, *, left: int = 0, drop: int = 0) -> None:
+        """New buffers: `left` empty columns added before the used ones, or the first `drop` columns dropped;
+        capacity for at least `GROW` more steps. The only copy of the whole cache, and a rare one."""
+        width = self.width + left - drop
+        cap = max(width + GROW, self.kb[0].shape[2] if not drop else 0)
+        for buffers in (self.kb, self.vb):
+            for i, old in enumerate(buffers):
+                new = old.new_zeros((old.shape[0], old.shape[1], cap, old.shape[3]))
+                new[:, :, left:width] = old[:, :, drop:self.width]
+                buffers[i] = new
+        if left:
+            self.mask = torch.cat([self.mask.new_zeros((self.mask.shape[0], left)), self.mask], 1)
+        if drop:
+            self.mask = self.mask[:, drop:].contiguous()
+        self.width = width
 
     # --- one decode step for every live row --------------------------------------------------------------
     def _decode(self) -> None:
-        from transformers import DynamicCache
-
         model, device = self.policy.model, self.policy.device
         live = [i for i, row in enumerate(self.rows) if row is not None]
         for i in live:
@@ -271,6 +306,8 @@ class ContinuousEngine:
         if not live:
             return
         self._trim()
+        if self.width + 1 > self.kb[0].shape[2]:
+            self._relayout()
         batch = len(self.rows)
         tokens = torch.full((batch, 1), self.policy.pad_id, dtype=torch.long)
         positions = torch.zeros((batch, 1), dtype=torch.long)
@@ -280,12 +317,10 @@ class ContinuousEngine:
             positions[i, 0] = row.length
         mask = torch.cat([self.mask, self.mask.new_zeros((batch, 1))], 1)
         mask[live, -1] = 1
-        cache = DynamicCache()
-        for layer, (k, v) in enumerate(self.cache):
-            cache.update(k, v, layer)
+        cache = _buffer_cache(self.kb, self.vb, batch, self.width)
         out = model(input_ids=tokens.to(device), attention_mask=mask, position_ids=positions.to(device),
                     past_key_values=cache, use_cache=True)
-        self.cache = [list(kv) for kv in _layers(out.past_key_values)]
+        self.width += 1  # every layer wrote this step's column in place
         self.mask = mask
         self.steps += 1
         logits = out.logits[:, -1, :].float()
@@ -303,13 +338,15 @@ class ContinuousEngine:
 
     def _free(self, i: int) -> None:
         row = self.rows[i]
-        width = self.mask.shape[1]
-        kv = [(k[i:i + 1, :, width - row.length:], v[i:i + 1, :, width - row.length:]) for k, v in self.cache]
+        width = self.width
+        kv = [(kb[i:i + 1, :, width - row.length:width], vb[i:i + 1, :, width - row.length:width])
+              for kb, vb in zip(self.kb, self.vb)]
         self.rows[i] = None
         self.mask[i].zero_()
         self._retire(row.req, row.fed, kv)
         if not any(self.rows):
-            self.cache, self.mask, self.rows = None, None, []
+            self.kb = self.vb = self.mask = None
+            self.rows, self.width = [], 0
 
     def _retire(self, r: Any, fed: list[int], kv: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         if r.session is not None and r.finish != "abort":
@@ -318,18 +355,65 @@ class ContinuousEngine:
         self.policy._complete(r)
 
     def _trim(self) -> None:
-        """Drop leading columns no live row uses, and trailing free rows."""
+        """Forget trailing free rows; drop leading columns no live row uses (when they are many)."""
         while self.rows and self.rows[-1] is None:
             self.rows.pop()
             self.mask = self.mask[:-1]
-            for layer in self.cache:
-                layer[0], layer[1] = layer[0][:-1], layer[1][:-1]
         longest = max(row.length for row in self.rows if row is not None)
-        extra = self.mask.shape[1] - longest
-        if extra > self.trim_slack:
-            self.mask = self.mask[:, extra:].contiguous()
-            for layer in self.cache:
-                layer[0], layer[1] = layer[0][:, :, extra:].contiguous(), layer[1][:, :, extra:].contiguous()
+        if self.width - longest > self.trim_slack:
+            self._relayout(drop=self.width - longest)
+
+
+def _append_layer_class() -> type:
+    """A transformers `DynamicLayer` whose update writes the step's new column into the batch's buffer in
+    place (the stock one concatenates: a copy of the whole cache at every step)."""
+    from transformers.cache_utils import DynamicLayer
+
+    class AppendLayer(DynamicLayer):
+        def __init__(self, kbuf: torch.Tensor, vbuf: torch.Tensor, rows: int, used: int):
+            super().__init__()
+            self.kbuf, self.vbuf, self.rows, self.used = kbuf, vbuf, rows, used
+            self.keys, self.values = kbuf[:rows, :, :used], vbuf[:rows, :, :used]
+            self.dtype, self.device, self.is_initialized = kbuf.dtype, kbuf.device, True
+
+        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any):
+            n = key_states.shape[-2]
+            self.kbuf[:self.rows, :, self.used:self.used + n] = key_states
+            self.vbuf[:self.rows, :, self.used:self.used + n] = value_states
+            self.used += n
+            self.keys, self.values = self.kbuf[:self.rows, :, :self.used], self.vbuf[:self.rows, :, :self.used]
+            return self.keys, self.values
+
+    return AppendLayer
+
+
+_APPEND_LAYER: type | None = None
+
+
+def _buffer_cache(kb: list[torch.Tensor], vb: list[torch.Tensor], rows: int, used: int) -> Any:
+    from transformers import DynamicCache
+
+    global _APPEND_LAYER
+    if _APPEND_LAYER is None:
+        _APPEND_LAYER = _append_layer_class()
+    cache = DynamicCache()
+    cache.layers.extend(_APPEND_LAYER(k, v, rows, used) for k, v in zip(kb, vb))
+    return cache
+
+
+def _cache_from(kv: list) -> Any:
+    """A transformers `DynamicCache` holding these (keys, values) per layer, without copying them (its
+    `update` would: it concatenates onto an empty tensor)."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    cache = DynamicCache()
+    for k, v in kv:
+        layer = DynamicLayer()
+        layer.lazy_initialization(k, v)
+        layer.keys, layer.values = k, v
+        cache.layers.append(layer)
+    return cache
 
 
 def _layers(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -5,7 +5,12 @@ work) for `--rounds` turns; tokens/s = generated tokens / wall time. The same mo
 run in-process and over HTTP (the server is `slime-env serve-engine` in a subprocess on 127.0.0.1),
 in the same run; the ratio is the HTTP overhead.
 
-    python bench/engine.py [--concurrency 1 8 32] [--tokens 32] [--rounds 2] [--window-ms 20]
+Then continuous batching + the per-session prefix cache beside the static batching loop (same model, same
+run): 3-turn episodes at 32 concurrent (turn lengths vary, 8-48 tokens: a static batch waits for its
+longest request; each turn extends the episode's prefix), and the time to the first token of turn 3 on a
+~1,000-token history.
+
+    python bench/engine.py [--concurrency 1 8 32] [--tokens 32] [--rounds 2] [--window-ms 20] [--skip-http]
 """
 
 from __future__ import annotations
@@ -59,7 +64,12 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--window-ms", type=float, default=20.0, help="batch window, the same in both set-ups")
+    ap.add_argument("--skip-http", action="store_true", help="only the continuous vs static comparison")
     args = ap.parse_args()
+    if args.skip_http:
+        model, tok = load_default_model()
+        compare_batching(model, tok, get_renderer(tok), args.window_ms / 1000)
+        return
     max_batch = max(args.concurrency)
     default_model_path()
     model, tok = load_default_model()
@@ -89,6 +99,61 @@ def main() -> None:
         proc.terminate()
         proc.wait(timeout=30)
         local.close()
+    compare_batching(model, tok, renderer, args.window_ms / 1000)
+
+
+def compare_batching(model, tok, renderer, window_s: float) -> None:
+    import random
+
+    from slime_env import Message as M
+
+    def policies():
+        return {"static": TransformersPolicy(model, tok, max_batch_size=32, batch_window_s=window_s, batching="static"),
+                "continuous": TransformersPolicy(model, tok, max_batch_size=32, batch_window_s=window_s)}
+
+    async def episodes(policy, n=32, turns=3) -> tuple[float, int]:
+        rng = random.Random(0)
+
+        async def one(i: int) -> int:
+            session = policy.for_episode(f"e{i}")
+            ids, made = renderer.render_prompt([M("user", QUESTIONS[i % len(QUESTIONS)])]), 0
+            for _ in range(turns):
+                gen = await session.generate(ids, {"temperature": 0.7, "max_new_tokens": rng.randint(8, 48),
+                                                   "ignore_eos": True, "sampling_seed": i})
+                made += len(gen.token_ids)
+                ids = ids + list(gen.token_ids) + renderer.bridge(gen.token_ids, [M("user", "Go on.")])
+            return made
+
+        t0 = time.perf_counter()
+        counts = await asyncio.gather(*(one(i) for i in range(n)))
+        return time.perf_counter() - t0, sum(counts)
+
+    async def ttft(policy) -> float:
+        session = policy.for_episode("long")
+        history = "Here is a long document to read carefully. " + " ".join(f"fact {i} is true." for i in range(240))
+        ids = renderer.render_prompt([M("user", history)])
+        for _ in range(2):
+            gen = await session.generate(ids, {"temperature": 0.0, "max_new_tokens": 16})
+            ids = ids + list(gen.token_ids) + renderer.bridge(gen.token_ids, [M("user", "And then?")])
+        t0 = time.perf_counter()
+        await session.generate(ids, {"temperature": 0.0, "max_new_tokens": 1})
+        return time.perf_counter() - t0, len(ids)
+
+    rows = {}
+    for name, policy in policies().items():
+        try:
+            asyncio.run(episodes(policy, n=2, turns=1))  # warm-up
+            wall, made = asyncio.run(episodes(policy))
+            first, history = asyncio.run(ttft(policy))
+            rows[name] = (made / wall, first, history)
+        finally:
+            policy.close()
+    (s_tps, s_ttft, n), (c_tps, c_ttft, _) = rows["static"], rows["continuous"]
+    print("\ncontinuous batching + prefix cache vs static batching (same run)")
+    print(f"{'':44s} {'static':>10s} {'continuous':>11s} {'ratio':>7s}")
+    print(f"{'3-turn episodes, 32 concurrent: tokens/s':44s} {s_tps:10.1f} {c_tps:11.1f} {c_tps / s_tps:6.2f}x")
+    print(f"{f'time to first token, turn 3 ({n} tokens): s':44s} {s_ttft:10.3f} {c_ttft:11.3f} "
+          f"{s_ttft / c_ttft:6.1f}x lower")
 
 
 if __name__ == "__main__":

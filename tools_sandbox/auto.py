@@ -65,7 +65,9 @@ def _make(name: str, kwargs: dict[str, Any]) -> Sandbox:
         from tools_sandbox.bwrap import BwrapSandbox
 
         probe_bwrap()
-        return BwrapSandbox(**kwargs)
+        # The fork server: the same isolation between runs, a few ms a run (options={"bwrap": {"fork_server":
+        # False}} starts one bubblewrap sandbox per run instead).
+        return BwrapSandbox(**{"fork_server": True, **kwargs})
     if name == "process":
         from tools_sandbox.process import ProcessSandbox
 
