@@ -63,7 +63,8 @@ class WorkerPool:
         process.start()
         child.close()
         worker = _Worker(index, process, parent)
-        threading.Thread(target=self._read, args=(worker,), daemon=True, name=f"{process.name}-reader").start()
+        # Results are read in the event loop when the pipe is readable (no reader thread: no GIL hand-offs).
+        self._loop.add_reader(parent.fileno(), self._read, worker)
         return worker
 
     def _ensure(self) -> None:
@@ -75,17 +76,21 @@ class WorkerPool:
             self._workers.append(self._start(len(self._workers)))
 
     def _read(self, worker: _Worker) -> None:
-        """Reader thread: results to their futures; EOF means the worker died."""
+        """The worker's pipe is readable: deliver every message waiting (a worker writes each whole, so a
+        read never waits long); EOF means the worker died."""
         while True:
             try:
                 message = worker.conn.recv()
             except (EOFError, OSError):
-                break
+                self._loop.remove_reader(worker.conn.fileno())
+                self._died(worker)
+                return
             except Exception as e:  # noqa: BLE001 - an unpicklable result fails its group only
                 message = ("error", None, f"could not read a worker's result: {type(e).__name__}: {e}")
             kind, group_index, payload = message
-            self._loop.call_soon_threadsafe(self._deliver, worker, kind, group_index, payload)
-        self._loop.call_soon_threadsafe(self._died, worker)
+            self._deliver(worker, kind, group_index, payload)
+            if not worker.conn.poll():
+                return
 
     def _deliver(self, worker: _Worker, kind: str, group_index: int | None, payload: Any) -> None:
         fut = worker.pending.pop(group_index, None) if group_index is not None else None
@@ -156,6 +161,8 @@ class WorkerPool:
             if w.process.is_alive():
                 w.process.kill()
                 await asyncio.to_thread(w.process.join, 5)
+            if w.alive:
+                self._loop.remove_reader(w.conn.fileno())
             w.conn.close()
         self._workers.clear()
 
