@@ -153,11 +153,25 @@ class ForkServers:
         ids = {} if slot_uid is None else {"user": slot_uid, "group": slot_uid, "extra_groups": []}
         child_fds = [agent_fd, *([fds[1], fds[2]] if cgroup is not None else [])]  # bwrap's ends
         try:
-            process = await asyncio.create_subprocess_exec(
+            # Creation is shielded: Python 3.11 waits forever for a child whose creation was cancelled half-way
+            # (here bubblewrap would sit on --block-fd). A cancelled caller lets it finish, then kills it.
+            creation = asyncio.ensure_future(asyncio.create_subprocess_exec(
                 *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
                 env={"PATH": SAFE_ENV["PATH"]}, cwd="/", pass_fds=tuple(child_fds), start_new_session=True,
-                limit=1 << 26, **ids)
+                limit=1 << 26, **ids))
+            cancelled = False
+            while True:
+                try:
+                    process = await asyncio.shield(creation)
+                    break
+                except asyncio.CancelledError:
+                    if creation.cancelled():
+                        raise
+                    cancelled = True
             server = _Server(process, cgroup)
+            if cancelled:
+                await asyncio.shield(server.kill())
+                raise asyncio.CancelledError()
             try:
                 if after_start is not None:
                     await after_start(process.pid)
@@ -169,6 +183,9 @@ class ForkServers:
                 await server.kill()
                 err = (await process.stderr.read()).decode(errors="replace").strip()
                 raise RuntimeError(f"bubblewrap fork server failed to start ({e}): {err[:300]}") from None
+            except BaseException:  # cancelled while it started: it must not be left half-started
+                await asyncio.shield(server.kill())
+                raise
         finally:
             for fd in fds:
                 try:
