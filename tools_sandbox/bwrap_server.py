@@ -63,6 +63,9 @@ class _Server:
                     await self.process.wait()
             except TimeoutError:
                 pass
+        transport = getattr(self.process, "_transport", None)  # close its pipes now, not when collected
+        if transport is not None:
+            transport.close()
 
 
 class ForkServers:
