@@ -98,9 +98,9 @@ def test_http_round_trip_shared_connection_and_server_death(http_server):
         assert await _step(second, _call("demo_count")) == ["2"]
         proc.kill()
         proc.wait()
-        t = time.perf_counter()
         out = await _step(first, _call("demo_add", a=1, b=2))
-        assert out[0].startswith("error: demo_add raised") and time.perf_counter() - t < 15
+        # Not a hang, and not cut by the call timeout either: the dead server is detected as such.
+        assert out[0].startswith("error: demo_add raised") and "timed out" not in out[0]
         await server.close()
 
     asyncio.run(main())
@@ -112,10 +112,8 @@ def test_stdio_server_dying_mid_call_is_an_error_observation_then_reconnects():
             env = ToolEnv([server])
             await env.reset(options={"task": {"prompt": "q"}})
             pid_before = (await _step(env, _call("pid")))[0]
-            t = time.perf_counter()
-            out = await _step(env, _call("die"))
+            out = await _step(env, _call("die"))  # timeout_s=20 would say "timed out": this is the death itself
             assert "MCPConnectionError" in out[0] and "closed the connection" in out[0]
-            assert time.perf_counter() - t < 15
             pid_after = (await _step(env, _call("pid")))[0]  # a new server process answers
             assert pid_after.isdigit() and pid_after != pid_before
 

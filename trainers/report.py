@@ -36,7 +36,7 @@ def _rows(run: Path) -> list[dict[str, Any]]:
     if not path.exists():
         raise InvalidInput(f"{run}: no metrics.jsonl (is this a `slime-env train` run directory?)")
     rows = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
+    for line in path.read_text().splitlines():
         if not line.strip():
             continue
         try:
