@@ -123,6 +123,7 @@ def rollout(env: str = typer.Option(..., help="registered env id (tasks may over
     from slime_env.errors import InvalidInput
     from slime_env.renderers import get_renderer
     from slime_env.rollout import RolloutManager, load_tasks
+    from slime_env.rollout.loop import run_loop
 
     tasks = load_tasks(data, input_key=input_key, label_key=label_key, metadata_key=metadata_key)
     pol, tok = _policy_and_tokenizer(policy, tokenizer, seed)
@@ -156,7 +157,7 @@ def rollout(env: str = typer.Option(..., help="registered env id (tasks may over
                     await result
         typer.echo(f"wrote {out}/groups.jsonl")
 
-    asyncio.run(main())
+    run_loop(main())
 
 
 STATUS_KEYS = ("completed", "truncated", "aborted", "failed")

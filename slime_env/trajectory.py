@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from slime_env.errors import InvalidInput
+from slime_env.fast_pickle import fast_pickle
 from slime_env.ledger import Span, check_invariants
 from slime_env.types import Message, Task, _jsonable
 
@@ -13,6 +14,7 @@ Status = Literal["completed", "truncated", "aborted", "failed"]
 STATUSES: tuple[str, ...] = ("completed", "truncated", "aborted", "failed")
 
 
+@fast_pickle
 @dataclass(frozen=True, slots=True)
 class Trajectory:
     """Token-level record of one agent's episode.

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from slime_env.errors import InvalidInput
+from slime_env.fast_pickle import fast_pickle
 
 Role = Literal["system", "user", "assistant", "tool", "ipython"]
 ROLES: frozenset[str] = frozenset(("system", "user", "assistant", "tool", "ipython"))
@@ -20,6 +21,7 @@ FinishReason = Literal["stop", "length", "abort"]
 FINISH_REASONS: frozenset[str] = frozenset(("stop", "length", "abort"))
 
 
+@fast_pickle
 @dataclass(frozen=True, slots=True)
 class Message:
     """One chat message. `role` is system/user/assistant/tool/ipython; `content` is text.
@@ -80,6 +82,7 @@ def coerce_messages(values: Sequence[Message | Mapping[str, Any]], where: str) -
     return [Message.coerce(m, f"{where}[{i}]") for i, m in enumerate(values)]
 
 
+@fast_pickle
 @dataclass(frozen=True, slots=True)
 class ToolCall:
     """A tool call parsed from assistant text. `raw` is the exact text it was parsed from."""
@@ -93,6 +96,7 @@ class ToolCall:
         return {"name": self.name, "arguments": self.arguments, "raw": self.raw, "id": self.id}
 
 
+@fast_pickle
 @dataclass(frozen=True, slots=True)
 class ParseError:
     """A malformed tool call: what went wrong and the text it concerns. Never raised, always returned."""
@@ -104,6 +108,7 @@ class ParseError:
         return {"message": self.message, "raw": self.raw}
 
 
+@fast_pickle
 @dataclass(frozen=True, slots=True)
 class Action:
     """The assistant turn exactly as generated.
@@ -121,6 +126,7 @@ class Action:
     turn: int = 0
 
 
+@fast_pickle
 @dataclass(frozen=True, slots=True)
 class Generation:
     """What a policy returns for one call.
@@ -146,6 +152,7 @@ class Generation:
             raise InvalidInput(f"Generation: finish_reason {self.finish_reason!r} is not one of {sorted(FINISH_REASONS)}")
 
 
+@fast_pickle
 @dataclass(frozen=True, slots=True)
 class Task:
     """One dataset row: a prompt (text or chat messages), a label and free-form metadata."""

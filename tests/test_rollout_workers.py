@@ -8,11 +8,11 @@ import os
 import signal
 
 import pytest
+from test_rollout import tasks  # noqa: F401 - importing registers TestCoin-v0 (the workers get its spec)
 
 from slime_env import RolloutManager, ScriptedPolicy, get_renderer
 from slime_env.errors import InvalidInput
 from slime_env.rollout import read_groups
-from test_rollout import tasks  # noqa: F401 - importing registers TestCoin-v0 (the workers get its spec)
 
 
 def _check_exactly_once(groups, n_tasks, n):
@@ -45,6 +45,29 @@ def test_ten_thousand_episodes_across_two_workers(smollm2_tok, tmp_path):
     assert sorted(r["group_index"] for r in stored) == list(range(n_tasks))  # persisted once each
     for t in groups[0].trajectories:
         t.check()
+
+
+def test_large_groups_cross_whole_when_manager_and_workers_run_on_uvloop(smollm2_tok):
+    """uvloop turns watched descriptors non-blocking; a group bigger than the pipe's buffer must still arrive
+    whole (it once hung: the reader got half a message)."""
+    pytest.importorskip("uvloop")
+    from slime_env.rollout.loop import run_loop
+
+    n_tasks, n = 120, 4
+    long_answer = "word " * 400  # each group pickles to well over the socket buffer in total
+
+    async def main():
+        manager = RolloutManager(tasks(n_tasks), env_id="TestCoin-v0",
+                                 policy=ScriptedPolicy(smollm2_tok, [long_answer]), renderer=get_renderer(smollm2_tok),
+                                 n_samples_per_prompt=n, max_concurrency=256, max_new_tokens=1000, workers=2)
+        assert type(asyncio.get_running_loop()).__module__.startswith("uvloop")
+        batch = await asyncio.wait_for(manager.generate_batch(n_tasks), 120)
+        await manager.close()
+        return batch
+
+    batch = run_loop(main())
+    _check_exactly_once(batch.groups, n_tasks, n)
+    assert all(t.status == "completed" and len(t.response_ids) > 400 for g in batch.groups for t in g.trajectories)
 
 
 def test_a_worker_killed_mid_batch_loses_nothing(smollm2_tok):

@@ -14,12 +14,14 @@ from __future__ import annotations
 import asyncio
 import itertools
 import multiprocessing
+import os
 import pickle
 import threading
 from dataclasses import dataclass, field
 from typing import Any
 
 from slime_env.errors import InvalidInput
+from slime_env.rollout.loop import run_loop
 
 
 class WorkerDied(RuntimeError):
@@ -64,7 +66,7 @@ class WorkerPool:
         child.close()
         worker = _Worker(index, process, parent)
         # Results are read in the event loop when the pipe is readable (no reader thread: no GIL hand-offs).
-        self._loop.add_reader(parent.fileno(), self._read, worker)
+        _watch(self._loop, parent, self._read, worker)
         return worker
 
     def _ensure(self) -> None:
@@ -167,6 +169,14 @@ class WorkerPool:
         self._workers.clear()
 
 
+def _watch(loop: asyncio.AbstractEventLoop, conn: Any, callback: Any, *args: Any) -> None:
+    """Call `callback(*args)` in `loop` whenever `conn` (a multiprocessing pipe) is readable. The pipe stays in
+    blocking mode: `Connection.send`/`recv` move whole messages only on a blocking descriptor, and uvloop (libuv)
+    turns a watched descriptor non-blocking, after which a large message would be cut mid-way."""
+    loop.add_reader(conn.fileno(), callback, *args)
+    os.set_blocking(conn.fileno(), True)
+
+
 # --- the worker process ---------------------------------------------------------------------------
 def _worker_main(conn: Any, payload: bytes) -> None:
     import signal
@@ -174,7 +184,10 @@ def _worker_main(conn: Any, payload: bytes) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     _die_with_parent()
     spec = pickle.loads(payload)
-    asyncio.run(_serve(conn, spec))
+    from slime_env.rollout.heap import quiet_gc
+
+    with quiet_gc(spec.get("quiet_gc", True)):  # this process only drives episodes: a quiet collector all along
+        run_loop(_serve(conn, spec))
 
 
 def _die_with_parent() -> None:
@@ -198,23 +211,25 @@ async def _serve(conn: Any, spec: dict[str, Any]) -> None:
     manager = RolloutManager(**spec)
     loop = asyncio.get_running_loop()
     inbox: asyncio.Queue = asyncio.Queue()
-    send_lock = threading.Lock()
 
     def read() -> None:
+        """The pipe is readable (called in the loop: no reader thread, no GIL hand-offs per message)."""
         while True:
             try:
                 message = conn.recv()
             except (EOFError, OSError):
                 message = ("stop",)
-            loop.call_soon_threadsafe(inbox.put_nowait, message)
+            inbox.put_nowait(message)
             if message[0] == "stop":
+                loop.remove_reader(conn.fileno())
+                return
+            if not conn.poll():
                 return
 
     def send(message: tuple) -> None:
-        with send_lock:
-            conn.send(message)
+        conn.send(message)
 
-    threading.Thread(target=read, daemon=True).start()
+    _watch(loop, conn, read)
     running: dict[int, Any] = {}
 
     async def run(group_index: int) -> None:
@@ -228,7 +243,7 @@ async def _serve(conn: Any, spec: dict[str, Any]) -> None:
         finally:
             running.pop(group_index, None)
         try:
-            send(message)  # the parent's reader thread drains the pipe, so this does not block for long
+            send(message)  # the parent reads its pipes in its loop, so this does not block for long
         except (BrokenPipeError, EOFError, OSError):
             return  # the parent is gone
         except Exception as e:  # noqa: BLE001 - e.g. a trajectory that cannot be pickled
