@@ -104,13 +104,16 @@ def main() -> None:
     ap.add_argument("--skip", nargs="*", default=[], choices=["http", "remote_env", "ray", "workers"])
     ap.add_argument("--compare-rev", default=None, help="also run the in-process row with this git revision's code")
     args = ap.parse_args()
+    # here, not at the top: --compare-rev imports this file's `measure` into an older tree without this module
+    from slime_env.rollout.loop import loop_name, run_loop
+
     latency = args.latency_ms / 1000
     renderer = get_renderer(smollm2())
     engine, engine_url = _spawn([str(HERE / "stub_engine.py"), "--latency-ms", str(args.latency_ms)])
     env_server, env_url = _spawn(["-c", "import rollout, slime_env.rollout.env_server as s; "
                                         "s.serve('BenchTurns-v0', port=0, max_sessions=100000)"])
     print(f"bench/rollout.py  STUB engine ({args.latency_ms:g} ms per generation, canned tokens), {args.turns} turns "
-          f"per episode, groups of 8, {os.cpu_count()} CPU cores")
+          f"per episode, groups of 8, {os.cpu_count()} CPU cores, driver loop: {loop_name()}")
     print(f"{'set-up':<26} {'in flight':>9} {'ideal ep/s':>10} {'achieved':>9} {'ratio':>6} {'framework share':>15} "
           f"{'driver CPU/turn':>15}")
     try:
@@ -135,7 +138,7 @@ def main() -> None:
                 setups.append(("HTTP engine + 2 Ray actors", lambda c=c: _with_http(
                     engine_url, c, renderer, args.turns, backend="ray")))
             for name, run in setups:
-                r = run() if name.startswith("in-process, code of") else asyncio.run(run())
+                r = run() if name.startswith("in-process, code of") else run_loop(run())
                 print(f"{name:<26} {c:>9} {ideal:>10.0f} {r['episodes_per_s']:>9.0f} "
                       f"{r['episodes_per_s'] / ideal:>6.2f} {r['framework_frac']:>14.2%} "
                       f"{r['cpu_per_turn_us']:>12.0f} µs", flush=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import secrets
 import time
 import traceback
@@ -19,6 +20,16 @@ from slime_env.trajectory import Trajectory
 from slime_env.types import Action, Generation, Message, Task, coerce_messages, coerce_reward
 
 _FROM_ENV = "env"
+
+
+_SESSION_PREFIX = secrets.token_hex(6)
+_session_numbers = itertools.count()
+
+
+def _new_session_id() -> str:
+    """24 hex digits, unique per process by a counter and across processes by a random prefix (a random id per
+    episode costs a getrandom system call)."""
+    return f"{_SESSION_PREFIX}{next(_session_numbers):012x}"
 
 
 class _EpisodeEnd(Exception):
@@ -78,7 +89,7 @@ class Episode:
             raise InvalidInput(f"max_turns and max_new_tokens must be >= 1, got {max_turns} and {max_new_tokens}")
         self.task = Task.coerce(task)
         self.metadata = dict(metadata or {})
-        self.metadata["session_id"] = str(self.metadata.get("session_id") or secrets.token_hex(12))
+        self.metadata["session_id"] = str(self.metadata.get("session_id") or _new_session_id())
         if callable(getattr(policy, "for_episode", None)):  # e.g. SGLang: routing key + abortable rids
             policy = policy.for_episode(self.metadata["session_id"])
         self.state = _Episode(env, policy, self.task, renderer, agent_id,
@@ -119,6 +130,7 @@ class Episode:
             if self._deadline_left is not None:  # time spent suspended does not count against the deadline
                 self._deadline_at = loop.time() + self._deadline_left
         deadline_at = self._deadline_at
+        ep.runner_task = asyncio.current_task()  # once per run, not per turn: what an abort cancels
         try:
             if not self.started:
                 self.started = True
@@ -217,6 +229,7 @@ class _Episode:
         self.abort_reason = ""
         self.resumed = 0
         self.turns_generated = 0
+        self.runner_task: asyncio.Task | None = None  # the asyncio task running the episode
         self._generating: asyncio.Task | None = None  # the episode's task while it waits for the policy
         self._cancelled_for_abort = False
 
@@ -238,7 +251,7 @@ class _Episode:
         t = time.perf_counter()
         # Awaited in the episode's own task (no task per turn); an abort of a policy that cannot stop itself
         # cancels this task while it waits here, and the cancellation is taken back below.
-        self._generating = asyncio.current_task()
+        self._generating = self.runner_task
         try:
             if deadline_at is None:
                 gen = await self.policy.generate(self.ledger.ids, params)

@@ -77,6 +77,8 @@ def coerce_reward(value: Any, where: str) -> float:
 
 def coerce_messages(values: Sequence[Message | Mapping[str, Any]], where: str) -> list[Message]:
     """Validate a list of messages, naming `where` and the index of a bad one."""
+    if type(values) is list and all(type(m) is Message for m in values):
+        return values.copy()  # the common case, checked without the abstract-class machinery below
     if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
         raise InvalidInput(f"{where}: expected a list of messages, got {type(values).__name__}")
     return [Message.coerce(m, f"{where}[{i}]") for i, m in enumerate(values)]
