@@ -8,6 +8,7 @@ alone), the stub engine over HTTP through SGLangPolicy, the same with every env 
 (RemoteEnv: HTTP per reset/step), envs in 2 Ray actors, and the in-process stub with the manager's groups
 run in 1 and 2 driver worker processes (`workers=`). `--compare-rev REV` also measures the in-process row with
 the code of git revision REV (a worktree, same machine, same run): the old path beside the new.
+Every row is measured after a warm-up batch of as many episodes as are in flight (steady state).
 
     python bench/rollout.py [--concurrency 1000 10000] [--turns 3] [--latency-ms 20] [--compare-rev REV]
 """
@@ -76,7 +77,9 @@ async def measure(policy, renderer, concurrency: int, turns: int, env_factory=No
                   workers: int = 0) -> dict:
     n = 8
     groups = 2 * concurrency // n
-    warm = concurrency // n if workers else 0  # worker processes start (and warm up) outside the measured batch
+    # Steady state: a warm-up batch first (worker processes started, engine connections open, caches warm), as
+    # in a training run that has been going for a while.
+    warm = concurrency // n
     tasks = [Task(prompt=f"task {i}", id=str(i)) for i in range(groups + warm)]
     manager = RolloutManager(tasks, env_id="BenchTurns-v0", env_kwargs={"turns": turns}, env_factory=env_factory,
                              policy=policy, renderer=renderer, n_samples_per_prompt=n, max_concurrency=concurrency,

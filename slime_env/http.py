@@ -100,8 +100,9 @@ class HttpClient:
             if attempt:
                 self.retries += 1
                 await asyncio.sleep(self.backoff_s * (2 ** (attempt - 1)) * (0.5 + random.random()))
+                session = self.session()  # closed meanwhile (close() from elsewhere): a fresh pool
             try:
-                async with self.session().request(method, url, data=data, headers=send_headers) as resp:
+                async with session.request(method, url, data=data, headers=send_headers) as resp:
                     raw = await resp.read()
                     if resp.status >= 400:
                         text = raw.decode("utf-8", "replace")
