@@ -6,8 +6,8 @@ beside it, and the framework's share of episode time (time inside episodes spent
 the engine nor in the env). Set-ups, same run: an in-process stub policy (no HTTP: the framework
 alone), the stub engine over HTTP through SGLangPolicy, the same with every env behind `serve-env`
 (RemoteEnv: HTTP per reset/step), envs in 2 Ray actors, and the in-process stub with the manager's groups
-run in 1 and 2 driver worker processes (`workers=`). `--compare-rev REV` also measures the in-process row with
-the code of git revision REV (a worktree, same machine, same run): the old path beside the new.
+run in 1 and 2 driver worker processes (`workers=`). `--compare-rev REV` also measures the in-process and HTTP
+rows with the code of git revision REV (a worktree, same machine, same run): the old path beside the new.
 Every row is measured after a warm-up batch of as many episodes as are in flight (steady state).
 
     python bench/rollout.py [--concurrency 1000 10000] [--turns 3] [--latency-ms 20] [--compare-rev REV]
@@ -133,6 +133,9 @@ def main() -> None:
                     setups.append((f"in-process stub, {w} worker{'s' * (w > 1)}", lambda c=c, w=w: measure(
                         StubPolicy(latency), renderer, c, args.turns, workers=w)))
             if "http" not in args.skip:
+                if args.compare_rev:
+                    setups.append((f"HTTP, code of {args.compare_rev[:10]}", lambda c=c: _at_revision(
+                        args.compare_rev, c, args.turns, args.latency_ms, engine_url)))
                 setups.append(("stub engine over HTTP", lambda c=c: _with_http(engine_url, c, renderer, args.turns)))
             if "remote_env" not in args.skip:
                 setups.append(("HTTP engine + RemoteEnv", lambda c=c: _with_http(
@@ -141,7 +144,7 @@ def main() -> None:
                 setups.append(("HTTP engine + 2 Ray actors", lambda c=c: _with_http(
                     engine_url, c, renderer, args.turns, backend="ray")))
             for name, run in setups:
-                r = run() if name.startswith("in-process, code of") else run_loop(run())
+                r = run() if ", code of " in name else run_loop(run())
                 print(f"{name:<26} {c:>9} {ideal:>10.0f} {r['episodes_per_s']:>9.0f} "
                       f"{r['episodes_per_s'] / ideal:>6.2f} {r['framework_frac']:>14.2%} "
                       f"{r['cpu_per_turn_us']:>12.0f} µs", flush=True)
@@ -150,8 +153,9 @@ def main() -> None:
         env_server.terminate()
 
 
-def _at_revision(rev: str, concurrency: int, turns: int, latency_ms: float) -> dict:
-    """The in-process row measured with another revision's slime_env (a git worktree), in a subprocess."""
+def _at_revision(rev: str, concurrency: int, turns: int, latency_ms: float, engine_url: str | None = None) -> dict:
+    """A row measured with another revision's code (a git worktree), in a subprocess on asyncio's loop as that
+    code ran: the in-process stub, or with `engine_url` the stub engine over HTTP."""
     import json
     import tempfile
 
@@ -161,11 +165,12 @@ def _at_revision(rev: str, concurrency: int, turns: int, latency_ms: float) -> d
         subprocess.run(["git", "-C", str(root), "worktree", "add", "--detach", str(tree), rev], check=True,
                        capture_output=True)
         try:
+            run = (f"rollout._with_http({engine_url!r}, {concurrency}, renderer, {turns})" if engine_url else
+                   f"rollout.measure(rollout.StubPolicy({latency_ms / 1000}), renderer, {concurrency}, {turns})")
             code = (f"import asyncio, json, sys; sys.path[:0] = [{str(tree)!r}, {str(HERE)!r}]\n"
                     "import rollout\n"
                     "from slime_env import get_renderer\nfrom slime_env.offline_tokenizers import smollm2\n"
-                    f"r = asyncio.run(rollout.measure(rollout.StubPolicy({latency_ms / 1000}), get_renderer(smollm2()), "
-                    f"{concurrency}, {turns}))\nprint(json.dumps(r))")
+                    f"renderer = get_renderer(smollm2())\nprint(json.dumps(asyncio.run({run})))")
             out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                                  cwd=str(tree), env={**os.environ, "PYTHONPATH": str(tree)})
             return json.loads(out.stdout.strip().splitlines()[-1])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 import secrets
 import time
 import traceback
@@ -22,14 +23,22 @@ from slime_env.types import Action, Generation, Message, Task, coerce_messages, 
 _FROM_ENV = "env"
 
 
-_SESSION_PREFIX = secrets.token_hex(6)
+_session_prefix = secrets.token_hex(6)
 _session_numbers = itertools.count()
 
 
+def _new_session_prefix() -> None:
+    global _session_prefix
+    _session_prefix = secrets.token_hex(6)
+
+
+os.register_at_fork(after_in_child=_new_session_prefix)  # a forked child must not repeat its parent's ids
+
+
 def _new_session_id() -> str:
-    """24 hex digits, unique per process by a counter and across processes by a random prefix (a random id per
-    episode costs a getrandom system call)."""
-    return f"{_SESSION_PREFIX}{next(_session_numbers):012x}"
+    """24 hex digits, unique within a process by a counter and across processes by a random prefix drawn at
+    start-up and after fork (one random draw per episode would be a system call per episode)."""
+    return f"{_session_prefix}{next(_session_numbers):012x}"
 
 
 class _EpisodeEnd(Exception):

@@ -148,3 +148,23 @@ def test_driver_processes_run_on_uvloop_unless_told_not_to(setting, expected):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ, "SLIME_ENV_UVLOOP": setting}).stdout.split()
     assert out[0] == expected and out[1].startswith(expected)
+
+
+def test_session_ids_are_unique_across_forked_processes():
+    """Session ids key the engine's per-session prefix cache and the router: a forked child draws a new prefix."""
+    import multiprocessing
+
+    from slime_env.runner import _new_session_id
+
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(2) as pool:
+        children = pool.starmap(_ids, [(50,), (50,)])
+    mine = [_new_session_id() for _ in range(50)]
+    every = [*mine, *children[0], *children[1]]
+    assert len(set(every)) == len(every) and all(len(i) == 24 and int(i, 16) >= 0 for i in every)
+
+
+def _ids(n: int) -> list[str]:
+    from slime_env.runner import _new_session_id
+
+    return [_new_session_id() for _ in range(n)]
