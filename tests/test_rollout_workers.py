@@ -70,12 +70,27 @@ def test_large_groups_cross_whole_when_manager_and_workers_run_on_uvloop(smollm2
     assert all(t.status == "completed" and len(t.response_ids) > 400 for g in batch.groups for t in g.trajectories)
 
 
+def test_thousands_of_groups_in_flight_on_one_worker_do_not_deadlock_the_pipe(smollm2_tok):
+    """bench/rollout.py's worker row at 5,000 episodes in flight on one worker: the manager hands out groups
+    while the worker sends results back, both over one pipe. With the worker reading its messages in its event
+    loop, each side ended up blocked writing to the other (a full socket buffer each way) and the run hung; the
+    worker now drains the pipe from a thread."""
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
+    import rollout as bench  # its 3-turn env and 20 ms stub policy: the set-up that hung
+
+    result = asyncio.run(asyncio.wait_for(bench.measure(bench.StubPolicy(0.02), get_renderer(smollm2_tok), 5000, 3,
+                                                        workers=1), 300))
+    assert result["episodes_per_s"] > 0  # measure() raises unless every episode completed
+
+
 def test_a_worker_killed_mid_batch_loses_nothing(smollm2_tok):
     n_tasks, n = 60, 4
 
     async def main():
         manager = RolloutManager(tasks(n_tasks, delay=0.05), env_id="TestCoin-v0",
-                                 policy=ScriptedPolicy(smollm2_tok, ["ok"], latency_s=0.02),
+                                 policy=ScriptedPolicy(smollm2_tok, ["word " * 300], latency_s=0.02),
                                  renderer=get_renderer(smollm2_tok), n_samples_per_prompt=n, max_concurrency=64,
                                  workers=2)
         batch = asyncio.create_task(manager.generate_batch(n_tasks))

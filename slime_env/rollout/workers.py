@@ -213,23 +213,21 @@ async def _serve(conn: Any, spec: dict[str, Any]) -> None:
     inbox: asyncio.Queue = asyncio.Queue()
 
     def read() -> None:
-        """The pipe is readable (called in the loop: no reader thread, no GIL hand-offs per message)."""
+        """A thread that always drains the parent's messages: the parent's sends never wait on this loop, which
+        may itself be blocked sending a result to the parent (both waiting would be a deadlock)."""
         while True:
             try:
                 message = conn.recv()
             except (EOFError, OSError):
                 message = ("stop",)
-            inbox.put_nowait(message)
+            loop.call_soon_threadsafe(inbox.put_nowait, message)
             if message[0] == "stop":
-                loop.remove_reader(conn.fileno())
-                return
-            if not conn.poll():
                 return
 
     def send(message: tuple) -> None:
         conn.send(message)
 
-    _watch(loop, conn, read)
+    threading.Thread(target=read, daemon=True).start()
     running: dict[int, Any] = {}
 
     async def run(group_index: int) -> None:
@@ -243,7 +241,7 @@ async def _serve(conn: Any, spec: dict[str, Any]) -> None:
         finally:
             running.pop(group_index, None)
         try:
-            send(message)  # the parent reads its pipes in its loop, so this does not block for long
+            send(message)  # the parent reads its pipes in its loop, so this waits little
         except (BrokenPipeError, EOFError, OSError):
             return  # the parent is gone
         except Exception as e:  # noqa: BLE001 - e.g. a trajectory that cannot be pickled
