@@ -136,3 +136,46 @@ def test_weights_update_waits_for_running_requests_and_clears_the_cache(model_to
         assert policy._engine.prefix.tokens == 0 and policy.weight_version == "1"
     finally:
         policy.close()
+
+
+def test_requests_arriving_while_rows_decode_are_admitted_in_waves():
+    """The admission rule: an idle batch admits at once; with rows decoding, waiting requests are held until a
+    quarter of the live rows' count are waiting, the batch would be full, or `admit_wait_steps` steps passed."""
+    from agents.engine import ContinuousEngine
+
+    engine = ContinuousEngine(None, max_batch_size=40, prefix_cache_tokens=0, admit_wait_steps=4)
+    try:
+        def due(live: int, waiting: int, deferred: int = 0) -> bool:
+            engine.rows = [object()] * live
+            engine._waiting.extend([object()] * waiting)
+            engine._deferred_steps = deferred
+            try:
+                return engine._admission_due()
+            finally:
+                engine._waiting.clear()
+                engine.rows = []
+
+        assert not due(live=0, waiting=0)
+        assert due(live=0, waiting=1)                      # idle: at once
+        assert due(live=3, waiting=1)                      # few rows: every request is a quarter of them
+        assert not due(live=32, waiting=7)                 # 32 rows decoding: wait for 8 ...
+        assert due(live=32, waiting=8)
+        assert not due(live=32, waiting=1, deferred=3)     # ... or 4 steps
+        assert due(live=32, waiting=1, deferred=4)
+        assert due(live=36, waiting=4)                     # the batch would be full
+    finally:
+        engine.close()
+
+
+def test_waves_give_the_same_tokens_as_admitting_every_step(model_tok):
+    model, tok = model_tok
+    renderer = get_renderer(tok)
+    waves = TransformersPolicy(model, tok, max_batch_size=8, admit_wait_steps=4)
+    every = TransformersPolicy(model, tok, max_batch_size=8, admit_wait_steps=0)
+    try:
+        a, b = _episodes(waves, renderer, n=4), _episodes(every, renderer, n=4)
+    finally:
+        waves.close()
+        every.close()
+    assert [t.response_ids for t in a] == [t.response_ids for t in b]
+    assert all(t.status in ("completed", "truncated") and t.num_turns >= 2 for t in a)
