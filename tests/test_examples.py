@@ -85,3 +85,11 @@ def test_tool_env_trains_from_its_file(tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     trained = [r for r in rows if r["step"] == 1][0]
     assert trained["train/tokens"] > 0 and sum(trained["rollout/statuses"].values()) == 8
+
+
+def test_rollout_workers_example():
+    out = subprocess.run([sys.executable, str(ROOT / "examples" / "rollout_workers.py")], capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().endswith("completed 512, mean reward 1.00"), out.stdout
+    assert out.stdout.startswith("64 groups, 512 episodes")

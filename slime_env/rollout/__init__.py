@@ -1,9 +1,13 @@
 """Rollouts at scale: `RolloutManager` (groups, over-sampling, dynamic filters, partial rollouts,
-persistence and resume), dataset loading, env servers and the Ray backend (`[ray]` extra)."""
+persistence and resume), dataset loading, env servers and the Ray backend (`[ray]` extra), and the driver
+process's settings (`run_loop`: uvloop; `quiet_gc`: the garbage collector while a batch runs)."""
 
 from slime_env.rollout.dataset import load_tasks
 from slime_env.rollout.filters import get_filter, nonzero_std
+from slime_env.rollout.heap import quiet_gc
+from slime_env.rollout.loop import loop_name, run_loop
 from slime_env.rollout.manager import Batch, Group, RolloutManager
 from slime_env.rollout.store import read_groups
 
-__all__ = ["Batch", "Group", "RolloutManager", "get_filter", "load_tasks", "nonzero_std", "read_groups"]
+__all__ = ["Batch", "Group", "RolloutManager", "get_filter", "load_tasks", "loop_name", "nonzero_std", "quiet_gc",
+           "read_groups", "run_loop"]
