@@ -290,3 +290,20 @@ def test_kill_minus_nine_and_resume(tmp_path, workers):
                                for t in r["trajectories"])
     assert len(keys) == 40 * 4 and set(keys.values()) == {1}  # none lost, none duplicated
     assert json.loads((out / "manifest.json").read_text())["config"]["n_samples_per_prompt"] == 4
+
+
+def test_rollout_command_with_the_embedded_engine_on_uvloop(tmp_path):
+    """`slime-env rollout` end to end with the default local model (its engine thread hands results to a uvloop
+    loop): every group written, statuses counted."""
+    data = tmp_path / "tasks.jsonl"
+    data.write_text('{"prompt": "What is 3 * 4?", "label": 12}\n{"prompt": "What is 5 + 9?", "label": 14}\n')
+    out = tmp_path / "out"
+    run = subprocess.run([sys.executable, "-m", "slime_env", "rollout", "--env", "Calculator-v0", "--data", str(data),
+                          "--out", str(out), "--n", "2", "--batch-size", "2", "--max-turns", "2",
+                          "--max-new-tokens", "8"], capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "SLIME_ENV_UVLOOP": "1"})
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "batch 1: 2 groups (0 dropped)" in run.stdout
+    records = read_groups(out)
+    assert sorted(r["group_index"] for r in records) == [0, 1]
+    assert all(len(r["trajectories"]) == 2 for r in records)
