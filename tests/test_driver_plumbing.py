@@ -43,6 +43,34 @@ def test_quiet_gc_is_undone_at_exit_also_after_an_error_and_when_nested(default_
         assert gc.get_threshold() == (700, 10, 10) and gc.get_freeze_count() == 0
 
 
+def test_quiet_gc_overlapping_across_threads_undoes_when_the_last_leaves(default_gc):
+    import threading
+
+    a_in, b_in, a_out = threading.Event(), threading.Event(), threading.Event()
+    seen = {}
+
+    def a():
+        with quiet_gc():
+            a_in.set()
+            b_in.wait(10)
+        a_out.set()
+
+    def b():
+        a_in.wait(10)
+        with quiet_gc():
+            b_in.set()
+            a_out.wait(10)
+            seen["after a left"] = gc.get_threshold()[0]
+
+    threads = [threading.Thread(target=f) for f in (a, b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert seen["after a left"] == YOUNG_THRESHOLD
+    assert gc.get_threshold() == (700, 10, 10) and gc.get_freeze_count() == 0
+
+
 def test_quiet_gc_keeps_a_freeze_it_did_not_make(default_gc):
     gc.freeze()
     frozen = gc.get_freeze_count()

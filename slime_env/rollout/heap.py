@@ -10,10 +10,12 @@ servers do the same for the same reason (vLLM and SGLang `gc.freeze()` after sta
 from __future__ import annotations
 
 import gc
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 YOUNG_THRESHOLD = 50_000
+_lock = threading.Lock()
 _depth = 0
 _saved: tuple[tuple[int, int, int], bool] | None = None
 
@@ -29,20 +31,22 @@ def quiet_gc(enabled: bool = True) -> Iterator[None]:
     if not enabled:
         yield
         return
-    if _depth == 0:
-        froze = gc.get_freeze_count() == 0  # someone else's freeze is theirs to undo
-        _saved = (gc.get_threshold(), froze)
-        if froze:
-            gc.freeze()
-        gc.set_threshold(YOUNG_THRESHOLD, *gc.get_threshold()[1:])
-    _depth += 1
+    with _lock:  # managers on event loops in different threads share the one collector
+        if _depth == 0:
+            froze = gc.get_freeze_count() == 0  # someone else's freeze is theirs to undo
+            _saved = (gc.get_threshold(), froze)
+            if froze:
+                gc.freeze()
+            gc.set_threshold(YOUNG_THRESHOLD, *gc.get_threshold()[1:])
+        _depth += 1
     try:
         yield
     finally:
-        _depth -= 1
-        if _depth == 0 and _saved is not None:
-            threshold, froze = _saved
-            gc.set_threshold(*threshold)
-            if froze:
-                gc.unfreeze()
-            _saved = None
+        with _lock:
+            _depth -= 1
+            if _depth == 0 and _saved is not None:
+                threshold, froze = _saved
+                gc.set_threshold(*threshold)
+                if froze:
+                    gc.unfreeze()
+                _saved = None
