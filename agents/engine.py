@@ -86,11 +86,8 @@ class ContinuousEngine:
     """The loop (see the module docstring). `submit(req)` is called from the event loop; results are
     delivered through `finish(req)` (called on this engine's thread)."""
 
-    def __init__(self, policy: Any, *, max_batch_size: int, prefix_cache_tokens: int, trim_slack: int = 64,
-                 admit_wait_steps: int = 4):
+    def __init__(self, policy: Any, *, max_batch_size: int, prefix_cache_tokens: int, trim_slack: int = 64):
         self.policy = policy
-        self.admit_wait_steps = admit_wait_steps
-        self._deferred_steps = 0  # decode steps the waiting requests have been held back (see _admission_due)
         self.max_batch_size = max_batch_size
         self.prefix = PrefixCache(prefix_cache_tokens)
         self.trim_slack = trim_slack
@@ -138,13 +135,10 @@ class ContinuousEngine:
                     self._waiting.clear()
                     break
                 admit = []
-                if not self._hold and self._admission_due():
+                if not self._hold:
                     free = self.max_batch_size - sum(r is not None for r in self.rows)
                     while self._waiting and len(admit) < free:
                         admit.append(self._waiting.popleft())
-                    self._deferred_steps = 0
-                elif self._waiting:
-                    self._deferred_steps += 1
             try:
                 with self.model_lock, torch.inference_mode():
                     t0 = time.perf_counter()
@@ -165,19 +159,6 @@ class ContinuousEngine:
             self.policy._complete(r)
 
     # --- admission: prefill new requests and put them into rows ------------------------------------------
-    def _admission_due(self) -> bool:
-        """Whether the waiting requests are prefilled before this step's decode. Each admission wave is a forward
-        of its own, costing about a decoding step whatever its size (the weights are read once either way), while
-        the live rows wait: with rows decoding, requests that trickle in are gathered into fewer, larger waves —
-        admitted once a quarter of the live rows' count are waiting, or after `admit_wait_steps` steps. An idle
-        batch admits at once."""
-        if not self._waiting:
-            return False
-        live = sum(r is not None for r in self.rows)
-        return (live == 0 or len(self._waiting) >= max(1, live // 4)
-                or self._deferred_steps >= self.admit_wait_steps
-                or len(self._waiting) >= self.max_batch_size - live)
-
     def _admit(self, reqs: list[Any]) -> None:
         self.policy.usage["batches"] += 1  # an admission wave: requests that joined the batch together
         fresh, extending = [], []

@@ -2,8 +2,7 @@
 
 By default (`batching="continuous"`, `agents.engine`) requests join the running batch at the next
 decoding step — none waits for another to finish — and each episode session keeps the KV cache of what
-it has fed so far, so its next turn encodes only the new tokens. While rows decode, requests that trickle in
-are prefilled in waves (at most `admit_wait_steps` steps late): each wave costs about a decoding step. `batching="static"` is the older loop:
+it has fed so far, so its next turn encodes only the new tokens. `batching="static"` is the older loop:
 requests that arrive within `batch_window_s` of each other are generated as one left-padded batch (at most
 `max_batch_size`) run to completion. Either way one worker thread runs torch: the event loop never does. Each request keeps its own sampling params (SGLang names: temperature,
 top_p, top_k, max_new_tokens, stop, stop_token_ids, ignore_eos, sampling_seed) and gets back the log-prob of
@@ -80,7 +79,7 @@ class TransformersPolicy:
 
     def __init__(self, model: Any, tokenizer: Any, *, max_batch_size: int = 16, batch_window_s: float = 0.005,
                  weight_version: str = "0", seed: int | None = None, batching: str = "continuous",
-                 prefix_cache_tokens: int = 32768, admit_wait_steps: int = 4):
+                 prefix_cache_tokens: int = 32768):
         if max_batch_size < 1:
             raise InvalidInput(f"max_batch_size must be >= 1, got {max_batch_size}")
         if batching not in ("continuous", "static"):
@@ -110,7 +109,7 @@ class TransformersPolicy:
             from agents.engine import ContinuousEngine
 
             self._engine = ContinuousEngine(self, max_batch_size=max_batch_size,
-                                            prefix_cache_tokens=prefix_cache_tokens, admit_wait_steps=admit_wait_steps)
+                                            prefix_cache_tokens=prefix_cache_tokens)
 
     # --- public API ------------------------------------------------------------------------------
     async def generate(self, input_ids: Sequence[int], sampling_params: Mapping[str, Any], *,
