@@ -1,7 +1,7 @@
 """`run_loop`: run a driver's main coroutine on uvloop when it is installed, else on asyncio's own loop.
 
-uvloop (libuv, in C) schedules callbacks and moves bytes through sockets and pipes with less Python per event,
-which is most of a driver's non-framework CPU under HTTP engines (bench/rollout.py). `SLIME_ENV_UVLOOP=0` keeps
+uvloop (libuv, in C) schedules callbacks and moves bytes through sockets and pipes with less Python per event
+than asyncio's own loop; a driver talking HTTP to engines does that for every turn. `SLIME_ENV_UVLOOP=0` keeps
 asyncio's loop (e.g. to compare, or where a library needs it).
 """
 
