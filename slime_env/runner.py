@@ -139,7 +139,6 @@ class Episode:
             if self._deadline_left is not None:  # time spent suspended does not count against the deadline
                 self._deadline_at = loop.time() + self._deadline_left
         deadline_at = self._deadline_at
-        ep.runner_task = asyncio.current_task()  # once per run, not per turn: what an abort cancels
         try:
             if not self.started:
                 self.started = True
@@ -238,7 +237,6 @@ class _Episode:
         self.abort_reason = ""
         self.resumed = 0
         self.turns_generated = 0
-        self.runner_task: asyncio.Task | None = None  # the asyncio task running the episode
         self._generating: asyncio.Task | None = None  # the episode's task while it waits for the policy
         self._cancelled_for_abort = False
 
@@ -260,7 +258,7 @@ class _Episode:
         t = time.perf_counter()
         # Awaited in the episode's own task (no task per turn); an abort of a policy that cannot stop itself
         # cancels this task while it waits here, and the cancellation is taken back below.
-        self._generating = self.runner_task
+        self._generating = asyncio.current_task()
         try:
             if deadline_at is None:
                 gen = await self.policy.generate(self.ledger.ids, params)

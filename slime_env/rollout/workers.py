@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slime_env.errors import InvalidInput
+from slime_env.rollout.heap import quiet_gc
 from slime_env.rollout.loop import run_loop
 
 
@@ -184,8 +185,6 @@ def _worker_main(conn: Any, payload: bytes) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     _die_with_parent()
     spec = pickle.loads(payload)
-    from slime_env.rollout.heap import quiet_gc
-
     with quiet_gc(spec.get("quiet_gc", True)):  # this process only drives episodes: a quiet collector all along
         run_loop(_serve(conn, spec))
 
