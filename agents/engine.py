@@ -17,6 +17,7 @@ evicted first) and cleared when the weights change. Exact: the cached KV is what
 from __future__ import annotations
 
 import collections
+import inspect
 import threading
 import time
 from dataclasses import dataclass
@@ -102,6 +103,10 @@ class ContinuousEngine:
         self.mask: torch.Tensor | None = None
         self.rows: list[_Row | None] = []
         self.steps = 0
+        # A prefill needs the logits of each row's last position only: the LM head over every prompt token was
+        # a third of a resumed turn's prefill (models without the argument compute them all).
+        keeps = "logits_to_keep" in inspect.signature(policy.model.forward).parameters
+        self._last_only = {"logits_to_keep": 1} if keeps else {}
         self._thread = threading.Thread(target=self._run, name="slime_env-engine", daemon=True)
         self._thread.start()
 
@@ -188,7 +193,7 @@ class ContinuousEngine:
             mask[i, width - len(r.input_ids):] = 1
         ids, mask = ids.to(device), mask.to(device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
+        out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, **self._last_only)
         kv = _layers(out.past_key_values)
         logits = out.logits[:, -1, :].float()
         self.policy.usage["prompt_tokens"] += sum(len(r.input_ids) for r in reqs)
@@ -223,7 +228,7 @@ class ContinuousEngine:
             mask[i, past_w + new_w - len(new):] = 1
             positions[i, new_w - len(new):] = torch.arange(n, n + len(new))
         out = model(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device),
-                    past_key_values=_cache_from(past), use_cache=True)
+                    past_key_values=_cache_from(past), use_cache=True, **self._last_only)
         kv = _layers(out.past_key_values)
         logits = out.logits[:, -1, :].float()
         for i, (r, n, _) in enumerate(items):

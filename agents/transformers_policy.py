@@ -367,9 +367,7 @@ class TransformersPolicy:
                     drop = probs.cumsum(-1) - probs > top_p  # keep the token that crosses top_p
                     x = x.masked_fill(torch.zeros_like(drop).scatter(-1, order, drop), float("-inf"))
                 logp = torch.log_softmax(x, dim=-1)
-                probs = logp.exp()
-                picks = [int(torch.multinomial(probs[k], 1, generator=reqs[j].generator))
-                         for k, j in enumerate(rows)]
+                picks = _draw(logp.exp(), [reqs[j].generator for j in rows])
             chosen = logp.gather(-1, torch.tensor(picks, device=logp.device).unsqueeze(-1)).squeeze(-1).tolist()
             for k, j in enumerate(rows):
                 out[j] = (picks[k], chosen[k])
@@ -410,3 +408,20 @@ class TransformersPolicy:
         if missing or unexpected:
             raise InvalidInput(f"weights do not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
 
+
+
+def _draw(probs: torch.Tensor, generators: list[torch.Generator | None]) -> list[int]:
+    """One token per row of `probs` (rows sum to 1, zeros never drawn), each from its own generator's single
+    uniform: the row's inverse CDF, all rows in one cumsum and one search. Exact sampling like
+    `torch.multinomial`, which costs a pass over the vocabulary per row (~0.8 ms each at 49k tokens on a CPU
+    core: a fifth of a 32-row decoding step)."""
+    u = torch.cat([torch.rand(1, generator=g, device=probs.device) for g in generators])
+    cdf = probs.cumsum(-1)
+    # right=True: the first index whose cdf exceeds u*total, so a token of probability 0 (a flat stretch of the
+    # cdf) is never the answer, even for u = 0.
+    picks = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(-1), right=True).squeeze(-1).tolist()
+    last = probs.shape[-1] - 1
+    for k, p in enumerate(picks):
+        if p > last:  # u*total rounded up to the total: the last token that can be drawn
+            picks[k] = int(torch.nonzero(probs[k])[-1])
+    return picks

@@ -161,3 +161,24 @@ def test_bad_prompt_ids_are_refused_at_the_boundary_naming_the_argument(engine):
         with pytest.raises(InvalidInput, match=message) as err:
             asyncio.run(policy.generate(bad, {"max_new_tokens": 2}))
         assert "input_ids" in str(err.value)
+
+
+def test_the_batched_draw_samples_each_row_from_its_distribution_and_never_a_zero():
+    from agents.transformers_policy import _draw
+
+    # Zeros at both ends and in the middle (what top-k / top-p masking leaves), two different rows.
+    probs = torch.tensor([[0.0, 0.5, 0.0, 0.3, 0.2, 0.0], [0.0, 0.0, 0.0, 0.0, 1.0, 0.0]])
+    counts = torch.zeros_like(probs)
+    gens = [torch.Generator().manual_seed(1), torch.Generator().manual_seed(2)]
+    for _ in range(6000):
+        for row, pick in enumerate(_draw(probs, gens)):
+            counts[row, pick] += 1
+    freq = counts / 6000
+    assert freq[:, [0, 2, 5]].sum() == 0 and freq[1, 4] == 1
+    # 6000 draws: one standard error of a 0.5 frequency is 0.0065, so 0.03 is > 4.5 of them.
+    assert torch.allclose(freq[0], probs[0], atol=0.03)
+    # Each row's draws come from its own generator: the same seed, the same tokens, whatever the other rows are.
+    again = [torch.Generator().manual_seed(1)]
+    alone = [_draw(probs[:1], again)[0] for _ in range(50)]
+    gens = [torch.Generator().manual_seed(1), torch.Generator().manual_seed(9)]
+    assert alone == [_draw(probs, gens)[0] for _ in range(50)]
