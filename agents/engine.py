@@ -25,6 +25,8 @@ from typing import Any
 
 import torch
 
+from agents import packed_forward
+
 GROW = 256  # columns of room the batch's K/V buffers get when they are (re)allocated
 
 
@@ -87,7 +89,8 @@ class ContinuousEngine:
     """The loop (see the module docstring). `submit(req)` is called from the event loop; results are
     delivered through `finish(req)` (called on this engine's thread)."""
 
-    def __init__(self, policy: Any, *, max_batch_size: int, prefix_cache_tokens: int, trim_slack: int = 64):
+    def __init__(self, policy: Any, *, max_batch_size: int, prefix_cache_tokens: int, trim_slack: int = 64,
+                 packed: bool | None = None):
         self.policy = policy
         self.max_batch_size = max_batch_size
         self.prefix = PrefixCache(prefix_cache_tokens)
@@ -105,6 +108,9 @@ class ContinuousEngine:
         self.steps = 0
         # A prefill needs the logits of each row's last position only: the LM head over every prompt token was
         # a third of a resumed turn's prefill (models without the argument compute them all).
+        # Llama / Qwen2 / Qwen3 run as one packed forward per step (agents.packed_forward); other models as a
+        # prefill pass per admission wave plus a decoding pass through the model's own forward.
+        self.packed = packed_forward.packable(policy.model) if packed is None else packed
         keeps = "logits_to_keep" in inspect.signature(policy.model.forward).parameters
         self._last_only = {"logits_to_keep": 1} if keeps else {}
         self._thread = threading.Thread(target=self._run, name="slime_env-engine", daemon=True)
@@ -147,10 +153,13 @@ class ContinuousEngine:
             try:
                 with self.model_lock, torch.inference_mode():
                     t0 = time.perf_counter()
-                    if admit:
-                        self._admit(admit)
-                    if any(self.rows):
-                        self._decode()
+                    if self.packed:
+                        self._step(admit)
+                    else:
+                        if admit:
+                            self._admit(admit)
+                        if any(self.rows):
+                            self._decode()
                     self.policy.usage["generate_s"] += time.perf_counter() - t0
             except Exception as e:  # noqa: BLE001 - fail what is running, keep serving
                 for r in [row.req for row in self.rows if row is not None] + admit:
@@ -162,6 +171,91 @@ class ContinuousEngine:
         for r in pending + [row.req for row in self.rows if row is not None]:
             r.finish = "abort"
             self.policy._complete(r)
+
+    # --- the packed step: decoding rows and joining rows in one forward (Llama / Qwen2 / Qwen3) -----------
+    def _step(self, reqs: list[Any]) -> None:
+        """One forward: every live row's next token and every admitted request's new tokens (its cached
+        prefix written into its row first), then one token sampled for each."""
+        joining = []  # (request, cached prefix length, cached K/V or None)
+        for r in reqs:
+            r.weight_version = self.policy.weight_version  # the weights its tokens come from (no change mid-run)
+            if r.aborted:
+                r.finish = "abort"
+                self.policy._complete(r)
+                continue
+            n, kv = self.prefix.take(r.session, r.input_ids)
+            joining.append((r, n, kv))
+        live = self._drop_finished()
+        if not live and not joining:
+            return
+        if joining:
+            self.policy.usage["batches"] += 1  # an admission wave: requests that joined the batch together
+        if live:
+            self._trim()
+        grow = 1 if live else 0  # a decoding row adds one column; joining rows end where they do
+        need = max((len(r.input_ids) for r, _, _ in joining), default=0)
+        if self.kb is None:
+            self._allocate(need)
+        elif need > self.width + grow:  # the batch grows to the left for a longer row
+            self._relayout(left=need - self.width - grow)
+        if self.width + grow > self.kb[0].shape[2]:
+            self._relayout()
+        width = self.width + grow
+        slots = []
+        for r, _, _ in joining:
+            try:
+                slot = self.rows.index(None)
+            except ValueError:
+                slot = len(self.rows)
+                self.rows.append(None)
+            self.rows[slot] = _Row(r, len(r.input_ids), list(r.input_ids))
+            slots.append(slot)
+        mask = self.mask.new_zeros((len(self.rows), width))
+        mask[:self.mask.shape[0], :self.width] = self.mask
+        mask[live, width - 1] = 1
+        for slot, (r, n, kv) in zip(slots, joining):
+            first = width - len(r.input_ids)
+            mask[slot, :first] = 0
+            mask[slot, first:] = 1
+            for kbuf, vbuf, (k, v) in zip(self.kb, self.vb, kv or ()):
+                kbuf[slot, :, first:first + n] = k[0]
+                vbuf[slot, :, first:first + n] = v[0]
+        p = packed_forward.plan(device=mask.device, rows=len(self.rows), width=width, row_mask=mask,
+                                decoding=[(i, self.rows[i].req.out_ids[-1], self.rows[i].length) for i in live],
+                                joining=[(s, r.input_ids[n:], n) for s, (r, n, _) in zip(slots, joining)])
+        logits = packed_forward.forward(self.policy.model, p, self.kb, self.vb)
+        self.width, self.mask = width, mask
+        self.steps += 1
+        picks = self.policy._sample([self.rows[i].req for i in live] + [r for r, _, _ in joining], logits)
+        for i, (token, logprob) in zip(live, picks):
+            row = self.rows[i]
+            row.fed.append(row.req.out_ids[-1])
+            row.length += 1
+            row.req.out_ids.append(token)
+            row.req.out_logprobs.append(logprob)
+            row.req.finish = self.policy._finished(row.req)
+        for (r, n, _), (token, logprob) in zip(joining, picks[len(live):]):
+            r.cached_tokens = n
+            self.policy.usage["prompt_tokens"] += len(r.input_ids) - n
+            self.policy.usage["cached_tokens"] += n
+            r.out_ids.append(token)
+            r.out_logprobs.append(logprob)
+            r.finish = self.policy._finished(r) or ("abort" if r.aborted else None)
+        for i in live + slots:
+            row = self.rows[i] if i < len(self.rows) else None
+            if row is not None and row.req.finish is not None:
+                self._free(i)
+
+    def _allocate(self, width: int) -> None:
+        """Empty K/V buffers for `max_batch_size` rows, `width` columns in use (no row yet) and room to grow."""
+        attn = self.policy.model.model.layers[0].self_attn
+        w = attn.k_proj.weight
+        shape = (self.max_batch_size, w.shape[0] // attn.head_dim, width + GROW, attn.head_dim)
+        layers = len(self.policy.model.model.layers)
+        self.kb = [w.new_zeros(shape) for _ in range(layers)]
+        self.vb = [w.new_zeros(shape) for _ in range(layers)]
+        self.width, self.rows = width, []
+        self.mask = torch.zeros((0, width), dtype=torch.long, device=w.device)
 
     # --- admission: prefill new requests and put them into rows ------------------------------------------
     def _admit(self, reqs: list[Any]) -> None:
@@ -300,14 +394,7 @@ class ContinuousEngine:
     # --- one decode step for every live row --------------------------------------------------------------
     def _decode(self) -> None:
         model, device = self.policy.model, self.policy.device
-        live = [i for i, row in enumerate(self.rows) if row is not None]
-        for i in live:
-            if self.rows[i].req.aborted:
-                self.rows[i].req.finish = "abort"
-        for i in live:
-            if self.rows[i].req.finish is not None:
-                self._free(i)
-        live = [i for i, row in enumerate(self.rows) if row is not None]
+        live = self._drop_finished()
         if not live:
             return
         self._trim()
@@ -340,6 +427,16 @@ class ContinuousEngine:
             r.finish = self.policy._finished(r)
             if r.finish is not None:
                 self._free(i)
+
+    def _drop_finished(self) -> list[int]:
+        """Free the rows whose request ended or was aborted; the live rows' indices."""
+        for i, row in enumerate(self.rows):
+            if row is not None and row.req.aborted:
+                row.req.finish = "abort"
+        for i, row in enumerate(self.rows):
+            if row is not None and row.req.finish is not None:
+                self._free(i)
+        return [i for i, row in enumerate(self.rows) if row is not None]
 
     def _free(self, i: int) -> None:
         row = self.rows[i]
