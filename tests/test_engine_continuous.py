@@ -30,11 +30,14 @@ def _episodes(policy, renderer, n=2):
     return asyncio.run(main())
 
 
-@pytest.mark.parametrize("cache_tokens", [32768, 130])  # 130: sessions evict each other
-def test_prefix_cache_is_exact_across_multi_turn_episodes(model_tok, cache_tokens):
+@pytest.mark.parametrize(("cache_tokens", "packed"), [(32768, True), (130, True), (32768, False)])
+def test_prefix_cache_is_exact_across_multi_turn_episodes(model_tok, cache_tokens, packed):
+    # 130 tokens: sessions evict each other. packed=False: the two-pass path models outside the packed families take.
     model, tok = model_tok
     renderer = get_renderer(tok)
     cached = TransformersPolicy(model, tok, max_batch_size=8, prefix_cache_tokens=cache_tokens)
+    assert cached._engine.packed  # SmolLM2 is a Llama
+    cached._engine.packed = packed
     plain = TransformersPolicy(model, tok, max_batch_size=8, batching="static")
     try:
         with_cache = _episodes(cached, renderer)
@@ -136,3 +139,44 @@ def test_weights_update_waits_for_running_requests_and_clears_the_cache(model_to
         assert policy._engine.prefix.tokens == 0 and policy.weight_version == "1"
     finally:
         policy.close()
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
+def test_the_packed_step_equals_the_models_own_forward_for_each_family(model_tok, family):
+    """Tiny random-weight models of each packed family (Qwen2: biased projections; Qwen3: per-head norms):
+    sessions joining while others decode, resumed turns on a cached prefix, greedy — the same tokens and
+    log-probs as the static loop, which runs the model's own forward."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    _, tok = model_tok
+    config = AutoConfig.for_model(family, vocab_size=len(tok), hidden_size=64, intermediate_size=128,
+                                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                  max_position_embeddings=2048, tie_word_embeddings=True)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    packed = TransformersPolicy(model, tok, max_batch_size=4)
+    static = TransformersPolicy(model, tok, max_batch_size=4, batching="static")
+    assert packed._engine.packed
+
+    async def session(policy, i):
+        s = policy.for_episode(f"{family}{i}")
+        await asyncio.sleep(0.05 * i)  # arrive while the others decode
+        ids, out = list(range(100 + i, 120 + 7 * i)), []
+        for turn in range(3):
+            gen = await s.generate(ids, {**GREEDY, "max_new_tokens": 6 + 5 * i, "ignore_eos": True})
+            out.append(gen)
+            ids = ids + list(gen.token_ids) + [200 + turn, 201, 202 + i]
+        return out
+
+    async def main(policy):
+        return await asyncio.gather(*(session(policy, i) for i in range(3)))
+
+    try:
+        got, want = asyncio.run(main(packed)), asyncio.run(main(static))
+    finally:
+        packed.close()
+        static.close()
+    assert packed.usage["cached_tokens"] > 0
+    for a, b in zip(sum(got, []), sum(want, [])):
+        assert a.token_ids == b.token_ids
+        assert list(a.logprobs) == pytest.approx(list(b.logprobs), abs=2e-4)
