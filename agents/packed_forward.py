@@ -153,7 +153,7 @@ def _attention(attn: Any, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
         mask = p.join_mask[:, :, None].expand(-1, -1, group, -1, -1).reshape(joining, 1, group * longest, p.width)
         o = F.scaled_dot_product_attention(qj, kbuf[p.join_slots, :, :p.width], vbuf[p.join_slots, :, :p.width],
                                            attn_mask=mask, scale=attn.scaling)
-        o = o.view(joining, heads, longest, d).permute(0, 2, 1, 3)    # (A, L, heads, d)
+        o = o.reshape(joining, heads, longest, d).permute(0, 2, 1, 3)  # (A, L, heads, d)
         out[n_dec:] = o[a_idx, j_idx].reshape(-1, heads * d)
     return out
 
