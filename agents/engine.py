@@ -210,6 +210,7 @@ class ContinuousEngine:
                 self.rows.append(None)
             self.rows[slot] = _Row(r, len(r.input_ids), list(r.input_ids))
             slots.append(slot)
+        self._ensure_rows(len(self.rows))
         mask = self.mask.new_zeros((len(self.rows), width))
         mask[:self.mask.shape[0], :self.width] = self.mask
         mask[live, width - 1] = 1
@@ -247,10 +248,10 @@ class ContinuousEngine:
                 self._free(i)
 
     def _allocate(self, width: int) -> None:
-        """Empty K/V buffers for `max_batch_size` rows, `width` columns in use (no row yet) and room to grow."""
+        """Empty K/V buffers: one row (`_ensure_rows` adds more), `width` columns in use, room to grow."""
         attn = self.policy.model.model.layers[0].self_attn
         w = attn.k_proj.weight
-        shape = (self.max_batch_size, w.shape[0] // attn.head_dim, width + GROW, attn.head_dim)
+        shape = (1, w.shape[0] // attn.head_dim, width + GROW, attn.head_dim)
         layers = len(self.policy.model.model.layers)
         self.kb = [w.new_zeros(shape) for _ in range(layers)]
         self.vb = [w.new_zeros(shape) for _ in range(layers)]
@@ -352,7 +353,7 @@ class ContinuousEngine:
         n = row.length
         if self.kb is None:
             k0 = kv[0][0]
-            shape = (self.max_batch_size, k0.shape[1], n + GROW, k0.shape[3])
+            shape = (1, k0.shape[1], n + GROW, k0.shape[3])
             self.kb = [k0.new_zeros(shape) for _ in kv]
             self.vb = [k0.new_zeros(shape) for _ in kv]
             self.width = 0
@@ -366,6 +367,7 @@ class ContinuousEngine:
             slot = len(self.rows)
             self.rows.append(None)
             self.mask = torch.cat([self.mask, self.mask.new_zeros((1, width))], 0)
+            self._ensure_rows(len(self.rows))
         for kb, vb, (k, v) in zip(self.kb, self.vb, kv):
             kb[slot, :, :width - n].zero_()
             vb[slot, :, :width - n].zero_()
@@ -374,6 +376,19 @@ class ContinuousEngine:
         self.mask[slot].zero_()
         self.mask[slot, width - n:] = 1
         self.rows[slot] = row
+
+    def _ensure_rows(self, n: int) -> None:
+        """Buffers with room for `n` rows. They start with the rows first needed and double (up to
+        `max_batch_size`): zero-filling all of them up front cost ~1 s before a lone 2,000-token request."""
+        have = self.kb[0].shape[0]
+        if n <= have:
+            return
+        cap = min(self.max_batch_size, max(n, 2 * have))
+        for buffers in (self.kb, self.vb):
+            for i, old in enumerate(buffers):
+                new = old.new_zeros((cap, *old.shape[1:]))
+                new[:have, :, :self.width] = old[:, :, :self.width]
+                buffers[i] = new
 
     def _relayout(self, *, left: int = 0, drop: int = 0) -> None:
         """New buffers: `left` empty columns added before the used ones, or the first `drop` columns dropped;

@@ -4,9 +4,10 @@ The continuous engine's step feeds every decoding row its last sampled token and
 its whole new prompt (the part its session's cached prefix lacks) — in the same pass. Everything but attention
 is per token, so those tokens run as one packed (tokens × hidden) matrix: a joining row costs its tokens, not a
 pass of its own (on a CPU that pass is mostly the weights streamed from memory, ~40 ms for SmolLM2-135M in fp32).
-Attention is per row against the buffers, in two batched calls per layer: the decoding rows (one query each, the
-whole batch as a view of the buffers, grouped-query heads as a query group — no copy of the cache) and the
-joining rows (their queries padded to the longest, causal within their own tokens).
+Attention is per row against the buffers, in batched calls per layer: the decoding rows (one query each, the
+whole batch as a view of the buffers, grouped-query heads as a query group — no copy of the cache), the joining
+rows (their queries padded to the longest, causal within their own tokens), and each long fresh prompt on its
+own (a causal kernel without a mask).
 
 The model's own modules do the work (norms, projections, rotary embedding, MLP, LM head); this file only
 routes tensors between them, for the decoder layout those modules share in Llama, Qwen2 and Qwen3
@@ -24,6 +25,9 @@ import torch
 import torch.nn.functional as F
 
 _FAMILIES = {"llama", "qwen2", "qwen3"}
+# A fresh prompt this long attends on its own with a causal kernel (no mask): ~2x faster than the masked
+# batched call at 2,000 tokens on a CPU; shorter ones join the batched call (one call for many rows).
+SOLO_TOKENS = 64
 
 
 def packable(model: Any) -> bool:
@@ -57,9 +61,11 @@ class Plan:
     width: int                 # columns in use after this step (every row's last token sits at width - 1)
     dec_slots: torch.Tensor    # (D,) rows decoding one token
     dec_mask: torch.Tensor | None  # (rows, 1, 1, width) bool: the columns each row attends to
-    join_slots: torch.Tensor   # (A,) rows joining
-    join_index: tuple[torch.Tensor, torch.Tensor]  # (row in 0..A-1, query in 0..L-1) of each joining token
+    join_slots: torch.Tensor   # (A,) rows joining together (those not in `solo`)
+    join_tokens: torch.Tensor  # packed indices of their tokens
+    join_index: tuple[torch.Tensor, torch.Tensor]  # (row in 0..A-1, query in 0..L-1) of each of those tokens
     join_mask: torch.Tensor | None  # (A, 1, L, width) bool
+    solo: list[tuple[int, int, int]]  # (first packed index, tokens, slot): long fresh prompts, causal on their own
     last: torch.Tensor         # packed index of each row's last token: decoding rows, then joining rows
 
 
@@ -74,25 +80,30 @@ def plan(*, device: torch.device, rows: int, width: int, decoding: list[tuple[in
         pos.append(position)
         slots.append(slot)
         cols.append(width - 1)
-    join_row, join_q, last = [], [], list(range(len(decoding)))
-    for a, (slot, new, cached) in enumerate(joining):
+    join_row, join_q, join_tokens, last, solo, grouped = [], [], [], list(range(len(decoding))), [], []
+    for slot, new, cached in joining:
         q = len(new)
+        if cached == 0 and q >= SOLO_TOKENS:
+            solo.append((len(ids), q, slot))
+        else:
+            join_row.extend([len(grouped)] * q)
+            join_q.extend(range(q))
+            join_tokens.extend(range(len(ids), len(ids) + q))
+            grouped.append((slot, new, cached))
         ids.extend(new)
         pos.extend(range(cached, cached + q))
         slots.extend([slot] * q)
         cols.extend(range(width - q, width))
-        join_row.extend([a] * q)
-        join_q.extend(range(q))
         last.append(len(ids) - 1)
 
     def t(x: list[int]) -> torch.Tensor:
         return torch.tensor(x, dtype=torch.long).to(device, non_blocking=True)
 
     join_mask = None
-    if joining:
-        longest = max(len(new) for _, new, _ in joining)
-        q_len = torch.tensor([len(new) for _, new, _ in joining])
-        start = width - q_len - torch.tensor([cached for _, _, cached in joining])  # first column of the row
+    if grouped:
+        longest = max(len(new) for _, new, _ in grouped)
+        q_len = torch.tensor([len(new) for _, new, _ in grouped])
+        start = width - q_len - torch.tensor([cached for _, _, cached in grouped])  # first column of the row
         j = torch.minimum(torch.arange(longest)[None, :], q_len[:, None] - 1)  # padded queries copy the last one
         query_col = width - q_len[:, None] + j                                   # (A, L)
         col = torch.arange(width)[None, None, :]
@@ -100,8 +111,8 @@ def plan(*, device: torch.device, rows: int, width: int, decoding: list[tuple[in
     dec_mask = row_mask.bool()[:, None, None, :] if decoding else None
     return Plan(ids=t(ids), positions=t(pos), slots=t(slots), columns=t(cols), rows=rows, width=width,
                 dec_slots=t([s for s, _, _ in decoding]), dec_mask=dec_mask,
-                join_slots=t([s for s, _, _ in joining]), join_index=(t(join_row), t(join_q)), join_mask=join_mask,
-                last=t(last))
+                join_slots=t([s for s, _, _ in grouped]), join_tokens=t(join_tokens),
+                join_index=(t(join_row), t(join_q)), join_mask=join_mask, solo=solo, last=t(last))
 
 
 def forward(model: Any, p: Plan, kb: list[torch.Tensor], vb: list[torch.Tensor]) -> torch.Tensor:
@@ -144,17 +155,23 @@ def _attention(attn: Any, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
         o = F.scaled_dot_product_attention(qd.view(p.rows, kv_heads, group, d), keys, values,
                                            attn_mask=p.dec_mask, scale=attn.scaling)
         out[:n_dec] = o.reshape(p.rows, heads * d)[p.dec_slots]
-    if n_dec < tokens:
+    for start, n, slot in p.solo:  # a long fresh prompt: plain causal attention over its own columns
+        cols = slice(p.width - n, p.width)
+        o = F.scaled_dot_product_attention(q[start:start + n].transpose(0, 1)[None], kbuf[slot:slot + 1, :, cols],
+                                           vbuf[slot:slot + 1, :, cols], is_causal=True, scale=attn.scaling,
+                                           enable_gqa=True)
+        out[start:start + n] = o[0].transpose(0, 1).reshape(n, heads * d)
+    if len(p.join_slots):
         a_idx, j_idx = p.join_index
         joining, longest = len(p.join_slots), p.join_mask.shape[2]
         qj = q.new_zeros((joining, longest, heads, d))
-        qj[a_idx, j_idx] = q[n_dec:]
+        qj[a_idx, j_idx] = q[p.join_tokens]
         qj = qj.permute(0, 2, 1, 3).reshape(joining, kv_heads, group * longest, d)
         mask = p.join_mask[:, :, None].expand(-1, -1, group, -1, -1).reshape(joining, 1, group * longest, p.width)
         o = F.scaled_dot_product_attention(qj, kbuf[p.join_slots, :, :p.width], vbuf[p.join_slots, :, :p.width],
                                            attn_mask=mask, scale=attn.scaling)
         o = o.reshape(joining, heads, longest, d).permute(0, 2, 1, 3)  # (A, L, heads, d)
-        out[n_dec:] = o[a_idx, j_idx].reshape(-1, heads * d)
+        out[p.join_tokens] = o[a_idx, j_idx].reshape(-1, heads * d)
     return out
 
 

@@ -161,7 +161,7 @@ def test_the_packed_step_equals_the_models_own_forward_for_each_family(model_tok
     async def session(policy, i):
         s = policy.for_episode(f"{family}{i}")
         await asyncio.sleep(0.05 * i)  # arrive while the others decode
-        ids, out = list(range(100 + i, 120 + 7 * i)), []
+        ids, out = list(range(100 + i, 120 + 30 * i)), []  # 20, 50, 80 tokens: the last is a long fresh prompt
         for turn in range(3):
             gen = await s.generate(ids, {**GREEDY, "max_new_tokens": 6 + 5 * i, "ignore_eos": True})
             out.append(gen)
