@@ -134,6 +134,10 @@ class ContinuousEngine:
         with self._wake:
             self._closed = True
             self._wake.notify()
+        # Let the step in progress end: a thread still inside torch at interpreter exit aborts the process
+        # ("terminate called without an active exception").
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout=30)
 
     # --- the loop -------------------------------------------------------------------------------------
     def _run(self) -> None:
