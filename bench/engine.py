@@ -11,7 +11,10 @@ run; same model, same run): 3-turn episodes at 32 concurrent (turn lengths vary,
 longest request; each turn extends the episode's prefix), and the time to the first token of turn 3 on a
 ~1,000-token history.
 
+`--compare-rev REV` also runs those episodes on revision REV's static loop (a git worktree, same run).
+
     python bench/engine.py [--concurrency 1 8 32] [--tokens 32] [--rounds 2] [--window-ms 20] [--skip-http]
+                           [--compare-rev REV]
 """
 
 from __future__ import annotations
@@ -66,10 +69,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--window-ms", type=float, default=20.0, help="batch window, the same in both set-ups")
     ap.add_argument("--skip-http", action="store_true", help="only the continuous vs static comparison")
+    ap.add_argument("--compare-rev", default=None, help="also run the static loop with this git revision's code")
     args = ap.parse_args()
     if args.skip_http:
         model, tok = load_default_model()
-        compare_batching(model, tok, get_renderer(tok), args.window_ms / 1000)
+        compare_batching(model, tok, get_renderer(tok), args.window_ms / 1000, args.compare_rev)
         return
     max_batch = max(args.concurrency)
     default_model_path()
@@ -100,12 +104,62 @@ def main() -> None:
         proc.terminate()
         proc.wait(timeout=30)
         local.close()
-    compare_batching(model, tok, renderer, args.window_ms / 1000)
+    compare_batching(model, tok, renderer, args.window_ms / 1000, args.compare_rev)
 
 
-def compare_batching(model, tok, renderer, window_s: float) -> None:
+async def episodes(policy, renderer, n: int = 32, turns: int = 3) -> tuple[float, int]:
+    """n concurrent `turns`-turn episodes, each turn 8-48 tokens (drawn per episode: the same work whatever the
+    engine), each turn extending the episode's prefix; (wall seconds, generated tokens)."""
     import random
 
+    from slime_env import Message as M
+
+    async def one(i: int) -> int:
+        rng = random.Random(i)
+        session = policy.for_episode(f"e{i}")
+        ids, made = renderer.render_prompt([M("user", QUESTIONS[i % len(QUESTIONS)])]), 0
+        for _ in range(turns):
+            gen = await session.generate(ids, {"temperature": 0.7, "max_new_tokens": rng.randint(8, 48),
+                                               "ignore_eos": True, "sampling_seed": i})
+            made += len(gen.token_ids)
+            ids = ids + list(gen.token_ids) + renderer.bridge(gen.token_ids, [M("user", "Go on.")])
+        return made
+
+    t0 = time.perf_counter()
+    counts = await asyncio.gather(*(one(i) for i in range(n)))
+    return time.perf_counter() - t0, sum(counts)
+
+
+def static_at_revision(rev: str, window_s: float) -> float:
+    """tokens/s of the 32 x 3-turn episodes on git revision REV's static batching loop (a worktree, in a
+    subprocess, same machine, same run): the engine as it was."""
+    import json
+    import tempfile
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parent
+    with tempfile.TemporaryDirectory() as tmp:
+        tree = Path(tmp) / "tree"
+        subprocess.run(["git", "-C", str(here.parent), "worktree", "add", "--detach", str(tree), rev], check=True,
+                       capture_output=True)
+        try:
+            code = (f"import asyncio, inspect, json, sys; sys.path[:0] = [{str(tree)!r}, {str(here)!r}]\n"
+                    "import engine\nfrom agents import TransformersPolicy, load_default_model\n"
+                    "from slime_env import get_renderer\nmodel, tok = load_default_model()\n"
+                    "kw = {'batching': 'static'} if 'batching' in inspect.signature(TransformersPolicy).parameters "
+                    "else {}\n"
+                    f"policy = TransformersPolicy(model, tok, max_batch_size=32, batch_window_s={window_s}, **kw)\n"
+                    "renderer = get_renderer(tok)\nasyncio.run(engine.episodes(policy, renderer, 2, 1))\n"
+                    "wall, made = asyncio.run(engine.episodes(policy, renderer))\nprint(json.dumps(made / wall))")
+            out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                                 cwd=str(tree), env={**os.environ, "PYTHONPATH": str(tree)})
+            return json.loads(out.stdout.strip().splitlines()[-1])
+        finally:
+            subprocess.run(["git", "-C", str(here.parent), "worktree", "remove", "--force", str(tree)],
+                           capture_output=True, check=False)
+
+
+def compare_batching(model, tok, renderer, window_s: float, compare_rev: str | None = None) -> None:
     from slime_env import Message as M
 
     def policies():
@@ -114,23 +168,6 @@ def compare_batching(model, tok, renderer, window_s: float) -> None:
         return {"static": TransformersPolicy(model, tok, max_batch_size=32, batch_window_s=window_s, batching="static"),
                 "two-pass": two_pass,
                 "continuous": TransformersPolicy(model, tok, max_batch_size=32, batch_window_s=window_s)}
-
-    async def episodes(policy, n=32, turns=3) -> tuple[float, int]:
-        rng = random.Random(0)
-
-        async def one(i: int) -> int:
-            session = policy.for_episode(f"e{i}")
-            ids, made = renderer.render_prompt([M("user", QUESTIONS[i % len(QUESTIONS)])]), 0
-            for _ in range(turns):
-                gen = await session.generate(ids, {"temperature": 0.7, "max_new_tokens": rng.randint(8, 48),
-                                                   "ignore_eos": True, "sampling_seed": i})
-                made += len(gen.token_ids)
-                ids = ids + list(gen.token_ids) + renderer.bridge(gen.token_ids, [M("user", "Go on.")])
-            return made
-
-        t0 = time.perf_counter()
-        counts = await asyncio.gather(*(one(i) for i in range(n)))
-        return time.perf_counter() - t0, sum(counts)
 
     async def ttft(policy) -> float:
         session = policy.for_episode("long")
@@ -146,8 +183,8 @@ def compare_batching(model, tok, renderer, window_s: float) -> None:
     rows = {}
     for name, policy in policies().items():
         try:
-            asyncio.run(episodes(policy, n=2, turns=1))  # warm-up
-            wall, made = asyncio.run(episodes(policy))
+            asyncio.run(episodes(policy, renderer, n=2, turns=1))  # warm-up
+            wall, made = asyncio.run(episodes(policy, renderer))
             first, history = asyncio.run(ttft(policy))
             rows[name] = (made / wall, first, history)
         finally:
@@ -160,6 +197,10 @@ def compare_batching(model, tok, renderer, window_s: float) -> None:
           f"{c_tps / s_tps:6.2f}x")
     print(f"{f'time to first token, turn 3 ({n} tokens): s':44s} {s_ttft:10.3f} {t_ttft:9.3f} {c_ttft:11.3f} "
           f"{s_ttft / c_ttft:6.1f}x lower")
+    if compare_rev:
+        old = static_at_revision(compare_rev, window_s)
+        print(f"{f'static batching, code of {compare_rev[:10]}: tokens/s':44s} {old:10.1f} {'':9s} {c_tps:11.1f} "
+              f"{c_tps / old:6.2f}x")
 
 
 if __name__ == "__main__":
