@@ -86,17 +86,52 @@ async def measure(policy, renderer, concurrency: int, turns: int, env_factory=No
                              max_turns=turns, backend=backend, **({"workers": workers} if workers else {}))
     if warm:
         await manager.generate_batch(warm)
+    spent = _time_tokenizer() if not workers else None
     t0 = time.perf_counter()
     cpu0 = time.process_time()
-    batch = await manager.generate_batch(groups)
-    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    try:
+        batch = await manager.generate_batch(groups)
+    finally:
+        wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+        tokenizer = spent.pop("_restore")() if spent else {}
     await manager.close()
     m = batch.metrics
     if m["rollout/status/completed"] != groups * n:
         first = next(t for g in batch.groups for t in g.trajectories if t.status != "completed")
         raise RuntimeError(f"{int(m['rollout/status/failed'])} episodes failed, e.g.: {first.reason}")
+    per_turn = 1e6 / (m["rollout/episodes"] * turns)
     return {"episodes_per_s": m["rollout/episodes"] / wall, "framework_frac": m["rollout/time/framework_frac"],
-            "cpu_per_turn_us": cpu / (m["rollout/episodes"] * turns) * 1e6}
+            "cpu_per_turn_us": cpu * per_turn, **{f"{k}_us": v * per_turn for k, v in tokenizer.items()}}
+
+
+def _time_tokenizer() -> dict:
+    """Time every tokenizer call of this process (they all go through TokenCodec) from now on: encodes (the
+    observations and template glue) and decodes (each generated turn for the parser, each response once), so the
+    driver's cost per turn can be quoted with and without them. `["_restore"]()` stops and returns the seconds."""
+    from slime_env.token_codec import TokenCodec
+
+    spent = {"tokenizer_encode": 0.0, "tokenizer_decode": 0.0}
+    originals = {"encode": TokenCodec.encode, "decode": TokenCodec.decode}
+
+    def timed(name, fn):
+        def call(self, arg):
+            t = time.perf_counter()
+            try:
+                return fn(self, arg)
+            finally:
+                spent[f"tokenizer_{name}"] += time.perf_counter() - t
+        return call
+
+    for name, fn in originals.items():
+        setattr(TokenCodec, name, timed(name, fn))
+
+    def restore() -> dict:
+        for name, fn in originals.items():
+            setattr(TokenCodec, name, fn)
+        return {k: v for k, v in spent.items() if not k.startswith("_")}
+
+    spent["_restore"] = restore
+    return spent
 
 
 def main() -> None:
@@ -148,6 +183,11 @@ def main() -> None:
                 print(f"{name:<26} {c:>9} {ideal:>10.0f} {r['episodes_per_s']:>9.0f} "
                       f"{r['episodes_per_s'] / ideal:>6.2f} {r['framework_frac']:>14.2%} "
                       f"{r['cpu_per_turn_us']:>12.0f} µs", flush=True)
+                if "tokenizer_encode_us" in r and name == "in-process stub policy":
+                    enc, dec = r["tokenizer_encode_us"], r["tokenizer_decode_us"]
+                    print(f"{'':<26} of which tokenizer per turn: encode {enc:.1f} µs, decode {dec:.1f} µs; "
+                          f"without the encodes {r['cpu_per_turn_us'] - enc:.0f} µs, without both "
+                          f"{r['cpu_per_turn_us'] - enc - dec:.0f} µs", flush=True)
     finally:
         engine.terminate()
         env_server.terminate()
