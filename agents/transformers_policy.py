@@ -409,7 +409,6 @@ class TransformersPolicy:
             raise InvalidInput(f"weights do not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
 
 
-
 def _draw(probs: torch.Tensor, generators: list[torch.Generator | None]) -> list[int]:
     """One token per row of `probs` (rows sum to 1, zeros never drawn), each from its own generator's single
     uniform: the row's inverse CDF, all rows in one cumsum and one search. Exact sampling like
