@@ -232,11 +232,21 @@ def test_deadline_aborts_the_engine_request(engine_url, local):
     _, tok, _ = local
 
     async def main():
-        policy = SGLangPolicy(engine_url)
+        class OneLongTurn(SGLangPolicy):
+            """No stop string ends the turn: the deadline lands mid-generation whatever the machine's speed."""
+
+            async def generate(self, input_ids, sampling_params, **kw):
+                params = {k: v for k, v in sampling_params.items() if k not in ("stop", "stop_token_ids")}
+                return await super().generate(input_ids, params, **kw)
+
+        policy = OneLongTurn(engine_url)
         try:
             before = (await policy.http.request("GET", "/get_server_info"))["usage"]
+            # 5 s: the request has surely reached the server when the deadline fires, even on a loaded CI
+            # machine (with 1 s it once had not, and an abort that overtakes its request finds nothing); its
+            # 2,000 tokens take far longer than that to decode.
             traj = await run_episode(make("Calculator-v0"), policy, Task(prompt="What is 2 + 3?", label=5),
-                                     renderer=get_renderer(tok), max_new_tokens=400, deadline_s=1.0,
+                                     renderer=get_renderer(tok), max_new_tokens=2000, deadline_s=5.0,
                                      sampling_params={"temperature": 0, "ignore_eos": True})
             for _ in range(300):  # the engine records the abort when its batch ends
                 after = (await policy.http.request("GET", "/get_server_info"))["usage"]
@@ -248,10 +258,10 @@ def test_deadline_aborts_the_engine_request(engine_url, local):
             await policy.close()
 
     traj, before, after = asyncio.run(main())
-    assert traj.status == "truncated" and "deadline of 1.0s exceeded during policy.generate" in traj.reason
+    assert traj.status == "truncated" and "deadline of 5.0s exceeded during policy.generate" in traj.reason
     assert after["aborted"] == before["aborted"] + 1
-    # the aborted request stopped early instead of generating its 400 tokens for nobody
-    assert after["completion_tokens"] - before["completion_tokens"] < 400
+    # the aborted request stopped early instead of generating its 2,000 tokens for nobody
+    assert after["completion_tokens"] - before["completion_tokens"] < 2000
 
 
 def test_update_weights_from_tensor_through_shared_memory_equals_the_in_process_engine(engine_url, local):
