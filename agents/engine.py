@@ -179,11 +179,10 @@ class ContinuousEngine:
             r.finish = "abort"
             self.policy._complete(r)
 
-    # --- the packed step: decoding rows and joining rows in one forward (Llama / Qwen2 / Qwen3) -----------
-    def _step(self, reqs: list[Any]) -> None:
-        """One forward: every live row's next token and every admitted request's new tokens (its cached
-        prefix written into its row first), then one token sampled for each."""
-        joining = []  # (request, cached prefix length, cached K/V or None)
+    def _claim(self, reqs: list[Any]) -> list[tuple[Any, int, list | None]]:
+        """The admitted requests that still run, each with its session's cached prefix taken out of the cache:
+        (request, cached length, cached K/V or None). Those aborted while waiting end here."""
+        claimed = []
         for r in reqs:
             r.weight_version = self.policy.weight_version  # the weights its tokens come from (no change mid-run)
             if r.aborted:
@@ -191,7 +190,14 @@ class ContinuousEngine:
                 self.policy._complete(r)
                 continue
             n, kv = self.prefix.take(r.session, r.input_ids)
-            joining.append((r, n, kv))
+            claimed.append((r, n, kv))
+        return claimed
+
+    # --- the packed step: decoding rows and joining rows in one forward (Llama / Qwen2 / Qwen3) -----------
+    def _step(self, reqs: list[Any]) -> None:
+        """One forward: every live row's next token and every admitted request's new tokens (its cached
+        prefix written into its row first), then one token sampled for each."""
+        joining = self._claim(reqs)
         live = self._drop_finished()
         if not live and not joining:
             return
@@ -269,13 +275,7 @@ class ContinuousEngine:
     def _admit(self, reqs: list[Any]) -> None:
         self.policy.usage["batches"] += 1  # an admission wave: requests that joined the batch together
         fresh, extending = [], []
-        for r in reqs:
-            r.weight_version = self.policy.weight_version  # the weights its tokens come from (no change mid-run)
-            if r.aborted:
-                r.finish = "abort"
-                self.policy._complete(r)
-                continue
-            n, kv = self.prefix.take(r.session, r.input_ids)
+        for r, n, kv in self._claim(reqs):
             if kv is None:
                 fresh.append(r)
             else:
