@@ -7,9 +7,9 @@ in the same run; the ratio is the HTTP overhead.
 
 Then continuous batching + the per-session prefix cache beside the static batching loop and beside the
 continuous engine's two-pass path (a prefill pass per admission wave: what models outside the packed families
-run; same model, same run): 3-turn episodes at 32 concurrent (turn lengths vary, 8-48 tokens: a static batch waits for its
-longest request; each turn extends the episode's prefix), and the time to the first token of turn 3 on a
-~1,000-token history.
+run; same model, same run): 3-turn episodes at 32 concurrent (turn lengths vary, 8-48 tokens: a static batch
+waits for its longest request; each turn extends the episode's prefix), and the time to the first token of
+turn 3 on a ~1,900-token history.
 
 `--compare-rev REV` also runs those episodes on revision REV's static loop (a git worktree, same run).
 
@@ -133,30 +133,18 @@ async def episodes(policy, renderer, n: int = 32, turns: int = 3) -> tuple[float
 def static_at_revision(rev: str, window_s: float) -> float:
     """tokens/s of the 32 x 3-turn episodes on git revision REV's static batching loop (a worktree, in a
     subprocess, same machine, same run): the engine as it was."""
-    import json
-    import tempfile
-    from pathlib import Path
+    from revision import run_at_revision
 
-    here = Path(__file__).resolve().parent
-    with tempfile.TemporaryDirectory() as tmp:
-        tree = Path(tmp) / "tree"
-        subprocess.run(["git", "-C", str(here.parent), "worktree", "add", "--detach", str(tree), rev], check=True,
-                       capture_output=True)
-        try:
-            code = (f"import asyncio, inspect, json, sys; sys.path[:0] = [{str(tree)!r}, {str(here)!r}]\n"
-                    "import engine\nfrom agents import TransformersPolicy, load_default_model\n"
-                    "from slime_env import get_renderer\nmodel, tok = load_default_model()\n"
-                    "kw = {'batching': 'static'} if 'batching' in inspect.signature(TransformersPolicy).parameters "
-                    "else {}\n"
-                    f"policy = TransformersPolicy(model, tok, max_batch_size=32, batch_window_s={window_s}, **kw)\n"
-                    "renderer = get_renderer(tok)\nasyncio.run(engine.episodes(policy, renderer, 2, 1))\n"
-                    "wall, made = asyncio.run(engine.episodes(policy, renderer))\nprint(json.dumps(made / wall))")
-            out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                                 cwd=str(tree), env={**os.environ, "PYTHONPATH": str(tree)})
-            return json.loads(out.stdout.strip().splitlines()[-1])
-        finally:
-            subprocess.run(["git", "-C", str(here.parent), "worktree", "remove", "--force", str(tree)],
-                           capture_output=True, check=False)
+    return run_at_revision(rev, "import asyncio, inspect, json\nimport engine\n"
+                                "from agents import TransformersPolicy, load_default_model\n"
+                                "from slime_env import get_renderer\nmodel, tok = load_default_model()\n"
+                                "kw = {'batching': 'static'} if 'batching' in "
+                                "inspect.signature(TransformersPolicy).parameters else {}\n"
+                                f"policy = TransformersPolicy(model, tok, max_batch_size=32, batch_window_s={window_s},"
+                                " **kw)\nrenderer = get_renderer(tok)\n"
+                                "asyncio.run(engine.episodes(policy, renderer, 2, 1))\n"
+                                "wall, made = asyncio.run(engine.episodes(policy, renderer))\n"
+                                "print(json.dumps(made / wall))")
 
 
 def compare_batching(model, tok, renderer, window_s: float, compare_rev: str | None = None) -> None:

@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import slime_env
@@ -86,14 +88,12 @@ async def measure(policy, renderer, concurrency: int, turns: int, env_factory=No
                              max_turns=turns, backend=backend, **({"workers": workers} if workers else {}))
     if warm:
         await manager.generate_batch(warm)
-    spent = _time_tokenizer() if not workers else None
-    t0 = time.perf_counter()
-    cpu0 = time.process_time()
-    try:
+    # Workers tokenize in their own processes: only an in-process row can time its tokenizer calls.
+    with _timed_tokenizer() if not workers else contextlib.nullcontext({}) as tokenizer:
+        t0 = time.perf_counter()
+        cpu0 = time.process_time()
         batch = await manager.generate_batch(groups)
-    finally:
         wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
-        tokenizer = spent.pop("_restore")() if spent else {}
     await manager.close()
     m = batch.metrics
     if m["rollout/status/completed"] != groups * n:
@@ -104,10 +104,11 @@ async def measure(policy, renderer, concurrency: int, turns: int, env_factory=No
             "cpu_per_turn_us": cpu * per_turn, **{f"{k}_us": v * per_turn for k, v in tokenizer.items()}}
 
 
-def _time_tokenizer() -> dict:
-    """Time every tokenizer call of this process (they all go through TokenCodec) from now on: encodes (the
-    observations and template glue) and decodes (each generated turn for the parser, each response once), so the
-    driver's cost per turn can be quoted with and without them. `["_restore"]()` stops and returns the seconds."""
+@contextlib.contextmanager
+def _timed_tokenizer() -> Iterator[dict[str, float]]:
+    """Seconds spent in tokenizer calls while inside (they all go through TokenCodec): encodes (observations,
+    template glue) and decodes (each generated turn for the parser, each response once), so the driver's cost
+    per turn can be quoted with and without them."""
     from slime_env.token_codec import TokenCodec
 
     spent = {"tokenizer_encode": 0.0, "tokenizer_decode": 0.0}
@@ -124,14 +125,11 @@ def _time_tokenizer() -> dict:
 
     for name, fn in originals.items():
         setattr(TokenCodec, name, timed(name, fn))
-
-    def restore() -> dict:
+    try:
+        yield spent
+    finally:
         for name, fn in originals.items():
             setattr(TokenCodec, name, fn)
-        return {k: v for k, v in spent.items() if not k.startswith("_")}
-
-    spent["_restore"] = restore
-    return spent
 
 
 def main() -> None:
@@ -196,26 +194,13 @@ def main() -> None:
 def _at_revision(rev: str, concurrency: int, turns: int, latency_ms: float, engine_url: str | None = None) -> dict:
     """A row measured with another revision's code (a git worktree), in a subprocess on asyncio's loop as that
     code ran: the in-process stub, or with `engine_url` the stub engine over HTTP."""
-    import json
-    import tempfile
+    from revision import run_at_revision
 
-    root = HERE.parent
-    with tempfile.TemporaryDirectory() as tmp:
-        tree = Path(tmp) / "tree"
-        subprocess.run(["git", "-C", str(root), "worktree", "add", "--detach", str(tree), rev], check=True,
-                       capture_output=True)
-        try:
-            run = (f"rollout._with_http({engine_url!r}, {concurrency}, renderer, {turns})" if engine_url else
-                   f"rollout.measure(rollout.StubPolicy({latency_ms / 1000}), renderer, {concurrency}, {turns})")
-            code = (f"import asyncio, json, sys; sys.path[:0] = [{str(tree)!r}, {str(HERE)!r}]\n"
-                    "import rollout\n"
-                    "from slime_env import get_renderer\nfrom slime_env.offline_tokenizers import smollm2\n"
-                    f"renderer = get_renderer(smollm2())\nprint(json.dumps(asyncio.run({run})))")
-            out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                                 cwd=str(tree), env={**os.environ, "PYTHONPATH": str(tree)})
-            return json.loads(out.stdout.strip().splitlines()[-1])
-        finally:
-            subprocess.run(["git", "-C", str(root), "worktree", "remove", "--force", str(tree)], capture_output=True)
+    run = (f"rollout._with_http({engine_url!r}, {concurrency}, renderer, {turns})" if engine_url else
+           f"rollout.measure(rollout.StubPolicy({latency_ms / 1000}), renderer, {concurrency}, {turns})")
+    return run_at_revision(rev, "import asyncio, json\nimport rollout\n"
+                                "from slime_env import get_renderer\nfrom slime_env.offline_tokenizers import smollm2\n"
+                                f"renderer = get_renderer(smollm2())\nprint(json.dumps(asyncio.run({run})))")
 
 
 async def _with_http(url, c, renderer, turns, env_factory=None, backend="local"):
