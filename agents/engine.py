@@ -133,6 +133,10 @@ class ContinuousEngine:
     def idle(self) -> bool:
         return not any(self.rows)
 
+    def invalidate(self) -> None:
+        """New weights: the cached prefixes' K/V is stale (called while idle, holding `model_lock`)."""
+        self.prefix.clear()
+
     def close(self) -> None:
         with self._wake:
             self._closed = True

@@ -50,6 +50,7 @@ class _Request:
     error: BaseException | None = None
     cached_tokens: int = 0
     weight_version: str | None = None
+    seed: int = 0  # the request's sampling seed (the paged engine draws from it on the device)
 
 
 def _check_ids(input_ids: Any, vocab_size: int) -> list[int]:
@@ -79,7 +80,8 @@ class TransformersPolicy:
 
     def __init__(self, model: Any, tokenizer: Any, *, max_batch_size: int = 16, batch_window_s: float = 0.005,
                  weight_version: str = "0", seed: int | None = None, batching: str = "continuous",
-                 prefix_cache_tokens: int = 32768):
+                 prefix_cache_tokens: int = 32768, paged: bool | None = None,
+                 paged_options: Mapping[str, Any] | None = None):
         if max_batch_size < 1:
             raise InvalidInput(f"max_batch_size must be >= 1, got {max_batch_size}")
         if batching not in ("continuous", "static"):
@@ -105,7 +107,12 @@ class TransformersPolicy:
                       "generate_s": 0.0, "cached_tokens": 0}
         self.batching = batching
         self._engine = None
-        if batching == "continuous":
+        self.paged = batching == "continuous" and (paged_usable(model) if paged is None else paged)
+        if self.paged:
+            from agents.paged_engine import PagedEngine
+
+            self._engine = PagedEngine(self, max_batch_size=max_batch_size, **dict(paged_options or {}))
+        elif batching == "continuous":
             from agents.engine import ContinuousEngine
 
             self._engine = ContinuousEngine(self, max_batch_size=max_batch_size,
@@ -227,12 +234,22 @@ class TransformersPolicy:
             def load() -> None:
                 with engine.model_lock:
                     self._load(weights)
-                    engine.prefix.clear()
+                    engine.invalidate()
 
             await loop.run_in_executor(self._executor, load)
             self.weight_version = str(weight_version)
         finally:
             engine.hold(self.paused)
+
+    def release_memory(self) -> None:
+        """Give the K/V pool's device memory back (a colocated trainer is about to run). Only the paged engine
+        holds such a pool; elsewhere a no-op. Generation resumes it by itself, or call `resume_memory()`."""
+        if self.paged:
+            self._engine.release_memory()
+
+    def resume_memory(self) -> None:
+        if self.paged:
+            self._engine.resume_memory()
 
     def close(self) -> None:
         if self._worker is not None:
@@ -293,11 +310,12 @@ class TransformersPolicy:
         if self.eos_id is not None and not p.get("ignore_eos"):
             stop_ids |= {self.eos_id}
         seed = p.get("sampling_seed")
+        seed = int(seed) if seed is not None else self._rng.getrandbits(63)
         gen = None
-        if temperature > 0:
+        if temperature > 0 and not self.paged:  # the paged engine samples from the seed on the device
             gen = torch.Generator(device=self.device)
-            gen.manual_seed(int(seed) if seed is not None else self._rng.getrandbits(63))
-        return _Request(ids, max_new, temperature, top_p, top_k, stop, stop_ids, gen, future)
+            gen.manual_seed(seed)
+        return _Request(ids, max_new, temperature, top_p, top_k, stop, stop_ids, gen, future, seed=seed)
 
     # --- generation (worker thread) --------------------------------------------------------------
     @torch.inference_mode()
@@ -424,3 +442,16 @@ def _draw(probs: torch.Tensor, generators: list[torch.Generator | None]) -> list
         if p > last:  # u*total rounded up to the total: the last token that can be drawn
             picks[k] = int(torch.nonzero(probs[k])[-1])
     return picks
+
+
+def paged_usable(model: Any) -> bool:
+    """Whether the paged GPU engine (`agents.paged_engine`) runs `model`: a Llama / Qwen2 / Qwen3 model on CUDA with
+    Triton importable and a power-of-two head dim. Elsewhere continuous batching uses `agents.engine`."""
+    from agents import paged_attention
+    from agents.packed_forward import packable
+
+    device = next(model.parameters()).device
+    if not packable(model) or not paged_attention.triton_usable(device) or device.type != "cuda":
+        return False
+    d = model.model.layers[0].self_attn.head_dim
+    return d >= 16 and d & (d - 1) == 0

@@ -1,0 +1,359 @@
+"""`PagedEngine`: the GPU path of `TransformersPolicy`'s continuous batching — paged K/V, CUDA graphs, GPU sampling.
+
+One thread runs steps. A step is either
+- a **decode step**: every running sequence feeds its last sampled token — fixed shapes, replayed from a CUDA
+  graph captured for that batch size; or
+- a **mixed step** (eager): the running sequences' decode tokens plus the new tokens of sequences joining the
+  batch, packed into one forward. Joining sequences first take what the block pool already holds for them
+  (`agents.kv_blocks`: the earlier turns of their episode, the prompt their GRPO group shares), so a resumed turn
+  computes only its new tokens. A prompt longer than the step's token budget is prefilled over several steps.
+
+Every step ends with one batched draw on the GPU (`agents.sampler`) and one copy of (token, log-prob) per row to
+the host. K/V blocks are allocated as sequences grow; when the pool runs out, the most recently admitted sequence
+is preempted — its blocks released (its full ones stay cached and are usually matched again), its tokens kept —
+and resumed later by recomputation. Requests, stop rules and results are `TransformersPolicy`'s: this class only
+replaces `agents.engine.ContinuousEngine` for Llama / Qwen2 / Qwen3 models on CUDA (`agents.model_runner`).
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from agents import paged_attention as pa
+from agents.kv_blocks import BlockPool, chain_digest
+from agents.model_runner import ModelRunner, pool_blocks
+from agents.sampler import SamplingBatch, sample
+
+
+@dataclass
+class _Seq:
+    req: Any                 # agents.transformers_policy._Request
+    ids: list[int]           # prompt + generated tokens; the K/V of ids[:computed] is in `blocks`
+    order: int               # admission order (the youngest is preempted first)
+    blocks: list[int] = field(default_factory=list)
+    digests: list[bytes] = field(default_factory=list)  # of the first len(digests) full blocks
+    computed: int = 0
+    row: int = -1            # its block-table row while it runs
+    cached: int = 0          # tokens taken from the prefix cache when it was (last) admitted
+    started: bool = False    # its request has been claimed (weight version set, counted)
+
+
+class PagedEngine:
+    """See the module docstring. `submit(req)` from the event loop; results through `policy._complete(req)`.
+
+    `block_size` tokens per K/V block; the pool takes `kv_memory_fraction` of the free device memory (or
+    `max_kv_tokens`); `max_step_tokens` bounds the tokens of one mixed step; `max_model_len` bounds a sequence
+    (default: the model's `max_position_embeddings`); `cuda_graphs` replays decode steps from CUDA graphs.
+    """
+
+    def __init__(self, policy: Any, *, max_batch_size: int, block_size: int = 16, kv_memory_fraction: float = 0.4,
+                 max_kv_tokens: int | None = None, max_step_tokens: int = 8192, max_model_len: int | None = None,
+                 cuda_graphs: bool = True, use_triton: bool | None = None):
+        self.policy = policy
+        model = policy.model
+        self.max_batch_size = max_batch_size
+        self.block_size = block_size
+        self.max_step_tokens = max(max_step_tokens, max_batch_size + 1)
+        self.max_model_len = int(max_model_len or getattr(model.config, "max_position_embeddings", 4096))
+        device = policy.device
+        self.use_triton = pa.triton_usable(device) if use_triton is None else use_triton
+        self._pool_args = {"block_size": block_size, "dtype": next(model.parameters()).dtype, "device": device,
+                           "memory_fraction": kv_memory_fraction, "max_tokens": max_kv_tokens,
+                           "min_tokens": self.max_model_len}
+        num_blocks = pool_blocks(model, **self._pool_args)
+        self.prefix = BlockPool(num_blocks, block_size)
+        self.runner = ModelRunner(model, num_blocks=num_blocks, block_size=block_size, max_rows=max_batch_size,
+                                  max_model_len=self.max_model_len, graphs=cuda_graphs, use_triton=self.use_triton)
+        self._waiting: collections.deque = collections.deque()  # from the event loop (under _wake)
+        self._queue: collections.deque[_Seq] = collections.deque()  # waiting here: new and preempted sequences
+        self._running: list[_Seq] = []
+        self._free_rows = list(range(max_batch_size - 1, -1, -1))
+        self._wake = threading.Condition()
+        self._closed = self._hold = False
+        self._released = False
+        self.model_lock = threading.Lock()
+        self._order = 0
+        self.steps = self.decode_steps = self.mixed_steps = self.preemptions = 0
+        self._thread = threading.Thread(target=self._run, name="slime_env-paged-engine", daemon=True)
+        self._thread.start()
+
+    # --- from the event loop ------------------------------------------------------------------------------
+    def submit(self, req: Any) -> None:
+        limit = self.max_model_len
+        if len(req.input_ids) + 1 > limit:
+            req.error = ValueError(f"input_ids has {len(req.input_ids)} tokens; the engine's max_model_len is "
+                                   f"{limit}")
+            self.policy._complete(req)
+            return
+        with self._wake:
+            self._waiting.append(req)
+            self._wake.notify()
+
+    def hold(self, on: bool) -> None:
+        with self._wake:
+            self._hold = on
+            self._wake.notify()
+
+    def idle(self) -> bool:
+        return not self._running
+
+    def close(self) -> None:
+        with self._wake:
+            self._closed = True
+            self._wake.notify()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout=30)
+
+    def release_memory(self) -> None:
+        """Free the K/V pool and CUDA graphs (call while idle and held, e.g. around a colocated training step)."""
+        with self.model_lock:
+            self.prefix.clear()
+            self.runner.release()
+            self._released = True
+
+    def resume_memory(self) -> None:
+        with self.model_lock:
+            if self._released:
+                self.runner.resume()
+                self._released = False
+
+    def invalidate(self) -> None:
+        """New weights: no cached K/V is valid (call while idle, holding `model_lock`). Waiting sequences give
+        back the cached blocks they matched; they are matched again when admitted."""
+        for s in self._queue:
+            self._release(s)
+        self.prefix.clear()
+
+    # --- the loop -----------------------------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                while not self._closed and not self._running and (self._hold or not (self._waiting or self._queue)):
+                    self._wake.wait()
+                if self._closed:
+                    break
+                while self._waiting:
+                    self._queue.append(self._new_seq(self._waiting.popleft()))
+                hold = self._hold
+            try:
+                with self.model_lock, torch.inference_mode():
+                    if self._released:
+                        self.runner.resume()
+                        self._released = False
+                    t0 = time.perf_counter()
+                    self._step(admit=not hold)
+                    self.policy.usage["generate_s"] += time.perf_counter() - t0
+            except Exception as e:  # noqa: BLE001 - fail what is running, keep serving
+                for seq in self._running:
+                    seq.req.error = e
+                    self.policy._complete(seq.req)
+                    self._drop(seq)
+                self._running = []
+        with self._wake:
+            pending = [s.req for s in self._queue] + list(self._waiting) + [s.req for s in self._running]
+            self._queue.clear()
+            self._waiting.clear()
+        for r in pending:
+            r.finish = "abort"
+            self.policy._complete(r)
+
+    def _new_seq(self, req: Any) -> _Seq:
+        self._order += 1
+        return _Seq(req, list(req.input_ids), self._order)
+
+    def _step(self, admit: bool) -> None:
+        bs = self.block_size
+        pool = self.prefix
+        # Aborted requests leave (running or waiting).
+        for seq in [s for s in self._running if s.req.aborted]:
+            self._finish(seq, "abort")
+        for seq in [s for s in self._queue if s.req.aborted]:
+            self._queue.remove(seq)
+            self._abort_waiting(seq)
+        budget = self.max_step_tokens
+        decoding = [s for s in self._running if s.computed == len(s.ids) - 1]
+        # Each decoding sequence needs room for one more token; preempt the youngest when the pool is short.
+        full = {id(s) for s in decoding if s.computed == len(s.blocks) * bs}
+        while len(full) > pool.num_free() and self._running:
+            victim = max(self._running, key=lambda s: s.order)
+            full.discard(id(victim))
+            self._preempt(victim)
+        decoding = [s for s in decoding if s.row >= 0]  # the preempted ones left
+        for s in decoding:
+            if id(s) in full:
+                self._grow(s, 1)
+        budget -= len(decoding)
+        # Sequences in the middle of a chunked prefill, then new ones (FIFO), while budget, rows and blocks last.
+        chunks: list[tuple[_Seq, int]] = []
+        joined = False
+        for s in self._running:
+            if s.computed < len(s.ids) - 1 and budget > 0:
+                n = min(len(s.ids) - s.computed, budget)
+                if not self._reserve(s, n):
+                    break
+                chunks.append((s, n))
+                budget -= n
+        while admit and self._queue and budget > 0 and self._free_rows:
+            s = self._queue[0]
+            if not s.blocks:
+                s.blocks, s.digests = pool.match(s.ids, limit=(len(s.ids) - 1) // bs)
+                s.computed = s.cached = len(s.blocks) * bs
+            n = min(len(s.ids) - s.computed, budget)
+            if not self._reserve(s, n):
+                if not self._running and not chunks and not decoding:
+                    self._queue.popleft()
+                    self._release(s)
+                    s.req.error = ValueError(f"a sequence of {len(s.ids)} tokens does not fit in the K/V pool "
+                                             f"({pool.num_blocks - 1} blocks of {bs}); give the engine more "
+                                             "memory (kv_memory_fraction / max_kv_tokens)")
+                    self.policy._complete(s.req)
+                break
+            self._queue.popleft()
+            s.row = self._free_rows.pop()
+            self.runner.tables[s.row, :len(s.blocks)] = s.blocks
+            self._running.append(s)
+            if not s.started:
+                s.started = True
+                s.req.weight_version = self.policy.weight_version  # the weights its tokens come from
+                joined = True
+            chunks.append((s, n))
+            budget -= n
+        if not decoding and not chunks:
+            return
+        if joined:
+            self.policy.usage["batches"] += 1  # an admission wave: requests that joined the batch together
+        self._sync_tables()
+        if chunks:
+            logits, sampled = self._mixed(decoding, chunks)
+        else:
+            logits = self.runner.decode([s.ids[-1] for s in decoding], [s.computed for s in decoding],
+                                        [self._slot(s, s.computed) for s in decoding],
+                                        [s.computed + 1 for s in decoding], [s.row for s in decoding])
+            sampled = decoding
+            self.decode_steps += 1
+        self.steps += 1
+        picks = self._sample(sampled, logits) if sampled else []
+        for s in decoding:
+            s.computed += 1
+            self._name_full_blocks(s)
+        for s, n in chunks:
+            s.computed += n
+            self._name_full_blocks(s)
+        for s, (token, logprob) in zip(sampled, picks):
+            r = s.req
+            if not r.out_ids:  # its prompt is done: this is its first generated token
+                r.cached_tokens = s.cached
+                self.policy.usage["prompt_tokens"] += len(s.ids) - s.cached
+                self.policy.usage["cached_tokens"] += s.cached
+            s.ids.append(token)
+            r.out_ids.append(token)
+            r.out_logprobs.append(logprob)
+            finish = self.policy._finished(r) or ("abort" if r.aborted else None)
+            if finish is None and len(s.ids) >= self.max_model_len:
+                finish = "length"  # no position left for another token
+            if finish is not None:
+                self._finish(s, finish)
+
+    # --- steps ----------------------------------------------------------------------------------------------
+    def _mixed(self, decoding: list[_Seq], chunks: list[tuple[_Seq, int]]) -> tuple[torch.Tensor, list[_Seq]]:
+        ids, positions, slots = [], [], []
+        for s in decoding:
+            ids.append(s.ids[-1])
+            positions.append(s.computed)
+            slots.append(self._slot(s, s.computed))
+        q_lens, ctx_lens, rows, last, sampled = [], [], [], list(range(len(decoding))), list(decoding)
+        for s, n in chunks:
+            a = s.computed
+            ids.extend(s.ids[a:a + n])
+            positions.extend(range(a, a + n))
+            slots.extend(self._slot(s, p) for p in range(a, a + n))
+            q_lens.append(n)
+            ctx_lens.append(a + n)
+            rows.append(s.row)
+            if a + n == len(s.ids):  # the prompt is complete: its last token's logits give the next token
+                last.append(len(ids) - 1)
+                sampled.append(s)
+        device = self.runner.device
+        t = torch.tensor([ids, positions, slots], dtype=torch.int64).to(device, non_blocking=True)
+        dec = torch.tensor([[s.computed + 1 for s in decoding], [s.row for s in decoding]],
+                           dtype=torch.int64).to(device, non_blocking=True) if decoding else None
+        plan = pa.prefill_plan(q_lens, ctx_lens, rows, device)
+        logits = self.runner.forward(t[0], t[1], t[2], len(decoding), dec[0] if dec is not None else None,
+                                     dec[1] if dec is not None else None, plan,
+                                     torch.tensor(last, dtype=torch.int64).to(device, non_blocking=True))
+        self.mixed_steps += 1
+        return logits, sampled
+
+    def _sample(self, seqs: list[_Seq], logits: torch.Tensor) -> list[tuple[int, float]]:
+        params = SamplingBatch.build([(s.req.temperature, s.req.top_p, s.req.top_k, s.req.seed, len(s.req.out_ids))
+                                      for s in seqs], logits.device)
+        tokens, logprobs = sample(logits, params)
+        both = torch.stack([tokens.double(), logprobs.double()]).cpu()  # one copy to the host per step
+        return list(zip(map(int, both[0].tolist()), both[1].tolist()))
+
+    # --- blocks -----------------------------------------------------------------------------------------------
+    def _slot(self, s: _Seq, position: int) -> int:
+        return s.blocks[position // self.block_size] * self.block_size + position % self.block_size
+
+    def _grow(self, s: _Seq, n: int) -> None:
+        new = self.prefix.allocate(n)
+        if s.row >= 0:
+            self.runner.tables[s.row, len(s.blocks):len(s.blocks) + n] = new
+        s.blocks.extend(new)
+
+    def _reserve(self, s: _Seq, tokens: int) -> bool:
+        """Blocks for `tokens` more of `s`'s tokens, if the pool has them."""
+        need = self.prefix.blocks_for(s.computed + tokens) - len(s.blocks)
+        if need <= 0:
+            return True
+        if need > self.prefix.num_free():
+            return False
+        self._grow(s, need)
+        return True
+
+    def _name_full_blocks(self, s: _Seq) -> None:
+        bs = self.block_size
+        for j in range(len(s.digests), s.computed // bs):
+            d = chain_digest(s.digests[-1] if s.digests else b"", s.ids[j * bs:(j + 1) * bs])
+            self.prefix.register(s.blocks[j], d)
+            s.digests.append(d)
+
+    def _sync_tables(self) -> None:
+        rows = max(s.row for s in self._running) + 1
+        cols = max(len(s.blocks) for s in self._running)
+        self.runner.upload_tables(rows, cols)
+
+    def _release(self, s: _Seq) -> None:
+        self.prefix.release(s.blocks)
+        s.blocks, s.digests, s.computed = [], [], 0
+
+    def _drop(self, s: _Seq) -> None:
+        if s.row >= 0:
+            self._free_rows.append(s.row)
+            s.row = -1
+        self._release(s)
+
+    def _preempt(self, s: _Seq) -> None:
+        """Give `s`'s blocks back and queue it first; it resumes by recomputing (its full blocks stay cached)."""
+        self._running.remove(s)
+        self._drop(s)
+        self._queue.appendleft(s)
+        self.preemptions += 1
+
+    def _finish(self, s: _Seq, finish: str) -> None:
+        s.req.finish = finish
+        self._running.remove(s)
+        self._drop(s)
+        self.policy.usage["completion_tokens"] += len(s.req.out_ids)
+        self.policy._complete(s.req)
+
+    def _abort_waiting(self, s: _Seq) -> None:
+        s.req.finish = "abort"
+        self._release(s)
+        self.policy._complete(s.req)
