@@ -79,8 +79,10 @@ class BlockPool:
         return out
 
     def release(self, blocks: Sequence[int]) -> None:
-        """Drop one reference to each block; a block nobody holds goes to the end of the free list (kept cached)."""
-        for block in blocks:
+        """Drop one reference to each block; a block nobody holds goes to the end of the free list (kept cached).
+        Last blocks first: a sequence's tail is evicted before its prefix, which more sequences share and
+        without which the tail can never be matched."""
+        for block in reversed(blocks):
             self.refs[block] -= 1
             if self.refs[block] == 0:
                 self.free[block] = None

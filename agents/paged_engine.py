@@ -124,10 +124,7 @@ class PagedEngine:
                 self._released = False
 
     def invalidate(self) -> None:
-        """New weights: no cached K/V is valid (call while idle, holding `model_lock`). Waiting sequences give
-        back the cached blocks they matched; they are matched again when admitted."""
-        for s in self._queue:
-            self._release(s)
+        """New weights: no cached K/V is valid (call while idle, holding `model_lock`)."""
         self.prefix.clear()
 
     # --- the loop -----------------------------------------------------------------------------------------
@@ -176,39 +173,36 @@ class PagedEngine:
         for seq in [s for s in self._queue if s.req.aborted]:
             self._queue.remove(seq)
             self._abort_waiting(seq)
-        budget = self.max_step_tokens
-        decoding = [s for s in self._running if s.computed == len(s.ids) - 1]
-        # Each decoding sequence needs room for one more token; preempt the youngest when the pool is short.
-        full = {id(s) for s in decoding if s.computed == len(s.blocks) * bs}
-        while len(full) > pool.num_free() and self._running:
-            victim = max(self._running, key=lambda s: s.order)
-            full.discard(id(victim))
-            self._preempt(victim)
-        decoding = [s for s in decoding if s.row >= 0]  # the preempted ones left
-        for s in decoding:
-            if id(s) in full:
-                self._grow(s, 1)
-        budget -= len(decoding)
-        # Sequences in the middle of a chunked prefill, then new ones (FIFO), while budget, rows and blocks last.
+        # The running sequences, oldest first: each gets room for its next token (decoding) or its next chunk
+        # (a prefill longer than one step), younger ones preempted when the pool is short -- so the oldest always
+        # progresses and nothing already scheduled this step is taken back.
+        n_dec = sum(1 for s in self._running if s.computed == len(s.ids) - 1)
+        budget = self.max_step_tokens - n_dec
+        decoding: list[_Seq] = []
         chunks: list[tuple[_Seq, int]] = []
-        joined = False
-        for s in self._running:
-            if s.computed < len(s.ids) - 1 and budget > 0:
+        for s in sorted(self._running, key=lambda s: s.order):
+            if s.row < 0:
+                continue  # preempted for an older one
+            if s.computed == len(s.ids) - 1:
+                if self._room(s, 1):
+                    decoding.append(s)
+            elif budget > 0:
                 n = min(len(s.ids) - s.computed, budget)
-                if not self._reserve(s, n):
-                    break
-                chunks.append((s, n))
-                budget -= n
+                if self._room(s, n):
+                    chunks.append((s, n))
+                    budget -= n
+        # Then waiting sequences (new or preempted), first come first served, while budget, rows and blocks last.
+        # A waiting sequence holds no block: it takes the cached ones it matches only when it is admitted.
+        joined = False
         while admit and self._queue and budget > 0 and self._free_rows:
             s = self._queue[0]
-            if not s.blocks:
-                s.blocks, s.digests = pool.match(s.ids, limit=(len(s.ids) - 1) // bs)
-                s.computed = s.cached = len(s.blocks) * bs
+            s.blocks, s.digests = pool.match(s.ids, limit=(len(s.ids) - 1) // bs)
+            s.computed = s.cached = len(s.blocks) * bs
             n = min(len(s.ids) - s.computed, budget)
             if not self._reserve(s, n):
-                if not self._running and not chunks and not decoding:
+                self._release(s)
+                if not self._running:
                     self._queue.popleft()
-                    self._release(s)
                     s.req.error = ValueError(f"a sequence of {len(s.ids)} tokens does not fit in the K/V pool "
                                              f"({pool.num_blocks - 1} blocks of {bs}); give the engine more "
                                              "memory (kv_memory_fraction / max_kv_tokens)")
@@ -315,6 +309,16 @@ class PagedEngine:
         if need > self.prefix.num_free():
             return False
         self._grow(s, need)
+        return True
+
+    def _room(self, s: _Seq, tokens: int) -> bool:
+        """Blocks for `tokens` more of running `s`'s tokens, preempting younger running sequences if needed;
+        False (and `s` preempted) when even that is not enough."""
+        while not self._reserve(s, tokens):
+            younger = [o for o in self._running if o.order > s.order]
+            self._preempt(max(younger, key=lambda o: o.order) if younger else s)
+            if not younger:
+                return False
         return True
 
     def _name_full_blocks(self, s: _Seq) -> None:
