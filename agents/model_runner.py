@@ -159,7 +159,9 @@ class ModelRunner:
         host = self._host
         host[:, n:size] = self._padding(size - n)
         host[:, :n] = torch.tensor([ids, positions, slots, ctx, rows])
-        self._static[:, :size].copy_(host[:, :size], non_blocking=True)
+        # The whole buffer, not host[:, :size]: a non-contiguous pinned source is staged through a temporary that
+        # can be freed before the asynchronous copy has read it (garbage ids reached the embedding that way).
+        self._static.copy_(host, non_blocking=True)
         graph, out = self.graphs[size]
         graph.replay()
         return out[:n]

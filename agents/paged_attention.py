@@ -98,8 +98,8 @@ def prefill_reference(q, k_cache, v_cache, block_tables, p: Prefill, scale):
         k = _gather(k_cache, table, ctx).float().repeat_interleave(group, 1)
         v = _gather(v_cache, table, ctx).float().repeat_interleave(group, 1)
         scores = torch.einsum("qhd,nhd->hqn", q[a:a + n].float(), k) * scale
-        pos = torch.arange(ctx - n, ctx)[:, None]
-        scores = scores.masked_fill(torch.arange(ctx)[None, :] > pos, float("-inf"))
+        pos = torch.arange(ctx - n, ctx, device=q.device)[:, None]
+        scores = scores.masked_fill(torch.arange(ctx, device=q.device)[None, :] > pos, float("-inf"))
         out[a:a + n] = torch.einsum("hqn,nhd->qhd", torch.softmax(scores, -1), v).to(q.dtype)
     return out
 
