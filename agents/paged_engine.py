@@ -63,9 +63,11 @@ class PagedEngine:
         self.max_model_len = int(max_model_len or getattr(model.config, "max_position_embeddings", 4096))
         device = policy.device
         self.use_triton = pa.triton_usable(device) if use_triton is None else use_triton
+        # Without a bound the pool is a fraction of free memory, but never more than every row at full length
+        # (millions of blocks of a small model would only cost host-side bookkeeping).
+        cap = max_kv_tokens if max_kv_tokens is not None else max_batch_size * self.max_model_len
         self._pool_args = {"block_size": block_size, "dtype": next(model.parameters()).dtype, "device": device,
-                           "memory_fraction": kv_memory_fraction, "max_tokens": max_kv_tokens,
-                           "min_tokens": self.max_model_len}
+                           "memory_fraction": kv_memory_fraction, "max_tokens": cap, "min_tokens": self.max_model_len}
         num_blocks = pool_blocks(model, **self._pool_args)
         self.prefix = BlockPool(num_blocks, block_size)
         self.runner = ModelRunner(model, num_blocks=num_blocks, block_size=block_size, max_rows=max_batch_size,
