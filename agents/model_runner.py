@@ -68,7 +68,7 @@ class ModelRunner:
         self._cos = self._sin = None
         self.k_cache: list[torch.Tensor] = []
         self.v_cache: list[torch.Tensor] = []
-        self.graphs: dict[int, tuple[Any, torch.Tensor]] = {}
+        self.graphs: dict[int, tuple[Any, torch.Tensor, torch.Tensor]] = {}  # size: (graph, logits, its index)
         self._graph_pool = None
         self._rope_tables()
         self.resume()
@@ -162,7 +162,7 @@ class ModelRunner:
         # The whole buffer, not host[:, :size]: a non-contiguous pinned source is staged through a temporary that
         # can be freed before the asynchronous copy has read it (garbage ids reached the embedding that way).
         self._static.copy_(host, non_blocking=True)
-        graph, out = self.graphs[size]
+        graph, out, _ = self.graphs[size]
         graph.replay()
         return out[:n]
 
@@ -177,6 +177,7 @@ class ModelRunner:
     def _capture(self, size: int) -> None:
         s = self._static
         s[:, :size].copy_(self._padding(size).to(self.device))
+        # Every tensor the graph reads must outlive it: a replay reads whatever now sits at the captured address.
         last = torch.arange(size, device=self.device)
 
         def body():
@@ -191,7 +192,7 @@ class ModelRunner:
         with torch.cuda.graph(graph, pool=self._graph_pool):
             out = body()
         self._graph_pool = graph.pool()
-        self.graphs[size] = (graph, out)
+        self.graphs[size] = (graph, out, last)
 
 
 def pool_blocks(model: Any, *, block_size: int, dtype: torch.dtype, device: torch.device, memory_fraction: float,
