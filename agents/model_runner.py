@@ -1,21 +1,23 @@
-"""The paged engine's forward pass: a Llama / Qwen2 / Qwen3 model over the K/V block pool, decode in CUDA graphs.
+"""The paged engine's forward pass: a Llama / Qwen2 / Qwen3 model over the K/V block pool, every step a CUDA graph.
 
 The model's own modules do the arithmetic (embedding, norms, projections, MLP, LM head; the rotary tables are
 the model's rotary embedding evaluated once for every position), so the weights stay the model's parameters:
-an in-place weight update is seen by the next step, eager or replayed. Tokens are packed (T, hidden): a step's
-decoding tokens first (one per running sequence), then the new tokens of sequences being prefilled.
-Attention reads and writes the pool through `agents.paged_attention`.
+an in-place weight update is seen by the next replay. A step's tokens are packed (T, hidden): one per decoding
+sequence, then the new tokens of sequences being prefilled (`Step`). Attention reads and writes the pool through
+`agents.paged_attention`, whose kernels have grids fixed by T alone.
 
-A decode-only step has fixed shapes for a given batch size, so it is captured once per size of a ladder
-(`graph_sizes`) into a CUDA graph whose inputs are views of one device buffer; a batch is padded up to the next
-captured size, padded rows writing into the reserved scratch block. The pool and the graphs can be dropped
-(`release()`) to give the GPU's memory to a colocated trainer and rebuilt (`resume()`); graphs are then captured
-again as sizes come up.
+So a step of T tokens is shape-static once T is padded up to a size of the ladder `STEP_SIZES`: each size is
+captured once into a CUDA graph (when first needed) whose inputs are views of one device buffer, filled by one
+host-to-device copy per step. Decode-only steps and steps where sequences join (the multi-turn case, where turns
+end and start all the time) replay alike; an eager step cost ~28 ms of Python and kernel launches for a 30-layer
+model, a replay ~3-4 ms. The pool and the graphs can be dropped (`release()`) to give the GPU's memory to a
+colocated trainer and rebuilt (`resume()`); graphs are then captured again as sizes come up.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -25,7 +27,31 @@ from agents import paged_attention as pa
 from agents.kv_blocks import SCRATCH
 from agents.packed_forward import _rope
 
-GRAPH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512)
+
+def _ladder(top: int) -> tuple[int, ...]:
+    sizes, s = [1, 2, 4, 8, 16, 24, 32, 48], 64
+    while s < top:
+        sizes.append(s)
+        s = s + (s // 4 if s >= 256 else s // 2)
+    return tuple(x for x in sizes if x < top) + (top,)
+
+
+@dataclass
+class Step:
+    """One step, host side: `ids` / `positions` / `slots` per packed token (decoding ones first, one per decoding
+    sequence, with their context lengths and block-table rows in `dec_ctx` / `dec_rows`), then the prefilled
+    sequences' new tokens (`q_start`, `q_len`, `ctx_len`, `rows` per sequence); `last`: the packed indices whose
+    logits are wanted."""
+    ids: list[int]
+    positions: list[int]
+    slots: list[int]
+    dec_ctx: list[int]
+    dec_rows: list[int]
+    q_start: list[int]
+    q_len: list[int]
+    ctx_len: list[int]
+    rows: list[int]
+    last: list[int]
 
 
 def attention_dims(model: Any) -> tuple[int, int, int, int]:
@@ -44,11 +70,12 @@ class ModelRunner:
     """Runs packed steps of `model` against a pool of `num_blocks` K/V blocks (see the module docstring).
 
     `max_rows` block-table rows (one per running sequence) plus one scratch row; `max_model_len` bounds positions
-    (the rotary tables and the block tables' width). `graphs`: capture decode steps in CUDA graphs (CUDA only).
+    (the rotary tables and the block tables' width); `max_step_tokens` bounds a step. `graphs`: replay steps from
+    CUDA graphs (CUDA only); otherwise every step runs eagerly at its exact size.
     """
 
     def __init__(self, model: Any, *, num_blocks: int, block_size: int, max_rows: int, max_model_len: int,
-                 graphs: bool, use_triton: bool):
+                 max_step_tokens: int, graphs: bool, use_triton: bool):
         self.model, self.block_size, self.max_rows = model, block_size, max_rows
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
@@ -61,15 +88,16 @@ class ModelRunner:
         self.num_blocks = num_blocks
         self.use_triton = use_triton
         self.graphs_enabled = graphs and self.device.type == "cuda"
+        self.sizes = _ladder(max_step_tokens)
         self.scratch_row = max_rows
         # The block tables: a host mirror the engine edits, copied to the device before a step uses it.
         self.tables = np.zeros((max_rows + 1, self.max_blocks), dtype=np.int32)
         self.tables_dev = torch.zeros((max_rows + 1, self.max_blocks), dtype=torch.int32, device=self.device)
-        self._cos = self._sin = None
         self.k_cache: list[torch.Tensor] = []
         self.v_cache: list[torch.Tensor] = []
-        self.graphs: dict[int, tuple[Any, torch.Tensor, torch.Tensor]] = {}  # size: (graph, logits, its index)
+        self.graphs: dict[int, tuple[Any, torch.Tensor]] = {}  # step size: (graph, logits)
         self._graph_pool = None
+        self._layout(max_step_tokens)
         self._rope_tables()
         self.resume()
 
@@ -81,11 +109,6 @@ class ModelRunner:
         shape = (self.num_blocks, self.block_size, self.kv_heads, self.head_dim)
         self.k_cache = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.layers)]
         self.v_cache = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.layers)]
-        if self.graphs_enabled:
-            # The static inputs of every decode graph: ids, positions, slots, context lengths, block-table rows.
-            cap = next((s for s in GRAPH_SIZES if s >= self.max_rows), GRAPH_SIZES[-1])
-            self._static = torch.zeros((5, cap), dtype=torch.int64, device=self.device)
-            self._host = torch.zeros((5, cap), dtype=torch.int64).pin_memory()
 
     def release(self) -> None:
         """Free the K/V pool and the graphs (their memory goes back to the allocator)."""
@@ -101,98 +124,121 @@ class ModelRunner:
             torch.empty((), dtype=self.dtype).element_size()
 
     def _rope_tables(self) -> None:
-        inner = self.model.model
         positions = torch.arange(self.max_model_len, device=self.device)[None]
         probe = torch.zeros((), dtype=self.dtype, device=self.device)
         with torch.inference_mode():
-            cos, sin = inner.rotary_emb(probe, positions)
+            cos, sin = self.model.model.rotary_emb(probe, positions)
         self._cos, self._sin = cos[0], sin[0]
+
+    # --- the static inputs ------------------------------------------------------------------------------------
+    def _layout(self, max_tokens: int) -> None:
+        """One int64 buffer holds every step input; each field is a slice of it (on the host a pinned mirror)."""
+        rows, tiles = self.max_rows, pa.max_tiles(max_tokens, self.max_rows)
+        fields = [("ids", max_tokens), ("positions", max_tokens), ("slots", max_tokens), ("dec_ctx", rows),
+                  ("dec_rows", rows), ("q_start", rows), ("q_len", rows), ("ctx_len", rows), ("rows", rows),
+                  ("tile_seq", tiles), ("tile_m", tiles), ("last", rows)]
+        self._fields, at = {}, 0
+        for name, n in fields:
+            self._fields[name] = (at, n)
+            at += n
+        self._static = torch.zeros(at, dtype=torch.int64, device=self.device)
+        self._host = torch.zeros(at, dtype=torch.int64)
+        if self.graphs_enabled:
+            self._host = self._host.pin_memory()
+        self._host_np = self._host.numpy()
+
+    def _views(self, buffer: Any, size: int) -> dict[str, Any]:
+        """Each field of `buffer` cut to what a step of `size` tokens uses."""
+        rows = min(size, self.max_rows)
+        lengths = {"ids": size, "positions": size, "slots": size, "tile_seq": pa.max_tiles(size, self.max_rows),
+                   "tile_m": pa.max_tiles(size, self.max_rows)}
+        out = {}
+        for name, (at, _) in self._fields.items():
+            out[name] = buffer[at:at + lengths.get(name, rows)]
+        return out
+
+    def _fill(self, step: Step, size: int) -> None:
+        """The host buffer's fields for `step` padded to `size`: padding tokens write into the scratch block,
+        padding decode entries have context 0, padding tiles sequence -1, padding `last` entries index token 0."""
+        v = self._views(self._host_np, size)
+        tile_seq, tile_m = pa.tiles_for(step.q_len)
+        for name, values, pad in (("ids", step.ids, 0), ("positions", step.positions, 0),
+                                  ("slots", step.slots, SCRATCH * self.block_size), ("dec_ctx", step.dec_ctx, 0),
+                                  ("dec_rows", step.dec_rows, self.scratch_row), ("q_start", step.q_start, 0),
+                                  ("q_len", step.q_len, 0), ("ctx_len", step.ctx_len, 0),
+                                  ("rows", step.rows, self.scratch_row), ("tile_seq", tile_seq, -1),
+                                  ("tile_m", tile_m, 0), ("last", step.last, 0)):
+            field = v[name]
+            k = len(values)
+            field[:k] = values
+            field[k:] = pad
 
     # --- block tables ---------------------------------------------------------------------------------------
     def upload_tables(self, rows: int, cols: int) -> None:
-        """Copy the host block tables' first `rows` rows and `cols` columns (and the scratch row) to the device."""
+        """Copy the host block tables' first `rows` rows and `cols` columns to the device."""
         if rows and cols:
-            self.tables_dev[:rows, :cols].copy_(torch.from_numpy(self.tables[:rows, :cols]), non_blocking=False)
+            self.tables_dev[:rows, :cols].copy_(torch.from_numpy(self.tables[:rows, :cols]))
 
     # --- steps ----------------------------------------------------------------------------------------------
-    def forward(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, n_dec: int,
-                dec_ctx: torch.Tensor | None, dec_rows: torch.Tensor | None, prefill: pa.Prefill | None,
-                last: torch.Tensor) -> torch.Tensor:
-        """Float32 logits of the packed tokens at `last`; the first `n_dec` tokens decode one step each (their
-        context lengths and block-table rows in `dec_ctx`, `dec_rows`), the rest are `prefill`'s."""
+    def run(self, step: Step) -> torch.Tensor:
+        """Float32 logits (len(step.last), vocab) of one step: a CUDA-graph replay, or eagerly at its exact size."""
+        n = len(step.ids)
+        size = next((s for s in self.sizes if s >= n), None)
+        if not self.graphs_enabled or size is None:
+            size = n
+        self._fill(step, size)
+        if not self.graphs_enabled:
+            self._static[:self._host.numel()].copy_(self._host)
+            return self._forward(self._views(self._static, size))[:len(step.last)]
+        if size not in self.graphs:
+            self._capture(size)
+            self._fill(step, size)  # the capture ran on padding inputs
+        # The whole buffer in one copy: a non-contiguous pinned source would be staged through a temporary that
+        # can be freed before the asynchronous copy has read it.
+        self._static.copy_(self._host, non_blocking=True)
+        graph, out = self.graphs[size]
+        graph.replay()
+        return out[:len(step.last)]
+
+    def _forward(self, v: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The model on the packed tokens of `v` (views of the device buffer); float32 logits at `v["last"]`."""
         inner = self.model.model
-        x = inner.embed_tokens(ids)
-        cos, sin = self._cos[positions], self._sin[positions]
+        meta = pa.Meta(v["dec_ctx"], v["dec_rows"], v["q_start"], v["q_len"], v["ctx_len"], v["rows"],
+                       v["tile_seq"], v["tile_m"])
+        x = inner.embed_tokens(v["ids"])
+        cos, sin = self._cos[v["positions"]], self._sin[v["positions"]]
         tokens = x.shape[0]
         for i, layer in enumerate(inner.layers):
             attn = layer.self_attn
             h = layer.input_layernorm(x)
             q = attn.q_proj(h).view(tokens, self.heads, self.head_dim)
             k = attn.k_proj(h).view(tokens, self.kv_heads, self.head_dim)
-            v = attn.v_proj(h).view(tokens, self.kv_heads, self.head_dim)
+            v_ = attn.v_proj(h).view(tokens, self.kv_heads, self.head_dim)
             if self.qk_norm:  # Qwen3: RMSNorm over each head before the rotary embedding
                 q, k = attn.q_norm(q), attn.k_norm(k)
             q, k = self.rope(q, k, cos, sin, unsqueeze_dim=1)
-            pa.store(self.k_cache[i], self.v_cache[i], k, v, slots)
-            parts = []
-            if n_dec:
-                parts.append(pa.decode(q[:n_dec], self.k_cache[i], self.v_cache[i], self.tables_dev, dec_ctx,
-                                       dec_rows, self.scale, use_triton=self.use_triton))
-            if prefill is not None:
-                parts.append(pa.prefill(q[n_dec:], self.k_cache[i], self.v_cache[i], self.tables_dev, prefill,
-                                        self.scale, use_triton=self.use_triton))
-            o = parts[0] if len(parts) == 1 else torch.cat(parts)
+            pa.store(self.k_cache[i], self.v_cache[i], k, v_, v["slots"])
+            o = pa.attention(q, self.k_cache[i], self.v_cache[i], self.tables_dev, meta, self.scale,
+                             use_triton=self.use_triton)
             x = x + attn.o_proj(o.reshape(tokens, self.heads * self.head_dim))
             x = x + layer.mlp(layer.post_attention_layernorm(x))
-        return self.model.lm_head(inner.norm(x[last])).float()
-
-    def decode(self, ids: list[int], positions: list[int], slots: list[int], ctx: list[int],
-               rows: list[int]) -> torch.Tensor:
-        """Logits (B, vocab) of one decoding step of B sequences: a CUDA-graph replay when one fits."""
-        n = len(ids)
-        size = next((s for s in GRAPH_SIZES if s >= n), None) if self.graphs_enabled else None
-        if size is None or size > self._static.shape[1]:
-            t = torch.tensor([ids, positions, slots, ctx, rows], dtype=torch.int64).to(self.device, non_blocking=True)
-            return self.forward(t[0], t[1], t[2], n, t[3], t[4], None, torch.arange(n, device=self.device))
-        if size not in self.graphs:
-            self._capture(size)
-        host = self._host
-        host[:, n:size] = self._padding(size - n)
-        host[:, :n] = torch.tensor([ids, positions, slots, ctx, rows])
-        # The whole buffer, not host[:, :size]: a non-contiguous pinned source is staged through a temporary that
-        # can be freed before the asynchronous copy has read it (garbage ids reached the embedding that way).
-        self._static.copy_(host, non_blocking=True)
-        graph, out, _ = self.graphs[size]
-        graph.replay()
-        return out[:n]
-
-    def _padding(self, n: int) -> torch.Tensor:
-        """Inputs of padded graph rows: token 0 at position 0, written to the scratch block, scratch table row."""
-        pad = torch.zeros((5, n), dtype=torch.int64)
-        pad[2] = SCRATCH * self.block_size
-        pad[3] = 1
-        pad[4] = self.scratch_row
-        return pad
+        return self.model.lm_head(inner.norm(x[v["last"]])).float()
 
     def _capture(self, size: int) -> None:
-        s = self._static
-        s[:, :size].copy_(self._padding(size).to(self.device))
-        # Every tensor the graph reads must outlive it: a replay reads whatever now sits at the captured address.
-        last = torch.arange(size, device=self.device)
-
-        def body():
-            return self.forward(s[0, :size], s[1, :size], s[2, :size], size, s[3, :size], s[4, :size], None, last)
-
+        # Capture on padding inputs: every token writes into the scratch block, no tile runs.
+        self._fill(Step([], [], [], [], [], [], [], [], [], []), size)
+        self._static.copy_(self._host)
+        views = self._views(self._static, size)
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
-            body()  # warm-up: kernels compiled and cuBLAS workspaces made outside the capture
+            self._forward(views)  # warm-up: kernels compiled and cuBLAS workspaces made outside the capture
         torch.cuda.current_stream(self.device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._graph_pool):
-            out = body()
+            out = self._forward(views)
         self._graph_pool = graph.pool()
-        self.graphs[size] = (graph, out, last)
+        self.graphs[size] = (graph, out)
 
 
 def pool_blocks(model: Any, *, block_size: int, dtype: torch.dtype, device: torch.device, memory_fraction: float,

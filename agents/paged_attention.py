@@ -1,17 +1,18 @@
 """Attention over the paged K/V pool: Triton kernels for CUDA, a torch reference for everything else.
 
 The pool holds, per layer, keys and values as `(num_blocks, block_size, kv_heads, head_dim)`; a sequence's tokens
-sit in the blocks its row of `block_tables` lists, in order. Two calls, both reading K/V through the block table
-(no gather into a contiguous copy):
-- `decode(q, ...)`: one query per sequence (`q`: (B, heads, dim)); one program per (sequence, K/V head) does all
-  of that head's query heads together (grouped-query attention), flash-attention style over `BLOCK_N` keys at a
-  time. Fixed shapes: the engine captures it in CUDA graphs; lengths are read from device memory.
-- `prefill(q, ...)`: the packed new tokens of several sequences (`q`: (T, heads, dim)), each sequence's queries at
-  the end of its context (cached prefix first), causal. One program per (tile of `BLOCK_M` queries, query head).
-
-Both need the new tokens' K/V already in the pool (`store`). Softmax in float32; `tl.dot` in IEEE float32 for
-float32 models (Triton's default there is TF32, which would not match the model's own forward). The Triton
-versions run under `TRITON_INTERPRET=1` on a CPU too, which is how CI checks them against the reference.
+sit in the blocks its row of `block_tables` lists, in order. A step's queries are packed (T, heads, dim): first one
+token per decoding sequence, then the new tokens of sequences being prefilled (each at the end of its context, its
+cached prefix first, causal), then padding. `attention(q, ...)` runs two kernels that read K/V through the block
+table (no gather into a contiguous copy), both writing into one output:
+- decoding tokens: one program per (sequence, K/V head) does all of that head's query heads together
+  (grouped-query attention), flash-attention style over `BLOCK_N` keys at a time;
+- prefilled tokens: one program per (tile of `BLOCK_M` queries of one sequence, query head).
+Both grids are fixed by the step's padded size, not its contents: entries past the real ones (context length 0,
+tile sequence -1) exit without writing, so one CUDA graph serves every step of a size. The new tokens' K/V must
+be in the pool first (`store`). Softmax in float32; `tl.dot` in IEEE float32 for float32 models (Triton's default
+there is TF32, which would not match the model's own forward). The kernels also run under `TRITON_INTERPRET=1`
+on a CPU, which is how CI checks them against the reference.
 """
 
 from __future__ import annotations
@@ -37,29 +38,31 @@ def triton_usable(device: torch.device) -> bool:
 
 
 @dataclass
-class Prefill:
-    """Where the packed queries of a prefill step come from. Host lists → `tensors(device)` once per step."""
-    q_start: torch.Tensor   # (S,) first packed index of each sequence's queries
+class Meta:
+    """Where a step's packed queries come from (device int64 tensors; in graph mode views of one buffer)."""
+    dec_ctx: torch.Tensor   # (D,) context length of decoding token i (its own included); 0: padding
+    dec_rows: torch.Tensor  # (D,) its block-table row
+    q_start: torch.Tensor   # (S,) packed index of prefilled sequence s's first new token
     q_len: torch.Tensor     # (S,) its new tokens
     ctx_len: torch.Tensor   # (S,) its tokens in the pool after this step (cached + new)
-    rows: torch.Tensor      # (S,) its row of block_tables
-    tile_seq: torch.Tensor  # (tiles,) the sequence of each BLOCK_M-query tile
-    tile_m: torch.Tensor    # (tiles,) the tile's first query within its sequence
-    max_q: int              # longest q_len (host int)
+    rows: torch.Tensor      # (S,) its block-table row
+    tile_seq: torch.Tensor  # (TILES,) the sequence of each BLOCK_M-query tile; -1: padding
+    tile_m: torch.Tensor    # (TILES,) the tile's first query within its sequence
 
 
-def prefill_plan(q_lens: list[int], ctx_lens: list[int], rows: list[int], device: torch.device) -> Prefill:
-    starts, tile_seq, tile_m, at = [], [], [], 0
+def tiles_for(q_lens: list[int]) -> tuple[list[int], list[int]]:
+    """(sequence, first query) of each BLOCK_M-query tile of prefilled sequences with these lengths."""
+    seq, first = [], []
     for s, n in enumerate(q_lens):
-        starts.append(at)
-        at += n
         for m in range(0, n, BLOCK_M):
-            tile_seq.append(s)
-            tile_m.append(m)
-    meta = torch.tensor([starts, q_lens, ctx_lens, rows], dtype=torch.int32)
-    tiles = torch.tensor([tile_seq, tile_m], dtype=torch.int32)
-    meta, tiles = meta.to(device, non_blocking=True), tiles.to(device, non_blocking=True)
-    return Prefill(meta[0], meta[1], meta[2], meta[3], tiles[0], tiles[1], max(q_lens, default=0))
+            seq.append(s)
+            first.append(m)
+    return seq, first
+
+
+def max_tiles(tokens: int, max_seqs: int) -> int:
+    """The most tiles `tokens` prefilled tokens of at most `max_seqs` sequences can need."""
+    return -(-tokens // BLOCK_M) + min(tokens, max_seqs)
 
 
 def store(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
@@ -78,29 +81,26 @@ def _gather(cache: torch.Tensor, table_row: torch.Tensor, n: int) -> torch.Tenso
     return cache[blocks].reshape(-1, *cache.shape[2:])[:n]
 
 
-def decode_reference(q, k_cache, v_cache, block_tables, ctx_lens, rows, scale):
-    out = torch.empty_like(q)
+def attention_reference(q, k_cache, v_cache, block_tables, m: Meta, scale):
+    out = torch.zeros_like(q)
     group = q.shape[1] // k_cache.shape[2]
-    for i in range(q.shape[0]):
-        n, table = int(ctx_lens[i]), block_tables[int(rows[i])]
-        k = _gather(k_cache, table, n).float().repeat_interleave(group, 1)  # (n, heads, d)
-        v = _gather(v_cache, table, n).float().repeat_interleave(group, 1)
-        w = torch.softmax(torch.einsum("hd,nhd->hn", q[i].float(), k) * scale, -1)
-        out[i] = torch.einsum("hn,nhd->hd", w, v).to(q.dtype)
-    return out
 
-
-def prefill_reference(q, k_cache, v_cache, block_tables, p: Prefill, scale):
-    out = torch.empty_like(q)
-    group = q.shape[1] // k_cache.shape[2]
-    for s in range(len(p.q_len)):
-        a, n, ctx, table = int(p.q_start[s]), int(p.q_len[s]), int(p.ctx_len[s]), block_tables[int(p.rows[s])]
-        k = _gather(k_cache, table, ctx).float().repeat_interleave(group, 1)
+    def attend(queries, table, ctx):
+        n = queries.shape[0]
+        k = _gather(k_cache, table, ctx).float().repeat_interleave(group, 1)  # (ctx, heads, d)
         v = _gather(v_cache, table, ctx).float().repeat_interleave(group, 1)
-        scores = torch.einsum("qhd,nhd->hqn", q[a:a + n].float(), k) * scale
+        scores = torch.einsum("qhd,nhd->hqn", queries.float(), k) * scale
         pos = torch.arange(ctx - n, ctx, device=q.device)[:, None]
         scores = scores.masked_fill(torch.arange(ctx, device=q.device)[None, :] > pos, float("-inf"))
-        out[a:a + n] = torch.einsum("hqn,nhd->qhd", torch.softmax(scores, -1), v).to(q.dtype)
+        return torch.einsum("hqn,nhd->qhd", torch.softmax(scores, -1), v).to(q.dtype)
+
+    for i, ctx in enumerate(m.dec_ctx.tolist()):
+        if ctx > 0:
+            out[i:i + 1] = attend(q[i:i + 1], block_tables[int(m.dec_rows[i])], ctx)
+    used = set(m.tile_seq.tolist()) - {-1}
+    for s in sorted(used):
+        a, n, ctx = int(m.q_start[s]), int(m.q_len[s]), int(m.ctx_len[s])
+        out[a:a + n] = attend(q[a:a + n], block_tables[int(m.rows[s])], ctx)
     return out
 
 
@@ -113,11 +113,11 @@ if triton is not None:
                        D: tl.constexpr, IEEE: tl.constexpr):
         b = tl.program_id(0)
         kvh = tl.program_id(1)
-        ctx = tl.load(CTX + b)
+        ctx = tl.load(CTX + b)  # 0 for a padding entry: no iteration, nothing stored
         row = tl.load(ROWS + b).to(tl.int64)
         offs_h = tl.arange(0, BLOCK_H)
         offs_d = tl.arange(0, D)
-        mask_h = offs_h < GROUP
+        mask_h = (offs_h < GROUP) & (ctx > 0)
         heads = kvh * GROUP + offs_h
         q = tl.load(Q + b * s_qb + heads[:, None] * s_qh + offs_d[None, :], mask=mask_h[:, None], other=0.0)
         m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
@@ -157,10 +157,12 @@ if triton is not None:
         h = tl.program_id(1)
         kvh = h // GROUP
         seq = tl.load(TILE_SEQ + tile)
+        real = seq >= 0  # a padding tile reads sequence 0's entries, runs no iteration and stores nothing
+        seq = tl.maximum(seq, 0)
         m0 = tl.load(TILE_M + tile)
         q0 = tl.load(Q_START + seq)
-        qn = tl.load(Q_LEN + seq)
-        ctx = tl.load(CTX + seq)
+        qn = tl.where(real, tl.load(Q_LEN + seq), 0)
+        ctx = tl.where(real, tl.load(CTX + seq), 0)
         row = tl.load(ROWS + seq).to(tl.int64)
         offs_m = m0 + tl.arange(0, BLOCK_M)
         offs_d = tl.arange(0, D)
@@ -205,32 +207,23 @@ def _check(q: torch.Tensor, k_cache: torch.Tensor) -> tuple[int, int]:
     return q.shape[1] // k_cache.shape[2], d
 
 
-def decode(q, k_cache, v_cache, block_tables, ctx_lens, rows, scale, *, use_triton: bool):
-    """(B, heads, dim) attention output of one query per sequence; see the module docstring."""
+def attention(q, k_cache, v_cache, block_tables, m: Meta, scale, *, use_triton: bool) -> torch.Tensor:
+    """(T, heads, dim) attention output of a step's packed queries; see the module docstring. Padding rows are 0."""
     if not use_triton:
-        return decode_reference(q, k_cache, v_cache, block_tables, ctx_lens, rows, scale)
+        return attention_reference(q, k_cache, v_cache, block_tables, m, scale)
     group, d = _check(q, k_cache)
-    out = torch.empty_like(q)
-    grid = (q.shape[0], k_cache.shape[2])
-    _decode_kernel[grid](q, k_cache, v_cache, out, block_tables, ctx_lens, rows, scale,
-                         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-                         out.stride(0), out.stride(1), block_tables.stride(0),
-                         GROUP=group, BLOCK_H=max(16, triton.next_power_of_2(group)), PAGE=k_cache.shape[1],
-                         BLOCK=BLOCK_N, D=d, IEEE=q.dtype == torch.float32)
-    return out
-
-
-def prefill(q, k_cache, v_cache, block_tables, p: Prefill, scale, *, use_triton: bool):
-    """(T, heads, dim) causal attention output of the packed new tokens; see the module docstring."""
-    if not use_triton:
-        return prefill_reference(q, k_cache, v_cache, block_tables, p, scale)
-    group, d = _check(q, k_cache)
-    out = torch.empty_like(q)
-    grid = (p.tile_seq.shape[0], q.shape[1])
-    _prefill_kernel[grid](q, k_cache, v_cache, out, block_tables, p.q_start, p.q_len, p.ctx_len, p.rows,
-                          p.tile_seq, p.tile_m, scale,
-                          q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-                          out.stride(0), out.stride(1), block_tables.stride(0),
-                          GROUP=group, PAGE=k_cache.shape[1], BLOCK_M=BLOCK_M, BLOCK=BLOCK_N, D=d,
-                          IEEE=q.dtype == torch.float32)
+    out = torch.zeros_like(q)
+    common = (k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), out.stride(0), out.stride(1),
+              block_tables.stride(0))
+    ieee = q.dtype == torch.float32
+    if m.dec_ctx.shape[0]:
+        _decode_kernel[(m.dec_ctx.shape[0], k_cache.shape[2])](
+            q, k_cache, v_cache, out, block_tables, m.dec_ctx, m.dec_rows, scale, q.stride(0), q.stride(1), *common,
+            GROUP=group, BLOCK_H=max(16, triton.next_power_of_2(group)), PAGE=k_cache.shape[1], BLOCK=BLOCK_N, D=d,
+            IEEE=ieee)
+    if m.tile_seq.shape[0]:
+        _prefill_kernel[(m.tile_seq.shape[0], q.shape[1])](
+            q, k_cache, v_cache, out, block_tables, m.q_start, m.q_len, m.ctx_len, m.rows, m.tile_seq, m.tile_m,
+            scale, q.stride(0), q.stride(1), *common,
+            GROUP=group, PAGE=k_cache.shape[1], BLOCK_M=BLOCK_M, BLOCK=BLOCK_N, D=d, IEEE=ieee)
     return out

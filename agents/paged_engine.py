@@ -23,11 +23,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
-from agents import paged_attention as pa
 from agents.kv_blocks import BlockPool, chain_digest
-from agents.model_runner import ModelRunner, pool_blocks
+from agents.model_runner import ModelRunner, Step, pool_blocks
+from agents.paged_attention import triton_usable
 from agents.sampler import SamplingBatch, sample
 
 
@@ -62,7 +63,7 @@ class PagedEngine:
         self.max_step_tokens = max(max_step_tokens, max_batch_size + 1)
         self.max_model_len = int(max_model_len or getattr(model.config, "max_position_embeddings", 4096))
         device = policy.device
-        self.use_triton = pa.triton_usable(device) if use_triton is None else use_triton
+        self.use_triton = triton_usable(device) if use_triton is None else use_triton
         # Without a bound the pool is a fraction of free memory, but never more than every row at full length
         # (millions of blocks of a small model would only cost host-side bookkeeping).
         cap = max_kv_tokens if max_kv_tokens is not None else max_batch_size * self.max_model_len
@@ -71,7 +72,8 @@ class PagedEngine:
         num_blocks = pool_blocks(model, **self._pool_args)
         self.prefix = BlockPool(num_blocks, block_size)
         self.runner = ModelRunner(model, num_blocks=num_blocks, block_size=block_size, max_rows=max_batch_size,
-                                  max_model_len=self.max_model_len, graphs=cuda_graphs, use_triton=self.use_triton)
+                                  max_model_len=self.max_model_len, max_step_tokens=self.max_step_tokens,
+                                  graphs=cuda_graphs, use_triton=self.use_triton)
         self._waiting: collections.deque = collections.deque()  # from the event loop (under _wake)
         self._queue: collections.deque[_Seq] = collections.deque()  # waiting here: new and preempted sequences
         self._running: list[_Seq] = []
@@ -226,13 +228,11 @@ class PagedEngine:
         if joined:
             self.policy.usage["batches"] += 1  # an admission wave: requests that joined the batch together
         self._sync_tables()
+        step, sampled = self._build(decoding, chunks)
+        logits = self.runner.run(step)
         if chunks:
-            logits, sampled = self._mixed(decoding, chunks)
+            self.mixed_steps += 1
         else:
-            logits = self.runner.decode([s.ids[-1] for s in decoding], [s.computed for s in decoding],
-                                        [self._slot(s, s.computed) for s in decoding],
-                                        [s.computed + 1 for s in decoding], [s.row for s in decoding])
-            sampled = decoding
             self.decode_steps += 1
         self.steps += 1
         self.decode_rows += len(decoding)
@@ -260,34 +260,29 @@ class PagedEngine:
                 self._finish(s, finish)
 
     # --- steps ----------------------------------------------------------------------------------------------
-    def _mixed(self, decoding: list[_Seq], chunks: list[tuple[_Seq, int]]) -> tuple[torch.Tensor, list[_Seq]]:
-        ids, positions, slots = [], [], []
-        for s in decoding:
-            ids.append(s.ids[-1])
-            positions.append(s.computed)
-            slots.append(self._slot(s, s.computed))
-        q_lens, ctx_lens, rows, last, sampled = [], [], [], list(range(len(decoding))), list(decoding)
+    def _build(self, decoding: list[_Seq], chunks: list[tuple[_Seq, int]]) -> tuple[Step, list[_Seq]]:
+        """The step's packed inputs (decoding tokens first) and the sequences whose next token it samples."""
+        bs = self.block_size
+        ids = [s.ids[-1] for s in decoding]
+        positions = [s.computed for s in decoding]
+        slots = [s.blocks[p // bs] * bs + p % bs for s, p in zip(decoding, positions)]
+        step = Step(ids, positions, slots, [p + 1 for p in positions], [s.row for s in decoding], [], [], [], [],
+                    list(range(len(decoding))))
+        sampled = list(decoding)
         for s, n in chunks:
             a = s.computed
+            pos = np.arange(a, a + n)
+            step.q_start.append(len(step.ids))
+            step.q_len.append(n)
+            step.ctx_len.append(a + n)
+            step.rows.append(s.row)
             ids.extend(s.ids[a:a + n])
-            positions.extend(range(a, a + n))
-            slots.extend(self._slot(s, p) for p in range(a, a + n))
-            q_lens.append(n)
-            ctx_lens.append(a + n)
-            rows.append(s.row)
+            positions.extend(pos.tolist())
+            slots.extend((np.asarray(s.blocks)[pos // bs] * bs + pos % bs).tolist())
             if a + n == len(s.ids):  # the prompt is complete: its last token's logits give the next token
-                last.append(len(ids) - 1)
+                step.last.append(len(ids) - 1)
                 sampled.append(s)
-        device = self.runner.device
-        t = torch.tensor([ids, positions, slots], dtype=torch.int64).to(device, non_blocking=True)
-        dec = torch.tensor([[s.computed + 1 for s in decoding], [s.row for s in decoding]],
-                           dtype=torch.int64).to(device, non_blocking=True) if decoding else None
-        plan = pa.prefill_plan(q_lens, ctx_lens, rows, device)
-        logits = self.runner.forward(t[0], t[1], t[2], len(decoding), dec[0] if dec is not None else None,
-                                     dec[1] if dec is not None else None, plan,
-                                     torch.tensor(last, dtype=torch.int64).to(device, non_blocking=True))
-        self.mixed_steps += 1
-        return logits, sampled
+        return step, sampled
 
     def _sample(self, seqs: list[_Seq], logits: torch.Tensor) -> list[tuple[int, float]]:
         params = SamplingBatch.build([(s.req.temperature, s.req.top_p, s.req.top_k, s.req.seed, len(s.req.out_ids))
@@ -297,9 +292,6 @@ class PagedEngine:
         return list(zip(map(int, both[0].tolist()), both[1].tolist()))
 
     # --- blocks -----------------------------------------------------------------------------------------------
-    def _slot(self, s: _Seq, position: int) -> int:
-        return s.blocks[position // self.block_size] * self.block_size + position % self.block_size
-
     def _grow(self, s: _Seq, n: int) -> None:
         new = self.prefix.allocate(n)
         if s.row >= 0:

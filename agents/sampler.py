@@ -14,36 +14,32 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
-_M32 = 0xFFFFFFFF
+_M32 = np.uint64(0xFFFFFFFF)
 
 
-def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
-    """(x * c) mod 2**32 for 0 <= x < 2**32 in int64 without overflow (16-bit halves)."""
-    lo, hi = x & 0xFFFF, x >> 16
-    return (lo * c + (((hi * c) & 0xFFFF) << 16)) & _M32
-
-
-def _mix32(x: torch.Tensor) -> torch.Tensor:
-    """A 32-bit integer hash with good avalanche (Wellons' "lowbias32")."""
+def _mix32(x: np.ndarray) -> np.ndarray:
+    """A 32-bit integer hash with good avalanche (Wellons' "lowbias32"), on uint64 arrays holding 32-bit values."""
     x = x & _M32
-    x = x ^ (x >> 16)
-    x = _mul32(x, 0x7FEB352D)
-    x = x ^ (x >> 15)
-    x = _mul32(x, 0x846CA68B)
-    return x ^ (x >> 16)
+    x ^= x >> np.uint64(16)
+    x = (x * np.uint64(0x7FEB352D)) & _M32
+    x ^= x >> np.uint64(15)
+    x = (x * np.uint64(0x846CA68B)) & _M32
+    return x ^ (x >> np.uint64(16))
 
 
-def uniforms(seeds: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
-    """One float64 in [0, 1) per row, a function of (seed, counter) alone (int64 tensors, seeds may be negative)."""
-    s = seeds.to(torch.int64)
-    lo, hi = s & _M32, (s >> 32) & _M32
-    c = counters.to(torch.int64) & _M32
+def uniforms(seeds, counters) -> np.ndarray:
+    """One float64 in [0, 1) per row, a function of (seed, counter) alone (ints; seeds may be negative). Computed
+    on the host: a handful of numpy operations instead of some thirty tiny kernels on the device."""
+    s = np.asarray(seeds, dtype=np.int64).view(np.uint64)
+    c = np.asarray(counters, dtype=np.int64).view(np.uint64) & _M32
+    lo, hi = s & _M32, s >> np.uint64(32)
     h1 = _mix32(lo ^ _mix32(hi ^ _mix32(c)))
-    h2 = _mix32(h1 ^ 0x9E3779B9 ^ _mix32(c ^ 0x85EBCA6B))
+    h2 = _mix32(h1 ^ np.uint64(0x9E3779B9) ^ _mix32(c ^ np.uint64(0x85EBCA6B)))
     # 53 random bits: exact in float64.
-    return ((h1 << 21) | (h2 >> 11)).to(torch.float64) / float(1 << 53)
+    return ((h1 << np.uint64(21)) | (h2 >> np.uint64(11))).astype(np.float64) / float(1 << 53)
 
 
 @dataclass
@@ -52,8 +48,7 @@ class SamplingBatch:
     temperature: torch.Tensor  # (B,) float32
     top_p: torch.Tensor        # (B,) float32
     top_k: torch.Tensor        # (B,) int64
-    seeds: torch.Tensor        # (B,) int64
-    counters: torch.Tensor     # (B,) int64: tokens generated so far by each row's request
+    u: torch.Tensor            # (B,) float64: each row's uniform, from its seed and its request's token count
     filtered: bool             # any row with top-k or top-p (host flags: no device sync to learn them)
     any_greedy: bool
 
@@ -63,18 +58,21 @@ class SamplingBatch:
         temps, top_ps, top_ks, seeds, counters = zip(*rows)
         greedy = [t == 0 or k == 1 for t, k in zip(temps, top_ks)]
         filtered = any(not g and (0 < k or p < 1.0) for g, p, k in zip(greedy, top_ps, top_ks))
-        f = torch.tensor([0.0 if g else t for g, t in zip(greedy, temps)] + list(top_ps), dtype=torch.float32)
-        i = torch.tensor(list(top_ks) + list(seeds) + list(counters), dtype=torch.int64)
-        f, i = f.to(device, non_blocking=True), i.to(device, non_blocking=True)
         n = len(rows)
-        return cls(f[:n], f[n:], i[:n], i[n:2 * n], i[2 * n:], filtered, any(greedy))
+        f = np.empty(3 * n, dtype=np.float64)
+        f[:n] = [0.0 if g else t for g, t in zip(greedy, temps)]
+        f[n:2 * n] = top_ps
+        f[2 * n:] = uniforms(seeds, counters)
+        f = torch.from_numpy(f).to(device, non_blocking=True)
+        k = torch.tensor(top_ks, dtype=torch.int64).to(device, non_blocking=True)
+        return cls(f[:n].float(), f[n:2 * n].float(), k, f[2 * n:], filtered, any(greedy))
 
 
 def sample(logits: torch.Tensor, p: SamplingBatch) -> tuple[torch.Tensor, torch.Tensor]:
     """(tokens int64 (B,), log-probs float32 (B,)) for float32 `logits` (B, V); see the module docstring."""
     b, vocab = logits.shape
     greedy = p.temperature == 0
-    u = uniforms(p.seeds, p.counters)
+    u = p.u
     x = logits / torch.where(greedy, torch.ones_like(p.temperature), p.temperature)[:, None]
     if p.filtered:
         x, order = torch.sort(x, dim=-1, descending=True)
