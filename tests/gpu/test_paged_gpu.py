@@ -166,8 +166,9 @@ def test_memory_is_released_and_resumed_around_a_training_step(tok):
         opt.step()
         asyncio.run(policy.update_weights({k: v.detach().clone() for k, v in trainer_model.state_dict().items()}, "1"))
         del opt, trainer_model
+        before = torch.cuda.memory_allocated()
         policy.resume_memory()
-        assert torch.cuda.memory_allocated() >= held - 0.05 * pool
+        assert torch.cuda.memory_allocated() - before >= pool  # the pool is back (its graphs come as sizes do)
         second = asyncio.run(gen())
         assert second.weight_version == "1" and second.logprobs != first.logprobs
     finally:
