@@ -87,11 +87,15 @@ class ModelRunner:
         self.max_blocks = -(-max_model_len // block_size)
         self.num_blocks = num_blocks
         self.use_triton = use_triton
+        # The fused elementwise kernels (agents.fused_ops) go with the Triton attention, for SiLU-gated MLPs.
+        self.fused = use_triton and getattr(model.config, "hidden_act", None) == "silu"
         self.graphs_enabled = graphs and self.device.type == "cuda"
         self.sizes = _ladder(max_step_tokens)
         self.scratch_row = max_rows
         # The block tables: a host mirror the engine edits, copied to the device before a step uses it.
-        self.tables = np.zeros((max_rows + 1, self.max_blocks), dtype=np.int32)
+        tables = torch.zeros((max_rows + 1, self.max_blocks), dtype=torch.int32)
+        self._tables_host = tables.pin_memory() if self.graphs_enabled else tables
+        self.tables = self._tables_host.numpy()
         self.tables_dev = torch.zeros((max_rows + 1, self.max_blocks), dtype=torch.int32, device=self.device)
         self.k_cache: list[torch.Tensor] = []
         self.v_cache: list[torch.Tensor] = []
@@ -174,10 +178,11 @@ class ModelRunner:
             field[k:] = pad
 
     # --- block tables ---------------------------------------------------------------------------------------
-    def upload_tables(self, rows: int, cols: int) -> None:
-        """Copy the host block tables' first `rows` rows and `cols` columns to the device."""
-        if rows and cols:
-            self.tables_dev[:rows, :cols].copy_(torch.from_numpy(self.tables[:rows, :cols]))
+    def upload_tables(self, rows: int) -> None:
+        """Copy the host block tables' first `rows` rows to the device: whole rows (contiguous, asynchronous from
+        pinned memory; the host edits them again only after the step's results came back)."""
+        if rows:
+            self.tables_dev[:rows].copy_(self._tables_host[:rows], non_blocking=True)
 
     # --- steps ----------------------------------------------------------------------------------------------
     def run(self, step: Step) -> torch.Tensor:
@@ -207,6 +212,8 @@ class ModelRunner:
                        v["tile_seq"], v["tile_m"])
         x = inner.embed_tokens(v["ids"])
         cos, sin = self._cos[v["positions"]], self._sin[v["positions"]]
+        if self.fused:
+            return self._forward_fused(x, cos, sin, v, meta)
         tokens = x.shape[0]
         for i, layer in enumerate(inner.layers):
             attn = layer.self_attn
@@ -223,6 +230,32 @@ class ModelRunner:
             x = x + attn.o_proj(o.reshape(tokens, self.heads * self.head_dim))
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         return self.model.lm_head(inner.norm(x[v["last"]])).float()
+
+    def _forward_fused(self, x, cos, sin, v, meta) -> torch.Tensor:
+        """The same layers with `agents.fused_ops`: each norm fused with the residual add before it, the q/k norms
+        and rotary embedding fused with the K/V store, SiLU fused with the gate's product."""
+        from agents import fused_ops as fo
+
+        layers, tokens = self.model.model.layers, x.shape[0]
+        norms = [layer.input_layernorm for layer in layers]
+        res, h = fo.add_rms_norm(x, None, norms[0].weight, norms[0].variance_epsilon)
+        for i, layer in enumerate(layers):
+            attn, mlp = layer.self_attn, layer.mlp
+            q = attn.q_proj(h).view(tokens, self.heads, self.head_dim)
+            k = attn.k_proj(h).view(tokens, self.kv_heads, self.head_dim)
+            v_ = attn.v_proj(h).view(tokens, self.kv_heads, self.head_dim)
+            qn, kn = (attn.q_norm, attn.k_norm) if self.qk_norm else (None, None)
+            fo.rope_store(q, k, v_, cos, sin, self.k_cache[i], self.v_cache[i], v["slots"],
+                          qn.weight if qn is not None else None, kn.weight if kn is not None else None,
+                          qn.variance_epsilon if qn is not None else 0.0)
+            o = pa.attention(q, self.k_cache[i], self.v_cache[i], self.tables_dev, meta, self.scale, use_triton=True)
+            post = layer.post_attention_layernorm
+            res, h = fo.add_rms_norm(res, attn.o_proj(o.reshape(tokens, self.heads * self.head_dim)), post.weight,
+                                     post.variance_epsilon)
+            nxt = norms[i + 1] if i + 1 < len(layers) else self.model.model.norm
+            res, h = fo.add_rms_norm(res, mlp.down_proj(fo.silu_mul(mlp.gate_proj(h), mlp.up_proj(h))), nxt.weight,
+                                     nxt.variance_epsilon)
+        return self.model.lm_head(h[v["last"]]).float()
 
     def _capture(self, size: int) -> None:
         # Capture on padding inputs: every token writes into the scratch block, no tile runs.

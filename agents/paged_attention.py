@@ -144,7 +144,7 @@ if triton is not None:
             else:
                 acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
             m_i = m_new
-        out = acc / l_i[:, None]
+        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # padding rows: 0, not 0/0
         tl.store(O + b * s_ob + heads[:, None] * s_oh + offs_d[None, :], out.to(O.dtype.element_ty),
                  mask=mask_h[:, None])
 
@@ -195,7 +195,7 @@ if triton is not None:
             else:
                 acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
             m_i = m_new
-        out = acc / l_i[:, None]
+        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # padding rows: 0, not 0/0
         tl.store(O + (q0 + offs_m)[:, None] * s_ot + h * s_oh + offs_d[None, :], out.to(O.dtype.element_ty),
                  mask=mask_m[:, None])
 

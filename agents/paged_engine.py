@@ -17,6 +17,7 @@ replaces `agents.engine.ContinuousEngine` for Llama / Qwen2 / Qwen3 models on CU
 
 from __future__ import annotations
 
+import bisect
 import collections
 import threading
 import time
@@ -185,11 +186,11 @@ class PagedEngine:
         budget = self.max_step_tokens - n_dec
         decoding: list[_Seq] = []
         chunks: list[tuple[_Seq, int]] = []
-        for s in sorted(self._running, key=lambda s: s.order):
+        for s in list(self._running):  # kept in admission order
             if s.row < 0:
                 continue  # preempted for an older one
             if s.computed == len(s.ids) - 1:
-                if self._room(s, 1):
+                if s.computed < len(s.blocks) * bs or self._room(s, 1):
                     decoding.append(s)
             elif budget > 0:
                 n = min(len(s.ids) - s.computed, budget)
@@ -216,7 +217,7 @@ class PagedEngine:
             self._queue.popleft()
             s.row = self._free_rows.pop()
             self.runner.tables[s.row, :len(s.blocks)] = s.blocks
-            self._running.append(s)
+            bisect.insort(self._running, s, key=lambda o: o.order)  # a preempted one goes back to its place
             if not s.started:
                 s.started = True
                 s.req.weight_version = self.policy.weight_version  # the weights its tokens come from
@@ -326,9 +327,7 @@ class PagedEngine:
             s.digests.append(d)
 
     def _sync_tables(self) -> None:
-        rows = max(s.row for s in self._running) + 1
-        cols = max(len(s.blocks) for s in self._running)
-        self.runner.upload_tables(rows, cols)
+        self.runner.upload_tables(max(s.row for s in self._running) + 1)
 
     def _release(self, s: _Seq) -> None:
         self.prefix.release(s.blocks)

@@ -8,7 +8,8 @@ weights, which generate at the same speed — every turn's length is fixed, `ign
   with `torch.compile(mode="reduce-overhead")`), one batch per turn — what a user would write instead; each turn
   runs to the longest turn's length and keeps each row's own length (the same tokens go into the next turn);
   timed on a second pass, after a first pass that compiled it (compile time reported apart);
-- `paged`: `TransformersPolicy()` on CUDA, the paged engine (`agents.paged_engine`).
+- `paged`: `TransformersPolicy()` on CUDA, the paged engine (`agents.paged_engine`), timed after a first pass that
+  captured its CUDA graphs (warm-up time reported apart, like HF's compile).
 
 Workloads: **multi-turn** — `--episodes` (256) concurrent episodes of `--turns` (4) turns, each turn's length drawn
 per episode and turn from 16-64 tokens, then a ~15-token observation; every turn's prompt extends the last (the
@@ -207,7 +208,12 @@ def main() -> None:
                     wall, made = run_hf_multi(model, tok, plan, renderer)
                 else:
                     policy = engine(model, tok, name, args.episodes)
-                    asyncio.run(run_engine_multi(policy, plan[:8], renderer))  # warm-up (graphs, kernels)
+                    # Warm-up: the paged engine's first pass captures a CUDA graph per step size (as HF's compiles);
+                    # the old engine has nothing to warm beyond a few steps.
+                    warm = plan if name == "paged" else plan[:8]
+                    t0 = time.perf_counter()
+                    asyncio.run(run_engine_multi(policy, warm, renderer))
+                    row["warmup_s"] = time.perf_counter() - t0
                     wall, made = asyncio.run(run_engine_multi(policy, plan, renderer))
                     row["turn3_ttft_s"], row["turn3_tokens"] = turn3_ttft(policy, renderer)
             else:
@@ -223,7 +229,9 @@ def main() -> None:
                     wall = time.perf_counter() - t0
                 else:
                     policy = engine(model, tok, name, min(args.prompts, 512))
-                    asyncio.run(run_engine_single(policy, prompts[:8], 8))
+                    t0 = time.perf_counter()
+                    asyncio.run(run_engine_single(policy, prompts[:512] if name == "paged" else prompts[:8], 16))
+                    row["warmup_s"] = time.perf_counter() - t0
                     wall, made = asyncio.run(run_engine_single(policy, prompts, args.new_tokens))
             row.update({"tokens": made, "wall_s": wall, "tokens_per_s": made / wall,
                         "peak_gpu_GB": torch.cuda.max_memory_allocated() / 1e9})

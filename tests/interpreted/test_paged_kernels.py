@@ -56,3 +56,44 @@ def test_the_engine_on_the_triton_kernels_equals_the_engine_on_the_reference():
     for a, b in zip(got, want):
         assert a.token_ids == b.token_ids
         assert list(a.logprobs) == pytest.approx(list(b.logprobs), abs=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_fused_ops_equal_the_model_modules(dtype):
+    """add + RMSNorm, Qwen3's per-head norms + rotary embedding + K/V store, SiLU * up: against the modules'
+    own arithmetic (which rounds to the dtype between operations: a rounding step apart at most)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from agents import fused_ops as fo
+    from agents.packed_forward import _rope
+
+    config = AutoConfig.for_model("qwen3", vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=1,
+                                  num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+    torch.manual_seed(0)
+    layer = AutoModelForCausalLM.from_config(config).model.layers[0].to(dtype)
+    for norm in (layer.input_layernorm, layer.self_attn.q_norm, layer.self_attn.k_norm):
+        norm.weight.data = torch.rand_like(norm.weight) + 0.5  # not all ones: the weight's place matters
+    tol = 1e-5 if dtype == torch.float32 else 4e-3
+    x, delta = torch.randn(7, 64).to(dtype), torch.randn(7, 64).to(dtype)
+    res, h = fo.add_rms_norm(x, delta, layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon)
+    assert torch.equal(res, x + delta)
+    assert (h.float() - layer.input_layernorm(x + delta).float()).abs().max() < tol * 4
+    attn = layer.self_attn
+    q, k, v = (torch.randn(7, n, 16).to(dtype) for n in (4, 2, 2))
+    positions = torch.arange(10, 17)
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
+
+    cos, sin = Qwen3RotaryEmbedding(config)(q, positions[None])
+    cos, sin = cos[0].to(dtype), sin[0].to(dtype)
+    want_q, want_k = _rope(attn)(attn.q_norm(q), attn.k_norm(k), cos, sin, unsqueeze_dim=1)
+    kc, vc = torch.zeros(4, 8, 2, 16, dtype=dtype), torch.zeros(4, 8, 2, 16, dtype=dtype)
+    slots = torch.tensor([9, 10, 11, 3, 20, 21, 31])
+    got_q = q.clone()
+    fo.rope_store(got_q, k, v, cos, sin, kc, vc, slots, attn.q_norm.weight, attn.k_norm.weight,
+                  attn.q_norm.variance_epsilon)
+    assert (got_q.float() - want_q.float()).abs().max() < tol * 8
+    assert (kc.view(-1, 2, 16)[slots].float() - want_k.float()).abs().max() < tol * 8
+    assert torch.equal(vc.view(-1, 2, 16)[slots], v)
+    gate, up = torch.randn(7, 96).to(dtype), torch.randn(7, 96).to(dtype)
+    want = layer.mlp.act_fn(gate) * up
+    assert (fo.silu_mul(gate, up).float() - want.float()).abs().max() < tol * 4

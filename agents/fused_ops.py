@@ -1,0 +1,117 @@
+"""Fused elementwise kernels for the paged engine's forward (Triton; CUDA, or a CPU under `TRITON_INTERPRET=1`).
+
+A decoder layer run through the model's own modules launches ~35 small kernels besides its matrix products
+(RMSNorm alone is seven, the rotary embedding ten); inside a CUDA graph each still costs a few microseconds of
+launch, which is most of a small model's step. Three kernels do the same arithmetic:
+- `add_rms_norm(x, delta, weight, eps)`: `x + delta` (the residual stream, rounded to its dtype as torch rounds
+  it) and the RMSNorm of that sum, as Llama's `RMSNorm` computes it (float32 statistics, normalised value cast to
+  the input dtype before the weight multiplies it);
+- `rope_store(q, k, v, cos, sin, ...)`: optional per-head RMSNorm of q and k (Qwen3), the rotary embedding of both
+  (rotate-half convention), q rotated in place, k and v written into the K/V pool at their slots;
+- `silu_mul(gate, up)`: `silu(gate) * up`, the gated MLP's middle.
+Each reads its inputs once and writes its outputs once, in float32 registers, so results differ from the modules'
+own (which round to the model dtype between operations) by at most a rounding step; tests compare against them.
+"""
+
+from __future__ import annotations
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - CPU installs without Triton never call these
+    triton = None
+
+if triton is not None:
+    @triton.jit
+    def _add_rms_norm_kernel(X, DELTA, W, OUT, RES, eps, n, HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        offs = tl.arange(0, BLOCK)
+        mask = offs < n
+        x = tl.load(X + row * n + offs, mask=mask, other=0.0)
+        if HAS_DELTA:
+            x = (x.to(tl.float32) + tl.load(DELTA + row * n + offs, mask=mask, other=0.0).to(tl.float32))
+            x = x.to(RES.dtype.element_ty)  # the residual stream, rounded as torch's add rounds it
+            tl.store(RES + row * n + offs, x, mask=mask)
+        xf = x.to(tl.float32)
+        var = tl.sum(xf * xf, 0) / n
+        normed = (xf * tl.rsqrt(var + eps)).to(OUT.dtype.element_ty)
+        w = tl.load(W + offs, mask=mask, other=0.0)
+        tl.store(OUT + row * n + offs, (w.to(tl.float32) * normed.to(tl.float32)).to(OUT.dtype.element_ty),
+                 mask=mask)
+
+    @triton.jit
+    def _head(X, W, offs, rot, eps, D: tl.constexpr, NORM: tl.constexpr):
+        """One head's vector and its rotate-half partners, in float32, RMSNorm'd as Qwen3's q/k norm does."""
+        x = tl.load(X + offs).to(tl.float32)
+        xr = tl.load(X + rot).to(tl.float32)
+        if NORM:
+            scale = tl.rsqrt(tl.sum(x * x, 0) / D + eps)
+            x = ((x * scale).to(X.dtype.element_ty).to(tl.float32) * tl.load(W + offs).to(tl.float32))
+            xr = ((xr * scale).to(X.dtype.element_ty).to(tl.float32) * tl.load(W + rot).to(tl.float32))
+            x = x.to(X.dtype.element_ty).to(tl.float32)
+            xr = xr.to(X.dtype.element_ty).to(tl.float32)
+        return x, xr
+
+    @triton.jit
+    def _rope_store_kernel(Q, K, V, COS, SIN, QW, KW, KC, VC, SLOTS, eps,
+                           s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_ct, s_cslot, s_chead,
+                           HEADS: tl.constexpr, KV_HEADS: tl.constexpr, D: tl.constexpr, NORM: tl.constexpr):
+        t = tl.program_id(0).to(tl.int64)
+        h = tl.program_id(1)
+        offs = tl.arange(0, D)
+        rot = tl.where(offs < D // 2, offs + D // 2, offs - D // 2)  # rotate_half's partner of each element
+        sign = tl.where(offs < D // 2, -1.0, 1.0)
+        cos = tl.load(COS + t * s_ct + offs).to(tl.float32)
+        sin = tl.load(SIN + t * s_ct + offs).to(tl.float32)
+        if h < HEADS:
+            q, qr = _head(Q + t * s_qt + h * s_qh, QW, offs, rot, eps, D, NORM)
+            tl.store(Q + t * s_qt + h * s_qh + offs, (q * cos + sign * qr * sin).to(Q.dtype.element_ty))
+        if h < KV_HEADS:
+            k, kr = _head(K + t * s_kt + h * s_kh, KW, offs, rot, eps, D, NORM)
+            dst = tl.load(SLOTS + t) * s_cslot + h * s_chead + offs
+            tl.store(KC + dst, (k * cos + sign * kr * sin).to(KC.dtype.element_ty))
+            tl.store(VC + dst, tl.load(V + t * s_vt + h * s_vh + offs).to(VC.dtype.element_ty))
+
+    @triton.jit
+    def _silu_mul_kernel(GATE, UP, OUT, n, BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        start = tl.program_id(1) * BLOCK
+        offs = start + tl.arange(0, BLOCK)
+        mask = offs < n
+        g = tl.load(GATE + row * n + offs, mask=mask, other=0.0).to(tl.float32)
+        u = tl.load(UP + row * n + offs, mask=mask, other=0.0).to(tl.float32)
+        tl.store(OUT + row * n + offs, (g / (1.0 + tl.exp(-g)) * u).to(OUT.dtype.element_ty), mask=mask)
+
+
+def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x + delta, RMSNorm(x + delta) * weight) for (T, hidden) contiguous tensors; `delta` None: no addition."""
+    n = x.shape[-1]
+    out = torch.empty_like(x)
+    res = torch.empty_like(x) if delta is not None else x
+    _add_rms_norm_kernel[(x.shape[0],)](x, delta if delta is not None else x, weight, out, res, eps, n,
+                                        HAS_DELTA=delta is not None, BLOCK=triton.next_power_of_2(n))
+    return res, out
+
+
+def rope_store(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+               k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor, q_norm: torch.Tensor | None,
+               k_norm: torch.Tensor | None, eps: float) -> None:
+    """Rotate q in place; write rotated k and v into the pool (`(blocks, block_size, kv_heads, dim)`) at `slots`."""
+    tokens, heads, d = q.shape
+    kv_heads = k.shape[1]
+    norm = q_norm is not None
+    _rope_store_kernel[(tokens, max(heads, kv_heads))](
+        q, k, v, cos, sin, q_norm if norm else cos, k_norm if norm else cos, k_cache, v_cache, slots, eps,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), cos.stride(0),
+        k_cache.stride(1), k_cache.stride(2), HEADS=heads, KV_HEADS=kv_heads, D=d, NORM=norm)
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    n = gate.shape[-1]
+    out = torch.empty_like(gate)
+    block = min(1024, triton.next_power_of_2(n))
+    _silu_mul_kernel[(gate.shape[0], triton.cdiv(n, block))](gate, up, out, n, BLOCK=block)
+    return out
