@@ -240,7 +240,7 @@ def main() -> None:
                 row.update({"steps": e.steps, "decode_steps": e.decode_steps, "mixed_steps": e.mixed_steps,
                             "pool_GB": e.runner.pool_bytes() / 1e9, "preemptions": e.preemptions})
                 if e.decode_rows:
-                    batch_avg, ctx_avg = e.decode_rows / e.decode_steps, e.decode_ctx / e.decode_rows
+                    batch_avg, ctx_avg = e.decode_rows / e.steps, e.decode_ctx / e.decode_rows
                     per_token_kv = e.runner.pool_bytes() / (e.prefix.num_blocks * e.block_size)
                     step_bytes = weights + batch_avg * ctx_avg * per_token_kv
                     row["ceiling_tokens_per_s"] = batch_avg * bandwidth / step_bytes

@@ -254,6 +254,7 @@ async def train(cfg: TrainConfig, *, log: Callable[[str], None] = print) -> dict
                              max_concurrency=max(cfg.max_concurrency, cfg.n_samples_per_prompt),
                              max_turns=cfg.max_turns, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed,
                              train_agents=cfg.train_agents)
+    release_kv = bool(TrainerConfig(**cfg.trainer).offload) and hasattr(policy, "release_memory")
     rows: list[dict[str, Any]] = []
     metrics_path = run / "metrics.jsonl"
     samples_path = run / "samples.jsonl"
@@ -274,6 +275,8 @@ async def train(cfg: TrainConfig, *, log: Callable[[str], None] = print) -> dict
                 raise RuntimeError("the rollout manager returned no groups")
             rollout_s = time.perf_counter() - t0
             _save_samples(samples_path, step, batch.groups[:max(cfg.sample_groups, 0)])
+            if release_kv:  # colocated with `offload: true`: the engine's K/V pool leaves the GPU while it trains
+                policy.release_memory()
             metrics = await asyncio.to_thread(trainer.step, trajs, cfg.n_samples_per_prompt)
             await trainer.sync(policy, version=str(step))
             if pool is not None and step % max(int(cfg.opponent_pool.get("every", 5)), 1) == 0:

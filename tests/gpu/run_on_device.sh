@@ -35,7 +35,7 @@ for step in "$@"; do
         paged-tests) python3 -m pytest tests/gpu/test_paged_gpu.py -q -rs 2>&1 | tee "$OUT/paged_tests.log" | tail -40 || rc=1 ;;
         engine-bench) python3 bench/engine_gpu.py ${BENCH_ARGS:-} --out "$OUT/engine_gpu.json" 2>&1 | tee "$OUT/engine_gpu.log" | tail -20 || rc=1 ;;
         engine-bench-random) python3 bench/engine_gpu.py --random ${BENCH_ARGS:-} --out "$OUT/engine_gpu.json" 2>&1 | tee "$OUT/engine_gpu.log" | tail -20 || rc=1 ;;
-        learn) python3 bench/learn_gpu.py --copy-to "$OUT" 2>&1 | tee "$OUT/learn_gpu.log" | tail -30 || rc=1 ;;
+        learn) python3 bench/learn_gpu.py ${LEARN_ARGS:-} --copy-to "$OUT" 2>&1 | tee "$OUT/learn_gpu.log" | tail -30 || rc=1 ;;
         megatron-bench) python3 bench/megatron_mfu.py 2>&1 | tee "$OUT/megatron_mfu.log" | tail -20 || rc=1 ;;
         *) echo "unknown step $step"; rc=2 ;;
     esac
