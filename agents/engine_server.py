@@ -5,7 +5,7 @@ JSON, plus `/health`, `/health_generate`, `/get_model_info`, `/flush_cache`, `/a
 `/update_weights_from_disk`, `/pause_generation`, `/continue_generation`, `/get_server_info` with
 the engine's usage counters), so `SGLangPolicy`,
 slime's rollout code and our tests can drive a real model where SGLang itself cannot run.
-There is no prefix cache: `/flush_cache` succeeds and `cached_tokens` is always 0.
+On a GPU the paged engine's prefix cache (by token content, no session needed) reports `cached_tokens`.
 """
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ class EngineServer:
         stop_ids = set(params.get("stop_token_ids") or ()) | {self.policy.eos_id}
         meta: dict[str, Any] = {
             "id": rid, "finish_reason": _finish_reason(gen.finish_reason, gen, stop_ids),
-            "prompt_tokens": len(ids), "completion_tokens": len(gen.token_ids), "cached_tokens": 0,
+            "prompt_tokens": len(ids), "completion_tokens": len(gen.token_ids), "cached_tokens": gen.cached_tokens,
             "weight_version": gen.weight_version, "e2e_latency": time.perf_counter() - t0,
         }
         if logprobs:
@@ -146,7 +146,8 @@ class EngineServer:
                                   "paused": p.paused, "weight_version": p.weight_version, "usage": p.usage})
 
     async def flush_cache(self, request: web.Request) -> web.Response:
-        return web.Response(text="Cache flushed (this engine keeps no prefix cache).")
+        await asyncio.to_thread(self.policy.flush_cache)
+        return web.Response(text="Cache flushed.")
 
     async def abort_request(self, request: web.Request) -> web.Response:
         body = await _json(request)

@@ -241,6 +241,12 @@ class TransformersPolicy:
         finally:
             engine.hold(self.paused)
 
+    def flush_cache(self) -> None:
+        """Forget every cached prefix (SGLang's `/flush_cache`); running requests are not disturbed."""
+        if self._engine is not None:
+            with self._engine.model_lock:
+                self._engine.prefix.clear()
+
     def release_memory(self) -> None:
         """Give the K/V pool's device memory back (a colocated trainer is about to run). Only the paged engine
         holds such a pool; elsewhere a no-op. Generation resumes it by itself, or call `resume_memory()`."""

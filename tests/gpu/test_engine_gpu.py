@@ -1,4 +1,6 @@
-"""TransformersPolicy's continuous batching and prefix cache on CUDA (run on the GPU machine).
+"""TransformersPolicy's dense continuous engine (`agents.engine`, `paged=False`) and prefix cache on CUDA (run on the
+GPU machine). Models outside the paged engine's families take this path on CUDA; the paged engine has its own tests
+(tests/gpu/test_paged_gpu.py).
 
 The model is a small Llama with random weights in SmolLM2's vocabulary (the 540 MB SmolLM2 weights do not
 travel to the GPU machine): the engine's mechanics — rows, padding, positions, the prefix cache — are what is
@@ -63,7 +65,7 @@ def _sessions(policy, renderer, n, turns, lengths, params):
 
 def test_continuous_equals_static_on_cuda(parts):
     model, tok, renderer = parts
-    cont = TransformersPolicy(model, tok, max_batch_size=8)
+    cont = TransformersPolicy(model, tok, max_batch_size=8, paged=False)
     static = TransformersPolicy(model, tok, max_batch_size=8, batching="static")
     assert cont.device.type == "cuda"
     try:
@@ -84,7 +86,7 @@ def test_speed_on_cuda(parts, capsys):
     model, tok, renderer = parts
     rows = {}
     for name in ("static", "continuous"):
-        policy = TransformersPolicy(model, tok, max_batch_size=32, batching=name)
+        policy = TransformersPolicy(model, tok, max_batch_size=32, batching=name, paged=False)
         try:
             _sessions(policy, renderer, 4, 1, [4], {"temperature": 0.7})  # warm-up
             result, wall = _sessions(policy, renderer, 32, 3, [8, 48, 20, 33, 12, 40], {"temperature": 0.7})
