@@ -52,6 +52,7 @@ class EngineServer:
     def __init__(self, policy: TransformersPolicy, model_path: str):
         self.policy = policy
         self.model_path = model_path
+        self.groups: dict[str, tuple[Any, str]] = {}  # weight-update groups by name: (process group, backend)
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -64,6 +65,14 @@ class EngineServer:
             web.post("/pause_generation", self.pause), web.post("/continue_generation", self.resume),
             web.post("/update_weights_from_disk", self.update_weights_from_disk),
             web.post("/update_weights_from_tensor", self.update_weights_from_tensor),
+            web.post("/init_weights_update_group", self.init_weights_update_group),
+            web.post("/update_weights_from_distributed", self.update_weights_from_distributed),
+            web.post("/destroy_weights_update_group", self.destroy_weights_update_group),
+            web.get("/get_weights_by_name", self.get_weights_by_name),
+            web.post("/get_weights_by_name", self.get_weights_by_name),
+            web.post("/get_weights_checksum", self.get_weights_checksum),
+            web.post("/release_memory_occupation", self.release_memory),
+            web.post("/resume_memory_occupation", self.resume_memory),
         ])
         return app
 
@@ -206,6 +215,141 @@ class EngineServer:
             return web.json_response({"success": False, "message": f"{type(e).__name__}: {e}"}, status=400)
         return web.json_response({"success": True, "message": f"loaded {len(named)} tensors",
                                   "weight_version": self.policy.weight_version})
+
+
+    # --- weights over a torch.distributed group (SGLang's disaggregated update) -------------------------------
+    async def init_weights_update_group(self, request: web.Request) -> web.Response:
+        """Join the trainer's weight-update group at rank `rank_offset` (returns once every rank has joined)."""
+        from agents.weight_transfer import open_update_group
+
+        body = await _json(request)
+        if isinstance(body, web.Response):
+            return body
+        try:
+            address, port = str(body["master_address"]), int(body["master_port"])
+            rank, world = int(body["rank_offset"]), int(body["world_size"])
+            name, backend = str(body.get("group_name", "weight_update_group")), str(body.get("backend", "nccl"))
+        except (KeyError, TypeError, ValueError) as e:
+            return _bad(f"init_weights_update_group needs master_address, master_port, rank_offset, world_size "
+                        f"(and group_name, backend): {e!r}")
+        if not 0 < rank < world:
+            return _bad(f"rank_offset {rank} is not in 1..world_size-1 (world_size {world}; rank 0 is the trainer)")
+        if backend not in ("nccl", "gloo"):
+            return _bad(f"backend {backend!r}: 'nccl' or 'gloo'")
+        if backend == "nccl" and self.policy.device.type != "cuda":
+            return _bad("backend 'nccl' needs the engine on CUDA; this engine runs on the CPU (use 'gloo')")
+        if name in self.groups:
+            return _bad(f"group {name!r} already exists: destroy it first")
+        try:
+            group = await asyncio.to_thread(open_update_group, address, port, rank, world, name, backend)
+        except Exception as e:  # noqa: BLE001 - unreachable master, timeout: the caller's to fix
+            return web.json_response({"success": False, "message": f"{type(e).__name__}: {e}"}, status=400)
+        self.groups[name] = (group, backend)
+        return web.json_response({"success": True, "message": f"joined {name!r} as rank {rank} of {world}"})
+
+    async def update_weights_from_distributed(self, request: web.Request) -> web.Response:
+        """Receive `names` (with `dtypes`, `shapes`) by broadcast from rank 0 of the group, in order, and load them."""
+        import torch
+
+        from agents.weight_transfer import broadcast
+
+        body = await _json(request)
+        if isinstance(body, web.Response):
+            return body
+        name = str(body.get("group_name", "weight_update_group"))
+        if name not in self.groups:
+            return _bad(f"no weight-update group {name!r}: call /init_weights_update_group first")
+        names, dtypes, shapes = body.get("names"), body.get("dtypes"), body.get("shapes")
+        if not (isinstance(names, list) and isinstance(dtypes, list) and isinstance(shapes, list)
+                and len(names) == len(dtypes) == len(shapes) and names):
+            return _bad("update_weights_from_distributed needs names, dtypes and shapes: lists of one length")
+        try:
+            specs = [(str(n), getattr(torch, str(d).removeprefix("torch.")), [int(x) for x in shape])
+                     for n, d, shape in zip(names, dtypes, shapes)]
+        except (AttributeError, TypeError, ValueError) as e:
+            return _bad(f"bad dtype or shape: {e}")
+        group, backend = self.groups[name]
+        device = self.policy.device if backend == "nccl" else torch.device("cpu")
+
+        def receive() -> dict[str, Any]:
+            out = {}
+            for n, dtype, shape in specs:
+                t = torch.empty(shape, dtype=dtype, device=device)
+                broadcast(t, group)
+                out[n] = t
+            return out
+
+        version = body.get("weight_version")
+        try:
+            await self.policy.update_weights(receive, str(version) if version is not None else
+                                             self.policy.weight_version, partial=True)
+        except Exception as e:  # noqa: BLE001 - names or shapes that are not this model's
+            return web.json_response({"success": False, "message": f"{type(e).__name__}: {e}"}, status=400)
+        return web.json_response({"success": True, "message": f"loaded {len(specs)} tensors",
+                                  "weight_version": self.policy.weight_version})
+
+    async def destroy_weights_update_group(self, request: web.Request) -> web.Response:
+        from agents.weight_transfer import close_update_group
+
+        body = await _json(request)
+        if isinstance(body, web.Response):
+            return body
+        entry = self.groups.pop(str(body.get("group_name", "weight_update_group")), None)
+        if entry is None:
+            return web.json_response({"success": False, "message": "no such group"}, status=400)
+        await asyncio.to_thread(close_update_group, entry[0])
+        return web.json_response({"success": True, "message": "destroyed"})
+
+    def _named_parameters(self, names: Any) -> dict[str, Any] | web.Response:
+        params = dict(self.policy.model.state_dict())
+        if isinstance(names, str):
+            names = [names]
+        if not isinstance(names, list) or not names:
+            return _bad("give 'name' (a parameter name) or 'names' (a list of them)")
+        unknown = [n for n in names if n not in params]
+        if unknown:
+            return _bad(f"unknown parameter(s) {unknown[:5]}; e.g. {sorted(params)[:3]}")
+        return {n: params[n] for n in names}
+
+    async def get_weights_by_name(self, request: web.Request) -> web.Response:
+        """SGLang's check route: the first `truncate_size` values of a parameter, flattened."""
+        body = dict(request.query) if request.method == "GET" else await _json(request)
+        if isinstance(body, web.Response):
+            return body
+        found = self._named_parameters(body.get("name"))
+        if isinstance(found, web.Response):
+            return found
+        (t,) = found.values()
+        n = int(body.get("truncate_size", 100))
+        return web.json_response(t.detach().flatten()[:n].float().cpu().tolist())
+
+    async def get_weights_checksum(self, request: web.Request) -> web.Response:
+        """`{name: sha256 of the tensor's bytes in float32}` for `names` (all when omitted): whole tensors compared
+        across processes without sending them."""
+        import hashlib
+
+        body = await _json(request)
+        if isinstance(body, web.Response):
+            return body
+        names = body.get("names") or sorted(self.policy.model.state_dict())
+        found = self._named_parameters(names)
+        if isinstance(found, web.Response):
+            return found
+
+        def digest() -> dict[str, str]:
+            return {n: hashlib.sha256(t.detach().float().contiguous().cpu().numpy().tobytes()).hexdigest()
+                    for n, t in found.items()}
+
+        return web.json_response({"weight_version": self.policy.weight_version,
+                                  "checksums": await asyncio.to_thread(digest)})
+
+    async def release_memory(self, request: web.Request) -> web.Response:
+        await asyncio.to_thread(self.policy.release_memory)
+        return web.json_response({"success": True})
+
+    async def resume_memory(self, request: web.Request) -> web.Response:
+        await asyncio.to_thread(self.policy.resume_memory)
+        return web.json_response({"success": True})
 
 
 def serve(model: str = "default", host: str = "127.0.0.1", port: int = 30000, max_batch_size: int = 16,

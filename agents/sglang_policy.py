@@ -125,10 +125,44 @@ class SGLangPolicy:
                               what: str) -> dict[str, Any]:
         if weight_version is not None:
             body["weight_version"] = weight_version
-        result = await self.http.request("POST", f"/{route}", body)
+        # Never retried: a repeated group join or broadcast receive would wait for a sender that already sent.
+        result = await self.http.request("POST", f"/{route}", body, max_retries=0)
         if isinstance(result, dict) and result.get("success") is False:
             raise RemoteError(f"{what} failed: {result.get('message')}")
         return result
+
+    async def init_weights_update_group(self, master_address: str, master_port: int, rank_offset: int,
+                                        world_size: int, group_name: str = "weight_update_group",
+                                        backend: str = "nccl") -> dict[str, Any]:
+        """Join the trainer's weight-update group (returns once every rank joined; the trainer joins meanwhile)."""
+        body = {"master_address": master_address, "master_port": master_port, "rank_offset": rank_offset,
+                "world_size": world_size, "group_name": group_name, "backend": backend}
+        return await self._update_weights("init_weights_update_group", body, None, "init_weights_update_group")
+
+    async def update_weights_from_distributed(self, names: list[str], dtypes: list[str], shapes: list[list[int]],
+                                              group_name: str = "weight_update_group",
+                                              weight_version: str | None = None) -> dict[str, Any]:
+        """Receive these tensors by broadcast from the group's rank 0 (which sends them meanwhile), in order."""
+        body = {"names": names, "dtypes": dtypes, "shapes": shapes, "group_name": group_name, "flush_cache": True}
+        return await self._update_weights("update_weights_from_distributed", body, weight_version,
+                                          f"update_weights_from_distributed({len(names)} tensors)")
+
+    async def destroy_weights_update_group(self, group_name: str = "weight_update_group") -> None:
+        await self.http.request("POST", "/destroy_weights_update_group", {"group_name": group_name},
+                                expect_json=False)
+
+    async def get_weights_checksum(self, names: list[str] | None = None) -> dict[str, Any]:
+        """`{"weight_version", "checksums": {name: sha256}}` (serve-engine's route; SGLang has none)."""
+        return await self.http.request("POST", "/get_weights_checksum", {"names": names} if names else {})
+
+    async def get_server_info(self) -> dict[str, Any]:
+        return await self.http.request("GET", "/get_server_info")
+
+    async def release_memory_occupation(self) -> None:
+        await self.http.request("POST", "/release_memory_occupation", {}, expect_json=False)
+
+    async def resume_memory_occupation(self) -> None:
+        await self.http.request("POST", "/resume_memory_occupation", {}, expect_json=False)
 
     async def abort(self, rid: str) -> None:
         await self.http.request("POST", "/abort_request", {"rid": rid}, expect_json=False)

@@ -17,7 +17,7 @@ import itertools
 import random
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -216,13 +216,19 @@ class TransformersPolicy:
     def paused(self) -> bool:
         return not self._running.is_set()
 
-    async def update_weights(self, weights: Mapping[str, torch.Tensor] | str, weight_version: str) -> None:
-        """Load a state dict (or a saved model folder / safetensors file) in place, between batches. With
+    async def update_weights(self, weights: Mapping[str, torch.Tensor] | str | Callable[[], Mapping[str, Any]],
+                             weight_version: str, *, partial: bool = False) -> None:
+        """Load a state dict (or a saved model folder / safetensors file, or a function returning a state dict,
+        called when the engine is idle: e.g. one receiving tensors over a group) in place, between batches. With
         continuous batching no request is admitted meanwhile, the running ones finish first, and the prefix
-        cache (KV of the old weights) is cleared."""
+        cache (KV of the old weights) is cleared. `partial`: a subset of the parameters (one bucket of an update)."""
         loop = asyncio.get_running_loop()
+
+        def read() -> Mapping[str, Any] | str:
+            return weights() if callable(weights) else weights
+
         if self._engine is None:
-            await loop.run_in_executor(self._executor, self._load, weights)
+            await loop.run_in_executor(self._executor, lambda: self._load(read(), partial))
             self.weight_version = str(weight_version)
             return
         engine = self._engine
@@ -233,7 +239,7 @@ class TransformersPolicy:
 
             def load() -> None:
                 with engine.model_lock:
-                    self._load(weights)
+                    self._load(read(), partial)
                     engine.invalidate()
 
             await loop.run_in_executor(self._executor, load)
@@ -412,7 +418,7 @@ class TransformersPolicy:
         with self._decode_lock:  # tokenizers' decode is not re-entrant across threads for one object
             return self.tokenizer.decode(list(ids), skip_special_tokens=False)
 
-    def _load(self, weights: Mapping[str, torch.Tensor] | str) -> None:
+    def _load(self, weights: Mapping[str, torch.Tensor] | str, partial: bool = False) -> None:
         if isinstance(weights, str):
             from pathlib import Path
 
@@ -426,9 +432,12 @@ class TransformersPolicy:
             for f in files:
                 state.update(load_file(str(f)))
             weights = state
-        missing, unexpected = self.model.load_state_dict(dict(weights), strict=False)
-        # Tied embeddings are saved once; every other parameter must be present.
-        missing = [k for k in missing if k != "lm_head.weight"]
+        try:
+            missing, unexpected = self.model.load_state_dict(dict(weights), strict=False)
+        except RuntimeError as e:  # a shape that differs: another model's weights
+            raise InvalidInput(f"weights do not match the model: {e}") from None
+        # Tied embeddings are saved once; every other parameter must be present (unless only a part is sent).
+        missing = [] if partial else [k for k in missing if k != "lm_head.weight"]
         if missing or unexpected:
             raise InvalidInput(f"weights do not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
 

@@ -1,4 +1,12 @@
-"""Weights between processes on one host without a disk round trip: SGLang's `update_weights_from_tensor` format.
+"""Weights between processes without a disk round trip, in the two shapes SGLang takes them.
+
+- Same host: `update_weights_from_tensor`'s payload (below).
+- Any host: a torch.distributed group between the trainer's rank 0 and every engine rank, which the trainer
+  broadcasts each tensor over (`update_weights_from_distributed`). `open_update_group` forms it the way SGLang's
+  engines do (a TCP rendezvous at `master_address:master_port`, the store prefixed with the group's name, a process
+  group of its own beside any default one), so the same trainer code drives SGLang servers and `serve-engine`.
+
+Same host:
 
 `serialize_named_tensors([(name, tensor), ...])` pickles the list with torch's multiprocessing reductions
 (`ForkingPickler`) and base64-encodes it, as SGLang's `MultiprocessingSerializer` does: a CUDA tensor travels
@@ -11,9 +19,11 @@ which is why the engine server binds to loopback by default, as SGLang's does.
 from __future__ import annotations
 
 import base64
+import inspect
 import io
 import pickle
 from collections.abc import Sequence
+from typing import Any
 from multiprocessing.reduction import ForkingPickler
 
 import torch
@@ -42,3 +52,61 @@ def deserialize_named_tensors(payload: str | bytes) -> list[tuple[str, torch.Ten
     if not isinstance(items, list) or not all(isinstance(i, tuple) and len(i) == 2 for i in items):
         raise ValueError("serialized_named_tensors must hold a list of (name, tensor) pairs")
     return items
+
+
+def open_update_group(master_address: str, master_port: int, rank: int, world_size: int, group_name: str,
+                      backend: str, timeout_s: float = 600.0) -> Any:
+    """Join (rank 0 hosts the rendezvous) the weight-update group and return its process group. Blocks until all
+    `world_size` ranks have joined. Independent of torch.distributed's default group, which may or may not exist."""
+    from datetime import timedelta
+
+    from torch.distributed.distributed_c10d import (
+        Backend,
+        PrefixStore,
+        _new_process_group_helper,
+        _world,
+        rendezvous,
+    )
+
+    timeout = timedelta(seconds=timeout_s)
+    store, rank, world_size = next(rendezvous(f"tcp://{master_address}:{master_port}", rank, world_size,
+                                              timeout=timeout))
+    store.set_timeout(timeout)
+    store = PrefixStore(group_name, store)
+    options = "backend_options" if "backend_options" in inspect.signature(_new_process_group_helper).parameters \
+        else "pg_options"
+    group, _ = _new_process_group_helper(world_size, rank, [], Backend(backend), store, group_name=group_name,
+                                         timeout=timeout, **{options: None})
+    _world.pg_group_ranks[group] = {i: i for i in range(world_size)}
+    return group
+
+
+def close_update_group(group: Any) -> None:
+    import torch.distributed as dist
+
+    try:
+        dist.destroy_process_group(group)
+    except (AssertionError, RuntimeError, ValueError):  # never registered with the default world: drop it
+        pass
+
+
+def broadcast(tensor: torch.Tensor, group: Any) -> None:
+    """Broadcast `tensor` from rank 0 of `group` (in place on the receivers)."""
+    import torch.distributed as dist
+
+    dist.broadcast(tensor, src=0, group=group)
+
+
+def bucketed(named: Sequence[tuple[str, torch.Tensor]], bucket_bytes: int) -> list[list[tuple[str, torch.Tensor]]]:
+    """Consecutive buckets of at most `bucket_bytes` (a larger tensor goes alone): each is one update call, so the
+    receiving side holds one bucket at a time."""
+    out: list[list[tuple[str, torch.Tensor]]] = [[]]
+    used = 0
+    for name, t in named:
+        size = t.numel() * t.element_size()
+        if out[-1] and used + size > bucket_bytes:
+            out.append([])
+            used = 0
+        out[-1].append((name, t))
+        used += size
+    return [b for b in out if b]

@@ -1,0 +1,218 @@
+"""The weight-sync channel: the trainer's new weights reach every engine before the next generation.
+
+One object per run, chosen by `engine.weight_sync` in the run config (`make_channel`):
+
+| channel | engines | how |
+|---|---|---|
+| `InPlace` | the embedded `TransformersPolicy` | `update_weights(state_dict)` in the trainer's process |
+| `Distributed` | servers (SGLang, `serve-engine`), any host | SGLang's `update_weights_from_distributed`: a torch.distributed group of the trainer (rank 0) and every engine rank; each bucket of tensors is announced over HTTP to all engines while rank 0 broadcasts it (NCCL on GPUs, gloo on CPUs) |
+| `FromTensor` | servers on this host | SGLang's `update_weights_from_tensor`: CUDA IPC handles (shared memory on CPUs) |
+| `FromDisk` | servers sharing a filesystem | a Hugging Face folder, then `update_weights_from_disk` |
+| `Frozen` | any | nothing (evaluation-only runs) |
+
+`await channel.push(weights, version)` with `weights` the trainer's HF-named tensors; engines stop admitting work
+around an update (`/pause_generation` ... `/continue_generation`) so no request sees half of a new set. A channel
+over servers takes `engines()`, a function returning the live engines: when the set changes (an engine died and was
+restarted), `Distributed` forms a new group with the engines there are. Returns seconds and bytes for the metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from slime_env.errors import InvalidInput
+
+CHANNELS = ("auto", "distributed", "tensor", "disk", "none")
+
+
+def dedup_tied(weights: Mapping[str, torch.Tensor]) -> list[tuple[str, torch.Tensor]]:
+    """The tensors to send: one copy of tensors that share storage (tied embeddings: the engine ties them too)."""
+    seen: set[tuple[int, int]] = set()
+    out = []
+    for name, t in weights.items():
+        key = (t.untyped_storage().data_ptr(), t.storage_offset())
+        if key in seen and t.numel():
+            continue
+        seen.add(key)
+        out.append((name, t))
+    return out
+
+
+class InPlace:
+    """The embedded engine: a state dict handed over in this process."""
+
+    def __init__(self, policy: Any):
+        self.policy = policy
+
+    async def push(self, weights: Mapping[str, torch.Tensor], version: str) -> dict[str, float]:
+        t0 = time.perf_counter()
+        await self.policy.update_weights({k: v.detach().clone() for k, v in weights.items()}, version)
+        return {"sync/s": time.perf_counter() - t0}
+
+    async def close(self) -> None:
+        return None
+
+
+class _Servers:
+    """Shared by the channels over engine servers: pause, continue, and the engines of the moment."""
+
+    def __init__(self, engines: Callable[[], Sequence[Any]]):
+        self.engines = engines
+
+    async def _each(self, fn: Callable[[Any], Any]) -> list[Any]:
+        return await asyncio.gather(*(fn(e) for e in self.engines()))
+
+    async def close(self) -> None:
+        return None
+
+
+class Distributed(_Servers):
+    """SGLang's disaggregated update: see the module docstring. `backend` "nccl" (GPUs) or "gloo" (CPUs);
+    `master_address` is this host as the engines reach it; `bucket_bytes` bounds one update call."""
+
+    def __init__(self, engines: Callable[[], Sequence[Any]], *, backend: str, master_address: str = "127.0.0.1",
+                 bucket_bytes: int = 512 << 20, group_name: str = "weight_update_group", wire_dtype: Any = None):
+        super().__init__(engines)
+        if backend not in ("nccl", "gloo"):
+            raise InvalidInput(f"engine.weight_sync distributed: backend {backend!r} is not 'nccl' or 'gloo'")
+        self.backend, self.master_address, self.bucket_bytes = backend, master_address, bucket_bytes
+        self.base_name, self.wire_dtype = group_name, wire_dtype
+        self.group = None
+        self.members: tuple[str, ...] = ()
+        self.generation = 0
+
+    async def _form(self, engines: Sequence[Any]) -> None:
+        """A group of this process (rank 0) and every engine rank; the old one (other members) is dissolved."""
+        from agents.weight_transfer import close_update_group, open_update_group
+
+        await self._dissolve(engines)
+        ranks = []
+        for e in engines:  # an SGLang server with tensor parallelism has one rank per GPU
+            info = await e.get_server_info() if hasattr(e, "get_server_info") else {}
+            ranks.append(int(info.get("tp_size", 1) or 1))
+        world = 1 + sum(ranks)
+        self.generation += 1
+        name = f"{self.base_name}_{self.generation}"
+        port = _free_port()
+        offsets = [1 + sum(ranks[:i]) for i in range(len(engines))]
+        joins = [asyncio.ensure_future(e.init_weights_update_group(self.master_address, port, off, world, name,
+                                                                   self.backend))
+                 for e, off in zip(engines, offsets)]
+        try:
+            group = await asyncio.to_thread(open_update_group, self.master_address, port, 0, world, name,
+                                            self.backend)
+            await asyncio.gather(*joins)
+        except BaseException:
+            for j in joins:
+                j.cancel()
+            raise
+        self.group, self.name = group, name
+        self.members = tuple(e.url for e in engines)
+        self._close = close_update_group
+
+    async def _dissolve(self, engines: Sequence[Any]) -> None:
+        if self.group is None:
+            return
+        live = {e.url: e for e in engines}
+        await asyncio.gather(*(live[u].destroy_weights_update_group(self.name) for u in self.members if u in live),
+                             return_exceptions=True)
+        await asyncio.to_thread(self._close, self.group)
+        self.group = None
+
+    async def push(self, weights: Mapping[str, torch.Tensor], version: str) -> dict[str, float]:
+        from agents.weight_transfer import broadcast, bucketed
+
+        engines = list(self.engines())
+        if not engines:
+            raise RuntimeError("no engine to send weights to")
+        t0 = time.perf_counter()
+        if self.group is None or self.members != tuple(e.url for e in engines):
+            await self._form(engines)
+        formed = time.perf_counter()
+        device = torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else torch.device("cpu")
+        named = [(n, t.detach().to(device=device, dtype=self.wire_dtype or t.dtype).contiguous())
+                 for n, t in dedup_tied(weights)]
+        sent = 0
+        await asyncio.gather(*(e.pause_generation() for e in engines))
+        try:
+            for bucket in bucketed(named, self.bucket_bytes):
+                names = [n for n, _ in bucket]
+                dtypes = [str(t.dtype).removeprefix("torch.") for _, t in bucket]
+                shapes = [list(t.shape) for _, t in bucket]
+                calls = [asyncio.ensure_future(e.update_weights_from_distributed(names, dtypes, shapes, self.name,
+                                                                                 version)) for e in engines]
+
+                def send(bucket=bucket) -> None:
+                    for _, t in bucket:
+                        broadcast(t, self.group)
+
+                await asyncio.to_thread(send)
+                await asyncio.gather(*calls)
+                sent += sum(t.numel() * t.element_size() for _, t in bucket)
+        except BaseException:
+            self.group = None  # a failed broadcast leaves the group unusable: form a new one next time
+            raise
+        finally:
+            await asyncio.gather(*(e.continue_generation() for e in engines), return_exceptions=True)
+        return {"sync/s": time.perf_counter() - t0, "sync/group_s": formed - t0, "sync/bytes": float(sent)}
+
+    async def close(self) -> None:
+        engines = list(self.engines())
+        await self._dissolve(engines)
+
+
+class FromTensor(_Servers):
+    """Same host: CUDA IPC handles (shared memory on CPUs) through `update_weights_from_tensor`."""
+
+    async def push(self, weights: Mapping[str, torch.Tensor], version: str) -> dict[str, float]:
+        t0 = time.perf_counter()
+        named = [(n, t.detach().contiguous()) for n, t in dedup_tied(weights)]
+        await self._each(lambda e: e.pause_generation())
+        try:
+            await self._each(lambda e: e.update_weights_from_tensor(named, weight_version=version))
+        finally:
+            await self._each(lambda e: e.continue_generation())
+        return {"sync/s": time.perf_counter() - t0}
+
+
+class FromDisk(_Servers):
+    """A Hugging Face folder under `folder` (visible to every engine), then `update_weights_from_disk`."""
+
+    def __init__(self, engines: Callable[[], Sequence[Any]], *, folder: str | Path, save: Callable[[Path], Any]):
+        super().__init__(engines)
+        self.folder, self.save = Path(folder), save
+
+    async def push(self, weights: Mapping[str, torch.Tensor], version: str) -> dict[str, float]:
+        t0 = time.perf_counter()
+        path = self.folder / f"weights_{version}"
+        await asyncio.to_thread(self.save, path)
+        saved = time.perf_counter()
+        await self._each(lambda e: e.pause_generation())
+        try:
+            await self._each(lambda e: e.update_weights_from_disk(str(path), weight_version=version))
+        finally:
+            await self._each(lambda e: e.continue_generation())
+        return {"sync/s": time.perf_counter() - t0, "sync/save_s": saved - t0}
+
+
+class Frozen:
+    """`weight_sync: none`: the engines keep the weights they started with."""
+
+    async def push(self, weights: Mapping[str, torch.Tensor], version: str) -> dict[str, float]:
+        return {}
+
+    async def close(self) -> None:
+        return None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
