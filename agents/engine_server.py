@@ -313,7 +313,8 @@ class EngineServer:
 
     async def get_weights_by_name(self, request: web.Request) -> web.Response:
         """SGLang's check route: the first `truncate_size` values of a parameter, flattened."""
-        body = dict(request.query) if request.method == "GET" else await _json(request)
+        # SGLang's clients send a JSON body even with GET; a browser sends the query string.
+        body = await _json(request) if request.can_read_body else dict(request.query)
         if isinstance(body, web.Response):
             return body
         found = self._named_parameters(body.get("name"))

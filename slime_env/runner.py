@@ -157,7 +157,10 @@ class Episode:
                     room = min(room, self.max_context_tokens - len(ep.ledger))
                 if room <= 0:
                     raise _EpisodeEnd("truncated", f"context budget of {self.max_context_tokens} tokens exhausted")
-                gen = await ep.generate({**self.params, "max_new_tokens": room}, deadline_at)
+                params = {**self.params, "max_new_tokens": room}
+                if params.get("sampling_seed") == "episode":  # reproducible: one seed per (episode, turn)
+                    params["sampling_seed"] = ((self.seed or 0) * 1_000_003 + ep.turn) % (1 << 62)
+                gen = await ep.generate(params, deadline_at)
                 if gen.finish_reason == "abort":
                     raise _Abort()
                 gen_ids = ep.close_turn()

@@ -398,10 +398,14 @@ class MegatronTrainer(TorchTrainer):
         from trainers.torch_trainer import push_weights
 
         version = version or str(self.step_count)
-        state = self.hf_state_dict()
+        state = self.weights()
         if dist.get_rank() == 0:
             await push_weights(policy, state, version, path, save=lambda p: self._save_hf(p, state))
         return version
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        """The current weights with Hugging Face names (gathered across TP: every rank calls it)."""
+        return self.hf_state_dict()
 
     def save_weights(self, path: str | Path) -> Path:
         """Only the HF model folder (safetensors + config.json) — what an engine loads. Every rank calls it."""

@@ -311,10 +311,17 @@ class TorchTrainer:
         to an engine server (SGLangPolicy: SGLang or serve-engine) through `path` and `update_weights_from_disk`
         when `path` is given, else from memory (`update_weights_from_tensor`: CUDA IPC / shared memory, same host)."""
         version = version or str(self.step_count)
-        state = {k: v.detach() for k, v in self.model.state_dict().items()}
-        await push_weights(policy, state, version, path,
-                           save=lambda p: self.model.save_pretrained(p, safe_serialization=True))
+        await push_weights(policy, self.weights(), version, path, save=self.save_weights)
         return version
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        """The current weights with Hugging Face names (views, not copies: consume them before the next step)."""
+        return {k: v.detach() for k, v in self.model.state_dict().items()}
+
+    def save_weights(self, path: str | Path) -> Path:
+        """Only the Hugging Face model folder (safetensors + config.json): what an engine loads."""
+        self.model.save_pretrained(path, safe_serialization=True)
+        return Path(path)
 
 
 async def push_weights(policy: Any, state: dict[str, torch.Tensor], version: str, path: str | Path | None,

@@ -24,6 +24,8 @@ from typing import Any
 from slime_env import Task
 from slime_env.errors import InvalidInput
 from slime_env.rollout.metrics import tool_metrics
+from trainers.engines import EngineConfig, Engines, resolve_model_path
+from trainers.placement import ClusterConfig, Placement
 from trainers.torch_trainer import TorchTrainer, TrainerConfig
 
 
@@ -63,6 +65,10 @@ class TrainConfig:
     # League self-play: the seats in `agents` are played by frozen snapshots of the trained policy taken
     # every `every` steps (the initial policy first), `size` kept, the live policy with probability `latest_p`.
     opponent_pool: dict[str, Any] | None = None
+    # The engines (trainers.engines: embedded, serve, sglang, openai; the weight-sync channel) and where the roles run
+    # (trainers.placement: this process, or Ray).
+    engine: dict[str, Any] = field(default_factory=dict)
+    cluster: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> TrainConfig:
@@ -100,6 +106,18 @@ class TrainConfig:
         for name in ("steps", "prompts_per_step", "n_samples_per_prompt", "max_turns", "max_new_tokens"):
             if getattr(cfg, name) < 1:
                 raise InvalidInput(f"{where}: {name} must be >= 1, got {getattr(cfg, name)}")
+        from trainers.engines import EngineConfig
+        from trainers.placement import ClusterConfig
+
+        engine = EngineConfig.from_dict(cfg.engine, f"{where}: engine")
+        cluster = ClusterConfig.from_dict(cfg.cluster, f"{where}: cluster")
+        cluster.check(engine, TrainerConfig(**cfg.trainer), where)
+        if cfg.opponent_pool and engine.kind != "embedded":
+            raise InvalidInput(f"{where}: opponent_pool snapshots the embedded engine's model; it needs engine.kind "
+                               f"embedded, not {engine.kind!r}")
+        if engine.kind == "openai" and cfg.steps:
+            raise InvalidInput(f"{where}: engine.kind openai serves a frozen policy (no weight-update route): it "
+                               "can evaluate, not train; use kind: sglang or serve")
         return cfg
 
 
@@ -202,12 +220,11 @@ def plot_curves(rows: list[dict[str, Any]], path: Path, title: str,
     return path
 
 
-async def train(cfg: TrainConfig, *, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Run the configured training; returns the summary (first / last held-out accuracy, paths)."""
+async def train(cfg: TrainConfig, *, log: Callable[[str], None] = print,
+                on_step: Callable[[int, Any, Any], Any] | None = None) -> dict[str, Any]:
+    """Run the configured training; returns the summary (first / last held-out accuracy, paths). `on_step(step,
+    engines, trainer)` (may be async) is called after each step's weight sync, e.g. to inspect the engines."""
     import torch
-
-    from agents.default_model import load_policy
-    from slime_env import RolloutManager, get_renderer
 
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
@@ -216,21 +233,51 @@ async def train(cfg: TrainConfig, *, log: Callable[[str], None] = print) -> dict
     (run / "config.json").write_text(json.dumps(cfg.__dict__, indent=1, default=str))
     train_tasks = load_split(cfg.train_data, "train_data")
     eval_tasks = load_split(cfg.eval_data, "eval_data") if cfg.eval_data else []
-    # The engine loads the model ("default" or a folder) on `device`; the trainer updates its own copy
-    # (float32 weights from the same folder) and syncs it back after every step.
-    policy, model_path = load_policy(cfg.model, max_batch_size=cfg.max_concurrency, batch_window_s=0.005,
-                                     device=cfg.device, dtype=cfg.engine_dtype, seed=cfg.seed)
-    tok = policy.tokenizer
-    pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    trainer = make_trainer(TrainerConfig(**cfg.trainer), model_path, policy, pad_id)
+    # The three roles: engines (embedded or servers), the trainer group (this process or Ray actors) and, below, the
+    # rollout manager between them; weights go trainer -> engines through one channel.
+    placement = Placement(ClusterConfig.from_dict(cfg.cluster))
+    engine_cfg = EngineConfig.from_dict(cfg.engine)
+    model = cfg.model if engine_cfg.kind == "embedded" else resolve_model_path(cfg.model)
+    engines = Engines(engine_cfg, model_path=model, max_concurrency=cfg.max_concurrency, run_dir=run,
+                      seed=cfg.seed, device=cfg.device, dtype=cfg.engine_dtype, spawn=placement.spawn_engine)
+    try:
+        await engines.start()
+        policy, tok = engines.policy, engines.tokenizer
+        pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        trainer = placement.trainer_group(TrainerConfig(**cfg.trainer), engines, pad_id, cfg.device)
+    except BaseException:
+        await engines.close()
+        placement.close()
+        raise
+    try:
+        return await _train(cfg, run, engines, trainer, policy, tok, train_tasks, eval_tasks, log, on_step)
+    finally:
+        placement.close()
+
+
+async def _train(cfg: TrainConfig, run: Path, engines: Any, trainer: Any, policy: Any, tok: Any,
+                 train_tasks: list[Task], eval_tasks: list[Task], log: Callable[[str], None],
+                 on_step: Callable[[int, Any, Any], Any] | None) -> dict[str, Any]:
+    from slime_env import RolloutManager, get_renderer
+
+    channel = None
     start = 0
     latest = run / "checkpoints" / "latest"
-    if cfg.resume and latest.exists():
-        ckpt = run / "checkpoints" / latest.read_text().strip()
-        trainer.load(ckpt)
-        start = trainer.step_count
-        log(f"resumed from {ckpt} (step {start})")
-    await trainer.sync(policy, version=str(start))
+    try:
+        channel = trainer.channel(engines)
+        if cfg.resume and latest.exists():
+            ckpt = run / "checkpoints" / latest.read_text().strip()
+            trainer.load(ckpt)
+            start = trainer.step_count
+            log(f"resumed from {ckpt} (step {start})")
+        await trainer.sync(channel, str(start))
+        engines.synced()
+    except BaseException:
+        if channel is not None:
+            await channel.close()
+        trainer.close()
+        await engines.close()
+        raise
     renderer = get_renderer(tok)
     writer = _tensorboard(run)
     per_step = cfg.prompts_per_step
@@ -254,7 +301,7 @@ async def train(cfg: TrainConfig, *, log: Callable[[str], None] = print) -> dict
                              max_concurrency=max(cfg.max_concurrency, cfg.n_samples_per_prompt),
                              max_turns=cfg.max_turns, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed,
                              train_agents=cfg.train_agents)
-    release_kv = bool(TrainerConfig(**cfg.trainer).offload) and hasattr(policy, "release_memory")
+    release_kv = bool(TrainerConfig(**cfg.trainer).offload) and engines.embedded and hasattr(policy, "release_memory")
     rows: list[dict[str, Any]] = []
     metrics_path = run / "metrics.jsonl"
     samples_path = run / "samples.jsonl"
@@ -277,12 +324,21 @@ async def train(cfg: TrainConfig, *, log: Callable[[str], None] = print) -> dict
             _save_samples(samples_path, step, batch.groups[:max(cfg.sample_groups, 0)])
             if release_kv:  # colocated with `offload: true`: the engine's K/V pool leaves the GPU while it trains
                 policy.release_memory()
-            metrics = await asyncio.to_thread(trainer.step, trajs, cfg.n_samples_per_prompt)
-            await trainer.sync(policy, version=str(step))
+            metrics = await trainer.step(trajs, cfg.n_samples_per_prompt)
+            await engines.wait_restarts()  # an engine restarted during the step gets this step's weights too
+            metrics.update(await trainer.sync(channel, str(step)))
+            engines.synced()
+            if on_step is not None:
+                seen = on_step(step, engines, trainer)
+                if asyncio.iscoroutine(seen):
+                    await seen
             if pool is not None and step % max(int(cfg.opponent_pool.get("every", 5)), 1) == 0:
                 pool.add(snapshot(policy, version=str(step)))
             metrics.update({"rollout/s": rollout_s, "rollout/statuses": _statuses(trajs),
                             "time/elapsed_s": time.perf_counter() - t_start, **tool_metrics(trajs)})
+            if engines.pool is not None:
+                metrics["engines/failovers"] = float(engines.pool.failovers)
+                metrics["engines/up"] = float(len(engines.pool.up()))
             out_of_time = cfg.time_budget_s is not None and time.perf_counter() - t_start > cfg.time_budget_s
             if eval_tasks and (step % max(cfg.eval_every, 1) == 0 or step == cfg.steps or out_of_time):
                 metrics.update(await evaluate(eval_tasks, policy, renderer, cfg))
@@ -303,7 +359,9 @@ async def train(cfg: TrainConfig, *, log: Callable[[str], None] = print) -> dict
         await manager.close()
         if pool is not None:
             pool.close()
-        policy.close()
+        await channel.close()
+        trainer.close()
+        await engines.close()
         if writer is not None:
             writer.close()
     all_rows = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
@@ -325,12 +383,13 @@ async def train(cfg: TrainConfig, *, log: Callable[[str], None] = print) -> dict
     return summary
 
 
-def make_trainer(tc: TrainerConfig, model_path: str, policy: Any, pad_id: int) -> TorchTrainer:
-    """`TorchTrainer` (on the engine's device) or `MegatronTrainer`, from float32 weights of `model_path`."""
+def make_trainer(tc: TrainerConfig, model_path: str, policy: Any, pad_id: int, device: str = "auto") -> TorchTrainer:
+    """`TorchTrainer` or `MegatronTrainer` from float32 weights of `model_path`; next to an embedded `policy` it trains
+    on the engine's device and reuses its float32 weights as the starting point (no second read)."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    if policy.model.dtype == torch.float32:
+    if policy is not None and getattr(policy, "model", None) is not None and policy.model.dtype == torch.float32:
         source = policy.model  # already the float32 weights: no second read
     else:
         source = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
@@ -338,9 +397,15 @@ def make_trainer(tc: TrainerConfig, model_path: str, policy: Any, pad_id: int) -
         from trainers.megatron_trainer import MegatronTrainer
 
         return MegatronTrainer(source, tc, pad_id=pad_id)  # reads the weights; keeps no reference to `source`
+    if policy is not None and getattr(policy, "device", None) is not None:
+        target = policy.device
+    else:
+        from agents.default_model import resolve_device
+
+        target = resolve_device(device)[0]
     # TorchTrainer updates its model in place: it must not be the engine's
-    return TorchTrainer((copy.deepcopy(source) if source is policy.model else source).to(policy.device), tc,
-                        pad_id=pad_id)
+    return TorchTrainer((copy.deepcopy(source) if policy is not None and source is getattr(policy, "model", None)
+                         else source).to(target), tc, pad_id=pad_id)
 
 
 def _save_samples(path: Path, step: int, groups: list[Any]) -> None:

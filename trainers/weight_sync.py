@@ -84,13 +84,16 @@ class Distributed(_Servers):
             raise InvalidInput(f"engine.weight_sync distributed: backend {backend!r} is not 'nccl' or 'gloo'")
         self.backend, self.master_address, self.bucket_bytes = backend, master_address, bucket_bytes
         self.base_name, self.wire_dtype = group_name, wire_dtype
-        self.group = None
-        self.members: tuple[str, ...] = ()
+        self.group, self.name = None, group_name
+        # The engine clients of the group (by identity: a restarted engine is a new client at the same URL, and its
+        # old rank is gone from the group).
+        self.members: tuple[int, ...] = ()
+        self.member_urls: tuple[str, ...] = ()
         self.generation = 0
 
     async def _form(self, engines: Sequence[Any]) -> None:
         """A group of this process (rank 0) and every engine rank; the old one (other members) is dissolved."""
-        from agents.weight_transfer import close_update_group, open_update_group
+        from agents.weight_transfer import open_update_group
 
         await self._dissolve(engines)
         ranks = []
@@ -114,16 +117,17 @@ class Distributed(_Servers):
                 j.cancel()
             raise
         self.group, self.name = group, name
-        self.members = tuple(e.url for e in engines)
-        self._close = close_update_group
+        self.members, self.member_urls = tuple(id(e) for e in engines), tuple(e.url for e in engines)
 
     async def _dissolve(self, engines: Sequence[Any]) -> None:
+        from agents.weight_transfer import close_update_group
+
         if self.group is None:
             return
         live = {e.url: e for e in engines}
-        await asyncio.gather(*(live[u].destroy_weights_update_group(self.name) for u in self.members if u in live),
-                             return_exceptions=True)
-        await asyncio.to_thread(self._close, self.group)
+        await asyncio.gather(*(live[u].destroy_weights_update_group(self.name) for u in self.member_urls
+                               if u in live), return_exceptions=True)  # a restarted engine never had it
+        await asyncio.to_thread(close_update_group, self.group)
         self.group = None
 
     async def push(self, weights: Mapping[str, torch.Tensor], version: str) -> dict[str, float]:
@@ -133,7 +137,7 @@ class Distributed(_Servers):
         if not engines:
             raise RuntimeError("no engine to send weights to")
         t0 = time.perf_counter()
-        if self.group is None or self.members != tuple(e.url for e in engines):
+        if self.group is None or self.members != tuple(id(e) for e in engines):
             await self._form(engines)
         formed = time.perf_counter()
         device = torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else torch.device("cpu")

@@ -1,0 +1,194 @@
+"""The training pipeline across processes: `slime-env train` against `serve-engine` servers with SGLang's weight-sync
+routes (a real torch.distributed group over gloo), engine faults, placement on a local Ray cluster, and the config
+checks that run before any training.
+
+The engines are real HTTP servers on 127.0.0.1 (`slime-env serve-engine` processes on the real SmolLM2-135M
+weights); they speak SGLang's API, which is what these tests exercise — SGLang itself cannot run here."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from slime_env.errors import InvalidInput  # noqa: E402
+from trainers.train_loop import TrainConfig, train  # noqa: E402
+
+BASE = {
+    "model": "default", "env": "ReasoningGym-v0",
+    "env_kwargs": {"dataset": "chain_sum", "system_prompt": "Answer with <answer>N</answer>.",
+                   "answer_formats": ["answer_tag", "last_number"]},
+    "train_data": {"reasoning_gym": {"dataset": "chain_sum", "size": 64, "seed": 1,
+                                     "config": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}}},
+    "steps": 2, "prompts_per_step": 2, "n_samples_per_prompt": 4, "max_new_tokens": 16, "eval_every": 100,
+    "temperature": 1.0, "max_concurrency": 8,
+    "trainer": {"estimator": "grpo", "lr": 1e-4, "micro_batch_size": 8},
+}
+
+
+def _config(tmp_path, **over) -> TrainConfig:
+    return TrainConfig.from_dict({**BASE, "run_dir": str(tmp_path / "run"), **over})
+
+
+def _digests(weights) -> dict[str, str]:
+    return {n: hashlib.sha256(t.detach().float().contiguous().cpu().numpy().tobytes()).hexdigest()
+            for n, t in weights.items()}
+
+
+def test_two_serve_engines_get_the_trainers_weights_over_a_gloo_group_after_every_step(tmp_path, smollm2_tok):
+    from agents import TransformersPolicy, load_default_model
+
+    seen = []
+
+    async def check(step, engines, trainer):
+        weights = trainer.weights()
+        want = _digests(weights)
+        for engine in engines.pool.up():
+            got = await engine.get_weights_checksum()
+            assert got["weight_version"] == str(step)
+            assert got["checksums"] == {n: d for n, d in want.items() if n in got["checksums"]}
+            assert set(want) - set(got["checksums"]) <= {"lm_head.weight"}  # tied to the embedding
+        # A greedy generation through the pool equals the in-process engine on the same weights.
+        model, tok = load_default_model()
+        model.load_state_dict({k: v.detach().clone() for k, v in weights.items()}, strict=False)
+        local = TransformersPolicy(model, tok, batching="static")
+        prompt = tok.encode("Tell me about the moon.")
+        try:
+            ours = await local.generate(prompt, {"temperature": 0.0, "max_new_tokens": 12})
+        finally:
+            local.close()
+        for engine in engines.pool.up():
+            theirs = await engine.generate(prompt, {"temperature": 0.0, "max_new_tokens": 12})
+            assert theirs.token_ids == ours.token_ids
+        seen.append((step, len(engines.pool.up()), trainer.step_count))
+
+    cfg = _config(tmp_path, engine={"kind": "serve", "count": 2, "weight_sync": "distributed"})
+    summary = asyncio.run(train(cfg, on_step=check, log=lambda _: None))
+    assert seen == [(1, 2, 1), (2, 2, 2)]
+    rows = [json.loads(line) for line in open(summary["metrics"])]
+    assert all(r["sync/bytes"] > 0 and r["engines/up"] == 2 for r in rows)
+
+
+def test_an_engine_killed_mid_step_loses_no_episode_and_returns_with_the_new_weights(tmp_path):
+    """kill -9 one of two engines while step 2 generates: every episode of the step comes back exactly once and
+    completed, the step trains, the engine is restarted and rejoins once the step's weights reached it."""
+    batches: list[list] = []
+    state = {}
+
+    async def on_step(step, engines, trainer):
+        if step == 1:
+            async def kill_soon():
+                await asyncio.sleep(0.3)  # step 2's rollouts are under way
+                state["killed"] = engines.processes[0].url
+                engines.processes[0].kill()
+
+            state["task"] = asyncio.ensure_future(kill_soon())
+        if step == 2:
+            restarted = next(e for e in engines.pool.engines if e.url == state["killed"])
+            assert engines.processes[0].starts == 2 and engines.pool.state[restarted.url] == "up"
+            gen = await restarted.generate([1, 2, 3], {"temperature": 0.0, "max_new_tokens": 2})
+            assert gen.weight_version == "2"  # its first generation back uses the step's weights
+            got = await restarted.get_weights_checksum(["model.norm.weight"])
+            assert got["checksums"]["model.norm.weight"] == _digests(
+                {"model.norm.weight": trainer.weights()["model.norm.weight"]})["model.norm.weight"]
+            state["failovers"] = engines.pool.failovers
+
+    import trainers.train_loop as tl
+
+    original = tl._save_samples
+
+    def record(path, step, groups):  # every group of every step (sample_groups keeps all)
+        batches.append([(g.group_index, [t.metadata["index"] for t in g.trajectories],
+                         [t.status for t in g.trajectories]) for g in groups])
+        return original(path, step, groups)
+
+    tl._save_samples = record
+    try:
+        cfg = _config(tmp_path, steps=2, prompts_per_step=4, n_samples_per_prompt=4, max_new_tokens=48,
+                      max_concurrency=16, sample_groups=100,
+                      engine={"kind": "serve", "count": 2, "weight_sync": "distributed", "health_interval_s": 0.5})
+        asyncio.run(train(cfg, on_step=on_step, log=lambda _: None))
+    finally:
+        tl._save_samples = original
+    assert "killed" in state and state["failovers"] >= 1
+    for step_groups in batches:
+        indices = [i for _, idx, _ in step_groups for i in idx]
+        assert len(step_groups) == 4 and len(indices) == 16 == len(set(indices))  # none lost, none twice
+        assert all(s == "completed" or s == "truncated" for _, _, st in step_groups for s in st)
+
+
+# --- the config is checked before anything trains -------------------------------------------------------------
+def test_bad_engine_and_cluster_configs_are_refused_by_field(tmp_path):
+    with pytest.raises(InvalidInput, match=r"engine\.kind: 'vllm' is not one of"):
+        _config(tmp_path, engine={"kind": "vllm"})
+    with pytest.raises(InvalidInput, match=r"engine\.urls: kind 'sglang' needs"):
+        _config(tmp_path, engine={"kind": "sglang"})
+    with pytest.raises(InvalidInput, match=r"engine\.weight_sync: an OpenAI-compatible server"):
+        _config(tmp_path, engine={"kind": "openai", "urls": ["http://x"], "weight_sync": "disk"})
+    with pytest.raises(InvalidInput, match=r"cluster\.trainer asks for 2 trainer ranks; backend 'local'"):
+        _config(tmp_path, cluster={"trainer": {"nodes": 1, "gpus_per_node": 2}})
+    with pytest.raises(InvalidInput, match=r"cluster\.rollout gives 4 engines .* engine\.count is 2"):
+        _config(tmp_path, engine={"kind": "serve", "count": 2}, trainer={"backend": "megatron"},
+                cluster={"backend": "ray", "rollout": {"gpus": 4, "gpus_per_engine": 1}})
+    with pytest.raises(InvalidInput, match=r"cluster\.trainer has 2 ranks; trainer\.backend 'torch'"):
+        _config(tmp_path, engine={"kind": "serve"}, cluster={"backend": "ray", "trainer": {"gpus_per_node": 2}})
+    with pytest.raises(InvalidInput, match=r"cluster\.trainer\.nodes: expected an integer"):
+        _config(tmp_path, cluster={"trainer": {"nodes": 0}})
+
+
+def test_an_unreachable_engine_url_is_refused_before_training(tmp_path):
+    cfg = _config(tmp_path, engine={"kind": "sglang", "urls": ["http://127.0.0.1:9"], "health_timeout_s": 5})
+    with pytest.raises(InvalidInput, match=r"engine\.urls\[0\]: http://127\.0\.0\.1:9 does not answer"):
+        asyncio.run(train(cfg, log=lambda _: None))
+
+
+def test_an_engine_serving_another_model_is_refused_before_training(tmp_path, smollm2_tok):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from agents.launcher import ServeProcess
+
+    config = AutoConfig.for_model("llama", vocab_size=len(smollm2_tok), hidden_size=64, intermediate_size=128,
+                                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                  tie_word_embeddings=True)
+    torch.manual_seed(0)
+    folder = tmp_path / "other"
+    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    smollm2_tok.save_pretrained(folder)
+    other = ServeProcess(model=str(folder), log_path=tmp_path / "other.log")
+    url = asyncio.run(other.start())
+    try:
+        cfg = _config(tmp_path, engine={"kind": "sglang", "urls": [url]})
+        with pytest.raises(InvalidInput, match=r"engine\.urls\[0\]: .* serves other weights than the trainer's"):
+            asyncio.run(train(cfg, log=lambda _: None))
+    finally:
+        other.stop()
+
+
+def test_a_weight_update_group_with_impossible_ranks_is_refused_by_the_engine(tmp_path):
+    from agents.launcher import ServeProcess
+    from agents.sglang_policy import SGLangPolicy
+    from slime_env.http import RemoteError
+
+    from agents.default_model import default_model_path
+
+    engine = ServeProcess(model=str(default_model_path()), log_path=tmp_path / "e.log")
+    url = asyncio.run(engine.start())
+
+    async def main():
+        client = SGLangPolicy(url)
+        try:
+            with pytest.raises(RemoteError, match="rank_offset 3 is not in 1..world_size-1"):
+                await client.init_weights_update_group("127.0.0.1", 1, 3, 2, backend="gloo")
+            with pytest.raises(RemoteError, match="no weight-update group 'nope'"):
+                await client.update_weights_from_distributed(["x"], ["float32"], [[1]], group_name="nope")
+        finally:
+            await client.close()
+
+    try:
+        asyncio.run(main())
+    finally:
+        engine.stop()

@@ -1,0 +1,278 @@
+"""The engines of a training run, from the run config's `engine:` section.
+
+```yaml
+engine:
+  kind: embedded        # embedded (a TransformersPolicy in this process) | serve (slime-env serve-engine) |
+                        # sglang (SGLang servers or one router) | openai (an OpenAI-compatible server, e.g. vLLM)
+  urls: []              # sglang / openai: the servers; serve: the servers, or empty to start `count` of them here
+  count: 2              # serve without urls: engine processes this run starts (and restarts when they die)
+  weight_sync: auto     # auto | distributed | tensor | disk | none
+```
+
+`Engines` is the role: `policy` (what the rollout manager and the evaluation generate with — the embedded policy or
+an `agents.EnginePool`), `tokenizer`, `channel(trainer)` (`trainers.weight_sync`) and the engines a sync must reach.
+`start()` checks, before any training, that every engine answers and serves the trainer's model; a problem is an
+`InvalidInput` naming the config field. Engines this run started are watched: one that dies is restarted and
+rejoins once the next weight sync has reached it (`agents.engine_pool`).
+
+`weight_sync: auto` picks: embedded → in place; `serve` on this host → `tensor` (CUDA IPC) on GPUs, `distributed` over
+gloo on CPUs; `sglang` → `distributed` over NCCL; `openai` → `none` (an OpenAI-compatible server has no weight-update
+route: such engines serve frozen policies, e.g. evaluation or a distillation teacher; training through one is refused).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import tempfile
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from slime_env.errors import InvalidInput
+
+KINDS = ("embedded", "serve", "sglang", "openai")
+
+
+@dataclass
+class EngineConfig:
+    """`engine:` of the run config (see the module docstring)."""
+
+    kind: str = "embedded"
+    urls: list[str] = field(default_factory=list)
+    count: int = 1
+    weight_sync: str = "auto"
+    backend: str = "auto"              # distributed: nccl | gloo | auto (nccl on CUDA, gloo on CPU)
+    bucket_mb: int = 512               # distributed: bytes per update call
+    master_address: str = "127.0.0.1"  # distributed: this host's address as the engines reach it
+    health_interval_s: float = 5.0
+    health_timeout_s: float = 60.0
+    wait_for_engine_s: float = 600.0   # a request with no engine up waits this long for one to come back
+    device: str = "auto"               # serve engines started here
+    dtype: str = "auto"
+    max_batch_size: int | None = None  # serve engines started here (default: the run's max_concurrency)
+    model_name: str | None = None      # openai: the served model's name (default: its first model)
+    restart: bool = True               # serve: restart an engine this run started when it dies
+
+    @classmethod
+    def from_dict(cls, raw: Any, where: str = "engine") -> EngineConfig:
+        if raw is None:
+            return cls()
+        if not isinstance(raw, dict):
+            raise InvalidInput(f"{where}: expected a mapping, got {type(raw).__name__}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise InvalidInput(f"{where}: unknown field(s) {unknown}; known: {sorted(known)}")
+        cfg = cls(**raw)
+        if cfg.kind not in KINDS:
+            raise InvalidInput(f"{where}.kind: {cfg.kind!r} is not one of {list(KINDS)}")
+        if isinstance(cfg.urls, str):
+            cfg.urls = [cfg.urls]
+        if cfg.kind in ("sglang", "openai") and not cfg.urls:
+            raise InvalidInput(f"{where}.urls: kind {cfg.kind!r} needs the servers' URLs")
+        if cfg.kind == "embedded" and cfg.urls:
+            raise InvalidInput(f"{where}.urls: kind 'embedded' runs in this process; give kind: serve or sglang")
+        if cfg.weight_sync not in ("auto", "distributed", "tensor", "disk", "none"):
+            raise InvalidInput(f"{where}.weight_sync: {cfg.weight_sync!r} is not auto, distributed, tensor, disk "
+                               "or none")
+        if cfg.kind == "openai" and cfg.weight_sync not in ("auto", "none"):
+            raise InvalidInput(f"{where}.weight_sync: an OpenAI-compatible server has no weight-update route; "
+                               "use weight_sync: none (a frozen policy) or kind: sglang / serve")
+        if cfg.kind == "embedded" and cfg.weight_sync not in ("auto",):
+            raise InvalidInput(f"{where}.weight_sync: the embedded engine is updated in place (leave it auto)")
+        if cfg.backend not in ("auto", "nccl", "gloo"):
+            raise InvalidInput(f"{where}.backend: {cfg.backend!r} is not auto, nccl or gloo")
+        for name in ("count", "bucket_mb"):
+            if getattr(cfg, name) < 1:
+                raise InvalidInput(f"{where}.{name} must be >= 1, got {getattr(cfg, name)}")
+        return cfg
+
+
+class Engines:
+    """The engines role (see the module docstring). Made by `make_engines`; `await start()` before use."""
+
+    def __init__(self, cfg: EngineConfig, *, model_path: str, max_concurrency: int, run_dir: Path, seed: int,
+                 device: str, dtype: str, spawn: Any = None):
+        self.cfg, self.model_path, self.run_dir, self.seed = cfg, model_path, run_dir, seed
+        self.spawn = spawn  # spawn(index, **ServeProcess kwargs): where an engine this run starts goes
+        self.max_concurrency, self.device, self.dtype = max_concurrency, device, dtype
+        self.policy: Any = None
+        self.tokenizer: Any = None
+        self.pool: Any = None
+        self.processes: list[Any] = []
+        self._restarts: set[asyncio.Task] = set()
+        self.embedded = cfg.kind == "embedded"
+
+    # --- start -------------------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        if self.embedded:
+            from agents.default_model import load_policy
+
+            self.policy, self.model_path = load_policy(self.model_path, max_batch_size=self.max_concurrency,
+                                                       batch_window_s=0.005, device=self.device, dtype=self.dtype,
+                                                       seed=self.seed)
+            self.tokenizer = self.policy.tokenizer
+            return
+        self.tokenizer = load_tokenizer(self.model_path)
+        if self.cfg.kind == "openai":
+            from agents.openai_policy import OpenAIPolicy
+
+            self.policy = OpenAIPolicy(self.cfg.urls[0], self.cfg.model_name or "default")
+            return
+        from agents.engine_pool import EnginePool
+        from agents.sglang_policy import SGLangPolicy
+
+        urls = list(self.cfg.urls)
+        if not urls:  # serve: this run starts its engines
+            urls = await self._launch()
+        engines = [SGLangPolicy(u, max_connections=max(256, self.max_concurrency)) for u in urls]
+        await self._check(engines)
+        self.pool = EnginePool(engines, health_interval_s=self.cfg.health_interval_s,
+                               health_timeout_s=self.cfg.health_timeout_s,
+                               wait_for_engine_s=self.cfg.wait_for_engine_s, on_down=self._on_down)
+        self.pool.watch()
+        self.policy = self.pool
+
+    async def _launch(self) -> list[str]:
+        from agents.launcher import ServeProcess
+
+        logs = self.run_dir / "engines"
+        logs.mkdir(parents=True, exist_ok=True)
+        args = ["--max-batch-size", str(self.cfg.max_batch_size or self.max_concurrency), "--batch-window-ms", "5",
+                "--device", self.cfg.device, "--dtype", self.cfg.dtype]
+        spawn = self.spawn or (lambda i, **kw: ServeProcess(**kw))
+        self.processes = [spawn(i, model=self.model_path, args=args, log_path=logs / f"engine_{i}.log")
+                          for i in range(self.cfg.count)]
+        try:
+            return list(await asyncio.gather(*(p.start() for p in self.processes)))
+        except Exception:
+            for p in self.processes:
+                p.stop()
+            raise
+
+    async def _check(self, engines: list[Any]) -> None:
+        """Every engine answers, and serves the weights of the trainer's model (compared on the first values of
+        the embedding, within bf16 rounding: the engine may run in bf16)."""
+        from slime_env.http import RemoteError
+
+        want = _first_values(self.model_path)
+        for i, e in enumerate(engines):
+            field_name = f"engine.urls[{i}]" if self.cfg.urls else f"engine (started engine {i})"
+            try:
+                ok = await asyncio.wait_for(e.health(), self.cfg.health_timeout_s)
+            except (asyncio.TimeoutError, OSError):
+                ok = False
+            if not ok:
+                raise InvalidInput(f"{field_name}: {e.url} does not answer /health_generate")
+            try:
+                got = await e.http.request("GET", "/get_weights_by_name",
+                                           {"name": "model.embed_tokens.weight", "truncate_size": len(want)})
+            except RemoteError as err:
+                raise InvalidInput(f"{field_name}: {e.url} cannot show its weights ({err}); it must serve the "
+                                   f"trainer's model {self.model_path}") from None
+            if len(got) != len(want) or any(not math.isclose(a, b, rel_tol=1e-2, abs_tol=1e-3)
+                                            for a, b in zip(got, want)):
+                raise InvalidInput(f"{field_name}: {e.url} serves other weights than the trainer's model "
+                                   f"{self.model_path} (model.embed_tokens.weight starts {got[:4]} there, "
+                                   f"{want[:4]} here)")
+
+    # --- weight sync -------------------------------------------------------------------------------------------
+    def channel(self, save: Any = None) -> Any:
+        """The weight-sync channel to these engines (`save(path)` writes the trainer's HF folder, for `disk`)."""
+        from trainers import weight_sync as ws
+
+        if self.embedded:
+            return ws.InPlace(self.policy)
+        kind = self.cfg.weight_sync
+        if kind == "auto":
+            kind = "none" if self.cfg.kind == "openai" else "distributed"
+            if self.cfg.kind == "serve" and not self.cfg.urls and _cuda():
+                kind = "tensor"  # same host, same GPUs: CUDA IPC (NCCL refuses two ranks on one GPU)
+        if kind == "none":
+            return ws.Frozen()
+        if kind == "tensor":
+            return ws.FromTensor(self.pool.targets)
+        if kind == "disk":
+            if save is None:
+                raise InvalidInput("engine.weight_sync: disk needs a trainer that can write its weights")
+            return ws.FromDisk(self.pool.targets, folder=Path(tempfile.mkdtemp(prefix="slime_env_sync_")), save=save)
+        backend = self.cfg.backend if self.cfg.backend != "auto" else ("nccl" if _cuda() else "gloo")
+        return ws.Distributed(self.pool.targets, backend=backend, master_address=self.cfg.master_address,
+                              bucket_bytes=self.cfg.bucket_mb << 20)
+
+    def synced(self) -> None:
+        """A weight sync reached every target: stale engines rejoin the rotation."""
+        if self.pool is not None:
+            self.pool.mark_synced(self.pool.targets())
+
+    # --- faults ------------------------------------------------------------------------------------------------
+    def _on_down(self, engine: Any, reason: str) -> None:
+        process = next((p for p in self.processes if p.url == engine.url), None)
+        if process is None or not self.cfg.restart:
+            return
+        task = asyncio.ensure_future(self._restart(process, engine))
+        self._restarts.add(task)
+        task.add_done_callback(self._restarts.discard)
+
+    async def _restart(self, process: Any, engine: Any) -> None:
+        if await asyncio.to_thread(process.alive):  # it answers no more but runs: stop it first (a hung engine)
+            await asyncio.to_thread(process.stop)
+        url = await process.start()
+        from agents.sglang_policy import SGLangPolicy
+
+        self.pool.replace(engine, SGLangPolicy(url, max_connections=max(256, self.max_concurrency)))
+
+    async def wait_restarts(self) -> None:
+        """Until the restarts under way are done (their engines are then stale, waiting for weights)."""
+        if self._restarts:
+            await asyncio.gather(*list(self._restarts), return_exceptions=True)
+
+    async def close(self) -> None:
+        for task in list(self._restarts):
+            task.cancel()
+        if self.pool is not None:
+            await self.pool.close()
+        elif self.policy is not None and hasattr(self.policy, "close"):
+            result = self.policy.close()
+            if asyncio.iscoroutine(result):
+                await result
+        for p in self.processes:
+            await asyncio.to_thread(p.stop)
+
+
+def load_tokenizer(model_path: str) -> Any:
+    from agents.default_model import default_model_path
+
+    if model_path in ("default", str(default_model_path())):
+        from transformers import PreTrainedTokenizerFast
+
+        return PreTrainedTokenizerFast.from_pretrained(str(default_model_path()))
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_path)
+
+
+def resolve_model_path(model: str) -> str:
+    if model == "default":
+        from agents.default_model import default_model_path
+
+        return str(default_model_path())
+    return model
+
+
+def _first_values(model_path: str, n: int = 8) -> list[float]:
+    """The first values of the model folder's embedding (safetensors, read without loading the model)."""
+    from safetensors import safe_open
+
+    for f in sorted(Path(model_path).glob("*.safetensors")):
+        with safe_open(str(f), "pt") as st:
+            if "model.embed_tokens.weight" in st.keys():
+                return st.get_slice("model.embed_tokens.weight")[0, :n].float().tolist()
+    raise InvalidInput(f"model: {model_path} has no model.embed_tokens.weight in its safetensors files")
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
