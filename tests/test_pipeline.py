@@ -192,3 +192,30 @@ def test_a_weight_update_group_with_impossible_ranks_is_refused_by_the_engine(tm
         asyncio.run(main())
     finally:
         engine.stop()
+
+
+def test_ray_placement_with_two_trainer_ranks_and_two_engines_equals_the_one_process_run(tmp_path):
+    """colocate: false on a local Ray cluster: 2 trainer ranks (Megatron DP=2 over gloo) and 2 engine actors, against
+    the same run with one trainer process; seeded sampling makes the rollouts identical, so the training must be."""
+    pytest.importorskip("ray")
+    pytest.importorskip("megatron.core")
+    runs = {}
+    for name, cluster in (("ray", {"backend": "ray", "trainer": {"nodes": 1, "gpus_per_node": 2}, "num_cpus": 8}),
+                          ("local", {})):
+        weights = {}
+
+        def grab(step, engines, trainer, weights=weights):
+            assert len(engines.pool.up()) == 2
+            weights.update({k: v.detach().cpu().clone() for k, v in trainer.weights().items()})
+
+        cfg = TrainConfig.from_dict({**BASE, "run_dir": str(tmp_path / name), "seed_sampling": True, "cluster": cluster,
+                                     "steps": 1, "engine": {"kind": "serve", "count": 2},
+                                     "trainer": {**BASE["trainer"], "backend": "megatron"}})
+        summary = asyncio.run(train(cfg, on_step=grab, log=lambda _: None))
+        runs[name] = ([json.loads(line) for line in open(summary["metrics"])], weights)
+    (ray_rows, ray_w), (local_rows, local_w) = runs["ray"], runs["local"]
+    for a, b in zip(ray_rows, local_rows):
+        assert a["train/reward_mean"] == b["train/reward_mean"]
+        assert a["train/loss"] == pytest.approx(b["train/loss"], abs=1e-5)
+        assert a["train/grad_norm"] == pytest.approx(b["train/grad_norm"], rel=1e-5)
+    assert max((ray_w[k] - local_w[k]).abs().max().item() for k in local_w) < 1e-4

@@ -111,7 +111,8 @@ class Placement:
     """The cluster of one run: `spawn_engine` starts an engine process where it belongs, `trainer_group` makes
     the trainer group; `close()` gives everything back."""
 
-    def __init__(self, cfg: ClusterConfig):
+    def __init__(self, cfg: ClusterConfig, engines: int = 0):
+        """`engines`: how many engine processes this run starts (a bundle each unless colocated)."""
         self.cfg = cfg
         self.group = None  # the Ray placement group
         self._bundle = 0
@@ -129,7 +130,7 @@ class Placement:
             trainer = [{"CPU": 1, **({"GPU": 1} if self.gpus else {})} for _ in range(cfg.ranks)]
             per_engine = cfg.rollout["gpus_per_engine"] if self.gpus else 0
             engines = [] if cfg.colocate else \
-                [{"CPU": 1, **({"GPU": per_engine} if per_engine else {})} for _ in range(max(cfg.engines, 0))]
+                [{"CPU": 1, **({"GPU": per_engine} if per_engine else {})} for _ in range(engines)]
             self.group = placement_group(trainer + engines, strategy="PACK")
             ray.get(self.group.ready(), timeout=600)
             self._engine_bundles = list(range(cfg.ranks)) if cfg.colocate else \

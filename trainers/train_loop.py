@@ -46,6 +46,9 @@ class TrainConfig:
     max_new_tokens: int = 64
     temperature: float = 1.0
     top_p: float = 1.0
+    # Each turn samples with a seed drawn from (the run's seed, the episode, the turn): rollouts repeat exactly on
+    # any engine that honours `sampling_seed` (ours, SGLang, vLLM), e.g. to compare two placements of one run.
+    seed_sampling: bool = False
     max_concurrency: int = 64
     eval_every: int = 5
     eval_max_new_tokens: int | None = None
@@ -235,8 +238,9 @@ async def train(cfg: TrainConfig, *, log: Callable[[str], None] = print,
     eval_tasks = load_split(cfg.eval_data, "eval_data") if cfg.eval_data else []
     # The three roles: engines (embedded or servers), the trainer group (this process or Ray actors) and, below, the
     # rollout manager between them; weights go trainer -> engines through one channel.
-    placement = Placement(ClusterConfig.from_dict(cfg.cluster))
     engine_cfg = EngineConfig.from_dict(cfg.engine)
+    placement = Placement(ClusterConfig.from_dict(cfg.cluster),
+                          engines=engine_cfg.count if engine_cfg.kind == "serve" and not engine_cfg.urls else 0)
     model = cfg.model if engine_cfg.kind == "embedded" else resolve_model_path(cfg.model)
     engines = Engines(engine_cfg, model_path=model, max_concurrency=cfg.max_concurrency, run_dir=run,
                       seed=cfg.seed, device=cfg.device, dtype=cfg.engine_dtype, spawn=placement.spawn_engine)
@@ -296,7 +300,8 @@ async def _train(cfg: TrainConfig, run: Path, engines: Any, trainer: Any, policy
 
     manager = RolloutManager(order, env_id=cfg.env, env_kwargs=cfg.env_kwargs, policy=policy, renderer=renderer,
                              policy_for=opponent_for,
-                             sampling_params={"temperature": cfg.temperature, "top_p": cfg.top_p},
+                             sampling_params={"temperature": cfg.temperature, "top_p": cfg.top_p,
+                                              **({"sampling_seed": "episode"} if cfg.seed_sampling else {})},
                              n_samples_per_prompt=cfg.n_samples_per_prompt,
                              max_concurrency=max(cfg.max_concurrency, cfg.n_samples_per_prompt),
                              max_turns=cfg.max_turns, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed,
