@@ -128,7 +128,7 @@ class EnginePool:
                 if e.status is not None and e.status < 500:
                     raise  # the request's own fault: another engine would refuse it too
                 self.mark_down(engine, str(e))
-            except (asyncio.TimeoutError, OSError) as e:
+            except (TimeoutError, OSError) as e:
                 self.mark_down(engine, f"{type(e).__name__}: {e}")
             tried.add(engine.url)
             self.failovers += 1
@@ -157,7 +157,7 @@ class EnginePool:
         async def probe(e: Any) -> None:
             try:
                 ok = await asyncio.wait_for(e.health(), self.health_timeout_s)
-            except (asyncio.TimeoutError, OSError, RemoteError):
+            except (TimeoutError, OSError, RemoteError):
                 ok = False
             state = self.state.get(e.url)
             if state == UP and not ok:
@@ -194,7 +194,7 @@ class EnginePool:
             changed.clear()
             try:
                 await asyncio.wait_for(changed.wait(), min(left, 1.0))
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     def _event(self, engine: Any) -> asyncio.Event:

@@ -20,7 +20,6 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
 from agents import paged_attention as pa

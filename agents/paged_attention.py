@@ -107,7 +107,7 @@ def attention_reference(q, k_cache, v_cache, block_tables, m: Meta, scale):
 # --- Triton ---------------------------------------------------------------------------------------------------
 if triton is not None:
     @triton.jit
-    def _decode_kernel(Q, K, V, O, BT, CTX, ROWS, scale,
+    def _decode_kernel(Q, K, V, Out, BT, CTX, ROWS, scale,
                        s_qb, s_qh, s_kb, s_kt, s_kh, s_ob, s_oh, s_bt,
                        GROUP: tl.constexpr, BLOCK_H: tl.constexpr, PAGE: tl.constexpr, BLOCK: tl.constexpr,
                        D: tl.constexpr, IEEE: tl.constexpr):
@@ -145,11 +145,11 @@ if triton is not None:
                 acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
             m_i = m_new
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # padding rows: 0, not 0/0
-        tl.store(O + b * s_ob + heads[:, None] * s_oh + offs_d[None, :], out.to(O.dtype.element_ty),
+        tl.store(Out + b * s_ob + heads[:, None] * s_oh + offs_d[None, :], out.to(Out.dtype.element_ty),
                  mask=mask_h[:, None])
 
     @triton.jit
-    def _prefill_kernel(Q, K, V, O, BT, Q_START, Q_LEN, CTX, ROWS, TILE_SEQ, TILE_M, scale,
+    def _prefill_kernel(Q, K, V, Out, BT, Q_START, Q_LEN, CTX, ROWS, TILE_SEQ, TILE_M, scale,
                         s_qt, s_qh, s_kb, s_kt, s_kh, s_ot, s_oh, s_bt,
                         GROUP: tl.constexpr, PAGE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK: tl.constexpr,
                         D: tl.constexpr, IEEE: tl.constexpr):
@@ -196,7 +196,7 @@ if triton is not None:
                 acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
             m_i = m_new
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # padding rows: 0, not 0/0
-        tl.store(O + (q0 + offs_m)[:, None] * s_ot + h * s_oh + offs_d[None, :], out.to(O.dtype.element_ty),
+        tl.store(Out + (q0 + offs_m)[:, None] * s_ot + h * s_oh + offs_d[None, :], out.to(Out.dtype.element_ty),
                  mask=mask_m[:, None])
 
 

@@ -23,8 +23,8 @@ import inspect
 import io
 import pickle
 from collections.abc import Sequence
-from typing import Any
 from multiprocessing.reduction import ForkingPickler
+from typing import Any
 
 import torch
 import torch.multiprocessing  # noqa: F401 - registers the tensor reductions with ForkingPickler

@@ -11,15 +11,15 @@ import math
 import random
 
 import numpy as np
-
 import pytest
 
 torch = pytest.importorskip("torch")
 
+from paged_support import paged_policy, sessions, tiny  # noqa: E402
+
 from agents.kv_blocks import SCRATCH, BlockPool, OutOfBlocks, chain_digest  # noqa: E402
 from agents.sampler import SamplingBatch, sample, uniforms  # noqa: E402
 from agents.transformers_policy import TransformersPolicy  # noqa: E402
-from paged_support import paged_policy, sessions, tiny  # noqa: E402
 
 GREEDY = {"temperature": 0.0}
 
@@ -114,7 +114,7 @@ def test_greedy_rows_take_the_argmax_beside_sampled_rows_and_seeds_reproduce():
     assert again.tolist() == tokens[[1, 3]].tolist()  # the same draw whatever else is in the batch
 
 
-# --- the kernels, in Triton's interpreter (in their own process: tests/interpreted) ---------------------------------------------------------------------
+# --- the kernels, in Triton's interpreter (in their own process: tests/interpreted) --------------------------------
 def test_triton_kernels_in_the_interpreter():
     """The Triton kernels against the torch reference, and the engine on them, in Triton's interpreter."""
     import os

@@ -169,11 +169,10 @@ def test_an_engine_serving_another_model_is_refused_before_training(tmp_path, sm
 
 
 def test_a_weight_update_group_with_impossible_ranks_is_refused_by_the_engine(tmp_path):
+    from agents.default_model import default_model_path
     from agents.launcher import ServeProcess
     from agents.sglang_policy import SGLangPolicy
     from slime_env.http import RemoteError
-
-    from agents.default_model import default_model_path
 
     engine = ServeProcess(model=str(default_model_path()), log_path=tmp_path / "e.log")
     url = asyncio.run(engine.start())

@@ -161,7 +161,7 @@ class Engines:
             field_name = f"engine.urls[{i}]" if self.cfg.urls else f"engine (started engine {i})"
             try:
                 ok = await asyncio.wait_for(e.health(), self.cfg.health_timeout_s)
-            except (asyncio.TimeoutError, OSError):
+            except (TimeoutError, OSError):
                 ok = False
             if not ok:
                 raise InvalidInput(f"{field_name}: {e.url} does not answer /health_generate")

@@ -295,7 +295,8 @@ class RayTrainerGroup:
         channel = engines.channel()
         kind = {"Distributed": "distributed", "FromTensor": "tensor", "Frozen": "none"}.get(type(channel).__name__)
         if kind is None:
-            raise InvalidInput(f"engine.weight_sync {engines.cfg.weight_sync!r} is not offered with cluster.backend ray")
+            raise InvalidInput(f"engine.weight_sync {engines.cfg.weight_sync!r} is not offered with cluster.backend "
+                               "ray")
         return _RemoteChannel(self, engines, {"kind": kind, "backend": getattr(channel, "backend", None),
                                               "bucket_bytes": getattr(channel, "bucket_bytes", 0)})
 

@@ -2,13 +2,14 @@
 
 One object per run, chosen by `engine.weight_sync` in the run config (`make_channel`):
 
-| channel | engines | how |
-|---|---|---|
-| `InPlace` | the embedded `TransformersPolicy` | `update_weights(state_dict)` in the trainer's process |
-| `Distributed` | servers (SGLang, `serve-engine`), any host | SGLang's `update_weights_from_distributed`: a torch.distributed group of the trainer (rank 0) and every engine rank; each bucket of tensors is announced over HTTP to all engines while rank 0 broadcasts it (NCCL on GPUs, gloo on CPUs) |
-| `FromTensor` | servers on this host | SGLang's `update_weights_from_tensor`: CUDA IPC handles (shared memory on CPUs) |
-| `FromDisk` | servers sharing a filesystem | a Hugging Face folder, then `update_weights_from_disk` |
-| `Frozen` | any | nothing (evaluation-only runs) |
+- `InPlace` — the embedded `TransformersPolicy`: `update_weights(state_dict)` in the trainer's process.
+- `Distributed` — servers (SGLang, `serve-engine`) on any host: SGLang's `update_weights_from_distributed`, a
+  torch.distributed group of the trainer (rank 0) and every engine rank; each bucket of tensors is announced over
+  HTTP to all engines while rank 0 broadcasts it (NCCL on GPUs, gloo on CPUs).
+- `FromTensor` — servers on this host: SGLang's `update_weights_from_tensor`, CUDA IPC handles (shared memory on
+  CPUs).
+- `FromDisk` — servers sharing a filesystem: a Hugging Face folder, then `update_weights_from_disk`.
+- `Frozen` — nothing (evaluation-only runs).
 
 `await channel.push(weights, version)` with `weights` the trainer's HF-named tensors; engines stop admitting work
 around an update (`/pause_generation` ... `/continue_generation`) so no request sees half of a new set. A channel

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import inspect
 import math
 import time
 from collections import deque
@@ -11,53 +10,16 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from slime_env.env import Env
 from slime_env.errors import InvalidInput
-from slime_env.multi_agent import MultiAgentEnv, run_multi_agent_episode
-from slime_env.registry import make
 from slime_env.renderers.template import TemplateRenderer
 from slime_env.rollout.filters import get_filter
+from slime_env.rollout.groups import Group, GroupRunner, RunningGroup
 from slime_env.rollout.heap import quiet_gc
 from slime_env.rollout.metrics import batch_metrics
 from slime_env.rollout.store import RolloutStore
-from slime_env.runner import Episode
-from slime_env.trajectory import STATUSES, Trajectory
 from slime_env.types import Task
 
 ABORTED = "aborted by the rollout manager: the batch was full"
-
-
-@dataclass
-class Group:
-    """The `n_samples_per_prompt` trajectories of one task, in sample order.
-
-    `group_index` is the task's position in the dataset; trajectory k has `metadata["index"] ==
-    group_index * n + k`. `accepted` is False when the dynamic filter dropped it (`filter_reason`).
-    A multi-agent env gives n trajectories per trained agent, agent after agent (each agent's n samples
-    consecutive: a GRPO group per agent), sharing `metadata["episode_id"]` per sample.
-    """
-
-    group_index: int
-    task: Task
-    env_id: str
-    trajectories: list[Trajectory]
-    accepted: bool = True
-    filter_reason: str = ""
-
-    def status_counts(self) -> dict[str, int]:
-        counts = dict.fromkeys(STATUSES, 0)
-        for t in self.trajectories:
-            counts[t.status] += 1
-        return counts
-
-    def to_slime_samples(self) -> list[dict[str, Any]]:
-        """slime `Sample` dicts, positional (the n samples of this group, in order); failed ones removed-safe."""
-        return [t.to_slime_sample() for t in self.trajectories]
-
-    def to_record(self) -> dict[str, Any]:
-        return {"group_index": self.group_index, "task_id": self.task.id, "env_id": self.env_id,
-                "accepted": self.accepted, "filter_reason": self.filter_reason,
-                "status_counts": self.status_counts(), "trajectories": [t.to_dict() for t in self.trajectories]}
 
 
 @dataclass
@@ -68,16 +30,6 @@ class Batch:
     groups: list[Group]
     dropped: list[Group] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)
-
-
-@dataclass
-class _Running:
-    group_index: int
-    task: Task
-    env_id: str
-    episodes: list[Episode] = field(default_factory=list)
-    envs: list[Env | None] = field(default_factory=list)
-    future: asyncio.Task | None = None
 
 
 class RolloutManager:
@@ -140,15 +92,19 @@ class RolloutManager:
                                "max_context_tokens": max_context_tokens, "deadline_s": deadline_s, "strict": strict}
         if backend not in ("local", "ray"):
             raise InvalidInput(f"backend must be 'local' or 'ray', got {backend!r}")
-        self.backend, self.ray_actors, self.ray_actor_options = backend, ray_actors, dict(ray_actor_options or {})
-        self._ray_pools: dict[str, Any] = {}
+        self.backend = backend
         self.filter = get_filter(dynamic_filter)
         self.over_sampling = over_sampling
-        self.partial_rollout, self.mask_offpolicy = partial_rollout, mask_offpolicy
+        self.partial_rollout = partial_rollout
         self.progress = progress
         self.seed = seed
-        self.train_agents = list(train_agents) if train_agents is not None else None
-        self.policy_for = policy_for
+        self.runner = GroupRunner(self.tasks, policy=policy, renderer=renderer, env_id=env_id,
+                                  env_kwargs=self.env_kwargs,
+                                  env_factory=env_factory, sampling_params=self.sampling_params, n=self.n,
+                                  episode_kwargs=self.episode_kwargs, seed=seed, train_agents=train_agents,
+                                  policy_for=policy_for, partial_rollout=partial_rollout,
+                                  mask_offpolicy=mask_offpolicy, backend=backend, ray_actors=ray_actors,
+                                  ray_actor_options=ray_actor_options)
         self.store = None
         if out_dir is not None:
             config = {"env_id": env_id, "n_samples_per_prompt": self.n, "num_tasks": len(self.tasks),
@@ -156,7 +112,7 @@ class RolloutManager:
             self.store = RolloutStore(out_dir, config, resume=resume, parquet=parquet)
         done = set(self.store.done) if self.store else set()
         self._queue: deque[int] = deque(i for i in range(len(self.tasks)) if i not in done)
-        self._carry: deque[_Running] = deque()   # suspended groups (partial rollout), resumed first
+        self._carry: deque[RunningGroup] = deque()  # suspended groups (partial rollout), resumed first
         self._ready: deque[Group] = deque()      # accepted beyond a batch's target, delivered next time
         self._ready_dropped: list[Group] = []    # dropped after a batch closed, delivered with the next one
         self.batches = 0
@@ -175,9 +131,9 @@ class RolloutManager:
             self._pool = WorkerPool(workers, {
                 "tasks": self.tasks, "policy": policy, "renderer": renderer, "env_id": env_id,
                 "env_kwargs": self.env_kwargs, "env_factory": env_factory, "sampling_params": self.sampling_params,
-                "n_samples_per_prompt": self.n, "max_concurrency": max_concurrency, **self.episode_kwargs,
-                "seed": seed, "train_agents": train_agents, "policy_for": policy_for, "quiet_gc": quiet_gc,
-                "env_specs": {e: _REGISTRY[e] for e in env_ids if e in _REGISTRY}})
+                "n": self.n, "episode_kwargs": self.episode_kwargs, "seed": seed, "train_agents": train_agents,
+                "policy_for": policy_for}, quiet_gc=quiet_gc,
+                env_specs={e: _REGISTRY[e] for e in env_ids if e in _REGISTRY})
 
     # --- public API ------------------------------------------------------------------------------
     def remaining(self) -> int:
@@ -197,7 +153,7 @@ class RolloutManager:
         while self._ready and len(accepted) < num_groups:
             accepted.append(self._ready.popleft())
         limit = math.ceil(num_groups * self.over_sampling)
-        running: dict[asyncio.Task, _Running] = {}
+        running: dict[asyncio.Task, RunningGroup] = {}
         # Finished groups are queued by their done-callbacks: O(1) per group, where asyncio.wait over every
         # running group costs O(groups in flight) per completion.
         finished: deque[asyncio.Task] = deque()
@@ -212,7 +168,7 @@ class RolloutManager:
             while len(accepted) < num_groups:
                 while (len(accepted) + len(running) < limit and (self._carry or self._queue)
                        and (len(running) + 1) * self.n <= self.max_concurrency):
-                    rg = self._carry.popleft() if self._carry else self._new_group(self._queue.popleft())
+                    rg = self._carry.popleft() if self._carry else self.runner.new(self._queue.popleft())
                     rg.future = asyncio.ensure_future(self._run_group(rg))
                     rg.future.add_done_callback(on_done)
                     running[rg.future] = rg
@@ -261,77 +217,18 @@ class RolloutManager:
             rg = self._carry.popleft()
             for ep in rg.episodes:
                 ep.trajectory()
-            await self._close_envs(rg)
+            await self.runner.close_envs(rg)
         if self.store:
             self.store.close()
-        for pool in self._ray_pools.values():
-            pool.shutdown()
+        self.runner.close()
         if self._pool is not None:
             await self._pool.close()
-        self._ray_pools.clear()
 
     # --- internals -------------------------------------------------------------------------------
-    def _new_group(self, index: int) -> _Running:
-        task = self.tasks[index]
-        return _Running(index, task, str(task.metadata.get("env_id", self.env_id)))
-
-    async def _run_group(self, rg: _Running) -> Group | None:
+    async def _run_group(self, rg: RunningGroup) -> Group | None:
         if self._pool is not None:  # a worker process runs it and sends the whole group back
             return await self._pool.run_group(rg.group_index)
-        if not rg.episodes:
-            await self._start_episodes(rg)
-        elif self.mask_offpolicy:
-            for ep in rg.episodes:
-                if ep.suspended:
-                    ep.mask_offpolicy()
-        results = await asyncio.gather(*(ep.run() for ep in rg.episodes))
-        if any(r is None for r in results):
-            return None  # suspended by an abort (partial rollout)
-        await self._close_envs(rg)
-        if results and isinstance(results[0], dict):  # multi-agent: each agent's n samples in a row
-            agents = self.train_agents or list(results[0])
-            results = [r[a] for a in agents for r in results]
-        return Group(rg.group_index, rg.task, rg.env_id, list(results))
-
-    async def _start_episodes(self, rg: _Running) -> None:
-        for k in range(self.n):
-            index = rg.group_index * self.n + k
-            metadata = {"index": index, "group_index": rg.group_index, "sample_index": k, "env_id": rg.env_id}
-            try:
-                env = await self._make_env(rg.task, rg.env_id)
-            except Exception as e:  # noqa: BLE001 - a broken env becomes failed trajectories, not a crash
-                env = _BrokenEnv(f"making env {rg.env_id!r} raised {type(e).__name__}: {e}")
-            rg.envs.append(env)
-            if isinstance(env, MultiAgentEnv):
-                rg.episodes.append(_MultiAgentEpisode(env, self, rg.task, metadata, self.seed * 1_000_003 + index))
-                continue
-            policy = self.policy.get("agent", self.policy.get("default")) if isinstance(self.policy, Mapping) \
-                else self.policy
-            rg.episodes.append(Episode(env, policy, rg.task, renderer=self.renderer, metadata=metadata,
-                                       sampling_params=self.sampling_params, seed=self.seed * 1_000_003 + index,
-                                       suspend_on_abort=self.partial_rollout, **self.episode_kwargs))
-
-    async def _make_env(self, task: Task, env_id: str) -> Env:
-        if self.env_factory is not None:
-            env = self.env_factory(task, env_id)
-            return await env if inspect.isawaitable(env) else env
-        if self.backend == "ray":
-            if env_id not in self._ray_pools:
-                from slime_env.rollout.ray_backend import RayEnvPool
-
-                self._ray_pools[env_id] = RayEnvPool(env_id, env_kwargs=self.env_kwargs, num_actors=self.ray_actors,
-                                                     actor_options=self.ray_actor_options)
-            return self._ray_pools[env_id].factory(task, env_id)
-        return make(env_id, **self.env_kwargs)
-
-    async def _close_envs(self, rg: _Running) -> None:
-        for env in rg.envs:
-            if env is not None:
-                try:
-                    await env.close()
-                except Exception:  # noqa: BLE001 - closing is best effort; the trajectories are safe
-                    pass
-        rg.envs = [None] * len(rg.envs)
+        return await self.runner.run(rg)
 
     def _judge(self, group: Group) -> None:
         if self.filter is None:
@@ -344,7 +241,7 @@ class RolloutManager:
         if not keep:
             group.accepted, group.filter_reason = False, f"dropped by {getattr(self.filter, '__name__', 'filter')}"
 
-    async def _abort(self, running: dict[asyncio.Task, _Running]) -> None:
+    async def _abort(self, running: dict[asyncio.Task, RunningGroup]) -> None:
         """Abort groups still running once the batch is full; keep (partial) or requeue their tasks."""
         if not running:
             return
@@ -373,50 +270,6 @@ class RolloutManager:
         return bar, task_id
 
 
-class _MultiAgentEpisode:
-    """One multi-agent sample of a group, with the parts of `Episode`'s interface the manager uses."""
-
-    suspended = False
-
-    def __init__(self, env: MultiAgentEnv, manager: RolloutManager, task: Task, metadata: dict[str, Any], seed: int):
-        self.env, self.manager, self.task, self.metadata, self.seed = env, manager, task, metadata, seed
-        self.done: dict[str, Trajectory] | None = None
-
-    async def run(self) -> dict[str, Trajectory]:
-        if self.done is None:
-            kw = self.manager.episode_kwargs
-            policies = self.manager.policy
-            if self.manager.policy_for is not None:
-                base = policies if isinstance(policies, Mapping) else dict.fromkeys(self.env.agents, policies)
-                index = self.metadata["index"]
-                policies = {a: self.manager.policy_for(index, a) or base[a] for a in self.env.agents}
-            self.done = await run_multi_agent_episode(
-                self.env, policies, self.task, renderer=self.manager.renderer, max_turns=kw["max_turns"],
-                max_new_tokens=kw["max_new_tokens"], max_context_tokens=kw["max_context_tokens"],
-                deadline_s=kw["deadline_s"], strict=kw["strict"], sampling_params=self.manager.sampling_params,
-                seed=self.seed, metadata=self.metadata)
-        return self.done
-
-    async def abort(self, reason: str) -> None:
-        return None  # a multi-agent episode runs to its end (its group is delivered with the next batch)
-
-    def mask_offpolicy(self) -> None:
-        return None
-
-    def trajectory(self) -> None:
-        return None
-
-
-class _BrokenEnv(Env):
-    """Stands in for an env that could not be made: its episode fails with the reason."""
-
-    def __init__(self, reason: str):
-        self.reason = reason
-
-    async def reset(self, *, seed=None, options=None):
-        raise InvalidInput(self.reason)
-
-
 def _fingerprint(tasks: Sequence[Task]) -> str:
     import hashlib
 
@@ -427,7 +280,7 @@ def _fingerprint(tasks: Sequence[Task]) -> str:
     return h.hexdigest()[:16]
 
 
-def _flat_row(group: Group, t: Trajectory) -> dict[str, Any]:
+def _flat_row(group: Group, t: Any) -> dict[str, Any]:
     return {"group_index": group.group_index, "index": t.metadata.get("index"), "task_id": group.task.id,
             "env_id": group.env_id, "status": t.status, "reason": t.reason, "reward": t.reward,
             "prompt_ids": t.prompt_ids, "response_ids": t.response_ids, "loss_mask": t.loss_mask,

@@ -42,9 +42,11 @@ class _Worker:
 class WorkerPool:
     """N spawned processes that run groups for one manager (`spec`: what each needs to build its own copy)."""
 
-    def __init__(self, n: int, spec: dict[str, Any]):
+    def __init__(self, n: int, spec: dict[str, Any], *, quiet_gc: bool = True, env_specs: dict[str, Any] | None = None):
+        """`spec`: the keyword arguments of each worker's `GroupRunner`; `env_specs`: envs registered at run time."""
         if n < 1:
             raise InvalidInput(f"workers must be >= 1, got {n}")
+        spec = {"runner": spec, "quiet_gc": quiet_gc, "env_specs": env_specs or {}}
         try:
             self._payload = pickle.dumps(spec)
         except Exception as e:  # noqa: BLE001 - which part cannot be copied, said plainly
@@ -203,11 +205,11 @@ def _die_with_parent() -> None:
 
 async def _serve(conn: Any, spec: dict[str, Any]) -> None:
     from slime_env.registry import _REGISTRY
-    from slime_env.rollout.manager import RolloutManager
+    from slime_env.rollout.groups import GroupRunner
 
-    for env_id, env_spec in spec.pop("env_specs").items():
+    for env_id, env_spec in spec["env_specs"].items():
         _REGISTRY.setdefault(env_id, env_spec)  # envs the parent registered at run time
-    manager = RolloutManager(**spec)
+    runner = GroupRunner(**spec["runner"])
     loop = asyncio.get_running_loop()
     inbox: asyncio.Queue = asyncio.Queue()
 
@@ -230,10 +232,10 @@ async def _serve(conn: Any, spec: dict[str, Any]) -> None:
     running: dict[int, Any] = {}
 
     async def run(group_index: int) -> None:
-        rg = manager._new_group(group_index)
+        rg = runner.new(group_index)
         running[group_index] = rg
         try:
-            group = await manager._run_group(rg)
+            group = await runner.run(rg)
             message = ("group", group_index, group)
         except Exception as e:  # noqa: BLE001 - reported to the parent, which fails the group visibly
             message = ("error", group_index, f"worker raised {type(e).__name__}: {e}")
@@ -261,4 +263,4 @@ async def _serve(conn: Any, spec: dict[str, Any]) -> None:
             break
     for task in list(tasks):
         task.cancel()
-    await manager.close()
+    runner.close()

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from paged_support import paged_policy, sessions, tiny
 
 from agents import paged_attention as pa
-from paged_support import paged_policy, sessions, tiny
 
 
 def _meta(dec_ctx, dec_rows, q_lens, ctx_lens, rows, n_dec, pad_dec=0, pad_tiles=0):
