@@ -122,7 +122,7 @@ def test_ray_backend_with_two_actors(smollm2_tok, renderer):
                                      policy=ScriptedPolicy(smollm2_tok, [CALL, "<answer>42</answer>"]),
                                      renderer=renderer, n_samples_per_prompt=2)
             batch = await manager.generate_batch(6)
-            stats = await manager._ray_pools["Calculator-v0"].stats()
+            stats = await manager.runner._ray_pools["Calculator-v0"].stats()
             await manager.close()
             return batch, stats
 

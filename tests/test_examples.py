@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -93,3 +94,14 @@ def test_rollout_workers_example():
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().endswith("completed 512, mean reward 1.00"), out.stdout
     assert out.stdout.startswith("64 groups, 512 episodes")
+
+
+def test_pipeline_example_trains_against_two_engine_servers(tmp_path):
+    """examples/pipeline_serve.yaml as a user runs it (one step, no evaluation): two serve-engine processes."""
+    out = subprocess.run([sys.executable, "-m", "slime_env", "train", "--config", "examples/pipeline_serve.yaml",
+                          "--steps", "1", "--run-dir", str(tmp_path / "run")], cwd=ROOT, capture_output=True,
+                         text=True, timeout=900)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["step"] == 1 and rows[-1]["engines/up"] == 2 and rows[-1]["sync/bytes"] > 0
+    assert len(list((tmp_path / "run" / "engines").glob("engine_*.log"))) == 2

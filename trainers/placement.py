@@ -232,32 +232,31 @@ class _TrainerRank:
     def step_count(self) -> int:
         return self.trainer.step_count
 
-    async def sync(self, spec: dict[str, Any], urls: list[str], version: str) -> dict[str, float]:
-        """Every rank gathers the weights (a collective under TP); rank 0 pushes them to the engines at `urls`."""
+    async def sync(self, spec: dict[str, Any], engines: list[tuple[str, int]], version: str) -> dict[str, float]:
+        """Every rank gathers the weights (a collective under TP); rank 0 pushes them to `engines` ((url, token)
+        pairs: a new token at a known URL is a restarted engine, which the channel's group must take in anew)."""
         weights = self.trainer.weights()
         if self.rank != 0:
             return {}
         from agents.sglang_policy import SGLangPolicy
         from trainers import weight_sync as ws
 
-        clients = {u: SGLangPolicy(u) for u in urls}
-        current = [clients[u] for u in urls]
         if self.channel is None:
+            self.clients: dict[tuple[str, int], Any] = {}
             if spec["kind"] == "distributed":
                 import ray
 
-                self.channel = ws.Distributed(lambda: self.engines, backend=spec["backend"],
+                self.channel = ws.Distributed(lambda: self.current, backend=spec["backend"],
                                               master_address=ray.util.get_node_ip_address(),
                                               bucket_bytes=spec["bucket_bytes"])
             elif spec["kind"] == "tensor":
-                self.channel = ws.FromTensor(lambda: self.engines)
+                self.channel = ws.FromTensor(lambda: self.current)
             else:
                 self.channel = ws.Frozen()
-        self.engines = current
-        try:
-            return await self.channel.push(weights, version)
-        finally:
-            await asyncio.gather(*(c.close() for c in current))
+        for key in set(self.clients) - set(engines):
+            await self.clients.pop(key).close()
+        self.current = [self.clients.setdefault(key, SGLangPolicy(key[0])) for key in engines]
+        return await self.channel.push(weights, version)
 
     def weights(self) -> dict[str, Any]:
         return {k: v.detach().cpu() for k, v in self.trainer.weights().items()}
@@ -308,8 +307,8 @@ class RayTrainerGroup:
         return results[0]
 
     async def sync(self, channel: Any, version: str) -> dict[str, float]:
-        urls = [e.url for e in channel.engines.pool.targets()]
-        results = await asyncio.gather(*(a.sync.remote(channel.spec, urls, version) for a in self.actors))
+        engines = [(e.url, id(e)) for e in channel.engines.pool.targets()]
+        results = await asyncio.gather(*(a.sync.remote(channel.spec, engines, version) for a in self.actors))
         return results[0]
 
     def save(self, path: Any) -> None:

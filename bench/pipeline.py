@@ -1,0 +1,243 @@
+"""The training pipeline across processes: weight sync, rollout throughput through engine servers, an engine's death.
+
+    python bench/pipeline.py sync [--engines 1 2 4] [--hidden 2048 --layers 16]   # ~1B parameters by default
+    python bench/pipeline.py throughput [--steps 3]
+    python bench/pipeline.py fault
+
+`sync`: seconds to push a model's weights from this process to N `serve-engine` servers, three ways in the same run —
+`distributed` (SGLang's `update_weights_from_distributed`: a torch.distributed group, NCCL on a GPU, gloo on CPUs),
+`tensor` (CUDA IPC / shared memory, `update_weights_from_tensor`; same host) and `disk` (save a Hugging Face folder,
+then `update_weights_from_disk`). Random weights of a Llama shape, bfloat16 on the wire and in the engines; every
+push is checked (a parameter's checksum on every engine equals the sender's). On a GPU machine (one GPU) the
+engine shares the GPU: `tensor` (CUDA IPC) and `disk` are timed (NCCL needs a GPU per rank), with `--train-step`
+also one `MegatronTrainer` step on the same shape for the "≤ 5% of a step" comparison.
+
+`throughput`: the same multi-turn run (`ArithmeticRetry-v0`, seeded sampling so the rollouts are the same tokens)
+with the embedded engine and with two `serve-engine` servers (`engine: {kind: serve, count: 2}`): episodes/s,
+generated tokens/s, rollout and step seconds.
+
+`fault`: two engines, `kill -9` one while step 2 generates: episodes per step (none lost or twice), failovers, the
+restart, and the restarted engine's first generation's weight version.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from agents.launcher import ServeProcess  # noqa: E402
+from agents.sglang_policy import SGLangPolicy  # noqa: E402
+from trainers import weight_sync as ws  # noqa: E402
+
+
+def make_model_folder(hidden: int, layers: int, folder: Path) -> tuple[Path, dict[str, torch.Tensor]]:
+    """A Llama of this shape with random weights (bf16), saved with SmolLM2's tokenizer; its state dict."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from slime_env.offline_tokenizers import smollm2
+
+    tok = smollm2()
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=hidden, intermediate_size=int(hidden * 2.75) // 64 * 64,
+                         num_hidden_layers=layers, num_attention_heads=hidden // 64, num_key_value_heads=hidden // 256,
+                         max_position_embeddings=4096, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+        model = LlamaForCausalLM(config).to(torch.bfloat16)
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    state = {k: v.detach() for k, v in model.state_dict().items()}
+    return folder, state
+
+
+def digest(t: torch.Tensor) -> str:
+    return hashlib.sha256(t.detach().float().contiguous().cpu().numpy().tobytes()).hexdigest()
+
+
+async def time_channels(state: dict[str, torch.Tensor], folder: Path, n: int, kinds: list[str], logs: Path,
+                        repeats: int) -> dict[str, float]:
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    procs = [ServeProcess(model=str(folder), args=["--dtype", "bfloat16", "--device", device, "--max-batch-size", "4"],
+                          log_path=logs / f"engine_{n}_{i}.log") for i in range(n)]
+    urls = await asyncio.gather(*(p.start() for p in procs))
+    engines = [SGLangPolicy(u, timeout_s=3600) for u in urls]
+    out: dict[str, float] = {}
+    probe = "model.layers.0.mlp.down_proj.weight"
+    try:
+        for kind in kinds:
+            tmp = Path(tempfile.mkdtemp(prefix="sync_bench_"))
+
+            def save(path, tmp=tmp):
+                from safetensors.torch import save_file
+
+                path.mkdir(parents=True, exist_ok=True)
+                save_file({k: v.contiguous().cpu() for k, v in state.items()}, str(path / "model.safetensors"),
+                          metadata={"format": "pt"})
+                shutil.copy(folder / "config.json", path / "config.json")
+
+            channel = {"distributed": lambda: ws.Distributed(lambda: engines, backend="nccl" if device == "cuda"
+                                                             else "gloo", bucket_bytes=512 << 20),
+                       "tensor": lambda: ws.FromTensor(lambda: engines),
+                       "disk": lambda: ws.FromDisk(lambda: engines, folder=tmp, save=save)}[kind]()
+            times = []
+            for r in range(repeats + 1):  # the first forms the group / warms the page cache: not timed
+                bump = {k: (v + (r + 1) * 1e-2).to(v.dtype) if k == probe else v for k, v in state.items()}
+                t0 = time.perf_counter()
+                await channel.push(bump, f"{kind}-{r}")
+                if r:
+                    times.append(time.perf_counter() - t0)
+                for e in engines:
+                    got = (await e.get_weights_checksum([probe]))["checksums"][probe]
+                    assert got == digest(bump[probe]), f"{kind}: engine {e.url} did not get the weights"
+            await channel.close()
+            shutil.rmtree(tmp, ignore_errors=True)
+            out[kind] = sorted(times)[len(times) // 2]
+    finally:
+        for e in engines:
+            await e.close()
+        for p in procs:
+            p.stop()
+    return out
+
+
+def train_step_seconds(folder: Path) -> float:
+    """One full `MegatronTrainer.step` on the model of `folder` (GPU), on bench/megatron_mfu.py's batch: 16
+    sequences of 256-2,048 tokens."""
+    import random
+
+    from transformers import AutoModelForCausalLM
+
+    from bench.megatron_mfu import trajectories
+    from trainers.megatron_trainer import MegatronTrainer
+    from trainers.torch_trainer import TrainerConfig
+
+    hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    trainer = MegatronTrainer(hf, TrainerConfig(backend="megatron", lr=1e-6, max_tokens_per_micro_batch=16384),
+                              pad_id=0)
+    del hf
+    rng = random.Random(0)
+    trajs = trajectories([rng.randint(256, 2048) for _ in range(16)], vocab=30000)
+    trainer.step(trajs, 8)  # warm-up
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    trainer.step(trajs, 8)
+    torch.cuda.synchronize()
+    return time.perf_counter() - t0
+
+
+def cmd_sync(args) -> None:
+    logs = Path(args.out_dir)
+    logs.mkdir(parents=True, exist_ok=True)
+    folder = Path(tempfile.mkdtemp(prefix="bench_model_"))
+    _, state = make_model_folder(args.hidden, args.layers, folder)
+    params = sum(v.numel() for v in state.values())
+    gpu = torch.cuda.is_available()
+    kinds = args.kinds or (["tensor", "disk"] if gpu else ["distributed", "tensor", "disk"])
+    rows = []
+    for n in args.engines:
+        times = asyncio.run(time_channels(state, folder, n, kinds, logs, args.repeats))
+        rows.append({"engines": n, **times})
+        print(json.dumps(rows[-1]), flush=True)
+    step = train_step_seconds(folder) if args.train_step and gpu else None
+    where = torch.cuda.get_device_name() if gpu else f"CPU ({os.cpu_count()} cores)"
+    print(f"\nweight sync of a {params / 1e9:.2f}B-parameter Llama ({params * 2 / 1e9:.2f} GB in bf16), {where}; "
+          f"seconds, median of {args.repeats}")
+    print(f"{'engines':>7} " + " ".join(f"{k:>12}" for k in kinds) + "   disk / fastest")
+    for r in rows:
+        fastest = min(r[k] for k in kinds if k != "disk")
+        print(f"{r['engines']:>7} " + " ".join(f"{r[k]:>12.2f}" for k in kinds) + f"   {r['disk'] / fastest:.1f}x")
+    if step is not None:
+        print(f"one MegatronTrainer step on this shape: {step:.2f} s; fastest sync at 1 engine = "
+              f"{min(rows[0][k] for k in kinds if k != 'disk') / step:.1%} of it")
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def run_config(run_dir: str, engine: dict, steps: int, on_step=None) -> list[dict]:
+    from trainers.train_loop import TrainConfig, train
+
+    tasks = {"generator": "envs.math.retry_env:arithmetic_tasks", "digits": [2, 1], "ops": "+-"}
+    cfg = TrainConfig.from_dict({
+        "run_dir": run_dir, "model": "default", "env": "ArithmeticRetry-v0",
+        "env_kwargs": {"digits": [2, 1], "ops": "+-", "max_attempts": 3},
+        "train_data": {**tasks, "size": 2000, "seed": 11, "split": "train"},
+        "steps": steps, "prompts_per_step": 4, "n_samples_per_prompt": 8, "max_turns": 3, "max_new_tokens": 24,
+        "max_concurrency": 32, "temperature": 1.0, "seed_sampling": True, "eval_every": 1000,
+        "trainer": {"estimator": "grpo", "lr": 1e-5, "micro_batch_size": 16}, "engine": engine,
+    }, "bench/pipeline.py")
+    summary = asyncio.run(train(cfg, log=lambda _: None, on_step=on_step))
+    return [json.loads(line) for line in open(summary["metrics"])]
+
+
+def cmd_throughput(args) -> None:
+    table = {}
+    for name, engine in (("embedded", {}), ("serve x2", {"kind": "serve", "count": 2})):
+        rows = run_config(tempfile.mkdtemp(prefix="bench_pipe_"), engine, args.steps)
+        steady = rows[1:] or rows  # the first step warms up
+        episodes = sum(sum(r["rollout/statuses"].values()) for r in steady)
+        rollout = sum(r["rollout/s"] for r in steady)
+        step = sum(r["rollout/s"] + r["train/step_s"] + r.get("sync/s", 0) for r in steady)
+        table[name] = (episodes / rollout, rollout / len(steady), step / len(steady),
+                       sum(r.get("sync/s", 0) for r in steady) / len(steady))
+        print(name, table[name], flush=True)
+    print(f"\n{'engines':10} {'episodes/s':>11} {'rollout s':>10} {'step s':>8} {'sync s':>8}")
+    for name, (eps, ro, st, sy) in table.items():
+        print(f"{name:10} {eps:>11.2f} {ro:>10.2f} {st:>8.2f} {sy:>8.2f}")
+
+
+def cmd_fault(args) -> None:
+    seen: dict = {}
+
+    async def on_step(step, engines, trainer):
+        if step == 1:
+            async def kill_soon():
+                await asyncio.sleep(0.5)
+                seen["killed_at"] = time.perf_counter()
+                engines.processes[0].kill()
+
+            seen["task"] = asyncio.ensure_future(kill_soon())
+        elif step == 2:
+            restarted = next(e for e in engines.pool.engines if e.url == engines.processes[0].url)
+            gen = await restarted.generate([1, 2, 3], {"temperature": 0.0, "max_new_tokens": 2})
+            seen.update(failovers=engines.pool.failovers, restarts=engines.processes[0].starts - 1,
+                        version=gen.weight_version, events=[(u, s) for u, s, _ in engines.pool.events])
+
+    rows = run_config(tempfile.mkdtemp(prefix="bench_fault_"), {"kind": "serve", "count": 2,
+                                                                  "health_interval_s": 0.5}, 2, on_step)
+    for r in rows:
+        print(f"step {r['step']}: statuses {r['rollout/statuses']}, rollout {r['rollout/s']:.1f}s, "
+              f"engines up after the sync {r.get('engines/up')}")
+    print(f"failovers {seen['failovers']}, restarts {seen['restarts']}, the restarted engine's first generation: "
+          f"weight version {seen['version']!r}; state changes {seen['events']}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("sync")
+    s.add_argument("--engines", type=int, nargs="+", default=[1, 2, 4])
+    s.add_argument("--hidden", type=int, default=2048)
+    s.add_argument("--layers", type=int, default=16)
+    s.add_argument("--kinds", nargs="+", default=None, choices=["distributed", "tensor", "disk"])
+    s.add_argument("--repeats", type=int, default=3)
+    s.add_argument("--train-step", action="store_true", help="GPU: also time one MegatronTrainer step")
+    s.add_argument("--out-dir", default="runs/bench_pipeline")
+    t = sub.add_parser("throughput")
+    t.add_argument("--steps", type=int, default=3)
+    sub.add_parser("fault")
+    args = ap.parse_args()
+    {"sync": cmd_sync, "throughput": cmd_throughput, "fault": cmd_fault}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    main()
