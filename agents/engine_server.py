@@ -270,10 +270,18 @@ class EngineServer:
             return _bad(f"bad dtype or shape: {e}")
         group, backend = self.groups[name]
         device = self.policy.device if backend == "nccl" else torch.device("cpu")
+        params = self.policy.model.state_dict(keep_vars=False)
 
         def receive() -> dict[str, Any]:
+            """Runs with the engine idle. A tensor whose parameter has its dtype, shape and device is received
+            straight into it (no second copy); others into a buffer that the load then casts and copies."""
             out = {}
             for n, dtype, shape in specs:
+                p = params.get(n)
+                if p is not None and p.dtype == dtype and list(p.shape) == shape and p.device == device \
+                        and p.is_contiguous():
+                    broadcast(p, group)
+                    continue
                 t = torch.empty(shape, dtype=dtype, device=device)
                 broadcast(t, group)
                 out[n] = t

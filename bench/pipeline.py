@@ -75,16 +75,18 @@ async def time_channels(state: dict[str, torch.Tensor], folder: Path, n: int, ki
     out: dict[str, float] = {}
     probe = "model.layers.0.mlp.down_proj.weight"
     try:
+        pushing: dict[str, dict[str, torch.Tensor]] = {}
+
+        def save(path):  # what a trainer's save_weights does: the weights being pushed, as an HF folder
+            from safetensors.torch import save_file
+
+            path.mkdir(parents=True, exist_ok=True)
+            save_file({k: v.contiguous().cpu() for k, v in pushing["weights"].items()},
+                      str(path / "model.safetensors"), metadata={"format": "pt"})
+            shutil.copy(folder / "config.json", path / "config.json")
+
         for kind in kinds:
             tmp = Path(tempfile.mkdtemp(prefix="sync_bench_"))
-
-            def save(path, tmp=tmp):
-                from safetensors.torch import save_file
-
-                path.mkdir(parents=True, exist_ok=True)
-                save_file({k: v.contiguous().cpu() for k, v in state.items()}, str(path / "model.safetensors"),
-                          metadata={"format": "pt"})
-                shutil.copy(folder / "config.json", path / "config.json")
 
             channel = {"distributed": lambda: ws.Distributed(lambda: engines, backend="nccl" if device == "cuda"
                                                              else "gloo", bucket_bytes=512 << 20),
@@ -93,6 +95,7 @@ async def time_channels(state: dict[str, torch.Tensor], folder: Path, n: int, ki
             times = []
             for r in range(repeats + 1):  # the first forms the group / warms the page cache: not timed
                 bump = {k: (v + (r + 1) * 1e-2).to(v.dtype) if k == probe else v for k, v in state.items()}
+                pushing["weights"] = bump
                 t0 = time.perf_counter()
                 await channel.push(bump, f"{kind}-{r}")
                 if r:
