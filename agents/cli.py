@@ -19,9 +19,15 @@ def serve_engine(model: str = typer.Option("default", help="'default' (embedded 
                      20.0, min=0, help="how long to wait to fill a batch (HTTP requests arrive spread out)"),
                  device: str = typer.Option("auto", help="'auto' (CUDA when present), 'cuda', 'cuda:N' or 'cpu'"),
                  dtype: str = typer.Option("auto", help="'auto' (bfloat16 on CUDA, float32 on CPU), 'bfloat16', "
-                                                         "'float16' or 'float32'")) -> None:
+                                                         "'float16' or 'float32'"),
+                 threads: int = typer.Option(0, min=0, help="CPU threads for torch (0: torch's default); several "
+                                                            "engines on one CPU host share its cores")) -> None:
     """Serve a local transformers model through SGLang's native HTTP API (/generate, ...)."""
     from agents.engine_server import serve
 
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
     serve(model=model, host=host, port=port, max_batch_size=max_batch_size, batch_window_s=batch_window_ms / 1000,
           device=device, dtype=dtype)

@@ -86,8 +86,12 @@ class ModelRunner:
         self.max_blocks = -(-max_model_len // block_size)
         self.num_blocks = num_blocks
         self.use_triton = use_triton
-        # The fused elementwise kernels (agents.fused_ops) go with the Triton attention, for SiLU-gated MLPs.
-        self.fused = use_triton and getattr(model.config, "hidden_act", None) == "silu"
+        # The fused elementwise kernels (agents.fused_ops) go with the Triton attention, for SiLU-gated MLPs in 16-bit
+        # dtypes. Not in float32: there the engine equals the model's forward exactly with the modules, while with
+        # the fused kernels SmolLM2's real weights showed greedy log-probs up to 0.1 away on an H100 (the attention
+        # kernels alone: exact) — see bench/fused_ops_precision.py; in bf16 the modules' own rounding dominates.
+        self.fused = use_triton and getattr(model.config, "hidden_act", None) == "silu" and \
+            self.dtype in (torch.bfloat16, torch.float16)
         self.graphs_enabled = graphs and self.device.type == "cuda"
         self.sizes = _ladder(max_step_tokens)
         self.scratch_row = max_rows

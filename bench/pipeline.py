@@ -44,11 +44,14 @@ from trainers import weight_sync as ws  # noqa: E402
 
 def make_model_folder(hidden: int, layers: int, folder: Path) -> tuple[Path, dict[str, torch.Tensor]]:
     """A Llama of this shape with random weights (bf16), saved with SmolLM2's tokenizer; its state dict."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    from slime_env.offline_tokenizers import smollm2
+    if os.environ.get("SLIME_ENV_GPU_TOKENIZER"):  # a machine without the model package (the GPU machine)
+        tok = AutoTokenizer.from_pretrained(os.environ["SLIME_ENV_GPU_TOKENIZER"])
+    else:
+        from slime_env.offline_tokenizers import smollm2
 
-    tok = smollm2()
+        tok = smollm2()
     config = LlamaConfig(vocab_size=len(tok), hidden_size=hidden, intermediate_size=int(hidden * 2.75) // 64 * 64,
                          num_hidden_layers=layers, num_attention_heads=hidden // 64, num_key_value_heads=hidden // 256,
                          max_position_embeddings=4096, tie_word_embeddings=False)

@@ -141,6 +141,10 @@ class Engines:
         logs.mkdir(parents=True, exist_ok=True)
         args = ["--max-batch-size", str(self.cfg.max_batch_size or self.max_concurrency), "--batch-window-ms", "5",
                 "--device", self.cfg.device, "--dtype", self.cfg.dtype]
+        if not _cuda() or self.cfg.device == "cpu":  # engines on this CPU share its cores instead of each taking all
+            import os
+
+            args += ["--threads", str(max(1, (os.cpu_count() or 1) // self.cfg.count))]
         spawn = self.spawn or (lambda i, **kw: ServeProcess(**kw))
         self.processes = [spawn(i, model=self.model_path, args=args, log_path=logs / f"engine_{i}.log")
                           for i in range(self.cfg.count)]
@@ -242,15 +246,10 @@ class Engines:
 
 
 def load_tokenizer(model_path: str) -> Any:
-    from agents.default_model import default_model_path
-
-    if model_path in ("default", str(default_model_path())):
-        from transformers import PreTrainedTokenizerFast
-
-        return PreTrainedTokenizerFast.from_pretrained(str(default_model_path()))
+    """The tokenizer saved in the model folder (the embedded model's folder holds the original one)."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(model_path)
+    return AutoTokenizer.from_pretrained(resolve_model_path(model_path))
 
 
 def resolve_model_path(model: str) -> str:

@@ -52,11 +52,10 @@ def test_train_with_a_serve_engine_on_the_same_gpu_syncs_by_cuda_ipc(tmp_path, m
         seen.append(step)
 
     cfg = TrainConfig.from_dict({
-        "run_dir": str(tmp_path / "run"), "model": model_folder, "env": "ReasoningGym-v0",
-        "env_kwargs": {"dataset": "chain_sum", "answer_formats": ["answer_tag", "last_number"]},
-        "train_data": {"reasoning_gym": {"dataset": "chain_sum", "size": 32, "seed": 1,
-                                         "config": {"min_terms": 2, "max_terms": 2, "min_digits": 1,
-                                                    "max_digits": 1}}},
+        "run_dir": str(tmp_path / "run"), "model": model_folder, "env": "ArithmeticRetry-v0",
+        "env_kwargs": {"digits": [2, 1], "ops": "+-", "max_attempts": 2}, "max_turns": 2,
+        "train_data": {"generator": "envs.math.retry_env:arithmetic_tasks", "digits": [2, 1], "ops": "+-",
+                       "size": 64, "seed": 11, "split": "train"},
         "steps": 2, "prompts_per_step": 4, "n_samples_per_prompt": 4, "max_new_tokens": 16, "eval_every": 100,
         "max_concurrency": 16, "device": "cuda",
         "trainer": {"estimator": "grpo", "lr": 1e-3, "micro_batch_size": 16},

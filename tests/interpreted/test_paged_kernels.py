@@ -40,7 +40,10 @@ def test_triton_kernels_equal_the_reference(dtype):
     assert got[n:].abs().max() == 0  # padding rows untouched
 
 
-def test_the_engine_on_the_triton_kernels_equals_the_engine_on_the_reference():
+@pytest.mark.parametrize("fused", [False, True])
+def test_the_engine_on_the_triton_kernels_equals_the_engine_on_the_reference(fused):
+    """The engine on the Triton attention kernels, with or without the fused elementwise kernels (on by default
+    only for 16-bit models; forced here in float32, which the interpreter computes exactly)."""
     from slime_env.offline_tokenizers import smollm2
 
     tok = smollm2()
@@ -49,6 +52,8 @@ def test_the_engine_on_the_triton_kernels_equals_the_engine_on_the_reference():
     want = sessions(ref, n=2, turns=2)
     ref.close()
     fast = paged_policy(model, tok, use_triton=True)
+    assert not fast._engine.runner.fused  # float32: the model's modules
+    fast._engine.runner.fused = fused
     try:
         got = sessions(fast, n=2, turns=2)
     finally:
