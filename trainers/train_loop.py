@@ -11,6 +11,7 @@ evaluation) at the first step that ends past the budget.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import json
 import math
@@ -118,7 +119,7 @@ class TrainConfig:
         if cfg.opponent_pool and engine.kind != "embedded":
             raise InvalidInput(f"{where}: opponent_pool snapshots the embedded engine's model; it needs engine.kind "
                                f"embedded, not {engine.kind!r}")
-        if engine.kind == "openai" and cfg.steps:
+        if engine.kind == "openai":
             raise InvalidInput(f"{where}: engine.kind openai serves a frozen policy (no weight-update route): it "
                                "can evaluate, not train; use kind: sglang or serve")
         return cfg
@@ -239,51 +240,44 @@ async def train(cfg: TrainConfig, *, log: Callable[[str], None] = print,
     # The three roles: engines (embedded or servers), the trainer group (this process or Ray actors) and, below, the
     # rollout manager between them; weights go trainer -> engines through one channel.
     engine_cfg = EngineConfig.from_dict(cfg.engine)
-    placement = Placement(ClusterConfig.from_dict(cfg.cluster),
-                          engines=engine_cfg.count if engine_cfg.kind == "serve" and not engine_cfg.urls else 0)
     model = cfg.model if engine_cfg.kind == "embedded" else resolve_model_path(cfg.model)
-    engines = Engines(engine_cfg, model_path=model, max_concurrency=cfg.max_concurrency, run_dir=run,
-                      seed=cfg.seed, device=cfg.device, dtype=cfg.engine_dtype, spawn=placement.spawn_engine)
-    try:
+    # Everything acquired below is given back in reverse order, however the run ends.
+    async with contextlib.AsyncExitStack() as stack:
+        placement = Placement(ClusterConfig.from_dict(cfg.cluster),
+                              engines=engine_cfg.count if engine_cfg.kind == "serve" and not engine_cfg.urls else 0)
+        stack.callback(placement.close)
+        engines = Engines(engine_cfg, model_path=model, max_concurrency=cfg.max_concurrency, run_dir=run,
+                          seed=cfg.seed, device=cfg.device, dtype=cfg.engine_dtype, spawn=placement.spawn_engine)
+        stack.push_async_callback(engines.close)
         await engines.start()
-        policy, tok = engines.policy, engines.tokenizer
+        tok = engines.tokenizer
         pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
         trainer = placement.trainer_group(TrainerConfig(**cfg.trainer), engines, pad_id, cfg.device)
-    except BaseException:
-        await engines.close()
-        placement.close()
-        raise
-    try:
-        return await _train(cfg, run, engines, trainer, policy, tok, train_tasks, eval_tasks, log, on_step)
-    finally:
-        placement.close()
+        stack.callback(trainer.close)
+        channel = trainer.channel(engines)
+        stack.push_async_callback(channel.close)
+        return await _train(cfg, run, engines, trainer, channel, stack, train_tasks, eval_tasks, log, on_step)
 
 
-async def _train(cfg: TrainConfig, run: Path, engines: Any, trainer: Any, policy: Any, tok: Any,
-                 train_tasks: list[Task], eval_tasks: list[Task], log: Callable[[str], None],
-                 on_step: Callable[[int, Any, Any], Any] | None) -> dict[str, Any]:
+async def _train(cfg: TrainConfig, run: Path, engines: Any, trainer: Any, channel: Any,
+                 stack: contextlib.AsyncExitStack, train_tasks: list[Task], eval_tasks: list[Task],
+                 log: Callable[[str], None], on_step: Callable[[int, Any, Any], Any] | None) -> dict[str, Any]:
     from slime_env import RolloutManager, get_renderer
 
-    channel = None
+    policy, tok = engines.policy, engines.tokenizer
     start = 0
     latest = run / "checkpoints" / "latest"
-    try:
-        channel = trainer.channel(engines)
-        if cfg.resume and latest.exists():
-            ckpt = run / "checkpoints" / latest.read_text().strip()
-            trainer.load(ckpt)
-            start = trainer.step_count
-            log(f"resumed from {ckpt} (step {start})")
-        await trainer.sync(channel, str(start))
-        engines.synced()
-    except BaseException:
-        if channel is not None:
-            await channel.close()
-        trainer.close()
-        await engines.close()
-        raise
+    if cfg.resume and latest.exists():
+        ckpt = run / "checkpoints" / latest.read_text().strip()
+        trainer.load(ckpt)
+        start = trainer.step_count
+        log(f"resumed from {ckpt} (step {start})")
+    await trainer.sync(channel, str(start))
+    engines.synced()
     renderer = get_renderer(tok)
     writer = _tensorboard(run)
+    if writer is not None:
+        stack.callback(writer.close)
     per_step = cfg.prompts_per_step
     order = [train_tasks[i % len(train_tasks)] for i in range(start * per_step, (cfg.steps + 1) * per_step)]
     pool, opponent_for = None, None
@@ -292,6 +286,7 @@ async def _train(cfg: TrainConfig, run: Path, engines: Any, trainer: Any, policy
 
         pool = OpponentPool(policy, size=int(cfg.opponent_pool.get("size", 4)),
                             latest_p=float(cfg.opponent_pool.get("latest_p", 0.0)), seed=cfg.seed)
+        stack.callback(pool.close)
         pool.add(snapshot(policy, version=str(start)))
         pool_seats = set(cfg.opponent_pool["agents"])
 
@@ -306,6 +301,7 @@ async def _train(cfg: TrainConfig, run: Path, engines: Any, trainer: Any, policy
                              max_concurrency=max(cfg.max_concurrency, cfg.n_samples_per_prompt),
                              max_turns=cfg.max_turns, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed,
                              train_agents=cfg.train_agents)
+    stack.push_async_callback(manager.close)
     release_kv = bool(TrainerConfig(**cfg.trainer).offload) and engines.embedded and hasattr(policy, "release_memory")
     rows: list[dict[str, Any]] = []
     metrics_path = run / "metrics.jsonl"
@@ -314,61 +310,51 @@ async def _train(cfg: TrainConfig, run: Path, engines: Any, trainer: Any, policy
         metrics_path.unlink(missing_ok=True)
         samples_path.unlink(missing_ok=True)
     t_start = time.perf_counter()
-    try:
-        if eval_tasks and start == 0:
-            first = await evaluate(eval_tasks, policy, renderer, cfg)
-            rows.append(_record(metrics_path, writer, 0, first))
-            log(f"step 0: held-out accuracy {first['eval/accuracy']:.3f}")
-        for step in range(start + 1, cfg.steps + 1):
-            t0 = time.perf_counter()
-            batch = await manager.generate_batch(per_step)
-            trajs = [t for g in batch.groups for t in g.trajectories]
-            if not trajs:
-                raise RuntimeError("the rollout manager returned no groups")
-            rollout_s = time.perf_counter() - t0
-            _save_samples(samples_path, step, batch.groups[:max(cfg.sample_groups, 0)])
-            if release_kv:  # colocated with `offload: true`: the engine's K/V pool leaves the GPU while it trains
-                policy.release_memory()
-            metrics = await trainer.step(trajs, cfg.n_samples_per_prompt)
-            await engines.wait_restarts()  # an engine restarted during the step gets this step's weights too
-            metrics.update(await trainer.sync(channel, str(step)))
-            engines.synced()
-            if on_step is not None:
-                seen = on_step(step, engines, trainer)
-                if asyncio.iscoroutine(seen):
-                    await seen
-            if pool is not None and step % max(int(cfg.opponent_pool.get("every", 5)), 1) == 0:
-                pool.add(snapshot(policy, version=str(step)))
-            metrics.update({"rollout/s": rollout_s, "rollout/statuses": _statuses(trajs),
-                            "time/elapsed_s": time.perf_counter() - t_start, **tool_metrics(trajs)})
-            if engines.pool is not None:
-                metrics["engines/failovers"] = float(engines.pool.failovers)
-                metrics["engines/up"] = float(len(engines.pool.up()))
-            out_of_time = cfg.time_budget_s is not None and time.perf_counter() - t_start > cfg.time_budget_s
-            if eval_tasks and (step % max(cfg.eval_every, 1) == 0 or step == cfg.steps or out_of_time):
-                metrics.update(await evaluate(eval_tasks, policy, renderer, cfg))
-            rows.append(_record(metrics_path, writer, step, metrics))
-            log(f"step {step}: reward {metrics['train/reward_mean']:.3f}, loss {metrics.get('train/loss', 0):+.4f}, "
-                f"grad {metrics.get('train/grad_norm', 0):.3f}, rollout {rollout_s:.1f}s, train "
-                f"{metrics['train/step_s']:.1f}s" + (f", held-out accuracy {metrics['eval/accuracy']:.3f}"
-                                                       if "eval/accuracy" in metrics else ""))
-            if cfg.save_every and (step % cfg.save_every == 0 or step == cfg.steps):
-                name = f"step_{step}"
-                trainer.save(run / "checkpoints" / name)
-                latest.parent.mkdir(parents=True, exist_ok=True)
-                latest.write_text(name)
-            if out_of_time:
-                log(f"time budget of {cfg.time_budget_s:.0f}s used: stopping after step {step}")
-                break
-    finally:
-        await manager.close()
-        if pool is not None:
-            pool.close()
-        await channel.close()
-        trainer.close()
-        await engines.close()
-        if writer is not None:
-            writer.close()
+    if eval_tasks and start == 0:
+        first = await evaluate(eval_tasks, policy, renderer, cfg)
+        rows.append(_record(metrics_path, writer, 0, first))
+        log(f"step 0: held-out accuracy {first['eval/accuracy']:.3f}")
+    for step in range(start + 1, cfg.steps + 1):
+        t0 = time.perf_counter()
+        batch = await manager.generate_batch(per_step)
+        trajs = [t for g in batch.groups for t in g.trajectories]
+        if not trajs:
+            raise RuntimeError("the rollout manager returned no groups")
+        rollout_s = time.perf_counter() - t0
+        _save_samples(samples_path, step, batch.groups[:max(cfg.sample_groups, 0)])
+        if release_kv:  # colocated with `offload: true`: the engine's K/V pool leaves the GPU while it trains
+            policy.release_memory()
+        metrics = await trainer.step(trajs, cfg.n_samples_per_prompt)
+        await engines.wait_restarts()  # an engine restarted during the step gets this step's weights too
+        metrics.update(await trainer.sync(channel, str(step)))
+        engines.synced()
+        if on_step is not None:
+            seen = on_step(step, engines, trainer)
+            if asyncio.iscoroutine(seen):
+                await seen
+        if pool is not None and step % max(int(cfg.opponent_pool.get("every", 5)), 1) == 0:
+            pool.add(snapshot(policy, version=str(step)))
+        metrics.update({"rollout/s": rollout_s, "rollout/statuses": _statuses(trajs),
+                        "time/elapsed_s": time.perf_counter() - t_start, **tool_metrics(trajs)})
+        if engines.pool is not None:
+            metrics["engines/failovers"] = float(engines.pool.failovers)
+            metrics["engines/up"] = float(len(engines.pool.up()))
+        out_of_time = cfg.time_budget_s is not None and time.perf_counter() - t_start > cfg.time_budget_s
+        if eval_tasks and (step % max(cfg.eval_every, 1) == 0 or step == cfg.steps or out_of_time):
+            metrics.update(await evaluate(eval_tasks, policy, renderer, cfg))
+        rows.append(_record(metrics_path, writer, step, metrics))
+        log(f"step {step}: reward {metrics['train/reward_mean']:.3f}, loss {metrics.get('train/loss', 0):+.4f}, "
+            f"grad {metrics.get('train/grad_norm', 0):.3f}, rollout {rollout_s:.1f}s, train "
+            f"{metrics['train/step_s']:.1f}s" + (f", held-out accuracy {metrics['eval/accuracy']:.3f}"
+                                                   if "eval/accuracy" in metrics else ""))
+        if cfg.save_every and (step % cfg.save_every == 0 or step == cfg.steps):
+            name = f"step_{step}"
+            trainer.save(run / "checkpoints" / name)
+            latest.parent.mkdir(parents=True, exist_ok=True)
+            latest.write_text(name)
+        if out_of_time:
+            log(f"time budget of {cfg.time_budget_s:.0f}s used: stopping after step {step}")
+            break
     all_rows = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
     from slime_env import spec
 
