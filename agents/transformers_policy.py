@@ -322,7 +322,8 @@ class TransformersPolicy:
         if self.eos_id is not None and not p.get("ignore_eos"):
             stop_ids |= {self.eos_id}
         seed = p.get("sampling_seed")
-        seed = int(seed) if seed is not None else self._rng.getrandbits(63)
+        # Drawn from the policy's generator only for sampled requests, as before: greedy ones leave its sequence be.
+        seed = int(seed) if seed is not None else self._rng.getrandbits(63) if temperature > 0 else 0
         gen = None
         if temperature > 0 and not self.paged:  # the paged engine samples from the seed on the device
             gen = torch.Generator(device=self.device)

@@ -64,7 +64,7 @@ class InPlace:
 
 
 class _Servers:
-    """Shared by the channels over engine servers: pause, continue, and the engines of the moment."""
+    """Shared by the channels over engine servers: the engines of the moment, and a call made on each of them."""
 
     def __init__(self, engines: Callable[[], Sequence[Any]]):
         self.engines = engines
