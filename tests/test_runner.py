@@ -284,3 +284,23 @@ def test_cancelling_the_caller_still_cancels_the_episode(renderer):
             await running
 
     asyncio.run(main())
+
+
+def test_episode_seeded_sampling_gives_each_turn_its_own_seed(smollm2_tok):
+    """`sampling_seed: "episode"` becomes a number per (episode seed, turn): the same on a rerun, new each turn."""
+    import asyncio
+
+    from helpers import RecordingPolicy, ScriptedEnv
+
+    from slime_env import Message, ScriptedPolicy, get_renderer, run_episode
+
+    def run(seed):
+        policy = RecordingPolicy(ScriptedPolicy(smollm2_tok, ["a", "b", "c"]))
+        env = ScriptedEnv([[Message("user", "go on")], [Message("user", "and")]])
+        asyncio.run(run_episode(env, policy, "hi", renderer=get_renderer(smollm2_tok), max_turns=3, seed=seed,
+                                sampling_params={"sampling_seed": "episode", "temperature": 1.0}))
+        return [p["sampling_seed"] for p in policy.params]
+
+    first, again, other = run(5), run(5), run(6)
+    assert first == again and len(set(first)) == 3 and all(isinstance(s, int) for s in first)
+    assert set(first).isdisjoint(other)
