@@ -218,3 +218,28 @@ def test_ray_placement_with_two_trainer_ranks_and_two_engines_equals_the_one_pro
         assert a["train/loss"] == pytest.approx(b["train/loss"], abs=1e-5)
         assert a["train/grad_norm"] == pytest.approx(b["train/grad_norm"], rel=1e-5)
     assert max((ray_w[k] - local_w[k]).abs().max().item() for k in local_w) < 1e-4
+
+
+def test_a_run_whose_last_engine_is_gone_fails_with_the_reason_after_saving(tmp_path):
+    """One SGLang-style engine given by URL (the run did not start it, so nobody restarts it) dies during step 2:
+    its requests find no engine, the run ends with that reason, and the trainer after step 1 is saved."""
+    from agents.default_model import default_model_path
+    from agents.launcher import ServeProcess
+
+    engine = ServeProcess(model=str(default_model_path()), log_path=tmp_path / "engine.log")
+    url = asyncio.run(engine.start())
+
+    def kill_after_step_1(step, engines, trainer):
+        if step == 1:
+            engine.kill()
+
+    try:
+        cfg = _config(tmp_path, steps=3, engine={"kind": "sglang", "urls": [url], "wait_for_engine_s": 2,
+                                                 "health_interval_s": 0.5})
+        with pytest.raises(RuntimeError, match=r"every engine is gone \(http://127\.0\.0\.1:\d+: .*\); the trainer "
+                                               r"after step 1 is saved"):
+            asyncio.run(train(cfg, on_step=kill_after_step_1, log=lambda _: None))
+    finally:
+        engine.stop()
+    saved = tmp_path / "run" / "checkpoints"
+    assert (saved / "latest").read_text() == "step_1" and (saved / "step_1" / "model").is_dir()

@@ -320,12 +320,21 @@ async def _train(cfg: TrainConfig, run: Path, engines: Any, trainer: Any, channe
         trajs = [t for g in batch.groups for t in g.trajectories]
         if not trajs:
             raise RuntimeError("the rollout manager returned no groups")
+        await engines.wait_restarts()
+        if engines.pool is not None and not engines.pool.targets():  # the last engine is gone: keep what we have
+            reasons = "; ".join(sorted({f"{u}: {r}" for u, state, r in engines.pool.events if state == "down"}))
+            name = f"step_{step - 1}"
+            trainer.save(run / "checkpoints" / name)
+            latest.parent.mkdir(parents=True, exist_ok=True)
+            latest.write_text(name)
+            raise RuntimeError(f"every engine is gone ({reasons}); the trainer after step {step - 1} is saved in "
+                               f"{run / 'checkpoints' / name}")
         rollout_s = time.perf_counter() - t0
         _save_samples(samples_path, step, batch.groups[:max(cfg.sample_groups, 0)])
         if release_kv:  # colocated with `offload: true`: the engine's K/V pool leaves the GPU while it trains
             policy.release_memory()
         metrics = await trainer.step(trajs, cfg.n_samples_per_prompt)
-        await engines.wait_restarts()  # an engine restarted during the step gets this step's weights too
+        await engines.wait_restarts()  # an engine restarted meanwhile gets this step's weights too
         metrics.update(await trainer.sync(channel, str(step)))
         engines.synced()
         if on_step is not None:
