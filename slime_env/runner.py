@@ -230,7 +230,8 @@ class _Episode:
         self.info: dict[str, Any] = {}
         self.parse_errors = 0
         self.finish_reasons: list[str] = []
-        self.weight_versions: list[str | None] = []
+        self.weight_versions: list[str | None] = []  # per generate call, with its number of tokens below
+        self.call_tokens: list[int] = []
         self.generate_s = self.env_s = 0.0
         self.t0 = time.perf_counter()
         self.last_content = ""
@@ -292,6 +293,7 @@ class _Episode:
         self.turn_ids.extend(gen.token_ids)
         self.finish_reasons.append(gen.finish_reason)
         self.weight_versions.append(gen.weight_version)
+        self.call_tokens.append(len(gen.token_ids))
         return gen
 
     def close_turn(self) -> list[int]:
@@ -384,5 +386,6 @@ class _Episode:
                      "framework_s": max(0.0, total - self.generate_s - self.env_s)},
             info=self.info,
             metadata={**self.metadata, "finish_reasons": self.finish_reasons,
-                      "weight_versions": self.weight_versions, "parse_errors": self.parse_errors,
+                      "weight_versions": self.weight_versions, "weight_version_tokens": self.call_tokens,
+                      "parse_errors": self.parse_errors,
                       "resumed": self.resumed})

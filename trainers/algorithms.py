@@ -224,6 +224,49 @@ def truncated_is_weights(old_logp: torch.Tensor, rollout_logp: torch.Tensor, mas
     return (w * mask.to(w.dtype)).detach()
 
 
+OFF_POLICY_KINDS = ("none", "tis", "mis", "decoupled")
+OFF_POLICY_LEVELS = ("token", "sequence", "geometric")
+
+
+def off_policy_weights(old_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor, *, kind: str = "tis",
+                       level: str = "token", low: float = 0.5, high: float = 2.0
+                       ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Importance weights that correct for tokens sampled by another policy than the one the loss is centred on.
+
+    rho = pi_old / pi_rollout per token (`old_logp`: the trainer's log-probs at the start of the step, the proximal
+    policy; `rollout_logp`: the engine's, the behaviour policy — stale weights in async training, other kernels
+    always). `level`: token (rho_t), sequence (exp(sum_t log rho_t), every token of the row) or geometric
+    (exp(mean_t log rho_t)), as slime's train_infer_mismatch_helper. `kind`: tis — min(rho, high) (truncated IS);
+    mis — rho inside [low, high], 0 outside (masked IS); decoupled — AReaL's behaviour weight of the decoupled PPO
+    objective: rho where rho <= high, else 0 (token level). Returns (weights: no gradient, 0 at masked positions;
+    stats: weight_mean, clipped_frac (tokens whose weight was truncated or zeroed), logprob_gap (mean |old - rollout|),
+    kl (mean k3 estimate of KL(rollout || old)))."""
+    if kind not in OFF_POLICY_KINDS or kind == "none":
+        raise ValueError(f"off-policy kind {kind!r}: one of {OFF_POLICY_KINDS[1:]}")
+    if level not in OFF_POLICY_LEVELS:
+        raise ValueError(f"off-policy level {level!r}: one of {OFF_POLICY_LEVELS}")
+    m = mask.to(torch.float32)
+    log_rho = ((old_logp - rollout_logp).float() * m).detach()
+    if kind != "decoupled" and level != "token":
+        per_row = log_rho.sum(-1, keepdim=True)
+        if level == "geometric":
+            per_row = per_row / m.sum(-1, keepdim=True).clamp(min=1.0)
+        log_rho = per_row.expand_as(log_rho)
+    rho = torch.exp(log_rho.clamp(-20.0, 20.0))
+    if kind == "tis":
+        w = rho.clamp(max=high)
+        changed = rho > high
+    else:
+        keep = rho <= high if kind == "decoupled" else (rho >= low) & (rho <= high)
+        w = torch.where(keep, rho, torch.zeros_like(rho))
+        changed = ~keep
+    w = w * m
+    gap = (old_logp - rollout_logp).float().detach()
+    stats = {"weight_mean": masked_mean(w, m), "clipped_frac": masked_mean(changed.float(), m),
+             "logprob_gap": masked_mean(gap.abs(), m), "kl": masked_mean(torch.exp(gap) - 1.0 - gap, m)}
+    return w, stats
+
+
 # --- KL and entropy ---------------------------------------------------------------------------------------
 
 def kl_divergence(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str = "low_var_kl") -> torch.Tensor:

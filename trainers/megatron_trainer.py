@@ -333,6 +333,7 @@ class MegatronTrainer(TorchTrainer):
         return grad_norm
 
     _STATS = ("loss", "pg_loss", "kl", "entropy", "clip_frac", "ratio_mean", "value_loss")
+    _OFF_STATS = ("off_policy/weight_mean", "off_policy/clipped_frac", "off_policy/logprob_gap", "off_policy/kl")
 
     def _reduce_stats(self, stats: dict[str, float]) -> dict[str, float]:
         """Sum each rank's token-weighted partial stats over DP (every rank joins, even one with no tokens)."""
@@ -340,7 +341,9 @@ class MegatronTrainer(TorchTrainer):
             return stats
         from megatron.core import parallel_state as ps
 
-        keys = sorted(set(self._STATS) | set(stats))
+        # Every rank must reduce the same keys (one with no tokens reports none): the off-policy ones when in effect.
+        off = self.config.correction() != "none" and not (self.config.off_policy == "auto" and self.config.use_tis)
+        keys = sorted(set(self._STATS) | set(stats) | (set(self._OFF_STATS) if off else set()))
         t = torch.tensor([stats.get(k, 0.0) for k in keys], dtype=torch.float64, device=self.device)
         dist.all_reduce(t, group=ps.get_data_parallel_group())
         return dict(zip(keys, t.tolist()))

@@ -47,6 +47,13 @@ class TrainerConfig:
     entropy_coef: float = 0.0
     use_tis: bool = False
     tis_cap: float = 2.0
+    # Off-policy correction against the engine's log-probs (trainers.algorithms.off_policy_weights): "auto" is "tis"
+    # when the run is asynchronous (train_loop resolves it) and otherwise none (or the legacy `use_tis` above);
+    # "none" | "tis" | "mis" | "decoupled" (AReaL's decoupled PPO: proximal = the step's recomputed log-probs).
+    off_policy: str = "auto"
+    off_policy_level: str = "token"
+    off_policy_low: float = 0.5
+    off_policy_high: float = 2.0
     reduction: str = "token_mean"
     reward_assignment: str = "sequence"
     # PPO (estimator: ppo): the critic's learning rate, value clipping (None: off), GAE's gamma and lambda.
@@ -81,7 +88,20 @@ class TrainerConfig:
             raise ValueError(f"gamma ({self.gamma}) and lam ({self.lam}) must be in [0, 1]")
         if self.reduction not in alg.REDUCTIONS:
             raise ValueError(f"reduction {self.reduction!r}: one of {sorted(alg.REDUCTIONS)}")
+        if self.off_policy not in ("auto", *alg.OFF_POLICY_KINDS):
+            raise ValueError(f"off_policy {self.off_policy!r}: 'auto' or one of {alg.OFF_POLICY_KINDS}")
+        if self.off_policy_level not in alg.OFF_POLICY_LEVELS:
+            raise ValueError(f"off_policy_level {self.off_policy_level!r}: one of {alg.OFF_POLICY_LEVELS}")
+        if not 0.0 <= self.off_policy_low <= 1.0 <= self.off_policy_high:
+            raise ValueError(f"off_policy_low ({self.off_policy_low}) <= 1 <= off_policy_high ({self.off_policy_high})"
+                             " is required")
         self.betas = tuple(self.betas)
+
+    def correction(self) -> str:
+        """The off-policy correction in effect: `off_policy`, with "auto" meaning the legacy `use_tis` (or none)."""
+        if self.off_policy != "auto":
+            return self.off_policy
+        return "tis" if self.use_tis else "none"
 
 
 class TorchTrainer:
@@ -237,8 +257,13 @@ class TorchTrainer:
                 continue
             logp, entropy = self.logprobs(self.model, micro, with_entropy=True)
             old_lp = logp.detach() if old is None else old[rows, -cols:].to(self.device)
-            is_w = alg.truncated_is_weights(old_lp, micro.rollout_logprobs.to(self.device), mask, c.tis_cap) \
-                if c.use_tis else None
+            is_w, off_stats = None, {}
+            if c.off_policy == "auto" and c.use_tis:  # the legacy switch, unchanged
+                is_w = alg.truncated_is_weights(old_lp, micro.rollout_logprobs.to(self.device), mask, c.tis_cap)
+            elif c.correction() != "none":
+                is_w, off_stats = alg.off_policy_weights(
+                    old_lp, micro.rollout_logprobs.to(self.device), mask, kind=c.correction(),
+                    level=c.off_policy_level, low=c.off_policy_low, high=c.off_policy_high)
             pg, pg_stats = alg.policy_loss(logp, old_lp, micro.advantages.to(self.device), mask,
                                            clip_low=c.clip_low, clip_high=c.clip_high, dual_clip=c.dual_clip,
                                            ratio_level="sequence" if c.estimator == "gspo" else "token",
@@ -255,7 +280,8 @@ class TorchTrainer:
             # exact reduction over the whole mini-batch: weight each micro-batch by its share
             share = (float(mask.sum()) / total_tokens if c.reduction == "token_mean" else micro.size / mini.size)
             (loss * share).backward()
-            reported = {"loss": loss, "pg_loss": pg, "kl": kl_value, "entropy": ent, **pg_stats}
+            reported = {"loss": loss, "pg_loss": pg, "kl": kl_value, "entropy": ent, **pg_stats,
+                        **{f"off_policy/{k}": v for k, v in off_stats.items()}}
             if targets is not None:
                 old_v, returns = (t[rows, -cols:].to(self.device) for t in targets)
                 v_loss = alg.value_loss(self.values(micro), old_v, returns, mask, clip=c.value_clip,

@@ -73,6 +73,9 @@ class TrainConfig:
     # (trainers.placement: this process, or Ray).
     engine: dict[str, Any] = field(default_factory=dict)
     cluster: dict[str, Any] = field(default_factory=dict)
+    # Asynchronous training (trainers.asynchrony; the YAML key is `async`): mode off | overlap | full, max_staleness,
+    # in_flight, interrupt.
+    async_: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> TrainConfig:
@@ -90,10 +93,14 @@ class TrainConfig:
     def from_dict(cls, raw: Mapping[str, Any], where: str = "config") -> TrainConfig:
         if not isinstance(raw, Mapping):
             raise InvalidInput(f"{where}: expected a mapping at the top level")
+        raw = dict(raw)
+        if "async" in raw:  # `async` is a Python keyword: the field is `async_`
+            raw["async_"] = raw.pop("async")
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(raw) - known)
         if unknown:
-            raise InvalidInput(f"{where}: unknown field(s) {unknown}; known: {sorted(known)}")
+            raise InvalidInput(f"{where}: unknown field(s) {[u.rstrip('_') for u in unknown]}; known: "
+                               f"{sorted(k.rstrip('_') for k in known)}")
         cfg = cls(**raw)
         try:
             TrainerConfig(**cfg.trainer)
@@ -119,10 +126,29 @@ class TrainConfig:
         if cfg.opponent_pool and engine.kind != "embedded":
             raise InvalidInput(f"{where}: opponent_pool snapshots the embedded engine's model; it needs engine.kind "
                                f"embedded, not {engine.kind!r}")
+        from trainers.asynchrony import AsyncConfig
+
+        asynchrony = AsyncConfig.from_dict(cfg.async_, f"{where}: async")
+        if asynchrony.mode != "off" and TrainerConfig(**cfg.trainer).offload and engine.kind == "embedded":
+            raise InvalidInput(f"{where}: trainer.offload frees the embedded engine's memory while the trainer runs; "
+                               f"async mode {asynchrony.mode!r} generates meanwhile: use one or the other")
+        if asynchrony.mode == "full" and asynchrony.in_flight < cfg.n_samples_per_prompt:
+            raise InvalidInput(f"{where}: async.in_flight ({asynchrony.in_flight}) cannot hold one group of "
+                               f"n_samples_per_prompt={cfg.n_samples_per_prompt}")
         if engine.kind == "openai":
             raise InvalidInput(f"{where}: engine.kind openai serves a frozen policy (no weight-update route): it "
                                "can evaluate, not train; use kind: sglang or serve")
         return cfg
+
+
+def trainer_config(cfg: TrainConfig) -> TrainerConfig:
+    """The run's `TrainerConfig`; `off_policy: auto` becomes token-level TIS when the run is asynchronous."""
+    from trainers.asynchrony import AsyncConfig
+
+    tc = TrainerConfig(**cfg.trainer)
+    if tc.off_policy == "auto" and not tc.use_tis and AsyncConfig.from_dict(cfg.async_).mode != "off":
+        tc.off_policy = "tis"
+    return tc
 
 
 def load_split(spec: Mapping[str, Any], where: str) -> list[Task]:
@@ -252,7 +278,7 @@ async def train(cfg: TrainConfig, *, log: Callable[[str], None] = print,
         await engines.start()
         tok = engines.tokenizer
         pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-        trainer = placement.trainer_group(TrainerConfig(**cfg.trainer), engines, pad_id, cfg.device)
+        trainer = placement.trainer_group(trainer_config(cfg), engines, pad_id, cfg.device)
         stack.callback(trainer.close)
         channel = trainer.channel(engines)
         stack.push_async_callback(channel.close)
@@ -263,14 +289,22 @@ async def _train(cfg: TrainConfig, run: Path, engines: Any, trainer: Any, channe
                  stack: contextlib.AsyncExitStack, train_tasks: list[Task], eval_tasks: list[Task],
                  log: Callable[[str], None], on_step: Callable[[int, Any, Any], Any] | None) -> dict[str, Any]:
     from slime_env import RolloutManager, get_renderer
+    from trainers.asynchrony import AsyncConfig, BusyMeter, make_source, staleness_metrics
 
+    asynchrony = AsyncConfig.from_dict(cfg.async_)
     policy, tok = engines.policy, engines.tokenizer
     start = 0
+    trained: list[int] = []  # full mode: the group indices trained on so far (a resumed run skips them)
     latest = run / "checkpoints" / "latest"
+    metrics_path = run / "metrics.jsonl"
+    samples_path = run / "samples.jsonl"
     if cfg.resume and latest.exists():
         ckpt = run / "checkpoints" / latest.read_text().strip()
         trainer.load(ckpt)
         start = trainer.step_count
+        if (ckpt / "async_state.json").exists():
+            trained = json.loads((ckpt / "async_state.json").read_text())["trained_groups"]
+        _truncate_rows(metrics_path, start)  # steps after the checkpoint were rolled back with the weights
         log(f"resumed from {ckpt} (step {start})")
     await trainer.sync(channel, str(start))
     engines.synced()
@@ -279,7 +313,11 @@ async def _train(cfg: TrainConfig, run: Path, engines: Any, trainer: Any, channe
     if writer is not None:
         stack.callback(writer.close)
     per_step = cfg.prompts_per_step
-    order = [train_tasks[i % len(train_tasks)] for i in range(start * per_step, (cfg.steps + 1) * per_step)]
+    if asynchrony.mode == "full":  # groups finish out of order: index every group of the run, skip those trained
+        total = (cfg.steps + asynchrony.max_staleness + 2) * per_step
+        order = [train_tasks[i % len(train_tasks)] for i in range(total)]
+    else:
+        order = [train_tasks[i % len(train_tasks)] for i in range(start * per_step, (cfg.steps + 1) * per_step)]
     pool, opponent_for = None, None
     if cfg.opponent_pool:
         from trainers.opponent_pool import OpponentPool, snapshot
@@ -293,77 +331,110 @@ async def _train(cfg: TrainConfig, run: Path, engines: Any, trainer: Any, channe
         def opponent_for(index: int, agent: str) -> Any:
             return pool.opponent(index) if agent in pool_seats else None  # None: the live policy
 
-    manager = RolloutManager(order, env_id=cfg.env, env_kwargs=cfg.env_kwargs, policy=policy, renderer=renderer,
-                             policy_for=opponent_for,
+    meter = BusyMeter()  # engine busy time and generated tokens, whatever the mode
+    manager = RolloutManager(order, env_id=cfg.env, env_kwargs=cfg.env_kwargs, policy=meter.wrap(policy),
+                             renderer=renderer, policy_for=opponent_for,
                              sampling_params={"temperature": cfg.temperature, "top_p": cfg.top_p,
                                               **({"sampling_seed": "episode"} if cfg.seed_sampling else {})},
                              n_samples_per_prompt=cfg.n_samples_per_prompt,
                              max_concurrency=max(cfg.max_concurrency, cfg.n_samples_per_prompt),
                              max_turns=cfg.max_turns, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed,
-                             train_agents=cfg.train_agents)
+                             train_agents=cfg.train_agents, skip=trained,
+                             partial_rollout=asynchrony.mode == "full" and asynchrony.interrupt == "resume")
     stack.push_async_callback(manager.close)
+    source = make_source(asynchrony, manager, per_step, version=start)
+    stack.push_async_callback(source.close)  # runs before manager.close: in-flight generation stops first
     release_kv = bool(TrainerConfig(**cfg.trainer).offload) and engines.embedded and hasattr(policy, "release_memory")
     rows: list[dict[str, Any]] = []
-    metrics_path = run / "metrics.jsonl"
-    samples_path = run / "samples.jsonl"
     if not cfg.resume:
         metrics_path.unlink(missing_ok=True)
         samples_path.unlink(missing_ok=True)
     t_start = time.perf_counter()
+    eval_s = 0.0
     if eval_tasks and start == 0:
+        t_eval = time.perf_counter()
         first = await evaluate(eval_tasks, policy, renderer, cfg)
+        eval_s += time.perf_counter() - t_eval
         rows.append(_record(metrics_path, writer, 0, first))
         log(f"step 0: held-out accuracy {first['eval/accuracy']:.3f}")
-    for step in range(start + 1, cfg.steps + 1):
-        t0 = time.perf_counter()
-        batch = await manager.generate_batch(per_step)
-        trajs = [t for g in batch.groups for t in g.trajectories]
-        if not trajs:
-            raise RuntimeError("the rollout manager returned no groups")
-        await engines.wait_restarts()
-        if engines.pool is not None and not engines.pool.targets():  # the last engine is gone: keep what we have
-            reasons = "; ".join(sorted({f"{u}: {r}" for u, state, r in engines.pool.events if state == "down"}))
-            name = f"step_{step - 1}"
-            trainer.save(run / "checkpoints" / name)
-            latest.parent.mkdir(parents=True, exist_ok=True)
-            latest.write_text(name)
-            raise RuntimeError(f"every engine is gone ({reasons}); the trainer after step {step - 1} is saved in "
-                               f"{run / 'checkpoints' / name}")
-        rollout_s = time.perf_counter() - t0
-        _save_samples(samples_path, step, batch.groups[:max(cfg.sample_groups, 0)])
-        if release_kv:  # colocated with `offload: true`: the engine's K/V pool leaves the GPU while it trains
-            policy.release_memory()
-        metrics = await trainer.step(trajs, cfg.n_samples_per_prompt)
-        await engines.wait_restarts()  # an engine restarted meanwhile gets this step's weights too
-        metrics.update(await trainer.sync(channel, str(step)))
-        engines.synced()
-        if on_step is not None:
-            seen = on_step(step, engines, trainer)
-            if asyncio.iscoroutine(seen):
-                await seen
-        if pool is not None and step % max(int(cfg.opponent_pool.get("every", 5)), 1) == 0:
-            pool.add(snapshot(policy, version=str(step)))
-        metrics.update({"rollout/s": rollout_s, "rollout/statuses": _statuses(trajs),
-                        "time/elapsed_s": time.perf_counter() - t_start, **tool_metrics(trajs)})
-        if engines.pool is not None:
-            metrics["engines/failovers"] = float(engines.pool.failovers)
-            metrics["engines/up"] = float(len(engines.pool.up()))
-        out_of_time = cfg.time_budget_s is not None and time.perf_counter() - t_start > cfg.time_budget_s
-        if eval_tasks and (step % max(cfg.eval_every, 1) == 0 or step == cfg.steps or out_of_time):
-            metrics.update(await evaluate(eval_tasks, policy, renderer, cfg))
-        rows.append(_record(metrics_path, writer, step, metrics))
-        log(f"step {step}: reward {metrics['train/reward_mean']:.3f}, loss {metrics.get('train/loss', 0):+.4f}, "
-            f"grad {metrics.get('train/grad_norm', 0):.3f}, rollout {rollout_s:.1f}s, train "
-            f"{metrics['train/step_s']:.1f}s" + (f", held-out accuracy {metrics['eval/accuracy']:.3f}"
-                                                   if "eval/accuracy" in metrics else ""))
-        if cfg.save_every and (step % cfg.save_every == 0 or step == cfg.steps):
-            name = f"step_{step}"
-            trainer.save(run / "checkpoints" / name)
-            latest.parent.mkdir(parents=True, exist_ok=True)
-            latest.write_text(name)
-        if out_of_time:
-            log(f"time budget of {cfg.time_budget_s:.0f}s used: stopping after step {step}")
-            break
+    t_prev, busy_prev, tokens_prev = time.perf_counter(), meter.busy(), meter.tokens
+    step = start
+    try:
+        for step in range(start + 1, cfg.steps + 1):
+            t0 = time.perf_counter()
+            batch = await source.next(step, last=step == cfg.steps)
+            trajs = [t for g in batch.groups for t in g.trajectories]
+            if not trajs:
+                raise RuntimeError("the rollout manager returned no groups")
+            await engines.wait_restarts()
+            if engines.pool is not None and not engines.pool.targets():  # the last engine is gone
+                reasons = "; ".join(sorted({f"{u}: {r}" for u, state, r in engines.pool.events if state == "down"}))
+                raise _RunEnded(f"every engine is gone ({reasons})")
+            rollout_s = time.perf_counter() - t0  # the trainer's wait for its batch
+            _save_samples(samples_path, step, batch.groups[:max(cfg.sample_groups, 0)])
+            if release_kv:  # colocated with `offload: true`: the engine's K/V pool leaves the GPU while it trains
+                policy.release_memory()
+            metrics = await trainer.step(trajs, cfg.n_samples_per_prompt)
+            t_sync = time.perf_counter()
+            await source.before_sync()
+            meter.hold()  # requests queued behind the update are not engine work
+            await engines.wait_restarts()  # an engine restarted meanwhile gets this step's weights too
+            metrics.update(await trainer.sync(channel, str(step)))
+            engines.synced()
+            meter.release()
+            source.after_sync(step)
+            sync_s = time.perf_counter() - t_sync
+            trained.extend(g.group_index for g in batch.groups)
+            if on_step is not None:
+                seen = on_step(step, engines, trainer)
+                if asyncio.iscoroutine(seen):
+                    await seen
+            if pool is not None and step % max(int(cfg.opponent_pool.get("every", 5)), 1) == 0:
+                pool.add(snapshot(policy, version=str(step)))
+            now = time.perf_counter()
+            wall = max(now - t_prev, 1e-9)
+            metrics.update({"rollout/s": rollout_s, "rollout/statuses": _statuses(trajs),
+                            "time/elapsed_s": now - t_start, "time/step_s": wall, "time/sync_s": sync_s,
+                            "time/trainer_idle_frac": max(0.0, 1.0 - metrics.get("train/step_s", 0.0) / wall),
+                            "time/engine_idle_frac": max(0.0, 1.0 - (meter.busy() - busy_prev) / wall),
+                            "rollout/generated_tokens_per_s": (meter.tokens - tokens_prev) / wall,
+                            **tool_metrics(trajs)})
+            if asynchrony.mode != "off":
+                metrics.update(staleness_metrics(batch.groups, step - 1))
+                metrics["async/groups_stale"] = batch.metrics.get("rollout/groups_stale", 0.0)
+                if asynchrony.mode == "full":
+                    metrics["async/groups"] = [g.group_index for g in batch.groups]
+            if engines.pool is not None:
+                metrics["engines/failovers"] = float(engines.pool.failovers)
+                metrics["engines/up"] = float(len(engines.pool.up()))
+            out_of_time = cfg.time_budget_s is not None and time.perf_counter() - t_start > cfg.time_budget_s
+            if eval_tasks and (step % max(cfg.eval_every, 1) == 0 or step == cfg.steps or out_of_time):
+                t_eval = time.perf_counter()
+                metrics.update(await evaluate(eval_tasks, policy, renderer, cfg))
+                eval_s += time.perf_counter() - t_eval
+            metrics["time/eval_s"] = eval_s
+            rows.append(_record(metrics_path, writer, step, metrics))
+            t_prev, busy_prev, tokens_prev = time.perf_counter(), meter.busy(), meter.tokens
+            log(f"step {step}: reward {metrics['train/reward_mean']:.3f}, loss {metrics.get('train/loss', 0):+.4f}, "
+                f"grad {metrics.get('train/grad_norm', 0):.3f}, rollout {rollout_s:.1f}s, train "
+                f"{metrics['train/step_s']:.1f}s" + (f", held-out accuracy {metrics['eval/accuracy']:.3f}"
+                                                       if "eval/accuracy" in metrics else ""))
+            if cfg.save_every and (step % cfg.save_every == 0 or step == cfg.steps):
+                _checkpoint(run, trainer, f"step_{step}", trained if asynchrony.mode == "full" else None)
+            if out_of_time:
+                log(f"time budget of {cfg.time_budget_s:.0f}s used: stopping after step {step}")
+                break
+    except Exception as e:
+        # Whatever ends the run mid-step (the last engine gone, a trainer or engine error, a weight sync that
+        # failed): stop generating, keep the trainer as of its last finished step, and say why.
+        await source.close()
+        done = trainer.step_count
+        reason = str(e) if isinstance(e, _RunEnded) else f"{type(e).__name__}: {e}"
+        try:
+            where = _checkpoint(run, trainer, f"step_{done}", trained if asynchrony.mode == "full" else None)
+        except Exception as save_error:  # noqa: BLE001 - the original reason matters more
+            raise RuntimeError(f"step {step} failed ({reason}); saving the trainer failed too: {save_error}") from e
+        raise RuntimeError(f"{reason}; the trainer after step {done} is saved in {where}") from e
     all_rows = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
     from slime_env import spec
 
@@ -406,6 +477,28 @@ def make_trainer(tc: TrainerConfig, model_path: str, policy: Any, pad_id: int, d
     # TorchTrainer updates its model in place: it must not be the engine's
     return TorchTrainer((copy.deepcopy(source) if policy is not None and source is getattr(policy, "model", None)
                          else source).to(target), tc, pad_id=pad_id)
+
+
+class _RunEnded(Exception):
+    """The run cannot go on (its reason is the message)."""
+
+
+def _checkpoint(run: Path, trainer: Any, name: str, trained: list[int] | None) -> Path:
+    """Save the trainer under checkpoints/NAME (with the trained group indices of an asynchronous `full` run) and
+    point `latest` at it."""
+    where = run / "checkpoints" / name
+    trainer.save(where)
+    if trained is not None:
+        (where / "async_state.json").write_text(json.dumps({"trained_groups": trained}))
+    (run / "checkpoints" / "latest").write_text(name)
+    return where
+
+
+def _truncate_rows(path: Path, last_step: int) -> None:
+    """Keep the metrics rows up to `last_step` (a resumed run redoes the later ones)."""
+    if path.exists():
+        keep = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= last_step]
+        path.write_text("".join(line + "\n" for line in keep))
 
 
 def _save_samples(path: Path, step: int, groups: list[Any]) -> None:

@@ -59,6 +59,8 @@ class RolloutManager:
     batches, store and resume stay here, so the output is the same exactly-once stream. Not with
     `partial_rollout` or `backend="ray"`. `quiet_gc` (on by default) has the garbage collector run less often
     while a batch runs (`slime_env.rollout.heap.quiet_gc`: a third of the driver's CPU per turn otherwise).
+    `skip`: group indices never to run (e.g. those an asynchronous run already trained on before it resumed).
+    `stream(...)` runs groups continuously instead of batch by batch (`slime_env.rollout.stream.GroupStream`).
     """
 
     def __init__(self, tasks: Sequence[Task | Mapping[str, Any] | str], *, policy: Any,
@@ -73,7 +75,7 @@ class RolloutManager:
                  backend: str = "local", ray_actors: int = 2, ray_actor_options: Mapping[str, Any] | None = None,
                  train_agents: Sequence[str] | None = None,
                  policy_for: Callable[[int, str], Any] | None = None, workers: int = 0,
-                 quiet_gc: bool = True):
+                 quiet_gc: bool = True, skip: Sequence[int] = ()):
         if n_samples_per_prompt < 1:
             raise InvalidInput(f"n_samples_per_prompt must be >= 1, got {n_samples_per_prompt}")
         if max_concurrency < n_samples_per_prompt:
@@ -110,7 +112,7 @@ class RolloutManager:
             config = {"env_id": env_id, "n_samples_per_prompt": self.n, "num_tasks": len(self.tasks),
                       "task_ids": _fingerprint(self.tasks)}
             self.store = RolloutStore(out_dir, config, resume=resume, parquet=parquet)
-        done = set(self.store.done) if self.store else set()
+        done = (set(self.store.done) if self.store else set()) | set(skip)
         self._queue: deque[int] = deque(i for i in range(len(self.tasks)) if i not in done)
         self._carry: deque[RunningGroup] = deque()  # suspended groups (partial rollout), resumed first
         self._ready: deque[Group] = deque()      # accepted beyond a batch's target, delivered next time
@@ -189,6 +191,11 @@ class RolloutManager:
                     else:
                         self._ready.append(group)
             await self._abort(running)
+        except asyncio.CancelledError:
+            # The caller gave up on this batch (e.g. an asynchronous run ending): stop its episodes instead of
+            # leaving them running for nobody; their tasks go back to the queue (or stay suspended).
+            await asyncio.shield(self._abort(running))
+            raise
         finally:
             if progress:
                 progress[0].stop()
@@ -210,6 +217,28 @@ class RolloutManager:
                 yield group
             if not batch.groups and not batch.dropped:
                 break
+
+    def stream(self, *, in_flight: int, per_step: int, max_staleness: int | None = None, version: int = 0) -> Any:
+        """A `GroupStream` over this manager's tasks: groups kept running across batch boundaries, `per_step` taken
+        at a time, none staler than `max_staleness` weight versions (asynchronous training). Not with `workers`;
+        the manager's own `generate_batch` must not run beside it."""
+        from slime_env.rollout.stream import GroupStream
+
+        if self._pool is not None:
+            raise InvalidInput("stream() runs groups in this process: use workers=0 with it")
+        return GroupStream(self, in_flight=in_flight, per_step=per_step, max_staleness=max_staleness, version=version)
+
+    def next_index(self) -> int | None:
+        """The next group index to run (suspended groups are the stream's own business), or None when none is left."""
+        return self._queue.popleft() if self._queue else None
+
+    def requeue(self, index: int) -> None:
+        """Run group `index` again, first (its result was not used: e.g. too stale to train on)."""
+        self._queue.appendleft(index)
+
+    def judge(self, group: Group) -> None:
+        """Apply the dynamic filter: `group.accepted` False (with `filter_reason`) when it drops the group."""
+        self._judge(group)
 
     async def close(self) -> None:
         """Abort and close what is still suspended; close the store. Undelivered groups rerun on resume."""
