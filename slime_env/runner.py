@@ -125,6 +125,11 @@ class Episode:
     def mask_offpolicy(self) -> None:
         self.state.ledger.mask_offpolicy()
 
+    @property
+    def generating(self) -> bool:
+        """True while the episode waits for the policy (False in env steps, suspended or finished)."""
+        return self.state._generating is not None
+
     async def run(self) -> Trajectory | None:
         if self.done is not None:
             return self.done

@@ -375,6 +375,7 @@ async def _train(cfg: TrainConfig, run: Path, engines: Any, trainer: Any, channe
             if release_kv:  # colocated with `offload: true`: the engine's K/V pool leaves the GPU while it trains
                 policy.release_memory()
             metrics = await trainer.step(trajs, cfg.n_samples_per_prompt)
+            trained.extend(g.group_index for g in batch.groups)  # in the weights now, synced or not
             t_sync = time.perf_counter()
             await source.before_sync()
             meter.hold()  # requests queued behind the update are not engine work
@@ -384,7 +385,6 @@ async def _train(cfg: TrainConfig, run: Path, engines: Any, trainer: Any, channe
             meter.release()
             source.after_sync(step)
             sync_s = time.perf_counter() - t_sync
-            trained.extend(g.group_index for g in batch.groups)
             if on_step is not None:
                 seen = on_step(step, engines, trainer)
                 if asyncio.iscoroutine(seen):

@@ -158,6 +158,7 @@ class _MultiAgentEpisode:
     """One multi-agent sample of a group, with the parts of `Episode`'s interface the manager uses."""
 
     suspended = False
+    generating = False  # it is not aborted: a weight update does not wait for it
 
     def __init__(self, env: MultiAgentEnv, manager: GroupRunner, task: Task, metadata: dict[str, Any], seed: int):
         self.env, self.manager, self.task, self.metadata, self.seed = env, manager, task, metadata, seed

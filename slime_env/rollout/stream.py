@@ -80,11 +80,13 @@ class GroupStream:
             raise InvalidInput(f"interrupt {interrupt!r}: 'finish' or 'resume'")
         if not self.runner.partial_rollout:
             raise InvalidInput("interrupt 'resume' needs a manager made with partial_rollout=True")
-        await asyncio.gather(*(ep.abort(SUSPENDED_FOR_UPDATE) for rg in list(self.running.values())
-                               for ep in rg.episodes))
-        while self.running:  # each group suspends at its episodes' next safe point (or finishes)
-            self._wake.clear()
-            await self._wake.wait()
+        episodes = [ep for rg in list(self.running.values()) for ep in rg.episodes]
+        await asyncio.gather(*(ep.abort(SUSPENDED_FOR_UPDATE) for ep in episodes))
+        # An aborted episode generates nothing more until it is resumed: the update waits only for generations in
+        # flight to return their partial tokens, not for episodes inside a (maybe slow) env step — those suspend
+        # when their step returns, and a group that suspends after the update is resumed at once (`_done`).
+        while any(ep.generating for ep in episodes):
+            await asyncio.sleep(0.005)
 
     def resume(self) -> None:
         self.paused = False
@@ -130,10 +132,16 @@ class GroupStream:
         return Batch(groups=accepted, dropped=dropped, metrics=metrics)
 
     async def close(self) -> None:
-        """Abort what runs, close every env; groups not taken are not trained (their tasks rerun on a resume)."""
+        """Abort what runs, close every env; groups not taken are not trained (their tasks rerun on a resume).
+        Waits for generations in flight to return, not for env steps: those are cancelled."""
         self.closed = self.paused = True
         running = list(self.running.items())
-        await asyncio.gather(*(ep.abort(CLOSED) for _, rg in running for ep in rg.episodes), return_exceptions=True)
+        episodes = [ep for _, rg in running for ep in rg.episodes]
+        await asyncio.gather(*(ep.abort(CLOSED) for ep in episodes), return_exceptions=True)
+        while any(ep.generating for ep in episodes):
+            await asyncio.sleep(0.005)
+        for fut, _ in running:
+            fut.cancel()
         await asyncio.gather(*(fut for fut, _ in running), return_exceptions=True)
         for rg in [*(rg for _, rg in running), *self.suspended]:
             await self.runner.close_envs(rg)
@@ -168,6 +176,8 @@ class GroupStream:
     def _done(self, fut: asyncio.Future) -> None:
         rg = self.running.pop(fut)
         self._wake.set()
+        if self.closed:
+            return
         if fut.cancelled():
             self.error = self.error or RuntimeError(f"group {rg.group_index} was cancelled")
             return
@@ -175,10 +185,11 @@ class GroupStream:
             self.error = self.error or fut.exception()
             return
         group = fut.result()
-        if group is None:  # suspended by an abort: resumed after the update (or closed)
-            self.suspended.append(rg)
-            return
-        if self.closed:
+        if group is None:  # suspended by an abort: resumed after the update (at once if that is over)
+            if self.paused:
+                self.suspended.append(rg)
+            else:
+                self._start(rg)
             return
         self.manager.judge(group)
         (self.ready if group.accepted else self.filtered).append(group)
