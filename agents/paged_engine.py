@@ -86,6 +86,9 @@ class PagedEngine:
         self._order = 0
         self.steps = self.decode_steps = self.mixed_steps = self.preemptions = 0
         self.decode_rows = self.decode_ctx = 0  # decoding rows and their context lengths, summed over steps
+        # The engine's kernels go to a stream of its own: a trainer in another thread of this process (asynchronous
+        # training) then runs beside it on the GPU instead of queueing behind it on the shared default stream.
+        self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self._thread = threading.Thread(target=self._run, name="slime_env-paged-engine", daemon=True)
         self._thread.start()
 
@@ -120,6 +123,8 @@ class PagedEngine:
         """Free the K/V pool and CUDA graphs (call while idle and held, e.g. around a colocated training step)."""
         with self.model_lock:
             self.prefix.clear()
+            if self._stream is not None:
+                self._stream.synchronize()  # nothing of the engine's may still read the pool it frees
             self.runner.release()
             self._released = True
 
@@ -128,6 +133,8 @@ class PagedEngine:
             if self._released:
                 self.runner.resume()
                 self._released = False
+                if self._stream is not None:  # made on the caller's stream: done before the engine's reads it
+                    torch.cuda.synchronize(self._stream.device)
 
     def invalidate(self) -> None:
         """New weights: no cached K/V is valid (call while idle, holding `model_lock`)."""
@@ -135,6 +142,13 @@ class PagedEngine:
 
     # --- the loop -----------------------------------------------------------------------------------------
     def _run(self) -> None:
+        if self._stream is None:
+            return self._serve()
+        torch.cuda.synchronize(self._stream.device)  # the pool and weights were made on the default stream
+        with torch.cuda.stream(self._stream):
+            return self._serve()
+
+    def _serve(self) -> None:
         while True:
             with self._wake:
                 while not self._closed and not self._running and (self._hold or not (self._waiting or self._queue)):

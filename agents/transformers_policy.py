@@ -240,6 +240,8 @@ class TransformersPolicy:
             def load() -> None:
                 with engine.model_lock:
                     self._load(read(), partial)
+                    if self.device.type == "cuda":  # copied on this thread's stream; the engine reads on its own
+                        torch.cuda.synchronize(self.device)
                     engine.invalidate()
 
             await loop.run_in_executor(self._executor, load)

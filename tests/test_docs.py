@@ -37,5 +37,5 @@ def test_every_training_config_field_is_documented():
     from trainers.train_loop import TrainConfig
 
     text = (ROOT / "docs" / "trainers.md").read_text() + (ROOT / "docs" / "megatron.md").read_text()
-    fields = [f.name for f in dataclasses.fields(TrainConfig) + dataclasses.fields(TrainerConfig)]
+    fields = [f.name.rstrip("_") for f in dataclasses.fields(TrainConfig) + dataclasses.fields(TrainerConfig)]
     assert [f for f in fields if f"`{f}`" not in text] == []

@@ -105,3 +105,16 @@ def test_pipeline_example_trains_against_two_engine_servers(tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert rows[-1]["step"] == 1 and rows[-1]["engines/up"] == 2 and rows[-1]["sync/bytes"] > 0
     assert len(list((tmp_path / "run" / "engines").glob("engine_*.log"))) == 2
+
+
+def test_async_example_trains_fully_asynchronously(tmp_path):
+    """examples/async_train.yaml as a user runs it (two steps, no evaluation): every batch at most one version old."""
+    out = subprocess.run([sys.executable, "-m", "slime_env", "train", "--config", "examples/async_train.yaml",
+                          "--steps", "2", "--run-dir", str(tmp_path / "run")], cwd=ROOT, capture_output=True,
+                         text=True, timeout=900)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if r["step"] > 0]
+    assert [r["step"] for r in steps] == [1, 2]
+    assert all(r["async/staleness_max"] <= 1 and "train/off_policy/clipped_frac" in r for r in steps)
+    assert (tmp_path / "run" / "checkpoints" / "step_2" / "async_state.json").exists()

