@@ -271,7 +271,9 @@ class ModelRunner:
             self._forward(views)  # warm-up: kernels compiled and cuBLAS workspaces made outside the capture
         torch.cuda.current_stream(self.device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._graph_pool):
+        # thread_local: a trainer in another thread of this process (asynchronous training) keeps launching work
+        # while this thread captures; the default (global) mode would fail its calls during the capture.
+        with torch.cuda.graph(graph, pool=self._graph_pool, capture_error_mode="thread_local"):
             out = self._forward(views)
         self._graph_pool = graph.pool()
         self.graphs[size] = (graph, out)

@@ -47,6 +47,7 @@ def config(args, mode: str, seed: int, run_dir: Path) -> TrainConfig:
         "trainer": {"backend": "torch" if small else args.backend, "estimator": "grpo", "lr": args.lr,
                     "micro_batch_size": 16 if small else 64, "max_tokens_per_micro_batch": 16384,
                     "clip_low": 0.2, "clip_high": 0.28, "max_grad_norm": 1.0},
+        "engine": {"kind": "serve", "count": 1} if args.engine == "serve" else {},
         "async": {"mode": mode, "max_staleness": args.max_staleness,
                   "in_flight": args.in_flight or 2 * prompts * n, "interrupt": args.interrupt},
     }, "bench/async_train.py")
@@ -96,6 +97,8 @@ def main() -> None:
     ap.add_argument("--in-flight", type=int, default=0, help="full mode's episodes in flight (default 2 steps' worth)")
     ap.add_argument("--interrupt", default="finish", choices=["finish", "resume"])
     ap.add_argument("--backend", default="megatron", choices=["megatron", "torch"])
+    ap.add_argument("--engine", default="embedded", choices=["embedded", "serve"],
+                    help="serve: the engine in a serve-engine process on the same device (weights by CUDA IPC there)")
     ap.add_argument("--cpu-small", action="store_true", help="a CPU-sized run: 4 prompts x 4 samples, torch trainer")
     ap.add_argument("--out", default="runs/async_bench")
     args = ap.parse_args()
@@ -104,7 +107,7 @@ def main() -> None:
     results: dict[str, dict] = {}
     for seed in args.seeds:
         for mode in args.modes:
-            name = f"{args.task}_{mode}_s{seed}"
+            name = f"{args.task}_{mode}_s{seed}" + ("_serve" if args.engine == "serve" else "")
             summary = asyncio.run(train(config(args, mode, seed, out / name), log=lambda line: None))
             rows = [json.loads(line) for line in open(summary["metrics"])]
             results[name] = {"mode": mode, "seed": seed, **summarize(rows)}
