@@ -33,7 +33,7 @@ from agents.paged_attention import triton_usable
 from agents.sampler import SamplingBatch, sample
 
 
-@dataclass
+@dataclass(eq=False)  # identity: `list.remove(seq)` must not compare token lists field by field
 class _Seq:
     req: Any                 # agents.transformers_policy._Request
     ids: list[int]           # prompt + generated tokens; the K/V of ids[:computed] is in `blocks`

@@ -19,6 +19,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from slime_env.errors import InvalidInput
+from slime_env.rollout.heap import quiet_gc
 from slime_env.rollout.stream import group_weight_version
 
 MODES = ("off", "overlap", "full")
@@ -185,6 +186,9 @@ class StreamSource(BatchSource):
         self.stream = manager.stream(in_flight=config.in_flight, per_step=per_step,
                                      max_staleness=config.max_staleness, version=version)
         self.stream.taken = version * per_step  # the admission rule counts groups from version 0
+        # The stream runs outside `generate_batch`, which quiets the collector for a batch: quiet it for the run.
+        self._quiet = quiet_gc(manager.quiet_gc)
+        self._quiet.__enter__()
 
     async def next(self, step: int, last: bool) -> Any:
         if not self.stream.running and not self.stream.ready:
@@ -200,6 +204,9 @@ class StreamSource(BatchSource):
 
     async def close(self) -> None:
         await self.stream.close()
+        if self._quiet is not None:
+            self._quiet.__exit__(None, None, None)
+            self._quiet = None
 
 
 def make_source(config: AsyncConfig, manager: Any, per_step: int, version: int) -> BatchSource:
