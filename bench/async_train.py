@@ -112,6 +112,8 @@ def main() -> None:
             rows = [json.loads(line) for line in open(summary["metrics"])]
             results[name] = {"mode": mode, "seed": seed, **summarize(rows)}
             r = results[name]
+            with (out / f"{args.task}_runs.jsonl").open("a") as f:  # kept even if a later run is cut short
+                f.write(json.dumps({"name": name, **r}) + "\n")
             print(f"{name:24s} {r['steps']:4d} steps  {r['step_s_mean']:.3f} s/step  {r['tokens_per_s']:8.0f} tok/s  "
                   f"trainer idle {r['trainer_idle']:.2f}  engine idle {r['engine_idle']:.2f}  "
                   f"acc {r['first_accuracy']:.3f} -> {r['last_accuracy']:.3f}  stale dropped {r['stale_dropped']:.0f}  "
