@@ -6,7 +6,7 @@
 - `MegatronTrainer`: the same RL step on megatron-core (GPUs, TP x DP); imported on first use, since
   megatron-core is an optional dependency (`slime_env[megatron]`).
 - `OpponentPool`, `snapshot`: frozen past policies as opponents (league self-play in multi-agent envs).
-- `TrainConfig`, `train`: `slime-env train`.
+- `TrainConfig`, `train`: `slime-env train`; `AsyncConfig`: its `async:` section (overlap / fully asynchronous).
 
 Imports `slime_env`, never the reverse.
 """
@@ -18,6 +18,7 @@ _EXPORTS = {
     "MegatronTrainer": "trainers.megatron_trainer", "TrainBatch": "trainers.batch", "pack": "trainers.batch",
     "TrainConfig": "trainers.train_loop", "train": "trainers.train_loop",
     "OpponentPool": "trainers.opponent_pool", "snapshot": "trainers.opponent_pool",
+    "AsyncConfig": "trainers.asynchrony",
 }
 
 __all__ = sorted(_EXPORTS)

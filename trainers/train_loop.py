@@ -490,7 +490,9 @@ def _checkpoint(run: Path, trainer: Any, name: str, trained: list[int] | None) -
     trainer.save(where)
     if trained is not None:
         (where / "async_state.json").write_text(json.dumps({"trained_groups": trained}))
-    (run / "checkpoints" / "latest").write_text(name)
+    tmp = run / "checkpoints" / "latest.tmp"
+    tmp.write_text(name)
+    tmp.replace(run / "checkpoints" / "latest")  # atomic: a kill mid-write never leaves `latest` empty
     return where
 
 

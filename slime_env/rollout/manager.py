@@ -232,6 +232,10 @@ class RolloutManager:
         """The next group index to run (suspended groups are the stream's own business), or None when none is left."""
         return self._queue.popleft() if self._queue else None
 
+    def queued(self) -> int:
+        """Group indices waiting to start."""
+        return len(self._queue)
+
     def requeue(self, index: int) -> None:
         """Run group `index` again, first (its result was not used: e.g. too stale to train on)."""
         self._queue.appendleft(index)

@@ -126,7 +126,7 @@ class GroupStream:
         dropped, self.filtered = [*self.filtered, *stale], []
         now = time.perf_counter()
         metrics = batch_metrics(accepted, dropped, now - self._t_last, carried=len(self.suspended),
-                                queued=len(self.manager._queue))
+                                queued=self.manager.queued())
         self._t_last = now
         metrics["rollout/groups_stale"] = float(len(stale))
         return Batch(groups=accepted, dropped=dropped, metrics=metrics)
