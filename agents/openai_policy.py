@@ -21,7 +21,12 @@ from slime_env import Generation
 from slime_env.http import HttpClient, ProtocolError
 
 _FINISH = {"stop": "stop", "length": "length", "abort": "abort", "eos": "stop"}
-_PASSTHROUGH = ("top_k", "min_p", "repetition_penalty", "seed", "stop_token_ids")
+# Our (SGLang-style) sampling param -> the /completions field (vLLM's SamplingParams extensions included).
+_PASSTHROUGH = {"top_k": "top_k", "min_p": "min_p", "repetition_penalty": "repetition_penalty",
+                "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
+                "sampling_seed": "seed", "seed": "seed", "stop_token_ids": "stop_token_ids", "ignore_eos": "ignore_eos",
+                "min_new_tokens": "min_tokens", "min_tokens": "min_tokens", "logit_bias": "logit_bias",
+                "bad_words": "bad_words", "allowed_token_ids": "allowed_token_ids"}
 
 
 def completion_request(model: str, input_ids: Sequence[int], params: Mapping[str, Any]) -> dict[str, Any]:
@@ -36,10 +41,11 @@ def completion_request(model: str, input_ids: Sequence[int], params: Mapping[str
     }
     if params.get("stop"):
         body["stop"] = [params["stop"]] if isinstance(params["stop"], str) else list(params["stop"])
-    for key in _PASSTHROUGH:
-        value = params.get("sampling_seed" if key == "seed" else key)
-        if value is not None and not (key == "top_k" and value in (-1, 0)):
-            body[key] = list(value) if key == "stop_token_ids" else value
+    for ours, theirs in _PASSTHROUGH.items():
+        value = params.get(ours)
+        if value is None or (ours == "top_k" and value in (-1, 0)):
+            continue
+        body[theirs] = list(value) if isinstance(value, (tuple, set, frozenset)) else value
     return body
 
 

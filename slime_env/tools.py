@@ -217,13 +217,17 @@ def _validate_by_schema(name: str, parameters: Mapping[str, Any], arguments: Map
     if parameters.get("additionalProperties") is False or props:
         problems += [f"unexpected argument {k!r} (parameters: {', '.join(props) or 'none'})"
                      for k in arguments if k not in props and parameters.get("additionalProperties") is not True]
+    out = dict(arguments)
     for key, value in arguments.items():
         expected = (props.get(key) or {}).get("type")
         if expected is not None and not _json_type_ok(value, expected):
             problems.append(f"argument {key!r}: expected {expected}, got {type(value).__name__}")
+        elif (isinstance(value, float) and value.is_integer() and "integer" in
+              ([expected] if isinstance(expected, str) else list(expected or ()))):
+            out[key] = int(value)
     if problems:
         raise ToolArgumentError(f"invalid arguments for {name!r}: " + "; ".join(problems))
-    return dict(arguments)
+    return out
 
 
 _JSON_TYPES = {"string": (str,), "integer": (int,), "number": (int, float), "boolean": (bool,),
@@ -240,6 +244,8 @@ def _json_type_ok(value: Any, expected: str | Sequence[str]) -> bool:
             continue
         if isinstance(value, kinds):
             return True
+        if t == "integer" and isinstance(value, float) and value.is_integer():
+            return True  # JSON Schema (draft-06 on): 1.0 is an integer; the caller passes int(value) on
     return False
 
 

@@ -175,3 +175,25 @@ def test_bad_configuration_is_refused():
         MCPServer()
     with pytest.raises(InvalidInput, match="non-empty list"):
         MCPServer("python server.py")
+
+
+def test_whole_number_floats_count_as_integers_and_reach_the_server_as_ints():
+    """JSON Schema (draft-06 on) counts 1.0 as an integer: the demo server's `add(a: int, b: int)` gets 40.0 + 2.0
+    as ints (the answer is "42", not "42.0"); 2.5 is still refused."""
+    async def main():
+        async with MCPServer(STDIO, timeout_s=20) as server:
+            env = ToolEnv([server])
+            await env.reset(options={"task": {"prompt": "q"}})
+            ok = await _step(env, _call("add", a=40.0, b=2.0))
+            bad = await _step(env, _call("add", a=2.5, b=1))
+            await env.close()
+            return ok, bad
+
+    ok, bad = asyncio.run(main())
+    assert ok == ["42"]
+    assert "argument 'a': expected integer, got float" in bad[0]
+    from slime_env.tools import _validate_by_schema
+
+    schema = {"properties": {"n": {"type": "integer"}, "x": {"type": ["number", "null"]}}, "required": ["n"]}
+    out = _validate_by_schema("t", schema, {"n": 3.0, "x": 1.0})
+    assert out == {"n": 3, "x": 1.0} and type(out["n"]) is int and type(out["x"]) is float

@@ -114,6 +114,11 @@ def test_parse_and_request_helpers():
     assert parse_completion(RECORDED).prompt_tokens == 5
     body = completion_request("m", [5], {"top_k": -1, "sampling_seed": 3})
     assert "top_k" not in body and body["seed"] == 3 and body["max_tokens"] == 128
+    # every sampling field vLLM's /completions documents goes through (SGLang's min_new_tokens as min_tokens)
+    body = completion_request("m", [5], {"ignore_eos": True, "min_new_tokens": 4, "presence_penalty": 0.5,
+                                         "frequency_penalty": 0.25, "stop_token_ids": (7, 9), "logit_bias": {"5": -1}})
+    assert body["ignore_eos"] is True and body["min_tokens"] == 4 and body["presence_penalty"] == 0.5
+    assert body["frequency_penalty"] == 0.25 and body["stop_token_ids"] == [7, 9] and body["logit_bias"] == {"5": -1}
 
 
 @pytest.mark.skipif(not os.environ.get("SLIME_ENV_OPENAI_URL"),
