@@ -93,14 +93,15 @@ class Trajectory:
                           "timings": self.timings, "task_id": self.task.id})
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict; `Trajectory.from_dict(t.to_dict()) == t` for JSON-representable info."""
+        """A JSON-ready dict of copies (changing it never changes the trajectory); `Trajectory.from_dict(t.to_dict())
+        == t` for JSON-representable info."""
         return {
-            "task": self.task.to_dict(), "prompt_ids": self.prompt_ids, "response_ids": self.response_ids,
-            "loss_mask": self.loss_mask, "rollout_logprobs": self.rollout_logprobs,
-            "spans": [s.to_dict() for s in self.spans], "turn_rewards": self.turn_rewards,
+            "task": self.task.to_dict(), "prompt_ids": list(self.prompt_ids), "response_ids": list(self.response_ids),
+            "loss_mask": list(self.loss_mask), "rollout_logprobs": list(self.rollout_logprobs),
+            "spans": [s.to_dict() for s in self.spans], "turn_rewards": list(self.turn_rewards),
             "reward": self.reward, "status": self.status, "reason": self.reason, "agent_id": self.agent_id,
             "num_turns": self.num_turns, "messages": [m.to_dict() for m in self.messages],
-            "response_text": self.response_text, "timings": self.timings, "info": _jsonable(self.info),
+            "response_text": self.response_text, "timings": dict(self.timings), "info": _jsonable(self.info),
             "metadata": _jsonable(self.metadata),
         }
 

@@ -94,3 +94,18 @@ def test_to_dict_from_dict_round_trip(smollm2_tok):
         Trajectory.from_dict({k: v for k, v in traj.to_dict().items() if k != "prompt_ids"})
     with pytest.raises(InvalidInput, match="status 'done'"):
         Trajectory.from_dict({**traj.to_dict(), "status": "done"})
+
+
+def test_to_dict_hands_out_copies(smollm2_tok):
+    """Changing the exported dict (a user post-processing records) never changes the trajectory."""
+    traj = _episode(smollm2_tok, ScriptedEnv([[Message("user", "again")]]), ["x", "y"])
+    before = json.dumps(traj.to_dict())
+    d = traj.to_dict()
+    for key in ("prompt_ids", "response_ids", "loss_mask", "rollout_logprobs", "turn_rewards"):
+        d[key].append(0)
+    d["timings"]["total_s"] = -1.0
+    d["info"]["x"] = 1
+    d["metadata"]["x"] = 1
+    d["spans"][0]["start"] = 99
+    d["messages"][0]["content"] = "changed"
+    assert json.dumps(traj.to_dict()) == before
