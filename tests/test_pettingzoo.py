@@ -60,7 +60,20 @@ def test_a_parallel_game_moves_simultaneously(runner, smollm2_tok):
     assert trajs["player_1"].turn_rewards == [1.0, 1.0, 1.0] and trajs["player_0"].reward == -3.0
     for t in trajs.values():
         t.check()
-        assert t.num_turns == 3 and t.status == "completed"
+        # rps ends by its time limit: PettingZoo says truncation, and so does the trajectory
+        assert t.num_turns == 3 and t.status == "truncated", t.status
+
+
+def test_simultaneous_illegal_moves_penalise_every_offender(runner, smollm2_tok):
+    env = from_pettingzoo(rps_v2.parallel_env(max_cycles=3), render=lambda agent, obs: f"Last seen: {int(obs)}.")
+    trajs = play(runner, env, ScriptedPolicy(smollm2_tok, ["junk"]), smollm2_tok)
+    assert {a: t.reward for a, t in trajs.items()} == {"player_0": -1.0, "player_1": -1.0}
+    assert all("Illegal move by player_0" in t.messages[-1].content and "Illegal move by player_1"
+               in t.messages[-1].content for t in trajs.values())
+    one = play(runner, from_pettingzoo(rps_v2.parallel_env(max_cycles=3), render=lambda a, o: "Move?"),
+               {"player_0": ScriptedPolicy(smollm2_tok, ["<move>0</move>"]),
+                "player_1": ScriptedPolicy(smollm2_tok, ["junk"])}, smollm2_tok)
+    assert {a: t.reward for a, t in one.items()} == {"player_0": 0.0, "player_1": -1.0}
 
 
 def test_anything_else_is_refused_by_name():

@@ -7,8 +7,9 @@ before each of its turns, `render(agent, observation)` — the text the model se
 observation (numpy arrays; write one per game) — after a line per move of the others
 (`describe_move(agent, action)`). The reply is parsed into an action by `parse(text)` (default: the
 last integer in it, e.g. `<move>4</move>`); an action that does not parse, is outside the action space
-or is masked out (`action_mask` in the observation) ends the episode: the offender gets
-`illegal_reward`, the others 0, and everyone is told why — never a crash. Rewards are PettingZoo's,
+or is masked out (`action_mask` in the observation) ends the episode: the offender (in a Parallel step, every
+offender) gets `illegal_reward`, the others 0, and everyone is told why — never a crash. PettingZoo's truncations
+(a time limit such as `max_cycles`) end trajectories as `truncated`, its terminations as `completed`. Rewards are PettingZoo's,
 per step, to every agent (also those that did not act). Agents PettingZoo terminates step out of the
 episode; dead agents' AEC turns (`step(None)`) are taken here.
 """
@@ -73,12 +74,14 @@ class _Base(MultiAgentEnv):
             return f"action {action} is not allowed now"
         return None
 
-    def _illegal(self, agent: str, problem: str):
+    def _illegal(self, problems: Mapping[str, str]):
+        """End the game: every offender (several in one simultaneous step) gets `illegal_reward`, the others 0."""
         self.over = True
-        text = f"Illegal move by {agent} ({problem}): the game is over."
-        rewards = {a: (self.illegal_reward if a == agent else 0.0) for a in self.agents}
+        text = " ".join(f"Illegal move by {a} ({p})." for a, p in problems.items()) + " The game is over."
+        rewards = {a: (self.illegal_reward if a in problems else 0.0) for a in self.agents}
+        first = next(iter(problems))
         return ({a: [Message("user", text)] for a in self.agents}, rewards, dict.fromkeys(self.agents, True), {},
-                {"illegal": agent, "problem": problem})
+                {"illegal": first, "problem": problems[first], "offenders": dict(problems)})
 
     async def close(self) -> None:
         self.env.close()
@@ -103,7 +106,7 @@ class _AEC(_Base):
         action = self.parse(actions[agent].text)
         problem = self._legal(agent, action, self.env.observe(agent))
         if problem is not None:
-            return self._illegal(agent, problem)
+            return self._illegal({agent: problem})
         self.env.step(action)
         rewards = {a: float(self.env.rewards.get(a, 0.0)) for a in self.agents}
         terminated = {a: bool(self.env.terminations.get(a, False)) for a in self.agents}
@@ -140,19 +143,22 @@ class _Parallel(_Base):
         return [] if self.over else list(self.env.agents)
 
     async def step(self, actions: Mapping[str, Action]):
-        parsed = {}
+        parsed, problems = {}, {}
         for agent, act in actions.items():
             action = self.parse(act.text)
             problem = self._legal(agent, action, self._last.get(agent))
             if problem is not None:
-                return self._illegal(agent, problem)
+                problems[agent] = problem
             parsed[agent] = action
+        if problems:  # simultaneous moves: every offender is penalised, not only the first in dict order
+            return self._illegal(problems)
         observations, rewards, terminations, truncations, _ = self.env.step(parsed)
         self._last = observations
         self.over = not self.env.agents
         moves = " ".join(self.describe_move(a, x) for a, x in parsed.items())
         obs = {a: [Message("user", moves if self.over else f"{moves}\n{self.render(a, observations[a])}")]
                for a in self.agents if a in observations}
-        terminated = {a: bool(terminations.get(a, False)) or self.over for a in self.agents}
-        return obs, {a: float(r) for a, r in rewards.items()}, terminated, \
-            {a: bool(truncations.get(a, False)) for a in self.agents}, {}
+        truncated = {a: bool(truncations.get(a, False)) for a in self.agents}
+        # A time limit is a truncation, as PettingZoo said: only a game over without one counts as terminated.
+        terminated = {a: bool(terminations.get(a, False)) or (self.over and not truncated[a]) for a in self.agents}
+        return obs, {a: float(r) for a, r in rewards.items()}, terminated, truncated, {}
