@@ -9,14 +9,14 @@ Tasks: `{"prompt": "What is 12 * 7 + 5?", "label": 89}`; without one, `sample_ta
 
 from __future__ import annotations
 
-import ast
 import math
-import operator
 import random
 import re
 from collections.abc import Mapping
 from typing import Any
 
+from envs.arithmetic import CalculatorError, evaluate  # noqa: F401 - re-exported: envs.calculator.evaluate
+from envs.tools import calculator_tool
 from slime_env import Action, Message, Task, ToolEnv
 
 SYSTEM_PROMPT = (
@@ -25,54 +25,6 @@ SYSTEM_PROMPT = (
     "and wait for the result. When you know the answer, reply with <answer>NUMBER</answer>.")
 
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
-_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-        ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow,
-        ast.USub: operator.neg, ast.UAdd: operator.pos}
-
-
-class CalculatorError(ValueError):
-    """An expression the calculator refuses (syntax, unsupported operation, too large)."""
-
-
-def evaluate(expression: str) -> int | float:
-    """Evaluate arithmetic safely: numbers, + - * / // % **, parentheses; no names, no calls."""
-    if len(expression) > 200:
-        raise CalculatorError("expression longer than 200 characters")
-    try:
-        tree = ast.parse(expression.strip(), mode="eval")
-    except SyntaxError as e:
-        raise CalculatorError(f"syntax error: {e.msg}") from None
-    except (ValueError, RecursionError, MemoryError) as e:  # null bytes, absurd nesting
-        raise CalculatorError(f"cannot parse: {type(e).__name__}") from None
-    try:
-        value = _eval(tree.body)
-    except ZeroDivisionError:
-        raise CalculatorError("division by zero") from None
-    except CalculatorError:
-        raise
-    except (OverflowError, RecursionError, TypeError, ValueError) as e:  # 2.0 ** 5000, complex results, ...
-        raise CalculatorError(f"cannot evaluate: {type(e).__name__}") from None
-    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
-        return int(value)
-    return value
-
-
-def _eval(node: ast.AST) -> int | float:
-    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
-        return node.value
-    if isinstance(node, ast.UnaryOp) and type(node.op) in _OPS:
-        return _OPS[type(node.op)](_eval(node.operand))
-    if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
-        left, right = _eval(node.left), _eval(node.right)
-        if isinstance(node.op, ast.Pow) and (abs(right) > 64 or abs(left) > 10**6):
-            raise CalculatorError("exponent too large")
-        result = _OPS[type(node.op)](left, right)
-        if isinstance(result, complex):
-            raise CalculatorError("complex result")
-        if isinstance(result, int) and abs(result) > 10**30 or isinstance(result, float) and not math.isfinite(result):
-            raise CalculatorError("result too large")
-        return result
-    raise CalculatorError(f"unsupported element {type(node).__name__}")
 
 
 def _number(text: str) -> float | None:
@@ -97,8 +49,6 @@ class CalculatorEnv(ToolEnv):
     """
 
     def __init__(self, *, max_steps: int = 6, format_penalty: float = 0.0, system_prompt: str = SYSTEM_PROMPT):
-        from envs.tools import calculator_tool
-
         super().__init__([calculator_tool()], system_prompt=system_prompt, max_turns=max_steps,
                          tool_timeout_s=5.0)
         self.max_steps = max_steps

@@ -9,13 +9,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from slime_env import Tool, ToolError, tool
 from envs.budget import truncate_to_budget
+from slime_env import Tool, ToolError, tool
 
 
 def calculator_tool(name: str = "calculator") -> Tool:
     """Safe arithmetic (`envs.calculator.evaluate`); a refused expression is an error observation."""
-    from envs.calculator import CalculatorError, evaluate
+    from envs.arithmetic import CalculatorError, evaluate
 
     def calculator(expression: str) -> str:
         """Evaluate an arithmetic expression (+ - * / // % ** and parentheses).

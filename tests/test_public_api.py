@@ -67,3 +67,36 @@ def test_imports_written_in_docs_and_examples_resolve():
 def test_the_names_users_write_import_from_the_package_tops():
     from slime_env import RemoteEnv  # noqa: F401
     from trainers import MegatronTrainer, TorchTrainer, TrainerConfig  # noqa: F401
+
+
+def test_no_two_modules_import_each_other():
+    """Every import between two of our modules goes one way — also the ones inside functions, where cycles hide
+    (a package and its own submodules aside: `__init__` re-exports them)."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    mods = {}
+    for pkg in ("slime_env", "agents", "envs", "trainers", "tools_sandbox"):
+        for f in (root / pkg).rglob("*.py"):
+            name = ".".join(f.relative_to(root).with_suffix("").parts)
+            mods[name.removesuffix(".__init__")] = f
+    edges: dict[str, set[str]] = {}
+    for name, f in mods.items():
+        out = set()
+        for node in ast.walk(ast.parse(f.read_text())):
+            targets = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                targets = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in mods else node.module
+                           for a in node.names]
+            for t in targets:
+                while t and t not in mods:
+                    t = t.rpartition(".")[0]
+                if t and t != name:
+                    out.add(t)
+        edges[name] = out
+    both = {tuple(sorted((a, b))) for a in edges for b in edges[a] if a in edges.get(b, ())}
+    both = {(a, b) for a, b in both if not (b.startswith(a + ".") or a.startswith(b + "."))}
+    assert sorted(both) == []

@@ -22,7 +22,7 @@ import subprocess
 import sys
 
 from tools_sandbox.base import Sandbox
-from tools_sandbox.cgroups import CgroupParent, RunCgroup
+from tools_sandbox.cgroups import CgroupParent, RunCgroup, join_cgroup
 from tools_sandbox.languages import get_language
 from tools_sandbox.local_exec import (Slots, clamp_limits, decode, memfd, nproc_limit, outcome_result,
                                       prlimit_argv, spawn)
@@ -142,7 +142,7 @@ class BwrapSandbox(Sandbox):
                 block_r, block_w = os.pipe()
                 fds += [info_r, info_w, block_r, block_w]
                 control = ["--info-fd", str(info_w), "--block-fd", str(block_r)]
-                after_start = _join_cgroup(cgroup, fds, info_r, info_w, block_r, block_w)
+                after_start = join_cgroup(cgroup, fds, info_r, info_w, block_r, block_w)
                 child_fds = [fd for fd in fds if fd not in (stdin_fd, info_r, block_w)]
             else:
                 child_fds = [fd for fd in fds if fd != stdin_fd]
@@ -170,47 +170,6 @@ class BwrapSandbox(Sandbox):
             return self._result("sandbox_error", exit_code=outcome.exit_code, stderr=stderr,
                                 duration_s=outcome.duration_s, reason=f"bubblewrap failed: {stderr.strip()[:300]}")
         return outcome_result(outcome, request, self.backend, oom=oom)
-
-
-def _join_cgroup(cgroup: RunCgroup, fds: list[int], info_r: int, info_w: int, block_r: int, block_w: int):
-    """After bubblewrap forks its sandbox child (reported on --info-fd), move it into the run's cgroup,
-    then release it (--block-fd): the code starts inside the cgroup, with everything it forks.
-    Fds closed here leave `fds` first, so the caller never closes a number the OS has reused."""
-
-    def close(fd: int) -> None:
-        fds.remove(fd)
-        _close(fd)
-
-    async def after_start(pid: int) -> None:
-        close(info_w)
-        close(block_r)
-        data = b""
-        loop = asyncio.get_running_loop()
-        os.set_blocking(info_r, False)
-        while True:
-            ready = loop.create_future()
-            loop.add_reader(info_r, ready.set_result, None)
-            try:
-                await ready
-            finally:
-                loop.remove_reader(info_r)
-            try:
-                chunk = os.read(info_r, 4096)
-            except BlockingIOError:
-                continue
-            if not chunk:
-                return  # bwrap failed before forking; its stderr says why
-            data += chunk
-            try:
-                child = json.loads(data)["child-pid"]
-                break
-            except (ValueError, KeyError):
-                continue
-        cgroup.add(child)
-        os.write(block_w, b"1")
-        close(block_w)
-
-    return after_start
 
 
 def _site_dirs(python: str) -> list[str]:

@@ -22,7 +22,7 @@ import time
 from typing import Any
 
 from tools_sandbox.agent import AGENT_SOURCE
-from tools_sandbox.cgroups import RunCgroup
+from tools_sandbox.cgroups import RunCgroup, join_cgroup
 from tools_sandbox.languages import get_language
 from tools_sandbox.local_exec import Outcome, clamp_limits, memfd, nproc_limit, outcome_result
 from tools_sandbox.process import SAFE_ENV
@@ -127,8 +127,6 @@ class ForkServers:
         return outcome_result(outcome, request, sb.backend, oom=oom or answer.get("oom", False))
 
     async def _start(self, slot: int, slot_uid: int | None) -> _Server:
-        from tools_sandbox.bwrap import _join_cgroup
-
         sb = self.sb
         cgroup = sb.cgroups.slot(slot, sb.pids_limit) if sb.cgroups is not None else None
         fds: list[int] = []
@@ -140,7 +138,7 @@ class ForkServers:
             block_r, block_w = os.pipe()
             fds += [info_r, info_w, block_r, block_w]
             control = ["--info-fd", str(info_w), "--block-fd", str(block_r)]
-            after_start = _join_cgroup(cgroup, fds, info_r, info_w, block_r, block_w)
+            after_start = join_cgroup(cgroup, fds, info_r, info_w, block_r, block_w)
         env_args = ["--clearenv"]
         for k, v in {**SAFE_ENV, "HOME": "/work"}.items():  # what a run's /proc/self/environ shows, as cold runs
             env_args += ["--setenv", k, v]

@@ -8,6 +8,8 @@ processes that died (a crashed run) are removed when the next parent is created.
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import signal
 import time
@@ -180,3 +182,47 @@ def _try_write(path: Path, value: str) -> None:
         path.write_text(value)
     except OSError:
         pass
+
+
+def join_cgroup(cgroup: RunCgroup, fds: list[int], info_r: int, info_w: int, block_r: int, block_w: int):
+    """After bubblewrap forks its sandbox child (reported on --info-fd), move it into the run's cgroup,
+    then release it (--block-fd): the code starts inside the cgroup, with everything it forks.
+    Fds closed here leave `fds` first, so the caller never closes a number the OS has reused."""
+
+    def close(fd: int) -> None:
+        fds.remove(fd)
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+    async def after_start(pid: int) -> None:
+        close(info_w)
+        close(block_r)
+        data = b""
+        loop = asyncio.get_running_loop()
+        os.set_blocking(info_r, False)
+        while True:
+            ready = loop.create_future()
+            loop.add_reader(info_r, ready.set_result, None)
+            try:
+                await ready
+            finally:
+                loop.remove_reader(info_r)
+            try:
+                chunk = os.read(info_r, 4096)
+            except BlockingIOError:
+                continue
+            if not chunk:
+                return  # bwrap failed before forking; its stderr says why
+            data += chunk
+            try:
+                child = json.loads(data)["child-pid"]
+                break
+            except (ValueError, KeyError):
+                continue
+        cgroup.add(child)
+        os.write(block_w, b"1")
+        close(block_w)
+
+    return after_start

@@ -25,12 +25,16 @@ between nodes (the engines' HTTP ports; the weight-update group's rendezvous por
 from __future__ import annotations
 
 import asyncio
+import copy
 import os
 import socket
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from slime_env.errors import InvalidInput
+
+if TYPE_CHECKING:
+    from trainers.torch_trainer import TorchTrainer, TrainerConfig
 
 
 @dataclass
@@ -155,8 +159,6 @@ class Placement:
     # --- the trainer group -------------------------------------------------------------------------------------
     def trainer_group(self, tc: Any, engines: Any, pad_id: int, device: str) -> Any:
         if self.cfg.backend == "local":
-            from trainers.train_loop import make_trainer
-
             return LocalTrainerGroup(make_trainer(tc, engines.model_path, engines.policy if engines.embedded else None,
                                                   pad_id, device))
         return RayTrainerGroup(self, tc, engines.model_path, pad_id, device)
@@ -220,7 +222,6 @@ class _TrainerRank:
         os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": "0",
                            "MASTER_ADDR": master[0], "MASTER_PORT": str(master[1])})
         from trainers.torch_trainer import TrainerConfig
-        from trainers.train_loop import make_trainer
 
         self.rank = rank
         self.trainer = make_trainer(TrainerConfig(**tc), model_path, None, pad_id, device)
@@ -393,3 +394,30 @@ def _ray():
     except ImportError:
         raise InvalidInput("cluster.backend ray needs Ray: pip install 'slime_env[ray]'") from None
     return ray
+
+
+def make_trainer(tc: TrainerConfig, model_path: str, policy: Any, pad_id: int, device: str = "auto") -> TorchTrainer:
+    """`TorchTrainer` or `MegatronTrainer` from float32 weights of `model_path`; next to an embedded `policy` it trains
+    on the engine's device and reuses its float32 weights as the starting point (no second read)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from trainers.torch_trainer import TorchTrainer
+
+    if policy is not None and getattr(policy, "model", None) is not None and policy.model.dtype == torch.float32:
+        source = policy.model  # already the float32 weights: no second read
+    else:
+        source = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    if tc.backend == "megatron":
+        from trainers.megatron_trainer import MegatronTrainer
+
+        return MegatronTrainer(source, tc, pad_id=pad_id)  # reads the weights; keeps no reference to `source`
+    if policy is not None and getattr(policy, "device", None) is not None:
+        target = policy.device
+    else:
+        from agents.default_model import resolve_device
+
+        target = resolve_device(device)[0]
+    # TorchTrainer updates its model in place: it must not be the engine's
+    return TorchTrainer((copy.deepcopy(source) if policy is not None and source is getattr(policy, "model", None)
+                         else source).to(target), tc, pad_id=pad_id)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
 import json
 import math
 import random
@@ -26,8 +25,8 @@ from slime_env import Task
 from slime_env.errors import InvalidInput
 from slime_env.rollout.metrics import tool_metrics
 from trainers.engines import EngineConfig, Engines, resolve_model_path
-from trainers.placement import ClusterConfig, Placement
-from trainers.torch_trainer import TorchTrainer, TrainerConfig
+from trainers.placement import ClusterConfig, Placement, make_trainer  # noqa: F401 - make_trainer re-exported
+from trainers.torch_trainer import TrainerConfig
 
 
 @dataclass
@@ -452,31 +451,6 @@ async def _train(cfg: TrainConfig, run: Path, engines: Any, trainer: Any, channe
     (run / "summary.json").write_text(json.dumps(summary, indent=1))
     log(f"report: {summary['report']}")
     return summary
-
-
-def make_trainer(tc: TrainerConfig, model_path: str, policy: Any, pad_id: int, device: str = "auto") -> TorchTrainer:
-    """`TorchTrainer` or `MegatronTrainer` from float32 weights of `model_path`; next to an embedded `policy` it trains
-    on the engine's device and reuses its float32 weights as the starting point (no second read)."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    if policy is not None and getattr(policy, "model", None) is not None and policy.model.dtype == torch.float32:
-        source = policy.model  # already the float32 weights: no second read
-    else:
-        source = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
-    if tc.backend == "megatron":
-        from trainers.megatron_trainer import MegatronTrainer
-
-        return MegatronTrainer(source, tc, pad_id=pad_id)  # reads the weights; keeps no reference to `source`
-    if policy is not None and getattr(policy, "device", None) is not None:
-        target = policy.device
-    else:
-        from agents.default_model import resolve_device
-
-        target = resolve_device(device)[0]
-    # TorchTrainer updates its model in place: it must not be the engine's
-    return TorchTrainer((copy.deepcopy(source) if policy is not None and source is getattr(policy, "model", None)
-                         else source).to(target), tc, pad_id=pad_id)
 
 
 class _RunEnded(Exception):

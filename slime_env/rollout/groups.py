@@ -57,6 +57,16 @@ class Group:
 
 
 @dataclass
+class Batch:
+    """One `generate_batch` result: accepted groups (exactly the number asked for, unless the data ran
+    out), the groups the filter dropped on the way, and metrics a trainer can log."""
+
+    groups: list[Group]
+    dropped: list[Group] = field(default_factory=list)
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
 class RunningGroup:
     """A group while it runs: its episodes (kept when a partial rollout suspends them) and envs."""
     group_index: int

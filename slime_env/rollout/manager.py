@@ -7,29 +7,18 @@ import math
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from slime_env.errors import InvalidInput
 from slime_env.renderers.template import TemplateRenderer
 from slime_env.rollout.filters import get_filter
-from slime_env.rollout.groups import Group, GroupRunner, RunningGroup
+from slime_env.rollout.groups import Batch, Group, GroupRunner, RunningGroup
 from slime_env.rollout.heap import quiet_gc
 from slime_env.rollout.metrics import batch_metrics
 from slime_env.rollout.store import RolloutStore
 from slime_env.types import Task
 
 ABORTED = "aborted by the rollout manager: the batch was full"
-
-
-@dataclass
-class Batch:
-    """One `generate_batch` result: accepted groups (exactly the number asked for, unless the data ran
-    out), the groups the filter dropped on the way, and metrics a trainer can log."""
-
-    groups: list[Group]
-    dropped: list[Group] = field(default_factory=list)
-    metrics: dict[str, float] = field(default_factory=dict)
 
 
 class RolloutManager:

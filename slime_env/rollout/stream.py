@@ -17,7 +17,7 @@ from collections import deque
 from typing import Any
 
 from slime_env.errors import InvalidInput
-from slime_env.rollout.groups import Group, RunningGroup
+from slime_env.rollout.groups import Batch, Group, RunningGroup
 from slime_env.rollout.metrics import batch_metrics
 
 SUSPENDED_FOR_UPDATE = "suspended for a weight update"
@@ -96,8 +96,6 @@ class GroupStream:
 
     async def take(self, k: int, trainer_version: int) -> Any:
         """k accepted groups no staler than the bound, in completion order, as a `rollout.manager.Batch`."""
-        from slime_env.rollout.manager import Batch
-
         accepted: list[Group] = []
         stale: list[Group] = []
         while len(accepted) < k:
