@@ -303,3 +303,26 @@ def test_auto_picks_the_strongest_and_says_why(runner, monkeypatch):
     with pytest.raises(InvalidInput, match="unknown sandbox backend"):
         auto(("vm",), shared=False)
     runner.run(chosen.close())
+
+
+def test_sandbox_info_names_the_backend_auto_picks_and_times_each(tmp_path):
+    """`slime-env sandbox info` says what `auto()` picks here (the docs and the code agree: strongest isolation
+    first) and times every backend that works."""
+    import subprocess
+    import sys
+
+    from tools_sandbox.auto import auto
+
+    sandbox = auto(shared=False)
+    want = sandbox.backend
+    asyncio.run(sandbox.close())
+    out = subprocess.run([sys.executable, "-m", "slime_env", "sandbox", "info", "--runs", "2"], capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith(f"auto() picks: {want} ")
+    timed = [line.split()[0] for line in lines if " p50 " in line]
+    assert want in timed and "process" in timed
+    order = ["docker", "bwrap", "process"]
+    skipped = [line.split()[1].rstrip(":") for line in lines if line.startswith("  skipped ")]
+    assert skipped == order[:order.index(want)]  # every stronger backend skipped is named with its reason

@@ -1,4 +1,4 @@
-"""`slime-env sandbox build-image | cleanup | run` and `slime-env serve-sandbox` (registered through
+"""`slime-env sandbox build-image | cleanup | info | run` and `slime-env serve-sandbox` (registered through
 `slime_env.cli`)."""
 
 from __future__ import annotations
@@ -45,6 +45,47 @@ def sandbox_cleanup(all_owners: bool = typer.Option(False, "--all", help="also c
     from tools_sandbox import cleanup
 
     typer.echo(f"removed {cleanup(all_owners=all_owners)} container(s)")
+
+
+@sandbox_app.command("info")
+def sandbox_info(runs: int = typer.Option(5, help="timed runs of a one-line program per working backend (0: none)")
+                 ) -> None:
+    """Which backend `tools_sandbox.auto()` picks here and why stronger ones were skipped; each backend's latency."""
+    import asyncio
+    import statistics
+    import time
+
+    from tools_sandbox.auto import BACKENDS, _make, auto
+    from tools_sandbox.types import SandboxError
+
+    chosen = auto(shared=False)
+    typer.echo(f"auto() picks: {chosen.backend} ({chosen.describe()})")
+    for note in getattr(chosen, "auto_notes", []):
+        typer.echo(f"  skipped {note}")
+
+    async def latency(sandbox) -> float:
+        await sandbox.run("print(1)", "python")  # warm: images, fork servers
+        times = []
+        for _ in range(runs):
+            t0 = time.perf_counter()
+            await sandbox.run("print(1)", "python")
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times)
+
+    async def main() -> None:
+        await chosen.close()
+        for name in BACKENDS:
+            try:
+                sandbox = _make(name, {})
+            except SandboxError as e:
+                typer.echo(f"{name:8s} unavailable: {e}")
+                continue
+            try:
+                typer.echo(f"{name:8s} p50 {await latency(sandbox) * 1000:.1f} ms per run" if runs else f"{name:8s} ok")
+            finally:
+                await sandbox.close()
+
+    asyncio.run(main())
 
 
 @sandbox_app.command("run")
