@@ -71,7 +71,7 @@ def test_stdio_round_trip_through_an_episode(smollm2_tok):
             return traj, schema
 
     traj, schema = asyncio.run(main())
-    assert set(schema) == {"add", "count", "pid", "fail", "sleep", "die"}
+    assert set(schema) == {"add", "count", "pid", "fail", "sleep", "busy", "attachments", "die"}
     assert schema["add"]["parameters"]["required"] == ["a", "b"]
     assert schema["add"]["description"].startswith("Add two integers.")
     assert traj.status == "completed" and traj.reward == 1.0, traj.reason
@@ -197,3 +197,57 @@ def test_whole_number_floats_count_as_integers_and_reach_the_server_as_ints():
     schema = {"properties": {"n": {"type": "integer"}, "x": {"type": ["number", "null"]}}, "required": ["n"]}
     out = _validate_by_schema("t", schema, {"n": 3.0, "x": 1.0})
     assert out == {"n": 3, "x": 1.0} and type(out["n"]) is int and type(out["x"]) is float
+
+
+def test_resource_links_binary_resources_and_images_are_rendered_with_what_the_model_needs():
+    async def main():
+        async with MCPServer(STDIO, timeout_s=20) as server:
+            env = ToolEnv([server])
+            await env.reset(options={"task": {"prompt": "q"}})
+            out = await _step(env, _call("attachments"))
+            await env.close()
+            return out[0]
+
+    text = asyncio.run(main())
+    assert "[resource link report.csv <file:///data/report.csv> (text/csv, 1234 bytes): the quarterly report]" in text
+    assert "[binary resource file:///data/notes.gz (application/gzip, 20 bytes)]" in text
+    assert "[image (image/png, 64 bytes)]" in text
+
+
+def test_a_server_concurrency_limit_serialises_its_calls():
+    """server-memory loses writes under concurrent calls; `max_concurrency=1` is the fix: one turn's four calls reach
+    the server one at a time (without it they overlap)."""
+    async def peak(**limits):
+        async with MCPServer(STDIO, timeout_s=20, **limits) as server:
+            env = ToolEnv([server])
+            await env.reset(options={"task": {"prompt": "q"}})
+            out = await _step(env, *[_call("busy", seconds=0.3) for _ in range(4)])
+            await env.close()
+            return max(int(x) for x in out)
+
+    assert asyncio.run(peak()) > 1
+    assert asyncio.run(peak(max_concurrency=1)) == 1
+    assert asyncio.run(peak(tool_concurrency={"busy": 2})) == 2
+    from slime_env import InvalidInput
+
+    with pytest.raises(InvalidInput, match="concurrency limits"):
+        MCPServer(STDIO, max_concurrency=0)
+
+
+def test_tools_that_need_task_augmented_calls_are_not_offered():
+    """server-everything's `simulate-research-query` declares execution.taskSupport "required": every plain call
+    fails, so it is left out of the tools and named in `skipped_tools` (checked on the SDK's own Tool type)."""
+    from mcp.types import Tool as MCPTool
+    from mcp.types import ToolExecution
+
+    from slime_env.integrations.mcp import _Holder
+
+    server = MCPServer(STDIO)
+    holder = _Holder(server)
+    holder.listed = [MCPTool(name="plain", input_schema={"type": "object"}),
+                     MCPTool(name="research", input_schema={"type": "object"},
+                             execution=ToolExecution(task_support="required")),
+                     MCPTool(name="optional", input_schema={"type": "object"},
+                             execution=ToolExecution(task_support="optional"))]
+    assert [t.name for t in holder.tools()] == ["plain", "optional"]
+    assert "taskSupport is 'required'" in server.skipped_tools["research"]

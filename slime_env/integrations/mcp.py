@@ -35,12 +35,17 @@ class MCPServer:
     `command` (argv of a stdio server; `env`, `cwd` for it) or `url` (streamable HTTP). `timeout_s` bounds
     each call, `connect_timeout_s` the connection and the tool listing. `include` keeps only the named tools;
     `prefix` is prepended to their names (two servers with a `search` tool). `close()` ends a shared connection.
+    `max_concurrency` bounds the calls in flight to this server (1 for a server whose state is not safe under
+    concurrent calls, e.g. one that rewrites a file per call); `tool_concurrency` does the same per tool name.
+    Tools that can only be called task-augmented (`execution.taskSupport: "required"`) are not offered:
+    `skipped_tools` names them with the reason.
     """
 
     def __init__(self, command: Sequence[str] | None = None, *, url: str | None = None,
                  env: Mapping[str, str] | None = None, cwd: str | None = None, per_episode: bool = False,
                  timeout_s: float = 30.0, connect_timeout_s: float = 30.0, include: Sequence[str] | None = None,
-                 prefix: str = "", max_reconnects: int = 3, name: str | None = None):
+                 prefix: str = "", max_reconnects: int = 3, name: str | None = None,
+                 max_concurrency: int | None = None, tool_concurrency: Mapping[str, int] | None = None):
         if (command is None) == (url is None):
             raise InvalidInput("MCPServer needs exactly one of command=[...] (stdio) or url= (streamable HTTP)")
         if command is not None and (isinstance(command, str) or not command):
@@ -51,6 +56,11 @@ class MCPServer:
         self.include = set(include) if include is not None else None
         self.prefix, self.max_reconnects = prefix, max_reconnects
         self.name = name or (" ".join(self.command) if self.command else url)
+        for limit in [max_concurrency, *(tool_concurrency or {}).values()]:
+            if limit is not None and (not isinstance(limit, int) or limit < 1):
+                raise InvalidInput(f"MCPServer {self.name!r}: concurrency limits must be integers >= 1, got {limit!r}")
+        self.max_concurrency, self.tool_concurrency = max_concurrency, dict(tool_concurrency or {})
+        self.skipped_tools: dict[str, str] = {}
         self._shared: _Holder | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -105,6 +115,9 @@ class _Holder:
         self.listed: list[Any] = []
         self._lock = asyncio.Lock()
         self._closed = False
+        limit = server.max_concurrency
+        self._server_slots = asyncio.Semaphore(limit) if limit else None
+        self._tool_slots = {name: asyncio.Semaphore(n) for name, n in server.tool_concurrency.items()}
 
     async def live(self) -> _Connection:
         async with self._lock:
@@ -129,6 +142,10 @@ class _Holder:
         for t in self.listed:
             if self.server.include is not None and t.name not in self.server.include:
                 continue
+            if getattr(getattr(t, "execution", None), "task_support", None) == "required":
+                self.server.skipped_tools[t.name] = ("execution.taskSupport is 'required': it can only be called "
+                                                     "task-augmented, which this client does not do")
+                continue
             out.append(Tool(name=self.server.prefix + t.name, description=t.description or "",
                             parameters=dict(t.input_schema or {"type": "object", "properties": {}}),
                             call=self._caller(t.name), timeout_s=self.server.timeout_s))
@@ -136,8 +153,12 @@ class _Holder:
 
     def _caller(self, remote_name: str) -> Callable[[dict[str, Any], Mapping[str, Any]], Awaitable[Any]]:
         async def call(arguments: dict[str, Any], injected: Mapping[str, Any]) -> Any:
-            conn = await self.live()
-            result = await conn.call(remote_name, arguments)
+            async with contextlib.AsyncExitStack() as slots:
+                for slot in (self._server_slots, self._tool_slots.get(remote_name)):
+                    if slot is not None:
+                        await slots.enter_async_context(slot)
+                conn = await self.live()
+                result = await conn.call(remote_name, arguments)
             self.failures = 0
             return result
 
@@ -235,14 +256,25 @@ def _cause(error: BaseException) -> str:
 
 
 def _result_text(result: Any) -> str:
-    """A `CallToolResult` as text: its text blocks joined; other blocks named; structured content as JSON."""
+    """A `CallToolResult` as text a model can use: text blocks as they are; a text resource inline under its URI; a
+    resource link, a binary resource, an image or audio as a line with URI, name, MIME type and size; structured
+    content as JSON when there is nothing else."""
     parts = []
     for block in result.content or ():
         kind = getattr(block, "type", "")
         if kind == "text":
             parts.append(block.text)
-        elif kind == "resource" and getattr(block.resource, "text", None) is not None:
-            parts.append(block.resource.text)
+        elif kind == "resource":
+            res = block.resource
+            if getattr(res, "text", None) is not None:
+                parts.append(f"[resource {res.uri}{_mime(res)}]\n{res.text}")
+            else:
+                parts.append(f"[binary resource {res.uri}{_mime(res, _b64_size(getattr(res, 'blob', '')))}]")
+        elif kind == "resource_link":
+            about = f": {block.description}" if getattr(block, "description", None) else ""
+            parts.append(f"[resource link {block.name} <{block.uri}>{_mime(block, block.size)}{about}]")
+        elif kind in ("image", "audio"):
+            parts.append(f"[{kind}{_mime(block, _b64_size(block.data))}]")
         else:
             parts.append(f"[{kind or type(block).__name__} content]")
     if not parts and result.structured_content is not None:
@@ -250,6 +282,23 @@ def _result_text(result: Any) -> str:
 
         parts.append(json.dumps(result.structured_content, ensure_ascii=False, default=str))
     return "\n".join(parts)
+
+
+def _mime(block: Any, size: int | None = None) -> str:
+    bits = [b for b in (getattr(block, "mime_type", None) or getattr(block, "mimeType", None),
+                        f"{size} bytes" if size is not None else None) if b]
+    return f" ({', '.join(bits)})" if bits else ""
+
+
+def _b64_size(data: str) -> int | None:
+    """Decoded size of base64 `data` (None when it is not base64)."""
+    import base64
+    import binascii
+
+    try:
+        return len(base64.b64decode(data or "", validate=True))
+    except (binascii.Error, ValueError):
+        return None
 
 
 __all__ = ["MCPConnectionError", "MCPServer", "MCPToolError"]

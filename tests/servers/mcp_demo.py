@@ -50,6 +50,35 @@ async def sleep(seconds: float) -> str:
     return "slept"
 
 
+ACTIVE = {"now": 0, "peak": 0}
+
+
+@server.tool()
+async def busy(seconds: float) -> int:
+    """Hold a call for `seconds`; answers the most calls this server has seen in flight at once."""
+    ACTIVE["now"] += 1
+    ACTIVE["peak"] = max(ACTIVE["peak"], ACTIVE["now"])
+    try:
+        await asyncio.sleep(seconds)
+    finally:
+        ACTIVE["now"] -= 1
+    return ACTIVE["peak"]
+
+
+@server.tool()
+def attachments() -> list:
+    """A resource link, a binary (gzip) resource and an image, as server-everything returns them."""
+    import base64
+
+    from mcp.types import BlobResourceContents, EmbeddedResource, ImageContent, ResourceLink
+
+    return [ResourceLink(type="resource_link", uri="file:///data/report.csv", name="report.csv", mime_type="text/csv",
+                         size=1234, description="the quarterly report"),
+            EmbeddedResource(type="resource", resource=BlobResourceContents(
+                uri="file:///data/notes.gz", mime_type="application/gzip", blob=base64.b64encode(b"x" * 20).decode())),
+            ImageContent(type="image", data=base64.b64encode(b"\x89PNG" + b"0" * 60).decode(), mime_type="image/png")]
+
+
 @server.tool()
 def die() -> str:
     """Kill the server process mid-call."""
