@@ -106,7 +106,7 @@ def test_http_round_trip_shared_connection_and_server_death(http_server):
     asyncio.run(main())
 
 
-def test_stdio_server_dying_mid_call_is_an_error_observation_then_reconnects():
+def test_stdio_server_dying_mid_call_is_an_error_observation_then_reconnects(capfd):
     async def main():
         async with MCPServer(STDIO, timeout_s=20) as server:
             env = ToolEnv([server])
@@ -114,10 +114,12 @@ def test_stdio_server_dying_mid_call_is_an_error_observation_then_reconnects():
             pid_before = (await _step(env, _call("pid")))[0]
             out = await _step(env, _call("die"))  # timeout_s=20 would say "timed out": this is the death itself
             assert "MCPConnectionError" in out[0] and "closed the connection" in out[0]
+            assert "demo server: dying now" in out[0]  # the server's own last words, from its captured stderr
             pid_after = (await _step(env, _call("pid")))[0]  # a new server process answers
             assert pid_after.isdigit() and pid_after != pid_before
 
     asyncio.run(main())
+    assert "dying now" not in capfd.readouterr().err  # never in the training process's own stderr
 
 
 def test_a_hanging_mcp_tool_is_cut_at_its_timeout():
@@ -251,3 +253,20 @@ def test_tools_that_need_task_augmented_calls_are_not_offered():
                              execution=ToolExecution(task_support="optional"))]
     assert [t.name for t in holder.tools()] == ["plain", "optional"]
     assert "taskSupport is 'required'" in server.skipped_tools["research"]
+
+
+def test_the_env_tool_timeout_applies_to_mcp_tools_unless_the_server_sets_its_own():
+    async def main():
+        async with MCPServer(STDIO) as server:  # no timeout of its own: the env's 0.5 s cuts sleep(3)
+            env = ToolEnv([server], tool_timeout_s=0.5)
+            await env.reset(options={"task": {"prompt": "q"}})
+            cut = await _step(env, _call("sleep", seconds=3))
+        async with MCPServer(STDIO, timeout_s=10) as server:  # the server's own (explicit) 10 s wins for its tools
+            env = ToolEnv([server], tool_timeout_s=0.5)
+            await env.reset(options={"task": {"prompt": "q"}})
+            kept = await _step(env, _call("sleep", seconds=1))
+        return cut[0], kept[0]
+
+    cut, kept = asyncio.run(main())
+    assert "timed out" in cut and "0.5" in cut
+    assert kept == "slept"

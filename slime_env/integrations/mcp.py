@@ -14,11 +14,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import os
+import threading
+from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from slime_env.errors import InvalidInput
 from slime_env.tools import Tool
+
+log = logging.getLogger("slime_env.mcp")
 
 
 class MCPConnectionError(ConnectionError):
@@ -33,7 +39,10 @@ class MCPServer:
     """An MCP server whose tools a `ToolEnv` calls (see the module docstring).
 
     `command` (argv of a stdio server; `env`, `cwd` for it) or `url` (streamable HTTP). `timeout_s` bounds
-    each call, `connect_timeout_s` the connection and the tool listing. `include` keeps only the named tools;
+    each call of this server's tools (None, the default: the `ToolEnv`'s `tool_timeout_s` does; given, it wins over
+    the env's for these tools), `connect_timeout_s` the connection and the tool listing. A stdio server's stderr
+    is kept (its last 200 lines: `stderr()`), logged at DEBUG, and quoted in connection errors — never written
+    into this process's stderr. `include` keeps only the named tools;
     `prefix` is prepended to their names (two servers with a `search` tool). `close()` ends a shared connection.
     `max_concurrency` bounds the calls in flight to this server (1 for a server whose state is not safe under
     concurrent calls, e.g. one that rewrites a file per call); `tool_concurrency` does the same per tool name.
@@ -43,7 +52,7 @@ class MCPServer:
 
     def __init__(self, command: Sequence[str] | None = None, *, url: str | None = None,
                  env: Mapping[str, str] | None = None, cwd: str | None = None, per_episode: bool = False,
-                 timeout_s: float = 30.0, connect_timeout_s: float = 30.0, include: Sequence[str] | None = None,
+                 timeout_s: float | None = None, connect_timeout_s: float = 30.0, include: Sequence[str] | None = None,
                  prefix: str = "", max_reconnects: int = 3, name: str | None = None,
                  max_concurrency: int | None = None, tool_concurrency: Mapping[str, int] | None = None):
         if (command is None) == (url is None):
@@ -66,6 +75,12 @@ class MCPServer:
 
     def __repr__(self) -> str:
         return f"MCPServer({self.name!r})"
+
+    def stderr(self, lines: int = 20) -> str:
+        """The last `lines` lines the (current connection's) stdio server wrote to its stderr."""
+        holder = self._shared
+        conn = holder.conn if holder is not None else None
+        return conn.errlog.tail(lines) if conn is not None and conn.errlog is not None else ""
 
     async def episode_tools(self) -> tuple[list[Tool], Callable[[], Awaitable[None]] | None]:
         """The server's tools for one episode, and what releases them (None for a shared connection)."""
@@ -97,12 +112,14 @@ class MCPServer:
             self._shared = _Holder(self)
         return self._shared
 
-    def _target(self) -> Any:
+    def _target(self, errlog: Any = None) -> Any:
         from mcp import StdioServerParameters
+        from mcp.client.stdio import stdio_client
 
         if self.url is not None:
             return self.url
-        return StdioServerParameters(command=self.command[0], args=self.command[1:], env=self.env, cwd=self.cwd)
+        params = StdioServerParameters(command=self.command[0], args=self.command[1:], env=self.env, cwd=self.cwd)
+        return stdio_client(params, errlog=errlog.file) if errlog is not None else params
 
 
 class _Holder:
@@ -184,6 +201,7 @@ class _Connection:
         self._ready: asyncio.Future | None = None
         self._stop = asyncio.Event()
         self._dead: str | None = None
+        self.errlog = _StderrTail(server.name) if server.command is not None else None
 
     @property
     def alive(self) -> bool:
@@ -203,7 +221,8 @@ class _Connection:
         from mcp import Client
 
         try:
-            async with Client(self.server._target(), read_timeout_seconds=self.server.connect_timeout_s) as client:
+            async with Client(self.server._target(self.errlog),
+                              read_timeout_seconds=self.server.connect_timeout_s) as client:
                 listed = await client.list_tools()
                 self.client, self.tools = client, list(listed.tools)
                 self._ready.set_result(None)
@@ -212,23 +231,32 @@ class _Connection:
             self._dead = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
             if not self._ready.done():
                 self._ready.set_exception(MCPConnectionError(
-                    f"cannot connect to MCP server {self.server.name!r}: {_cause(e)}"))
+                    f"cannot connect to MCP server {self.server.name!r}: {_cause(e)}{self._stderr_note()}"))
             if isinstance(e, asyncio.CancelledError):
                 raise
         finally:
             if self._dead is None:
                 self._dead = "closed"
+            if self.errlog is not None:
+                self.errlog.close()
+
+    def _stderr_note(self) -> str:
+        tail = self.errlog.tail(5) if self.errlog is not None else ""
+        return f"; its stderr ended with: {tail!r}" if tail else ""
 
     async def call(self, name: str, arguments: dict[str, Any]) -> Any:
         from mcp import MCPError
 
         try:
-            result = await self.client.call_tool(name, arguments, read_timeout_seconds=self.server.timeout_s)
+            # Without a timeout of its own the ToolEnv's bounds the call (it cancels this await); the SDK's read
+            # timeout then only guards against a server that never answers.
+            result = await self.client.call_tool(name, arguments, read_timeout_seconds=self.server.timeout_s or 3600.0)
         except MCPError as e:
             if not self.alive or "closed" in str(e).lower():
                 self._dead = self._dead or str(e)
+                await asyncio.sleep(0.05)  # the dying server's last stderr lines reach the reader
                 raise MCPConnectionError(f"MCP server {self.server.name!r} closed the connection ({e}); "
-                                         "the next call reconnects") from None
+                                         f"the next call reconnects{self._stderr_note()}") from None
             raise
         text = _result_text(result)
         if result.is_error:
@@ -246,6 +274,31 @@ class _Connection:
             task.cancel()
             with contextlib.suppress(BaseException):
                 await task
+
+
+class _StderrTail:
+    """A stdio server's stderr: a pipe read by a daemon thread that keeps the last `lines` lines (bounded) and logs
+    each at DEBUG."""
+
+    def __init__(self, name: str, lines: int = 200):
+        read_fd, write_fd = os.pipe()
+        self.file = os.fdopen(write_fd, "w")  # the SDK passes it to the server process as its stderr
+        self.lines: deque[str] = deque(maxlen=lines)
+        self.name = name
+        threading.Thread(target=self._read, args=(read_fd,), daemon=True, name=f"mcp-stderr {name}").start()
+
+    def _read(self, fd: int) -> None:
+        with os.fdopen(fd, "r", errors="replace") as f:
+            for line in f:
+                self.lines.append(line.rstrip("\n"))
+                log.debug("%s stderr: %s", self.name, line.rstrip("\n"))
+
+    def tail(self, n: int = 20) -> str:
+        return "\n".join(list(self.lines)[-n:])
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.file.close()  # our copy of the write end: the reader ends when the server's goes too
 
 
 def _cause(error: BaseException) -> str:

@@ -81,7 +81,8 @@ def attachments() -> list:
 
 @server.tool()
 def die() -> str:
-    """Kill the server process mid-call."""
+    """Kill the server process mid-call (saying so on stderr first)."""
+    print("demo server: dying now", file=sys.stderr, flush=True)
     os._exit(3)
 
 
