@@ -45,7 +45,7 @@ def config(args, mode: str, seed: int, run_dir: Path) -> TrainConfig:
         "temperature": 1.0, "eval_every": args.eval_every, "max_concurrency": 64 if small else 512, "seed": seed,
         "device": "auto",
         "trainer": {"backend": "torch" if small else args.backend, "estimator": "grpo", "lr": args.lr,
-                    "micro_batch_size": 16 if small else 64, "max_tokens_per_micro_batch": 16384,
+                    "micro_batch_size": 4 if small else 64, "max_tokens_per_micro_batch": 16384,
                     "clip_low": 0.2, "clip_high": 0.28, "max_grad_norm": 1.0},
         "engine": {"kind": "serve", "count": 1} if args.engine == "serve" else {},
         "async": {"mode": mode, "max_staleness": args.max_staleness,
