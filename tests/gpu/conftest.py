@@ -19,3 +19,26 @@ def pytest_collection_modifyitems(config, items):
         for item in items:  # this hook sees the whole session's items: mark only the ones in tests/gpu
             if str(item.path).startswith(here + os.sep):
                 item.add_marker(skip)
+
+
+@pytest.fixture(scope="module")
+def model_folder(tmp_path_factory):
+    """A small random Llama in SmolLM2's vocabulary (the tokenizer from SLIME_ENV_GPU_TOKENIZER on a machine without
+    the package), saved to a folder every role loads."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    folder = os.environ.get("SLIME_ENV_GPU_TOKENIZER")
+    if folder:
+        tok = AutoTokenizer.from_pretrained(folder)
+    else:
+        from slime_env.offline_tokenizers import smollm2
+
+        tok = smollm2()
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=256, intermediate_size=768, num_hidden_layers=4,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+                         tie_word_embeddings=True, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("model")
+    LlamaForCausalLM(config).save_pretrained(path)
+    tok.save_pretrained(path)
+    return str(path)

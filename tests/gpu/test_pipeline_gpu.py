@@ -7,33 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import os
 
-import pytest
 import torch
 
 from trainers.train_loop import TrainConfig, train
-
-
-@pytest.fixture(scope="module")
-def model_folder(tmp_path_factory):
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    folder = os.environ.get("SLIME_ENV_GPU_TOKENIZER")
-    if folder:
-        tok = AutoTokenizer.from_pretrained(folder)
-    else:
-        from slime_env.offline_tokenizers import smollm2
-
-        tok = smollm2()
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=256, intermediate_size=768, num_hidden_layers=4,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
-                         tie_word_embeddings=True, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
-    torch.manual_seed(0)
-    path = tmp_path_factory.mktemp("model")
-    LlamaForCausalLM(config).save_pretrained(path)
-    tok.save_pretrained(path)
-    return str(path)
 
 
 def test_train_with_a_serve_engine_on_the_same_gpu_syncs_by_cuda_ipc(tmp_path, model_folder):
