@@ -38,7 +38,7 @@ def test_async_on_one_gpu_keeps_the_engine_on_the_trainers_weights(tmp_path, mod
     assert checked == [1, 2, 3, 4]
     import json
 
-    rows = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert all(r["async/staleness_max"] <= 1 for r in rows if r["step"] > 0)
     if mode == "overlap":
         assert [r["async/staleness_max"] for r in rows if r["step"] > 0] == [0.0, 1.0, 1.0, 1.0]
