@@ -79,3 +79,41 @@ def test_simultaneous_illegal_moves_penalise_every_offender(runner, smollm2_tok)
 def test_anything_else_is_refused_by_name():
     with pytest.raises(TypeError, match="neither a PettingZoo AEC nor a Parallel env"):
         from_pettingzoo(object(), render=str)
+
+
+def test_every_built_in_multi_agent_game_passes_pettingzoos_api_test_through_to_pettingzoo():
+    from pettingzoo.test import api_test
+
+    from slime_env import make, registry_ids, spec
+    from slime_env.integrations.pettingzoo_export import to_pettingzoo
+
+    games = [i for i in registry_ids() if spec(i).multi_agent]
+    assert {"TicTacToe-v0", "RockPaperScissors-v0", "Taboo-v0", "SplitItems-v0"} <= set(games)
+    for env_id in games:
+        env = to_pettingzoo(make(env_id))
+        try:
+            api_test(env, num_cycles=40, verbose_progress=False)
+        finally:
+            env.close()
+
+
+def test_a_game_played_through_the_aec_view_keeps_the_envs_rewards_and_shows_each_agent_its_moves():
+    """Rock-paper-scissors (simultaneous in slime_env) through PettingZoo's AEC loop: the two players act one after
+    the other, the env steps once both chose, and the rewards accumulate as the env gave them."""
+    from slime_env import make
+    from slime_env.integrations.pettingzoo_export import to_pettingzoo
+
+    env = to_pettingzoo(make("RockPaperScissors-v0", rounds=3))
+    env.reset(seed=0)
+    plays = {"player_0": "<move>paper</move>", "player_1": "<move>rock</move>"}
+    totals = {a: 0.0 for a in env.possible_agents}
+    seen = []
+    for agent in env.agent_iter(max_iter=50):
+        obs, reward, terminated, truncated, _ = env.last()
+        totals[agent] += reward
+        seen.append((agent, str(obs)))
+        env.step(None if terminated or truncated else plays[agent])
+    env.close()
+    assert totals == {"player_0": 3.0, "player_1": -3.0}
+    assert seen[0] == ("player_0", seen[0][1]) and "Round 1. Your move." in seen[0][1]
+    assert any("your opponent played rock" in o for a, o in seen if a == "player_0")

@@ -1,4 +1,5 @@
-"""PettingZoo envs as `MultiAgentEnv`s: `from_pettingzoo(env, render=...)` (optional extra `[pettingzoo]`).
+"""PettingZoo envs as `MultiAgentEnv`s: `from_pettingzoo(env, render=...)` (optional extra `[pettingzoo]`); the other
+way round, any `MultiAgentEnv` as a PettingZoo AEC env: `to_pettingzoo(env)` (`pettingzoo_export`).
 
 Works with both PettingZoo APIs. AEC envs (turn-based: `agent_selection`, `last()`, classic games such as
 tic-tac-toe, connect four, Leduc hold'em) act one agent at a time; Parallel envs (`parallel_env()`,
@@ -162,3 +163,10 @@ class _Parallel(_Base):
         # A time limit is a truncation, as PettingZoo said: only a game over without one counts as terminated.
         terminated = {a: bool(terminations.get(a, False)) or (self.over and not truncated[a]) for a in self.agents}
         return obs, {a: float(r) for a, r in rewards.items()}, terminated, truncated, {}
+
+
+def to_pettingzoo(env: MultiAgentEnv, **kwargs: Any) -> Any:
+    """Any `MultiAgentEnv` as a PettingZoo AEC env with text spaces (`slime_env.integrations.pettingzoo_export`)."""
+    from slime_env.integrations.pettingzoo_export import to_pettingzoo as export
+
+    return export(env, **kwargs)
