@@ -117,3 +117,17 @@ def test_a_game_played_through_the_aec_view_keeps_the_envs_rewards_and_shows_eac
     assert totals == {"player_0": 3.0, "player_1": -3.0}
     assert seen[0] == ("player_0", seen[0][1]) and "Round 1. Your move." in seen[0][1]
     assert any("your opponent played rock" in o for a, o in seen if a == "player_0")
+
+
+def test_chess_moves_are_described_in_the_games_own_notation(runner, smollm2_tok):
+    """PettingZoo's chess action indices (e.g. 3292) mean nothing to a model: the move line is SAN ("a3"), computed
+    from the position before the move."""
+    pytest.importorskip("chess")
+    from pettingzoo.classic import chess_v6
+
+    env = from_pettingzoo(chess_v6.env(), render=legal_actions)
+    trajs = play(runner, env, ScriptedPolicy(smollm2_tok, first_legal), smollm2_tok, seed=0, max_turns=2)
+    inserted = smollm2_tok.decode([i for i, m in zip(trajs["player_1"].response_ids, trajs["player_1"].loss_mask)
+                                   if not m])
+    san = r"(?:[KQRBN]?[a-h]?[1-8]?x?[a-h][1-8](?:=[QRBN])?|O-O(?:-O)?)[+#]?"
+    assert re.search(rf"player_0 played {san}\.", inserted) and not re.search(r"played \d+\.", inserted), inserted

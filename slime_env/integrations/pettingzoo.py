@@ -6,7 +6,8 @@ tic-tac-toe, connect four, Leduc hold'em) act one agent at a time; Parallel envs
 e.g. rock-paper-scissors) act all live agents at once. Each agent's chat gets `system_prompt` and,
 before each of its turns, `render(agent, observation)` — the text the model sees for PettingZoo's
 observation (numpy arrays; write one per game) — after a line per move of the others
-(`describe_move(agent, action)`). The reply is parsed into an action by `parse(text)` (default: the
+(`describe_move(agent, action)`, called before the move is made; by default the game's own notation where
+PettingZoo has one — chess in SAN — else the action index). The reply is parsed into an action by `parse(text)` (default: the
 last integer in it, e.g. `<move>4</move>`); an action that does not parse, is outside the action space
 or is masked out (`action_mask` in the observation) ends the episode: the offender (in a Parallel step, every
 offender) gets `illegal_reward`, the others 0, and everyone is told why — never a crash. PettingZoo's truncations
@@ -33,12 +34,37 @@ def last_integer(text: str) -> int | None:
     return int(found[-1]) if found else None
 
 
+def _notation_for(env: Any) -> Callable[[str, int], str]:
+    """The default move line: the game's own notation where PettingZoo has one (chess: SAN, "player_0 played Nf3."),
+    else the action index. Called before the move is made."""
+    def board() -> Any:  # looked up at every move: the env makes a new board at each reset
+        return getattr(getattr(env, "unwrapped", env), "board", None)
+
+    try:
+        import chess
+        from pettingzoo.classic.chess import chess_utils
+    except ImportError:
+        chess = None
+    if chess is not None and isinstance(board(), chess.Board):
+        seats = list(env.possible_agents)
+
+        def san(agent: str, action: int) -> str:
+            try:
+                move = chess_utils.action_to_move(board(), action, seats.index(agent))
+                return f"{agent} played {board().san(move)}."
+            except Exception:  # noqa: BLE001 - an unexpected index: the raw number still says what happened
+                return _moved(agent, action)
+
+        return san
+    return _moved
+
+
 def _moved(agent: str, action: int) -> str:
     return f"{agent} played {action}."
 
 
 def from_pettingzoo(env: Any, *, render: Callable[[str, Any], str],
-                    describe_move: Callable[[str, int], str] | None = None,
+                    describe_move: Callable[..., str] | None = None,
                     parse: Callable[[str], int | None] = last_integer, illegal_reward: float = -1.0,
                     system_prompt: str = "You are {agent} in a game. Reply with your action as <move>N</move>.") \
         -> MultiAgentEnv:
@@ -55,7 +81,7 @@ def from_pettingzoo(env: Any, *, render: Callable[[str, Any], str],
 class _Base(MultiAgentEnv):
     def __init__(self, env: Any, render, describe_move, parse, illegal_reward: float, system_prompt: str):
         self.env, self.render, self.parse, self.illegal_reward = env, render, parse, illegal_reward
-        self.describe_move = describe_move or _moved
+        self.describe_move = describe_move or _notation_for(env)
         self.system_prompt = system_prompt
         self.agents = tuple(env.possible_agents)
         self.over = False
@@ -108,11 +134,11 @@ class _AEC(_Base):
         problem = self._legal(agent, action, self.env.observe(agent))
         if problem is not None:
             return self._illegal({agent: problem})
+        move = self.describe_move(agent, action)  # before the step: notation may depend on the position
         self.env.step(action)
         rewards = {a: float(self.env.rewards.get(a, 0.0)) for a in self.agents}
         terminated = {a: bool(self.env.terminations.get(a, False)) for a in self.agents}
         truncated = {a: bool(self.env.truncations.get(a, False)) for a in self.agents}
-        move = self.describe_move(agent, action)
         obs: dict[str, list[Message]] = {a: [Message("user", move)] for a in self.agents if a != agent}
         self._skip_dead()
         if not self.over:
@@ -153,10 +179,10 @@ class _Parallel(_Base):
             parsed[agent] = action
         if problems:  # simultaneous moves: every offender is penalised, not only the first in dict order
             return self._illegal(problems)
+        moves = " ".join(self.describe_move(a, x) for a, x in parsed.items())  # before the step, as AEC
         observations, rewards, terminations, truncations, _ = self.env.step(parsed)
         self._last = observations
         self.over = not self.env.agents
-        moves = " ".join(self.describe_move(a, x) for a, x in parsed.items())
         obs = {a: [Message("user", moves if self.over else f"{moves}\n{self.render(a, observations[a])}")]
                for a in self.agents if a in observations}
         truncated = {a: bool(truncations.get(a, False)) for a in self.agents}
