@@ -40,3 +40,20 @@ def test_invalid_moves_are_textarenas_business(runner, smollm2_tok):
     assert all(t.status in ("completed", "truncated") for t in trajs.values())
     p1 = " ".join(m.content for m in trajs["player_1"].messages)
     assert "invalid move" in p1.lower()
+
+
+def test_train_variants_send_only_what_is_new_and_the_reason_of_an_invalid_move(runner, smollm2_tok):
+    """`ConnectFour-v0-train`'s wrapper puts the board last, so its text never extends the previous one: the new
+    messages come from TextArena's message list instead — the intro once, and an invalid move's reason."""
+    def play(context: str) -> str:
+        return "[9]" if context.count("[9]") < 1 else "[3]"  # the first move is out of bounds, then a real one
+
+    env = from_textarena(ta.make(env_id="ConnectFour-v0-train"), num_players=2)
+    trajs = runner.run(run_multi_agent_episode(env, ScriptedPolicy(smollm2_tok, play), "play",
+                                               renderer=get_renderer(smollm2_tok, strict=True), seed=0, max_turns=4))
+    for agent, t in trajs.items():
+        t.check()
+        shown = smollm2_tok.decode(t.prompt_ids + [i for i, m in zip(t.response_ids, t.loss_mask) if not m])
+        assert shown.count(f"You are Player {agent[-1]} in Connect Four") == 1, shown
+    p0 = " ".join(m.content for m in trajs["player_0"].messages if m.role == "user")
+    assert "Column 9 is out of bounds" in p0  # the reason, not only "(your turn)"
