@@ -71,7 +71,7 @@ def test_stdio_round_trip_through_an_episode(smollm2_tok):
             return traj, schema
 
     traj, schema = asyncio.run(main())
-    assert set(schema) == {"add", "count", "pid", "fail", "sleep", "busy", "attachments", "die"}
+    assert set(schema) == {"add", "count", "pid", "fail", "sleep", "busy", "long_job", "attachments", "die"}
     assert schema["add"]["parameters"]["required"] == ["a", "b"]
     assert schema["add"]["description"].startswith("Add two integers.")
     assert traj.status == "completed" and traj.reward == 1.0, traj.reason
@@ -270,3 +270,17 @@ def test_the_env_tool_timeout_applies_to_mcp_tools_unless_the_server_sets_its_ow
     cut, kept = asyncio.run(main())
     assert "timed out" in cut and "0.5" in cut
     assert kept == "slept"
+
+
+def test_progress_notifications_of_a_long_running_tool_are_requested_and_kept():
+    async def main():
+        async with MCPServer(STDIO, timeout_s=20) as server:
+            env = ToolEnv([server])
+            await env.reset(options={"task": {"prompt": "q"}})
+            out = await _step(env, _call("long_job", steps=3))
+            await env.close()
+            return out[0], dict(server.progress)
+
+    out, progress = asyncio.run(main())
+    assert out == "done"
+    assert progress["long_job"] == {"notifications": 3, "progress": 3, "total": 3, "message": "step 3 of 3"}

@@ -47,7 +47,8 @@ class MCPServer:
     `max_concurrency` bounds the calls in flight to this server (1 for a server whose state is not safe under
     concurrent calls, e.g. one that rewrites a file per call); `tool_concurrency` does the same per tool name.
     Tools that can only be called task-augmented (`execution.taskSupport: "required"`) are not offered:
-    `skipped_tools` names them with the reason.
+    `skipped_tools` names them with the reason. Every call asks for progress notifications: `progress[tool]` holds
+    how many arrived over all calls and the last one (`progress`, `total`, `message`); they are logged at DEBUG.
     """
 
     def __init__(self, command: Sequence[str] | None = None, *, url: str | None = None,
@@ -70,6 +71,7 @@ class MCPServer:
                 raise InvalidInput(f"MCPServer {self.name!r}: concurrency limits must be integers >= 1, got {limit!r}")
         self.max_concurrency, self.tool_concurrency = max_concurrency, dict(tool_concurrency or {})
         self.skipped_tools: dict[str, str] = {}
+        self.progress: dict[str, dict[str, Any]] = {}
         self._shared: _Holder | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -240,6 +242,14 @@ class _Connection:
             if self.errlog is not None:
                 self.errlog.close()
 
+    def _progress(self, tool: str) -> Callable[..., Awaitable[None]]:
+        async def on_progress(progress: float, total: float | None = None, message: str | None = None) -> None:
+            seen = self.server.progress.setdefault(tool, {"notifications": 0})
+            seen.update(notifications=seen["notifications"] + 1, progress=progress, total=total, message=message)
+            log.debug("%s %s progress %s/%s %s", self.server.name, tool, progress, total, message or "")
+
+        return on_progress
+
     def _stderr_note(self) -> str:
         tail = self.errlog.tail(5) if self.errlog is not None else ""
         return f"; its stderr ended with: {tail!r}" if tail else ""
@@ -250,7 +260,8 @@ class _Connection:
         try:
             # Without a timeout of its own the ToolEnv's bounds the call (it cancels this await); the SDK's read
             # timeout then only guards against a server that never answers.
-            result = await self.client.call_tool(name, arguments, read_timeout_seconds=self.server.timeout_s or 3600.0)
+            result = await self.client.call_tool(name, arguments, read_timeout_seconds=self.server.timeout_s or 3600.0,
+                                                 progress_callback=self._progress(name))
         except MCPError as e:
             if not self.alive or "closed" in str(e).lower():
                 self._dead = self._dead or str(e)

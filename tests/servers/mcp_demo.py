@@ -7,7 +7,7 @@ import asyncio
 import os
 import sys
 
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 
 server = MCPServer("slime-env-test")
 COUNTER = {"n": 0}
@@ -63,6 +63,15 @@ async def busy(seconds: float) -> int:
     finally:
         ACTIVE["now"] -= 1
     return ACTIVE["peak"]
+
+
+@server.tool()
+async def long_job(steps: int, ctx: Context) -> str:
+    """A long-running job that reports its progress."""
+    for i in range(steps):
+        await ctx.report_progress(i + 1, steps, f"step {i + 1} of {steps}")
+        await asyncio.sleep(0.01)
+    return "done"
 
 
 @server.tool()
