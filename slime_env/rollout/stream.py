@@ -95,7 +95,7 @@ class GroupStream:
         self._refill()
 
     async def take(self, k: int, trainer_version: int) -> Any:
-        """k accepted groups no staler than the bound, in completion order, as a `rollout.manager.Batch`."""
+        """k accepted groups no staler than the bound, in completion order, as a `Batch`."""
         accepted: list[Group] = []
         stale: list[Group] = []
         while len(accepted) < k:
