@@ -3,19 +3,18 @@
 `gymnasium.make("slime_env/<id>")` (after `import slime_env`) returns `GymTextEnv`. The action is
 the assistant's text; the observation is the text of the new messages, rendered by the chat
 template when a `renderer` is given, else as `role: content` paragraphs. The async env runs on a
-private event loop in a helper thread, so the adapter also works inside a running loop (Jupyter).
+private event loop in a helper thread (`BackgroundLoop`), so the adapter also works inside a running loop (Jupyter).
 """
 
 from __future__ import annotations
 
-import asyncio
 import string
-import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import gymnasium
 
+from slime_env.background_loop import BackgroundLoop
 from slime_env.env import Env
 from slime_env.errors import InvalidInput
 from slime_env.parsers import get_parser
@@ -52,20 +51,15 @@ class GymTextEnv(gymnasium.Env):
         self._parse = get_parser(env.parser if parser == "env" else parser)
         self.observation_space = TextSpace()
         self.action_space = TextSpace(max_length=4096)
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="slime_env-gym", daemon=True)
-        self._thread.start()
+        self._loop = BackgroundLoop("slime_env-gym")
         self._turn = 0
-
-    def _run(self, coro):
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
     def reset(self, *, seed: int | None = None, options: Mapping[str, Any] | None = None):
         super().reset(seed=seed)
         if seed is None:  # Gymnasium semantics: an unseeded reset still draws from the env's RNG
             seed = int(self.np_random.integers(0, 2**31 - 1))
         task = self.env.task_from(options, seed)
-        messages, info = self._run(self.env.reset(seed=seed, options={"task": task}))
+        messages, info = self._loop.run(self.env.reset(seed=seed, options={"task": task}))
         self._turn = 0
         return self._text([Message.coerce(m) for m in messages], prompt=True), dict(info)
 
@@ -76,7 +70,7 @@ class GymTextEnv(gymnasium.Env):
         parsed = self._parse(action) if self._parse is not None else None
         act = Action(text=action, token_ids=token_ids, tool_calls=parsed.tool_calls if parsed else (),
                      parse_errors=parsed.errors if parsed else (), turn=self._turn)
-        obs, reward, terminated, truncated, info = self._run(self.env.step(act))
+        obs, reward, terminated, truncated, info = self._loop.run(self.env.step(act))
         self._turn += 1
         return (self._text([Message.coerce(m) for m in obs]), float(reward), bool(terminated), bool(truncated),
                 dict(info))
@@ -89,14 +83,7 @@ class GymTextEnv(gymnasium.Env):
         return self.renderer.decode(self.renderer.bridge((), messages))
 
     def close(self) -> None:
-        if self._loop.is_closed():
-            return
-        try:
-            self._run(self.env.close())
-        finally:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(timeout=5)
-            self._loop.close()
+        self._loop.close(self.env.close())
 
 
 def make_gym_env(env_id: str, renderer: Any = None, parser: Any = "env", **kwargs: Any) -> GymTextEnv:

@@ -5,20 +5,19 @@ last acted (its messages' contents, joined by blank lines); `step(text)` is its 
 in the slime_env env (simultaneous moves) act one after another here and the env steps once all have chosen — the
 AEC convention for Parallel games. Rewards are the env's, per step, accumulated PettingZoo's way; an agent the env
 terminates or truncates then takes PettingZoo's `None` step; when no agent is left to act, the others are
-terminated. The env's coroutines run on a private event loop in a helper thread, so this works inside a running
-loop too (Jupyter).
+terminated. The env's coroutines run on a private event loop in a helper thread (`BackgroundLoop`), so this works inside a
+running loop too (Jupyter).
 """
 
 from __future__ import annotations
 
-import asyncio
-import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 from pettingzoo.utils.env import AECEnv
 
+from slime_env.background_loop import BackgroundLoop
 from slime_env.gym_adapter import TextSpace
 from slime_env.multi_agent import MultiAgentEnv
 from slime_env.types import Action, Message, Task
@@ -50,9 +49,7 @@ class SlimeAEC(AECEnv):
         self.possible_agents = list(env.agents)
         self.agents: list[str] = []
         self._obs_space, self._act_space = TextSpace(), TextSpace(max_length=max_action_chars)
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="slime_env-pettingzoo", daemon=True)
-        self._thread.start()
+        self._loop = BackgroundLoop("slime_env-pettingzoo")
         self._shown: dict[str, str] = {}
         self._queue: list[str] = []
         self._chosen: dict[str, Action] = {}
@@ -63,11 +60,8 @@ class SlimeAEC(AECEnv):
     def action_space(self, agent: str) -> TextSpace:
         return self._act_space
 
-    def _run(self, coro: Any) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
-
     def reset(self, seed: int | None = None, options: dict | None = None) -> None:
-        observations, _ = self._run(self.env.reset(seed=seed, options={"task": self.task, **(options or {})}))
+        observations, _ = self._loop.run(self.env.reset(seed=seed, options={"task": self.task, **(options or {})}))
         self.agents = list(self.possible_agents)
         self._shown = {a: _text(observations.get(a, ())) for a in self.agents}
         self.rewards = dict.fromkeys(self.agents, 0.0)
@@ -98,7 +92,7 @@ class SlimeAEC(AECEnv):
         self._shown[agent] = ""
         self._queue.remove(agent)
         if not self._queue:  # every agent acting now has chosen: the env steps
-            observations, rewards, terminated, truncated, info = self._run(self.env.step(self._chosen))
+            observations, rewards, terminated, truncated, info = self._loop.run(self.env.step(self._chosen))
             self._chosen = {}
             for a, messages in observations.items():
                 if a in self._shown:
@@ -123,14 +117,7 @@ class SlimeAEC(AECEnv):
         return None
 
     def close(self) -> None:
-        if self._loop.is_closed():
-            return
-        try:
-            self._run(self.env.close())
-        finally:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(timeout=5)
-            self._loop.close()
+        self._loop.close(self.env.close())
 
 
 def _text(messages: Sequence[Message | Mapping[str, Any]]) -> str:
