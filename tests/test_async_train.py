@@ -118,6 +118,7 @@ def test_bad_async_and_off_policy_configs_are_refused_by_field(tmp_path, model_d
                        ({"async": {"mode": "full", "interrupt": "kill"}}, "async.interrupt"),
                        ({"async": {"mode": "full", "in_flight": 1}}, "async.in_flight"),
                        ({"async": {"mod": "full"}}, "unknown field"),
+                       ({"async": "full"}, "async: expected a mapping, got str"),
                        ({"trainer": {"off_policy": "magic"}}, "off_policy"),
                        ({"trainer": {"off_policy": "mis", "off_policy_low": 2.0}}, "off_policy_low"),
                        ({"async": {"mode": "overlap"}, "trainer": {"offload": True}}, "trainer.offload")]:

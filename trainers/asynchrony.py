@@ -15,12 +15,13 @@ import asyncio
 import time
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 from slime_env.errors import InvalidInput
 from slime_env.rollout.heap import quiet_gc
 from slime_env.rollout.stream import group_weight_version
+from trainers.sections import parse_section
 
 MODES = ("off", "overlap", "full")
 
@@ -36,12 +37,7 @@ class AsyncConfig:
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any] | None, where: str = "async") -> AsyncConfig:
-        raw = dict(raw or {})
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(raw) - known)
-        if unknown:
-            raise InvalidInput(f"{where}: unknown field(s) {unknown}; known: {sorted(known)}")
-        cfg = cls(**raw)
+        cfg = parse_section(cls, raw, where)
         if cfg.mode not in MODES:
             raise InvalidInput(f"{where}.mode: {cfg.mode!r} is not one of {MODES}")
         if cfg.interrupt not in ("finish", "resume"):

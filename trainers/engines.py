@@ -25,11 +25,12 @@ from __future__ import annotations
 import asyncio
 import math
 import tempfile
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from slime_env.errors import InvalidInput
+from trainers.sections import parse_section
 
 KINDS = ("embedded", "serve", "sglang", "openai")
 
@@ -56,15 +57,7 @@ class EngineConfig:
 
     @classmethod
     def from_dict(cls, raw: Any, where: str = "engine") -> EngineConfig:
-        if raw is None:
-            return cls()
-        if not isinstance(raw, dict):
-            raise InvalidInput(f"{where}: expected a mapping, got {type(raw).__name__}")
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(raw) - known)
-        if unknown:
-            raise InvalidInput(f"{where}: unknown field(s) {unknown}; known: {sorted(known)}")
-        cfg = cls(**raw)
+        cfg = parse_section(cls, raw, where)
         if cfg.kind not in KINDS:
             raise InvalidInput(f"{where}.kind: {cfg.kind!r} is not one of {list(KINDS)}")
         if isinstance(cfg.urls, str):

@@ -28,10 +28,11 @@ import asyncio
 import copy
 import os
 import socket
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from slime_env.errors import InvalidInput
+from trainers.sections import parse_section
 
 if TYPE_CHECKING:
     from trainers.torch_trainer import TorchTrainer, TrainerConfig
@@ -51,15 +52,7 @@ class ClusterConfig:
 
     @classmethod
     def from_dict(cls, raw: Any, where: str = "cluster") -> ClusterConfig:
-        if not raw:
-            return cls()
-        if not isinstance(raw, dict):
-            raise InvalidInput(f"{where}: expected a mapping, got {type(raw).__name__}")
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(raw) - known)
-        if unknown:
-            raise InvalidInput(f"{where}: unknown field(s) {unknown}; known: {sorted(known)}")
-        cfg = cls(**raw)
+        cfg = parse_section(cls, raw, where)
         if cfg.backend not in ("local", "ray"):
             raise InvalidInput(f"{where}.backend: {cfg.backend!r} is not 'local' or 'ray'")
         cfg.trainer = {"nodes": 1, "gpus_per_node": 1, **(cfg.trainer or {})}
