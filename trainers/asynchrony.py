@@ -181,15 +181,12 @@ class StreamSource(BatchSource):
         self.interrupt = config.interrupt
         self.stream = manager.stream(in_flight=config.in_flight, per_step=per_step,
                                      max_staleness=config.max_staleness, version=version)
-        self.stream.taken = version * per_step  # the admission rule counts groups from version 0
         # The stream runs outside `generate_batch`, which quiets the collector for a batch: quiet it for the run.
         self._quiet = quiet_gc(manager.quiet_gc)
         self._quiet.__enter__()
 
     async def next(self, step: int, last: bool) -> Any:
-        if not self.stream.running and not self.stream.ready:
-            self.stream.set_version(self.stream.version)  # the first call starts the stream
-        return await self.stream.take(self.per_step, trainer_version=step - 1)
+        return await self.stream.take(self.per_step, trainer_version=step - 1)  # take() starts what it needs
 
     async def before_sync(self) -> None:
         await self.stream.pause(self.interrupt)

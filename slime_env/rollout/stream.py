@@ -60,8 +60,9 @@ class GroupStream:
         self.ready: deque[Group] = deque()
         self.filtered: list[Group] = []
         self.started_at: dict[int, int] = {}
-        self.taken = 0
-        self.stale_total = 0
+        # Groups trained on so far, as the admission rule counts them: a stream that starts at version v (a resumed
+        # run) comes after v steps' worth.
+        self.taken = version * per_step
         self.paused = self.closed = False
         self.error: BaseException | None = None
         self._wake = asyncio.Event()
@@ -120,7 +121,6 @@ class GroupStream:
                 break  # the tasks ran out
             self._wake.clear()
             await self._wake.wait()
-        self.stale_total += len(stale)
         dropped, self.filtered = [*self.filtered, *stale], []
         now = time.perf_counter()
         metrics = batch_metrics(accepted, dropped, now - self._t_last, carried=len(self.suspended),
