@@ -338,7 +338,7 @@ async def _train(cfg: TrainConfig, run: Path, engines: Any, trainer: Any, channe
                              n_samples_per_prompt=cfg.n_samples_per_prompt,
                              max_concurrency=max(cfg.max_concurrency, cfg.n_samples_per_prompt),
                              max_turns=cfg.max_turns, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed,
-                             train_agents=cfg.train_agents, skip=trained,
+                             train_agents=cfg.train_agents, skip=trained if asynchrony.mode == "full" else (),
                              partial_rollout=asynchrony.mode == "full" and asynchrony.interrupt == "resume")
     stack.push_async_callback(manager.close)
     source = make_source(asynchrony, manager, per_step, version=start)
