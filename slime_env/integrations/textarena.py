@@ -96,9 +96,7 @@ class _TextArena(MultiAgentEnv):
         """TextArena's own sender names (its LLM observation wrapper's): GAME, or the role / "Player N"."""
         if sender < 0:
             return "GAME"
-        state = getattr(getattr(self.env, "unwrapped", None), "state", None) or getattr(self.messages.env, "state",
-                                                                                         None)
-        roles = getattr(state, "role_mapping", None) or {}
+        roles = getattr(getattr(self.env, "state", None), "role_mapping", None) or {}  # wrappers pass `state` on
         return str(roles.get(sender, f"Player {sender}"))
 
     async def close(self) -> None:
