@@ -342,7 +342,7 @@ class MegatronTrainer(TorchTrainer):
         from megatron.core import parallel_state as ps
 
         # Every rank must reduce the same keys (one with no tokens reports none): the off-policy ones when in effect.
-        off = self.config.correction() != "none" and not (self.config.off_policy == "auto" and self.config.use_tis)
+        off = self.config.correction() != "none"
         keys = sorted(set(self._STATS) | set(stats) | (set(self._OFF_STATS) if off else set()))
         t = torch.tensor([stats.get(k, 0.0) for k in keys], dtype=torch.float64, device=self.device)
         dist.all_reduce(t, group=ps.get_data_parallel_group())

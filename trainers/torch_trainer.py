@@ -97,11 +97,15 @@ class TrainerConfig:
                              " is required")
         self.betas = tuple(self.betas)
 
+    @property
+    def legacy_tis(self) -> bool:
+        """The older `use_tis` switch (truncated IS with `tis_cap`), kept as it was while `off_policy` is "auto"."""
+        return self.off_policy == "auto" and self.use_tis
+
     def correction(self) -> str:
-        """The off-policy correction in effect: `off_policy`, with "auto" meaning the legacy `use_tis` (or none)."""
-        if self.off_policy != "auto":
-            return self.off_policy
-        return "tis" if self.use_tis else "none"
+        """The `algorithms.off_policy_weights` kind in effect: `off_policy`, or "none" for "auto" (which the train
+        loop turns into "tis" for an asynchronous run; `legacy_tis` has its own path)."""
+        return "none" if self.off_policy == "auto" else self.off_policy
 
 
 class TorchTrainer:
@@ -258,7 +262,7 @@ class TorchTrainer:
             logp, entropy = self.logprobs(self.model, micro, with_entropy=True)
             old_lp = logp.detach() if old is None else old[rows, -cols:].to(self.device)
             is_w, off_stats = None, {}
-            if c.off_policy == "auto" and c.use_tis:  # the legacy switch, unchanged
+            if c.legacy_tis:  # the older switch, unchanged
                 is_w = alg.truncated_is_weights(old_lp, micro.rollout_logprobs.to(self.device), mask, c.tis_cap)
             elif c.correction() != "none":
                 is_w, off_stats = alg.off_policy_weights(

@@ -145,7 +145,7 @@ def trainer_config(cfg: TrainConfig) -> TrainerConfig:
     from trainers.asynchrony import AsyncConfig
 
     tc = TrainerConfig(**cfg.trainer)
-    if tc.off_policy == "auto" and not tc.use_tis and AsyncConfig.from_dict(cfg.async_).mode != "off":
+    if tc.off_policy == "auto" and not tc.legacy_tis and AsyncConfig.from_dict(cfg.async_).mode != "off":
         tc.off_policy = "tis"
     return tc
 
