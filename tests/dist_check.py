@@ -18,14 +18,21 @@ import torch.distributed as dist  # noqa: E402
 
 SHAPE = dict(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=3, num_attention_heads=8,
              num_key_value_heads=4, max_position_embeddings=512, tie_word_embeddings=False)
+# Qwen3-MoE: 8 experts, top-2, one dense layer among three; no load-balancing loss, whose value depends on which
+# tokens share a micro-batch (so it differs between layouts by design).
+MOE_SHAPE = dict(SHAPE, moe_intermediate_size=64, num_experts=8, num_experts_per_tok=2, norm_topk_prob=True,
+                 mlp_only_layers=[1], head_dim=32, router_aux_loss_coef=0.0)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tp", type=int, default=1)
+    ap.add_argument("--ep", type=int, default=1)
+    ap.add_argument("--sp", action="store_true", help="sequence parallel over the TP group")
+    ap.add_argument("--moe", action="store_true", help="a small Qwen3-MoE instead of a Llama")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     from tests.helpers import trajectories
     from trainers.batch import pack
@@ -33,9 +40,9 @@ def main() -> None:
     from trainers.torch_trainer import TrainerConfig
 
     torch.manual_seed(0)
-    hf = LlamaForCausalLM(LlamaConfig(**SHAPE))
-    trainer = MegatronTrainer(hf, TrainerConfig(backend="megatron", tp=args.tp, lr=1e-4,
-                                                max_tokens_per_micro_batch=64), pad_id=0)
+    hf = Qwen3MoeForCausalLM(Qwen3MoeConfig(**MOE_SHAPE)) if args.moe else LlamaForCausalLM(LlamaConfig(**SHAPE))
+    trainer = MegatronTrainer(hf, TrainerConfig(backend="megatron", tp=args.tp, ep=args.ep, sequence_parallel=args.sp,
+                                                lr=1e-4, max_tokens_per_micro_batch=64), pad_id=0)
     trajs = trajectories(16, seed=7, vocab=SHAPE["vocab_size"])
     batch = pack(trajs, group_size=4, pad_id=0)
     with torch.no_grad():
@@ -44,9 +51,11 @@ def main() -> None:
     sums = torch.stack([p.detach().double().sum() for p in trainer.model.parameters()]).to(trainer.device)
     gathered = [torch.empty_like(sums) for _ in range(dist.get_world_size())]
     dist.all_gather(gathered, sums)
+    w = trainer.weights()  # the full HF weights after the step, gathered over TP / EP (every rank joins)
     if dist.get_rank() == 0:
         mask = batch.loss_mask.bool()
         json.dump({"grad_norm": metrics["train/grad_norm"], "loss": metrics["train/loss"],
+                   "weight_sums": {k: float(v.double().sum()) for k, v in w.items()},
                    "logprobs": lp[mask].tolist(), "param_sums": [g.cpu().tolist() for g in gathered],
                    "parallel": trainer.parallel}, open(args.out, "w"))
     dist.barrier()

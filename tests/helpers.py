@@ -143,14 +143,20 @@ SHAPE = dict(vocab_size=96, hidden_size=64, intermediate_size=80, num_hidden_lay
 
 
 def tiny(family: str, seed: int = 0):
-    """A random 2-layer HF model of `family` ("llama" tied, "qwen2" qkv bias, "qwen3" q/k norm) at a trained
-    model's weight scale."""
+    """A random 2-layer HF model of `family` ("llama" tied, "qwen2" qkv bias, "qwen3" q/k norm, "qwen3_moe": 3
+    layers, the middle one dense, 4 experts top-2, renormalised; "qwen3_moe_raw": the same unrenormalised) at a
+    trained model's weight scale."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+    from transformers import (LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
+                              Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
 
+    moe = dict(SHAPE, num_hidden_layers=3, head_dim=24, tie_word_embeddings=False, moe_intermediate_size=40,
+               num_experts=4, num_experts_per_tok=2, mlp_only_layers=[1])
     cls, cfg = {"llama": (LlamaForCausalLM, LlamaConfig(**SHAPE, tie_word_embeddings=True)),
                 "qwen2": (Qwen2ForCausalLM, Qwen2Config(**SHAPE, tie_word_embeddings=False)),
-                "qwen3": (Qwen3ForCausalLM, Qwen3Config(**SHAPE, head_dim=24, tie_word_embeddings=False))}[family]
+                "qwen3": (Qwen3ForCausalLM, Qwen3Config(**SHAPE, head_dim=24, tie_word_embeddings=False)),
+                "qwen3_moe": (Qwen3MoeForCausalLM, Qwen3MoeConfig(**moe, norm_topk_prob=True)),
+                "qwen3_moe_raw": (Qwen3MoeForCausalLM, Qwen3MoeConfig(**moe, norm_topk_prob=False))}[family]
     torch.manual_seed(seed)
     model = cls(cfg).eval()
     with torch.no_grad():  # random weights of a trained model's scale, biases and norms included

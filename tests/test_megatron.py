@@ -29,7 +29,7 @@ def parallel():
     return init_parallel(1)
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "qwen3_moe"])
 def test_converters_round_trip_exactly(family, parallel):
     from trainers.megatron import build_gpt, hf_to_mcore, mcore_to_hf
 
@@ -75,6 +75,101 @@ def test_tp_size_that_does_not_divide_the_heads_is_refused():
         transformer_config(smollm2_shape, tp=2)
 
 
+def test_moe_experts_on_disk_layout_and_expert_parallel_shares(parallel, tmp_path):
+    """The per-expert layout of HF files (what save_pretrained writes and SGLang loads) converts to the same
+    megatron weights as transformers' fused in-memory one; EP shares renumber the experts and put them back."""
+    from safetensors.torch import load_file
+
+    from trainers.megatron import hf_to_mcore, moe
+
+    hf = tiny("qwen3_moe")
+    hf.save_pretrained(tmp_path)
+    on_disk = load_file(str(tmp_path / "model.safetensors"))
+    assert "model.layers.0.mlp.experts.3.up_proj.weight" in on_disk and "model.layers.1.mlp.gate_proj.weight" in on_disk
+    fused, per_expert = hf_to_mcore(hf.state_dict(), hf.config), hf_to_mcore(on_disk, hf.config)
+    assert fused.keys() == per_expert.keys() and all(torch.equal(fused[k], per_expert[k]) for k in fused)
+    assert moe.per_expert_layout(hf.state_dict(), hf.config).keys() == on_disk.keys()
+    shares = [moe.local_experts(fused, 4, r, 2) for r in range(2)]
+    name = "decoder.layers.2.mlp.experts.local_experts.{}.linear_fc1.weight"
+    assert name.format(2) not in shares[1] and torch.equal(shares[1][name.format(0)], fused[name.format(2)])
+    back = moe.global_experts(shares)
+    assert back.keys() == {k for k in fused if moe.is_expert_param(k)}
+    assert all(torch.equal(back[k], fused[k]) for k in back)
+    del on_disk["model.layers.2.mlp.experts.1.down_proj.weight"]
+    with pytest.raises(KeyError, match="experts.1.down_proj.weight"):
+        hf_to_mcore(on_disk, hf.config)
+
+
+def test_parallel_sizes_that_do_not_fit_the_model_are_refused_before_anything_is_built():
+    from trainers.megatron import transformer_config
+
+    moe_cfg, dense = tiny("qwen3_moe").config, tiny("llama").config
+    with pytest.raises(ValueError, match=r"expert-parallel size 3 does not divide the 4 experts"):
+        transformer_config(moe_cfg, ep=3)
+    with pytest.raises(ValueError, match=r"expert-parallel size 2 needs an MoE model; llama is dense"):
+        transformer_config(dense, ep=2)
+    with pytest.raises(ValueError, match=r"sequence_parallel .* needs tp > 1"):
+        transformer_config(dense, sequence_parallel=True)
+    with pytest.raises(ValueError, match=r"an MoE model with tp=2 needs sequence_parallel"):
+        transformer_config(moe_cfg, tp=2)
+    with pytest.raises(ValueError, match=r"recompute 'some'"):
+        transformer_config(dense, recompute="some")
+    for bad, match in ((dict(ep=2), r"ep=2 needs backend: megatron"),
+                       (dict(backend="megatron", sequence_parallel=True), r"sequence_parallel .* needs tp > 1"),
+                       (dict(backend="fsdp", recompute="selective"), r"takes 'none' or 'full'"),
+                       (dict(backend="fsdp", tp=2), r"tp=2 needs backend: megatron")):
+        with pytest.raises(ValueError, match=match):
+            TrainerConfig(**bad)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3_moe"])
+def test_activation_recompute_gives_the_same_step(family, parallel):
+    """Selective and full recompute redo the forward inside the backward: the loss, the gradient norm and the
+    weights after a step equal those without recompute."""
+    from trainers.megatron_trainer import MegatronTrainer
+
+    hf = tiny(family)
+    trajs = trajectories(8, seed=3)
+    results = []
+    for recompute in ("none", "selective", "full"):
+        trainer = MegatronTrainer(hf, TrainerConfig(backend="megatron", lr=1e-3, recompute=recompute,
+                                                    max_tokens_per_micro_batch=48), pad_id=0)
+        metrics = trainer.step(trajs, group_size=4)
+        results.append((metrics, trainer.weights()))
+    (m0, w0), *others = results
+    assert m0["train/grad_norm"] > 0
+    for m, w in others:
+        assert m["train/grad_norm"] == pytest.approx(m0["train/grad_norm"], rel=1e-6)
+        assert m["train/loss"] == pytest.approx(m0["train/loss"], rel=1e-6, abs=1e-8)
+        assert all(torch.allclose(w[k], w0[k], atol=1e-7, rtol=0) for k in w0)
+
+
+def test_moe_trainer_log_probs_match_the_hf_model_and_its_checkpoint_loads_in_transformers(parallel, tmp_path):
+    """A Qwen3-MoE MegatronTrainer: packed log-probs equal `TorchTrainer`'s on the HF model; after a step its
+    saved folder (experts per tensor, as HF writes them) loads in transformers with exactly the trainer's weights."""
+    from transformers import AutoModelForCausalLM
+
+    from trainers.megatron_trainer import MegatronTrainer
+
+    hf = tiny("qwen3_moe")
+    trajs = trajectories(8, seed=5)
+    batch = pack(trajs, group_size=4, pad_id=0)
+    trainer = MegatronTrainer(hf, TrainerConfig(backend="megatron", lr=1e-3, max_tokens_per_micro_batch=64), pad_id=0)
+    with torch.no_grad():
+        ours = trainer.logprobs(trainer.model, batch)
+        ref = TorchTrainer(hf, TrainerConfig(), pad_id=0).logprobs(hf, batch)
+    mask = batch.loss_mask.bool()
+    assert torch.allclose(ours[mask], ref[mask], atol=1e-5, rtol=0)
+    trainer.step(trajs, group_size=4)
+    trainer.save(tmp_path / "ckpt")
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "ckpt" / "model", dtype=torch.float32).state_dict()
+    weights = trainer.weights()
+    assert loaded.keys() == weights.keys()
+    assert all(torch.equal(loaded[k], weights[k]) for k in weights)
+    assert not torch.equal(weights["model.layers.0.mlp.experts.gate_up_proj"],
+                           hf.state_dict()["model.layers.0.mlp.experts.gate_up_proj"])
+
+
 def test_unsupported_model_type_is_named():
     from transformers import GPT2Config
 
@@ -91,7 +186,7 @@ def _packed_params(cu: torch.Tensor, longest: int):
                            max_seqlen_kv=longest)
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "qwen3_moe", "qwen3_moe_raw"])
 def test_fp32_logits_equal_the_hf_model_bshd_and_thd(family, parallel):
     from trainers.megatron import build_gpt, hf_to_mcore
 
@@ -257,10 +352,11 @@ def test_yaml_backend_switch_and_its_errors():
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def run_dist_check(tmp_path, nproc: int, tp: int) -> dict:
-    """tests/dist_check.py in `nproc` processes (torchrun; alone for 1) with TP size `tp`; its JSON result."""
-    out = tmp_path / f"dist_{nproc}_{tp}.json"
-    script = [os.path.join(ROOT, "tests", "dist_check.py"), "--tp", str(tp), "--out", str(out)]
+def run_dist_check(tmp_path, nproc: int, tp: int, *extra: str, ep: int = 1) -> dict:
+    """tests/dist_check.py in `nproc` processes (torchrun; alone for 1) with TP size `tp`, EP size `ep` and `extra`
+    flags (--sp, --moe); its JSON result."""
+    out = tmp_path / f"dist_{nproc}_{tp}_{ep}{''.join(extra)}.json"
+    script = [os.path.join(ROOT, "tests", "dist_check.py"), "--tp", str(tp), "--ep", str(ep), *extra, "--out", str(out)]
     cmd = [sys.executable, *script] if nproc == 1 else \
         [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *script]
     env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1"}
@@ -269,17 +365,39 @@ def run_dist_check(tmp_path, nproc: int, tp: int) -> dict:
     return json.loads(out.read_text())
 
 
-def test_dp2_and_tp2_on_cpu_equal_one_process(tmp_path):
+def _same_weights(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        assert a[k] == pytest.approx(b[k], rel=1e-5, abs=1e-4), k
+
+
+def test_dp2_tp2_and_sequence_parallel_on_cpu_equal_one_process(tmp_path):
     """torchrun with two gloo processes: DP=2 gives the one-process gradient and identical parameters on both
-    ranks; TP=2 gives the one-process log-probs and gradient norm (fp32: to rounding)."""
-    one, dp2, tp2 = (run_dist_check(tmp_path, n, tp) for n, tp in ((1, 1), (2, 1), (2, 2)))
+    ranks; TP=2, and TP=2 with sequence parallelism (an odd token count: the padding path), give the one-process
+    log-probs, gradient norm and weights after the step (fp32: to rounding)."""
+    one, dp2, tp2, sp2 = (run_dist_check(tmp_path, n, tp, *x) for n, tp, x in
+                          ((1, 1, ()), (2, 1, ()), (2, 2, ()), (2, 2, ("--sp",))))
     assert dp2["parallel"]["dp"] == 2 and tp2["parallel"]["tp"] == 2 and tp2["parallel"]["dp"] == 1
     assert dp2["param_sums"][0] == dp2["param_sums"][1]
     assert dp2["grad_norm"] == pytest.approx(one["grad_norm"], rel=1e-5)
     assert dp2["loss"] == pytest.approx(one["loss"], rel=1e-5, abs=1e-7)
-    assert tp2["logprobs"] == pytest.approx(one["logprobs"], abs=1e-5)
-    assert tp2["grad_norm"] == pytest.approx(one["grad_norm"], rel=1e-5)
+    for run in (tp2, sp2):
+        assert run["logprobs"] == pytest.approx(one["logprobs"], abs=1e-5)
+        assert run["grad_norm"] == pytest.approx(one["grad_norm"], rel=1e-5)
+        _same_weights(run["weight_sums"], one["weight_sums"])
     assert dp2["grad_norm"] > 0
+
+
+def test_moe_expert_parallel_2_on_cpu_equals_one_process(tmp_path):
+    """Qwen3-MoE with EP=2 (each gloo rank holds 4 of the 8 experts and half the rows; tokens reach their experts
+    through megatron's dispatcher) gives the one-process log-probs, loss, gradient norm and weights after the step."""
+    one, ep2 = (run_dist_check(tmp_path, n, 1, "--moe", ep=ep) for n, ep in ((1, 1), (2, 2)))
+    assert ep2["parallel"]["ep"] == 2 and ep2["parallel"]["dp"] == 2
+    assert ep2["logprobs"] == pytest.approx(one["logprobs"], abs=1e-5)
+    assert ep2["loss"] == pytest.approx(one["loss"], rel=1e-5, abs=1e-7)
+    assert ep2["grad_norm"] == pytest.approx(one["grad_norm"], rel=1e-5)
+    _same_weights(ep2["weight_sums"], one["weight_sums"])
+    assert any(".mlp.experts.gate_up_proj" in k for k in ep2["weight_sums"]) and one["grad_norm"] > 0
 
 
 def test_train_loop_with_the_megatron_backend_from_the_example_config(tmp_path):

@@ -1,4 +1,4 @@
-"""`MegatronTrainer`: the RL trainer on megatron-core (GPUs, TP x DP), same contract as `TorchTrainer`.
+"""`MegatronTrainer`: the RL trainer on megatron-core (GPUs, TP x DP x EP), same contract as `TorchTrainer`.
 
 It is a `TorchTrainer` whose model is a megatron `GPTModel` (`trainers.megatron`), so one RL step is the
 very same code: `pack()` / `TrainBatch`, the old and reference log-probs, `trainers.algorithms` for the
@@ -10,6 +10,9 @@ loss, KL, entropy and TIS, the exact per-mini-batch reduction. What differs:
   share of every mini-batch's rows. Each rank's loss is weighted by its tokens over the mini-batch's global
   masked-token count and gradients are summed across ranks (`calculate_per_token_loss`), so the gradient
   equals the one-GPU gradient.
+- **Scale.** Sequence parallelism over the TP group (a packed micro-batch is padded to a multiple of TP with a
+  dummy sequence), megatron's activation recompute, and MoE models (Qwen3-MoE) with experts split over the
+  expert-parallel group (`trainers.megatron.moe`).
 - **Optimizer.** On CUDA: megatron DDP (fp32 gradient buffers) and megatron's distributed Adam with fp32
   master weights over bf16 parameters, gradient clipping inside. On CPU (tests, fp32): `torch.optim.AdamW`.
 - **Reference model.** Its weights stay on the CPU and are swapped into the model for the no-grad pass.
@@ -71,16 +74,17 @@ def token_budget_slices(lengths: list[int], start: int, stop: int, budget: int) 
 
 
 class MegatronTrainer(TorchTrainer):
-    """RL updates of a Hugging Face Llama / Qwen2 / Qwen3 model trained as a megatron `GPTModel`.
+    """RL updates of a Hugging Face Llama / Qwen2 / Qwen3 / Qwen3-MoE model trained as a megatron `GPTModel`.
 
     `hf_model` gives the architecture and the initial weights (any device; it is not kept). Run one process
-    per GPU under `torchrun` for TP x DP (`config.tp`); every rank must call `step` with the same trajectories.
+    per GPU under `torchrun` for TP x DP (`config.tp`; MoE: `config.ep`); every rank must call `step` with the
+    same trajectories.
     `step(trajectories, group_size) -> metrics`, `save(path)`, `load(path)`, `await sync(policy)`,
     `hf_state_dict()` (the current weights with HF names, on every rank).
     """
 
     def __init__(self, hf_model: torch.nn.Module, config: TrainerConfig | None = None, *, pad_id: int):
-        from trainers.megatron import build_gpt, hf_to_mcore, init_parallel
+        from trainers.megatron import build_gpt, init_parallel
 
         self.config = c = config or TrainerConfig(backend="megatron")
         self.pad_id = pad_id
@@ -91,22 +95,39 @@ class MegatronTrainer(TorchTrainer):
         if not self.cuda and self.dtype != torch.float32:
             raise ValueError("MegatronTrainer on CPU trains in float32 "
                              "(megatron's mixed-precision optimizer is CUDA-only)")
-        self.parallel = init_parallel(c.tp)
+        from trainers.megatron import moe
+
+        # Every size is checked against the model before the process group or any weight is allocated.
+        self._options = dict(ep=c.ep, sequence_parallel=c.sequence_parallel, recompute=c.recompute,
+                             recompute_layers=c.recompute_layers, recompute_modules=c.recompute_modules,
+                             moe_options=dict(aux_loss_coeff=c.moe_aux_loss_coeff, load_balancing=c.moe_load_balancing,
+                                              dispatcher=c.moe_token_dispatcher))
+        from trainers.megatron import transformer_config
+
+        transformer_config(self.hf_config, tp=c.tp, dtype=self.dtype, **self._options)
+        self.parallel = init_parallel(c.tp, ep=c.ep)
         from megatron.core import parallel_state as ps
 
         self.tp_rank, self.dp, self.dp_rank = ps.get_tensor_model_parallel_rank(), self.parallel["dp"], \
             self.parallel["dp_rank"]
-        self.model = build_gpt(self.hf_config, tp=c.tp, dtype=self.dtype)
+        self.ep_rank = self.parallel["ep_rank"]
+        self.moe = moe.is_moe(self.hf_config)
+        # Expert parallel: the ranks of an EP group exchange tokens in every MoE layer, so they run the same number
+        # of forward and backward passes; megatron's all-gather dispatcher also needs equal token counts.
+        self._lockstep = self.moe and c.ep > 1
+        self._gathers_tokens = self._lockstep and self._dispatcher() == "allgather"
+        self._ep_tokens = 0
+        self.model = build_gpt(self.hf_config, tp=c.tp, dtype=self.dtype, **self._options)
         self.device = next(self.model.parameters()).device
         hf_state = {k: v.detach().to("cpu") for k, v in hf_model.state_dict().items()}
-        self._load_mcore(hf_to_mcore(hf_state, self.hf_config, tp_rank=self.tp_rank, tp_size=c.tp))
+        self._load_mcore(self._from_hf(hf_state))
         self.ref_model = _RefWeights(self._mcore_state()) if c.kl_coef > 0 else None
         self.critic = self.critic_ddp = None
         if c.estimator == "ppo":  # the critic: this architecture without the LM head, a value head on top
             from trainers.megatron.value import MegatronValueModel
 
-            self.critic = MegatronValueModel(self.hf_config, tp=c.tp, dtype=self.dtype)
-            mc = hf_to_mcore(hf_state, self.hf_config, tp_rank=self.tp_rank, tp_size=c.tp)
+            self.critic = MegatronValueModel(self.hf_config, tp=c.tp, dtype=self.dtype, **self._options)
+            mc = self._from_hf(hf_state)
             mc = {f"gpt.{k}": v for k, v in mc.items()} | {"norm.weight": mc["decoder.final_layernorm.weight"]}
             _copy_params(self.critic, mc | {f"head.{k}": v for k, v in self.critic.head.state_dict().items()})
             self.critic_ddp, self.critic_optimizer = self._optimizer_for(self.critic, c.critic_lr)
@@ -172,7 +193,22 @@ class MegatronTrainer(TorchTrainer):
                 group["foreach"], group["fused"] = False, True
         return ddp, optimizer
 
+    def _dispatcher(self) -> str:
+        from trainers.megatron import moe
+
+        return moe.moe_config(self.hf_config, ep=self.config.ep, dispatcher=self.config.moe_token_dispatcher)[
+            "moe_token_dispatcher_type"]
+
     # --- weights in megatron and HF names --------------------------------------------------------------
+    def _from_hf(self, hf: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """This rank's megatron weights (its TP shard, its EP share of the experts) from a full HF state dict."""
+        from trainers.megatron import hf_to_mcore, moe
+
+        state = hf_to_mcore(hf, self.hf_config, tp_rank=self.tp_rank, tp_size=self.config.tp)
+        if self.moe:
+            state = moe.local_experts(state, self.hf_config.num_experts, self.ep_rank, self.config.ep)
+        return state
+
     def _mcore_state(self) -> dict[str, torch.Tensor]:
         return {k: v for k, v in self.model.state_dict().items() if not k.endswith("_extra_state")}
 
@@ -181,21 +217,19 @@ class MegatronTrainer(TorchTrainer):
 
     @torch.no_grad()
     def hf_state_dict(self) -> dict[str, torch.Tensor]:
-        """Current weights with Hugging Face names, gathered across TP ranks (a collective under TP)."""
-        from trainers.megatron import mcore_to_hf
-
-        local = self._mcore_state()
-        if self.config.tp == 1:
-            return mcore_to_hf([local], self.hf_config)
+        """Current weights with Hugging Face names, gathered across TP ranks and, for experts, EP ranks (a
+        collective under TP or EP). MoE experts come in transformers' fused in-memory layout."""
         from megatron.core import parallel_state as ps
 
-        group = ps.get_tensor_model_parallel_group()
-        shards: list[dict[str, torch.Tensor]] = [{} for _ in range(self.config.tp)]
-        for name, t in local.items():
-            parts = [torch.empty_like(t) for _ in range(self.config.tp)]
-            dist.all_gather(parts, t.contiguous(), group=group)
-            for r, part in enumerate(parts):
-                shards[r][name] = part
+        from trainers.megatron import mcore_to_hf, moe
+
+        local = self._mcore_state()
+        experts = {k: v for k, v in local.items() if moe.is_expert_param(k)}
+        dense = {k: v for k, v in local.items() if k not in experts}
+        shards = _gather(dense, self.config.tp, ps.get_tensor_model_parallel_group() if self.config.tp > 1 else None)
+        if experts:
+            group = ps.get_expert_model_parallel_group() if self.config.ep > 1 else None
+            shards[0] = shards[0] | moe.global_experts(_gather(experts, self.config.ep, group))
         return mcore_to_hf(shards, self.hf_config)
 
     @contextlib.contextmanager
@@ -218,6 +252,7 @@ class MegatronTrainer(TorchTrainer):
 
         p = self._packed(batch)
         if p is None:
+            self._idle_forward()
             zeros = self._scatter(batch, None, None)
             return (zeros, zeros.clone()) if with_entropy else zeros
         ids, packed, need = p
@@ -233,6 +268,9 @@ class MegatronTrainer(TorchTrainer):
         """The critic's [B, L] values (the state before each loss-masked token), from packed rows."""
         p = self._packed(batch)
         if p is None:
+            if self._lockstep:
+                with torch.no_grad():
+                    self.critic(*self._dummy())
             return self._scatter(batch, None, None)
         ids, packed, need = p
         forward = self.critic_ddp if self.critic_ddp is not None else self.critic
@@ -248,11 +286,56 @@ class MegatronTrainer(TorchTrainer):
         need = (u["loss_mask"] > 0).nonzero().squeeze(-1).to(self.device)
         if need.numel() == 0:
             return None
-        cu = u["cu_seqlens"].to(self.device)
-        longest = int((u["cu_seqlens"][1:] - u["cu_seqlens"][:-1]).max())
+        ids, cu = self._padded(u["input_ids"], u["cu_seqlens"])
+        longest = int((cu[1:] - cu[:-1]).max())
+        cu = cu.to(self.device)
         packed = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=longest,
                                  max_seqlen_kv=longest)
-        return u["input_ids"].to(self.device), packed, need
+        return ids.to(self.device), packed, need
+
+    def _padded(self, ids: torch.Tensor, cu: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`ids` with a dummy sequence of pad ids appended where the layout needs it: sequence parallel splits
+        the tokens over TP (their count must divide); megatron's all-gather token dispatcher under EP gathers
+        equal token counts from every EP rank (each micro-batch is padded to `_ep_tokens`). The dummy sequence
+        attends only to itself and no log-prob is read from it."""
+        target = max(ids.numel(), self._ep_tokens) if self._ep_tokens else ids.numel()
+        if self.config.sequence_parallel:
+            target += -target % self.config.tp
+        pad = target - ids.numel()
+        if pad:
+            ids = torch.cat([ids, ids.new_full((pad,), self.pad_id)])
+            cu = torch.cat([cu, cu[-1:] + pad])
+        return ids, cu
+
+    def _dummy(self) -> tuple[torch.Tensor, Any]:
+        """(ids [1, T], THD params) of one sequence of pad ids: the forward an idle rank runs."""
+        from megatron.core.packed_seq_params import PackedSeqParams
+
+        ids, cu = self._padded(torch.full((1,), self.pad_id, dtype=torch.long), torch.tensor([0, 1], dtype=torch.int32))
+        n = ids.numel()
+        cu = cu.to(self.device)
+        return ids.to(self.device).unsqueeze(0), PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu,
+                                                                 max_seqlen_q=n, max_seqlen_kv=n)
+
+    def _idle_forward(self) -> None:
+        """Expert parallel: a rank with nothing to compute still joins its EP group's token exchange."""
+        if not self._lockstep:
+            return
+        ids, packed = self._dummy()
+        with torch.no_grad():
+            self.model(input_ids=ids, position_ids=None, attention_mask=None, packed_seq_params=packed)
+
+    def _idle_micro_batch(self) -> None:
+        if not self._lockstep:
+            return
+        ids, packed = self._dummy()
+        forward = self.ddp if self.ddp is not None else self.model
+        if self.moe:
+            from megatron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler
+
+            MoEAuxLossAutoScaler.set_loss_scale(torch.tensor(0.0, device=self.device))
+        logits = forward(input_ids=ids, position_ids=None, attention_mask=None, packed_seq_params=packed)
+        (logits.float().sum() * 0.0).backward()
 
     def _scatter(self, batch: TrainBatch, need: torch.Tensor | None, values: torch.Tensor | None) -> torch.Tensor:
         """Per-token `values` at packed indices `need` -> [B, L] in the batch's layout (zeros elsewhere)."""
@@ -272,9 +355,18 @@ class MegatronTrainer(TorchTrainer):
 
     # --- this rank's rows, gradients, optimizer -------------------------------------------------------------
     def _micro_slices(self, batch: TrainBatch) -> list[slice]:
+        """This DP rank's micro-batches. Under expert parallelism every rank gets as many (empty ones appended:
+        a rank without rows runs an idle pass) and, with the all-gather dispatcher, a common token count."""
         lengths = batch.attention_mask.sum(-1).tolist()
-        start, stop = balanced_ranges(lengths, self.dp)[self.dp_rank]
-        return token_budget_slices(lengths, start, stop, self.config.max_tokens_per_micro_batch)
+        budget = self.config.max_tokens_per_micro_batch
+        per_rank = [token_budget_slices(lengths, a, b, budget) for a, b in balanced_ranges(lengths, self.dp)]
+        own = per_rank[self.dp_rank]
+        if not self._lockstep:
+            return own
+        if self._gathers_tokens:
+            self._ep_tokens = max([sum(lengths[s]) for slices in per_rank for s in slices] or [1])
+        end = own[-1].stop if own else 0
+        return own + [slice(end, end)] * (max(map(len, per_rank)) - len(own))
 
     def _zero_grad(self) -> None:
         _zero(self.ddp, self.optimizer)
@@ -306,31 +398,57 @@ class MegatronTrainer(TorchTrainer):
         return float(grad_norm) if grad_norm is not None else math.nan
 
     def _cpu_optimizer_step(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> float:
-        """CPU (gloo) path: sum gradients over DP ranks, clip by the global norm (TP-sharded parameters summed
-        across TP ranks, replicated ones counted once — what megatron's optimizer does on CUDA), AdamW."""
+        """CPU (gloo) path, what megatron's DDP and optimizer do on CUDA: sum gradients over DP ranks (experts over
+        their expert-DP ranks), sum sequence-parallel norms' partial gradients over TP, clip by the global norm
+        (TP-sharded parameters summed across TP, experts across EP, replicated ones counted once), AdamW."""
         from megatron.core import parallel_state as ps
 
-        params = list(module.parameters())
-        for p in params:
+        from trainers.megatron import moe
+
+        named = list(module.named_parameters())
+        tp_group = ps.get_tensor_model_parallel_group() if self.config.tp > 1 else None
+        expert_dp = ps.get_expert_data_parallel_group() if self.moe else None
+        for name, p in named:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-            if self.dp > 1:
+            if moe.is_expert_param(name):
+                if expert_dp is not None and expert_dp.size() > 1:
+                    dist.all_reduce(p.grad, group=expert_dp)
+            elif self.dp > 1:
                 dist.all_reduce(p.grad, group=ps.get_data_parallel_group())
-        sharded = sum((p.grad.double().square().sum() for p in params if getattr(p, "tensor_model_parallel", False)),
-                      torch.zeros((), dtype=torch.float64))
-        if self.config.tp > 1:
-            dist.all_reduce(sharded, group=ps.get_tensor_model_parallel_group())
-        replicated = sum((p.grad.double().square().sum() for p in params
-                          if not getattr(p, "tensor_model_parallel", False)), torch.zeros((), dtype=torch.float64))
-        grad_norm = float((sharded + replicated).sqrt())
+            # megatron's rule (finalize_model_grads): sequence-parallel norms and q/k norms see only this TP rank's
+            # tokens / heads, so their gradients are partial sums
+            if tp_group is not None and ((self.config.sequence_parallel and getattr(p, "sequence_parallel", False))
+                                         or "q_layernorm" in name or "k_layernorm" in name):
+                dist.all_reduce(p.grad, group=tp_group)
+
+        def squares(keep) -> torch.Tensor:
+            return sum((p.grad.double().square().sum() for n, p in named if keep(n, p)),
+                       torch.zeros((), dtype=torch.float64))
+
+        sharded = squares(lambda n, p: not moe.is_expert_param(n) and getattr(p, "tensor_model_parallel", False))
+        if tp_group is not None:
+            dist.all_reduce(sharded, group=tp_group)
+        experts = squares(lambda n, p: moe.is_expert_param(n))
+        if self.config.ep > 1:
+            dist.all_reduce(experts, group=ps.get_expert_model_parallel_group())
+        replicated = squares(lambda n, p: not moe.is_expert_param(n) and not getattr(p, "tensor_model_parallel", False))
+        grad_norm = float((sharded + experts + replicated).sqrt())
         if not math.isfinite(grad_norm):
             return grad_norm
         scale = self.config.max_grad_norm / (grad_norm + 1e-6)
         if scale < 1.0:
-            for p in params:
+            for _, p in named:
                 p.grad.mul_(scale)
         optimizer.step()
         return grad_norm
+
+    def _backward(self, loss: torch.Tensor, share: float) -> None:
+        if self.moe:  # the routers' load-balancing losses add their gradient with the micro-batch's share too
+            from megatron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler
+
+            MoEAuxLossAutoScaler.set_loss_scale(torch.tensor(share, device=self.device))
+        super()._backward(loss, share)
 
     _STATS = ("loss", "pg_loss", "kl", "entropy", "clip_frac", "ratio_mean", "value_loss")
     _OFF_STATS = ("off_policy/weight_mean", "off_policy/clipped_frac", "off_policy/logprob_gap", "off_policy/kl")
@@ -371,8 +489,6 @@ class MegatronTrainer(TorchTrainer):
         state and step when `path` holds them."""
         from safetensors.torch import load_file
 
-        from trainers.megatron import hf_to_mcore
-
         path = Path(path)
         folder = path / "model" if (path / "model").is_dir() else path
         files = sorted(folder.glob("*.safetensors"))
@@ -381,7 +497,7 @@ class MegatronTrainer(TorchTrainer):
         hf: dict[str, torch.Tensor] = {}
         for f in files:
             hf.update(load_file(str(f)))
-        self._load_mcore(hf_to_mcore(hf, self.hf_config, tp_rank=self.tp_rank, tp_size=self.config.tp))
+        self._load_mcore(self._from_hf(hf))
         if self.ddp is not None:
             self.optimizer.reload_model_params()  # fp32 master weights from the loaded parameters
         state = path / f"trainer_rank{dist.get_rank()}.pt"
@@ -402,6 +518,10 @@ class MegatronTrainer(TorchTrainer):
 
         version = version or str(self.step_count)
         state = self.weights()
+        if self.moe and not hasattr(policy, "update_weights"):  # an engine server loads checkpoint names
+            from trainers.megatron import moe
+
+            state = moe.per_expert_layout(state, self.hf_config)
         if dist.get_rank() == 0:
             await push_weights(policy, state, version, path, save=lambda p: self._save_hf(p, state))
         return version
@@ -420,10 +540,27 @@ class MegatronTrainer(TorchTrainer):
     def _save_hf(self, path: str | Path, hf: dict[str, torch.Tensor]) -> None:
         from safetensors.torch import save_file
 
+        from trainers.megatron import moe
+
+        if self.moe:  # files hold one tensor per expert, as Hugging Face, SGLang and vLLM read them
+            hf = moe.per_expert_layout(hf, self.hf_config)
         Path(path).mkdir(parents=True, exist_ok=True)
         save_file({k: v.detach().to("cpu").contiguous() for k, v in hf.items()}, str(Path(path) / "model.safetensors"),
                   metadata={"format": "pt"})
         self.hf_config.save_pretrained(str(path))
+
+
+def _gather(local: dict[str, torch.Tensor], size: int, group: Any) -> list[dict[str, torch.Tensor]]:
+    """Every rank's `local` tensors over `group` (of `size` ranks), in rank order; [local] when size is 1."""
+    if size == 1:
+        return [local]
+    shards: list[dict[str, torch.Tensor]] = [{} for _ in range(size)]
+    for name, t in local.items():
+        parts = [torch.empty_like(t) for _ in range(size)]
+        dist.all_gather(parts, t.contiguous(), group=group)
+        for r, part in enumerate(parts):
+            shards[r][name] = part
+    return shards
 
 
 def _inner(optimizer: Any) -> list[torch.optim.Optimizer]:

@@ -86,12 +86,13 @@ class ClusterConfig:
         if engine.kind == "embedded":
             raise InvalidInput(f"{where}: cluster.backend ray places engine servers; engine.kind 'embedded' runs in "
                                "the trainer's process (use kind: serve)")
-        if self.ranks > 1 and trainer.backend != "megatron":
+        if self.ranks > 1 and trainer.backend == "torch":
             raise InvalidInput(f"{where}: cluster.trainer has {self.ranks} ranks; trainer.backend "
-                               f"{trainer.backend!r} runs on one device (use backend: megatron)")
-        if self.ranks % trainer.tp:
-            raise InvalidInput(f"{where}: trainer.tp {trainer.tp} does not divide the {self.ranks} trainer ranks "
-                               f"(cluster.trainer nodes x gpus_per_node)")
+                               f"{trainer.backend!r} runs on one device (use backend: megatron or fsdp)")
+        for name in ("tp", "ep"):
+            if self.ranks % getattr(trainer, name):
+                raise InvalidInput(f"{where}: trainer.{name} {getattr(trainer, name)} does not divide the "
+                                   f"{self.ranks} trainer ranks (cluster.trainer nodes x gpus_per_node)")
         if self.rollout["gpus"] % self.rollout["gpus_per_engine"]:
             raise InvalidInput(f"{where}: cluster.rollout.gpus_per_engine {self.rollout['gpus_per_engine']} does "
                                f"not divide cluster.rollout.gpus {self.rollout['gpus']}")

@@ -63,23 +63,52 @@ class TrainerConfig:
     lam: float = 0.95
     # RAE (estimator: rae, multi-agent self-play): the decay of the running (game, role) baselines.
     rae_decay: float = 0.95
-    # Which trainer runs the step: "torch" (TorchTrainer) or "megatron" (MegatronTrainer). The fields below are
-    # the Megatron trainer's: TP size, the token budget of a packed micro-batch, the parameter dtype
-    # ("auto": bfloat16 on CUDA, float32 on CPU).
+    # Which trainer runs the step: "torch" (TorchTrainer), "megatron" (MegatronTrainer) or "fsdp" (FSDPTrainer:
+    # TorchTrainer's step on FSDP2-sharded HF models). The fields below are the Megatron trainer's: TP size, the token
+    # budget of a packed micro-batch, the parameter dtype ("auto": bfloat16 on CUDA, float32 on CPU).
     backend: str = "torch"
     tp: int = 1
     max_tokens_per_micro_batch: int = 8192
     dtype: str = "auto"
     offload: bool = False  # megatron on CUDA: optimizer state and gradient buffers leave the GPU between steps
+    # Scale (megatron): expert-parallel size (MoE models), sequence parallelism over the TP group, activation
+    # recompute ("none" | "selective": megatron's recompute_modules, default the core attention | "full": every
+    # `recompute_layers` layers keep only their input; fsdp: "full" checkpoints each decoder layer).
+    ep: int = 1
+    sequence_parallel: bool = False
+    recompute: str = "none"
+    recompute_layers: int = 1
+    recompute_modules: list[str] | None = None
+    # MoE routers (megatron): the load-balancing loss kind and its coefficient (None: the model's
+    # router_aux_loss_coef), the token dispatcher (None: alltoall on CUDA, allgather on CPU).
+    moe_load_balancing: str = "aux_loss"
+    moe_aux_loss_coeff: float | None = None
+    moe_token_dispatcher: str | None = None
+    # FSDP2 (backend: fsdp): parameters, gradients and optimizer state in CPU memory between uses.
+    fsdp_cpu_offload: bool = False
 
     def __post_init__(self) -> None:
-        if self.backend not in ("torch", "megatron"):
-            raise ValueError(f"backend {self.backend!r}: 'torch' or 'megatron'")
-        if self.backend == "torch" and self.tp != 1:
-            raise ValueError(f"tp={self.tp} needs backend: megatron (the torch trainer runs on one device)")
-        if self.tp < 1 or self.max_tokens_per_micro_batch < 1:
-            raise ValueError(f"tp ({self.tp}) and max_tokens_per_micro_batch ({self.max_tokens_per_micro_batch}) "
+        if self.backend not in ("torch", "megatron", "fsdp"):
+            raise ValueError(f"backend {self.backend!r}: 'torch', 'megatron' or 'fsdp'")
+        if self.backend != "megatron":
+            for name in ("tp", "ep"):
+                if getattr(self, name) != 1:
+                    raise ValueError(f"{name}={getattr(self, name)} needs backend: megatron "
+                                     f"(the {self.backend} trainer has no {name.upper()} groups)")
+            if self.sequence_parallel:
+                raise ValueError("sequence_parallel needs backend: megatron with tp > 1")
+        if self.tp < 1 or self.ep < 1 or self.max_tokens_per_micro_batch < 1 or self.recompute_layers < 1:
+            raise ValueError(f"tp ({self.tp}), ep ({self.ep}), max_tokens_per_micro_batch "
+                             f"({self.max_tokens_per_micro_batch}) and recompute_layers ({self.recompute_layers}) "
                              "must be >= 1")
+        if self.sequence_parallel and self.tp == 1:
+            raise ValueError("sequence_parallel splits activations over the TP group: it needs tp > 1")
+        if self.recompute not in ("none", "selective", "full"):
+            raise ValueError(f"recompute {self.recompute!r}: 'none', 'selective' or 'full'")
+        if self.backend != "megatron" and self.recompute == "selective":
+            raise ValueError(f"recompute: selective is megatron's; the {self.backend} trainer takes 'none' or 'full'")
+        if self.backend == "torch" and self.fsdp_cpu_offload:
+            raise ValueError("fsdp_cpu_offload needs backend: fsdp")
         if self.dtype not in ("auto", "bfloat16", "float32"):
             raise ValueError(f"dtype {self.dtype!r}: 'auto', 'bfloat16' or 'float32'")
         if self.estimator not in alg.ADVANTAGE_ESTIMATORS:
@@ -246,6 +275,14 @@ class TorchTrainer:
     def _reduce_stats(self, stats: dict[str, float]) -> dict[str, float]:
         return stats
 
+    def _idle_micro_batch(self) -> None:
+        """A micro-batch without loss tokens: nothing to do here. Trainers whose ranks must run the same forward and
+        backward passes (expert parallel, FSDP) run a zero-weighted one instead."""
+
+    def _backward(self, loss: torch.Tensor, share: float) -> None:
+        """Backward of one micro-batch's loss weighted by its `share` of the mini-batch."""
+        (loss * share).backward()
+
     def _update(self, mini: TrainBatch, old: torch.Tensor | None, ref: torch.Tensor | None,
                 targets: tuple[torch.Tensor, torch.Tensor] | None = None) -> dict[str, float]:
         c = self.config
@@ -258,6 +295,7 @@ class TorchTrainer:
             cols = micro.input_ids.shape[1]  # the last `cols` columns of the mini-batch (left padding)
             mask = micro.loss_mask.to(self.device)
             if mask.sum() == 0:
+                self._idle_micro_batch()
                 continue
             logp, entropy = self.logprobs(self.model, micro, with_entropy=True)
             old_lp = logp.detach() if old is None else old[rows, -cols:].to(self.device)
@@ -283,7 +321,7 @@ class TorchTrainer:
                 loss = loss - c.entropy_coef * ent
             # exact reduction over the whole mini-batch: weight each micro-batch by its share
             share = (float(mask.sum()) / total_tokens if c.reduction == "token_mean" else micro.size / mini.size)
-            (loss * share).backward()
+            self._backward(loss, share)
             reported = {"loss": loss, "pg_loss": pg, "kl": kl_value, "entropy": ent, **pg_stats,
                         **{f"off_policy/{k}": v for k, v in off_stats.items()}}
             if targets is not None:

@@ -1,10 +1,12 @@
-"""Hugging Face <-> megatron-core weights for Llama (SmolLM2), Qwen2/2.5 (qkv bias) and Qwen3 (q/k norm).
+"""Hugging Face <-> megatron-core weights for Llama (SmolLM2), Qwen2/2.5 (qkv bias), Qwen3 (q/k norm) and
+Qwen3-MoE (Qwen3's attention, sparse MLPs: `moe.py`).
 
 Pure functions over state dicts; no model is built here. Megatron's layout differs from HF's in two
 fused projections: `linear_qkv` stores, per KV group, that group's query heads then its key then its
 value (so a TP rank owns whole KV groups), and `linear_fc1` stores gate then up — per TP rank, so a rank
 holds `[gate_r; up_r]`. Row-parallel weights (`linear_proj`, `linear_fc2`) split along the input
-dimension, the embedding and the output layer along the vocabulary; norms are replicated.
+dimension, the embedding and the output layer along the vocabulary; norms are replicated. Experts are never
+split over TP; their megatron names number them globally (`moe.local_experts` takes one EP rank's share).
 """
 
 from __future__ import annotations
@@ -14,11 +16,13 @@ from typing import Any
 
 import torch
 
-FAMILIES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+from trainers.megatron import moe
+
+FAMILIES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3_moe"}
 
 
 def model_family(hf_config: Any) -> str:
-    """"llama", "qwen2" or "qwen3" for a Hugging Face config; other model types are refused by name."""
+    """"llama", "qwen2", "qwen3" or "qwen3_moe" for a Hugging Face config; other model types are refused by name."""
     family = FAMILIES.get(getattr(hf_config, "model_type", None))
     if family is None:
         raise ValueError(f"model type {getattr(hf_config, 'model_type', None)!r} is not supported by the Megatron "
@@ -56,9 +60,12 @@ def _shard(x: torch.Tensor, dim: int, rank: int, size: int) -> torch.Tensor:
 
 def hf_to_mcore(hf: Mapping[str, torch.Tensor], hf_config: Any, *, tp_rank: int = 0, tp_size: int = 1
                 ) -> dict[str, torch.Tensor]:
-    """Megatron state dict of TP rank `tp_rank` from a full HF state dict. Missing HF weights raise a KeyError
-    naming them."""
+    """Megatron state dict of TP rank `tp_rank` from a full HF state dict (MoE experts: fused or per-expert
+    layout, all of them, numbered globally). Missing HF weights raise a KeyError naming them."""
     family = model_family(hf_config)
+    sparse = moe.sparse_layers(hf_config) if moe.is_moe(hf_config) else [False] * hf_config.num_hidden_layers
+    if any(sparse):
+        hf = moe.fused_layout(hf, hf_config)
     missing = [k for k in _required_hf_keys(hf_config) if k not in hf]
     if missing:
         raise KeyError(f"HF state dict lacks {len(missing)} weight(s) of {hf_config.model_type}: {missing[:4]}")
@@ -80,9 +87,12 @@ def hf_to_mcore(hf: Mapping[str, torch.Tensor], hf_config: Any, *, tp_rank: int 
             out[m + "self_attention.linear_qkv.bias"] = s(_qkv(hf[a + "q_proj.bias"], hf[a + "k_proj.bias"],
                                                               hf[a + "v_proj.bias"], hf_config), 0)
         out[m + "self_attention.linear_proj.weight"] = s(hf[a + "o_proj.weight"], 1)
-        if family == "qwen3":
+        if family in ("qwen3", "qwen3_moe"):
             out[m + "self_attention.q_layernorm.weight"] = hf[a + "q_norm.weight"]
             out[m + "self_attention.k_layernorm.weight"] = hf[a + "k_norm.weight"]
+        if sparse[i]:
+            out.update(moe.experts_to_mcore(hf, i))
+            continue
         gate, up = hf[h + "mlp.gate_proj.weight"], hf[h + "mlp.up_proj.weight"]
         out[m + "mlp.linear_fc1.weight"] = torch.cat([s(gate, 0), s(up, 0)], dim=0)
         out[m + "mlp.linear_fc2.weight"] = s(hf[h + "mlp.down_proj.weight"], 1)
@@ -91,8 +101,10 @@ def hf_to_mcore(hf: Mapping[str, torch.Tensor], hf_config: Any, *, tp_rank: int 
 
 def mcore_to_hf(shards: Sequence[Mapping[str, torch.Tensor]], hf_config: Any) -> dict[str, torch.Tensor]:
     """Full HF state dict from the megatron state dicts of every TP rank, in rank order (one for TP=1).
-    Tied embeddings are written once (`model.embed_tokens.weight`), as `save_pretrained` does."""
+    Tied embeddings are written once (`model.embed_tokens.weight`), as `save_pretrained` does. MoE experts are
+    read from the first shard, numbered globally, and written in transformers' fused in-memory layout."""
     family = model_family(hf_config)
+    sparse = moe.sparse_layers(hf_config) if moe.is_moe(hf_config) else [False] * hf_config.num_hidden_layers
     tp = len(shards)
     def cat(name: str, dim: int) -> torch.Tensor:
         return torch.cat([sh[name] for sh in shards], dim=dim) if tp > 1 else shards[0][name]
@@ -113,9 +125,12 @@ def mcore_to_hf(shards: Sequence[Mapping[str, torch.Tensor]], hf_config: Any) ->
             q, k, v = _split_qkv(cat(m + "self_attention.linear_qkv.bias", 0), hf_config)
             out[a + "q_proj.bias"], out[a + "k_proj.bias"], out[a + "v_proj.bias"] = q, k, v
         out[a + "o_proj.weight"] = cat(m + "self_attention.linear_proj.weight", 1)
-        if family == "qwen3":
+        if family in ("qwen3", "qwen3_moe"):
             out[a + "q_norm.weight"] = first[m + "self_attention.q_layernorm.weight"]
             out[a + "k_norm.weight"] = first[m + "self_attention.k_layernorm.weight"]
+        if sparse[i]:
+            out.update(moe.experts_to_hf(first, i, hf_config.num_experts))
+            continue
         gates, ups = zip(*(torch.chunk(sh[m + "mlp.linear_fc1.weight"], 2, dim=0) for sh in shards))
         out[h + "mlp.gate_proj.weight"] = torch.cat(gates, 0) if tp > 1 else gates[0]
         out[h + "mlp.up_proj.weight"] = torch.cat(ups, 0) if tp > 1 else ups[0]
@@ -127,9 +142,11 @@ def _required_hf_keys(c: Any) -> list[str]:
     keys = ["model.embed_tokens.weight", "model.norm.weight"]
     if not getattr(c, "tie_word_embeddings", False):
         keys.append("lm_head.weight")
+    sparse = moe.sparse_layers(c) if moe.is_moe(c) else [False] * c.num_hidden_layers
     for i in range(c.num_hidden_layers):
         h = f"model.layers.{i}."
         keys += [h + n for n in ("input_layernorm.weight", "post_attention_layernorm.weight", "self_attn.q_proj.weight",
-                                 "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
-                                 "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight")]
+                                 "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight")]
+        keys += moe.required_hf_keys(c, i) if sparse[i] else [
+            h + n for n in ("mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight")]
     return keys

@@ -1,4 +1,5 @@
-"""`build_gpt(hf_config)`: a megatron-core `GPTModel` with the shape of a Hugging Face Llama / Qwen2 / Qwen3.
+"""`build_gpt(hf_config)`: a megatron-core `GPTModel` with the shape of a Hugging Face Llama / Qwen2 / Qwen3 /
+Qwen3-MoE.
 
 Megatron's local layer spec (no Transformer Engine, no apex: neither can be installed everywhere we run)
 with two of our modules in it: `SDPAttention` as the core attention and the vectorised THD RoPE.
@@ -12,7 +13,23 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from trainers.megatron import moe
 from trainers.megatron.convert import attention_dims, model_family
+
+RECOMPUTE = ("none", "selective", "full")
+
+
+def recompute_config(recompute: str = "none", *, layers: int = 1, modules: list[str] | None = None
+                     ) -> dict[str, Any]:
+    """megatron's activation-recompute fields: "selective" recomputes `modules` (megatron's default: the core
+    attention) in the backward pass; "full" keeps only each chunk of `layers` layers' input (method "uniform")."""
+    if recompute not in RECOMPUTE:
+        raise ValueError(f"recompute {recompute!r}: one of {RECOMPUTE}")
+    if recompute == "none":
+        return {}
+    if recompute == "selective":
+        return {"recompute_granularity": "selective", **({"recompute_modules": list(modules)} if modules else {})}
+    return {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": layers}
 
 
 def rope_theta(hf_config: Any) -> float:
@@ -27,9 +44,13 @@ def rope_theta(hf_config: Any) -> float:
     return float(theta)
 
 
-def transformer_config(hf_config: Any, *, tp: int = 1, dtype: torch.dtype = torch.float32, **overrides):
+def transformer_config(hf_config: Any, *, tp: int = 1, ep: int = 1, dtype: torch.dtype = torch.float32,
+                       sequence_parallel: bool = False, recompute: str = "none", recompute_layers: int = 1,
+                       recompute_modules: list[str] | None = None, moe_options: dict[str, Any] | None = None,
+                       **overrides):
     """megatron `TransformerConfig` for `hf_config`; refuses, naming the numbers, a TP size that does not divide
-    the attention heads, the KV heads or the vocabulary."""
+    the attention heads, the KV heads or the vocabulary, an EP size that does not divide the experts (or EP on a
+    dense model), sequence parallelism without TP. `moe_options`: `moe.moe_config`'s keywords."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     family = model_family(hf_config)
@@ -39,12 +60,24 @@ def transformer_config(hf_config: Any, *, tp: int = 1, dtype: torch.dtype = torc
         if n % tp:
             raise ValueError(f"tensor-parallel size {tp} does not divide the {what} ({n}) of {c.model_type}: "
                              f"choose a TP size that divides {heads} heads and {kv} KV heads")
+    if sequence_parallel and tp == 1:
+        raise ValueError("sequence_parallel splits activations over the TP group: it needs tp > 1")
+    if ep > 1 and not moe.is_moe(c):
+        raise ValueError(f"expert-parallel size {ep} needs an MoE model; {c.model_type} is dense")
+    if moe.is_moe(c) and tp > 1 and not sequence_parallel:
+        raise ValueError(f"an MoE model with tp={tp} needs sequence_parallel: true (megatron routes each TP rank's "
+                         "share of the tokens)")
+    extra = moe.moe_config(c, ep=ep, **(moe_options or {})) if moe.is_moe(c) else {}
+    if extra and recompute_modules and "moe_act" in recompute_modules:
+        raise ValueError("recompute_modules: moe_act needs grouped-GEMM experts, which this trainer does not use")
+    extra |= recompute_config(recompute, layers=recompute_layers, modules=recompute_modules)
     cuda = torch.cuda.is_available()
     kw = dict(
         num_layers=c.num_hidden_layers, hidden_size=c.hidden_size, num_attention_heads=heads, num_query_groups=kv,
         ffn_hidden_size=c.intermediate_size, kv_channels=head_dim, normalization="RMSNorm",
         layernorm_epsilon=c.rms_norm_eps, gated_linear_unit=True, activation_func=F.silu, add_bias_linear=False,
-        add_qkv_bias=family == "qwen2" or bool(getattr(c, "attention_bias", False)), qk_layernorm=family == "qwen3",
+        add_qkv_bias=family == "qwen2" or bool(getattr(c, "attention_bias", False)),
+        qk_layernorm=family in ("qwen3", "qwen3_moe"),
         # On CUDA, SwiGLU is megatron's fused kernel (torch.compile'd); on CPU the plain ops (exact, no compile).
         hidden_dropout=0.0, attention_dropout=0.0, bias_activation_fusion=cuda, bias_dropout_fusion=False,
         masked_softmax_fusion=False, apply_rope_fusion=False, persist_layer_norm=False,
@@ -55,39 +88,46 @@ def transformer_config(hf_config: Any, *, tp: int = 1, dtype: torch.dtype = torc
         # perform_initialization also marks TP-sharded parameters (tensor_model_parallel), which the gradient norm
         # and the optimizer rely on; the HF weights overwrite the random values.
         use_cpu_initialization=not cuda, perform_initialization=True, calculate_per_token_loss=True,
-        sequence_parallel=False,
+        sequence_parallel=sequence_parallel,
     )
+    kw.update(extra)
     kw.update(overrides)
     return TransformerConfig(**kw)
 
 
 def layer_spec(config):
-    """megatron's local GPT layer spec with `SDPAttention` as the core attention (and, on CUDA, the layer
-    norms as `FusedRMSNorm`)."""
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    """megatron's local GPT block spec (dense and MoE layers as `config.moe_layer_freq` says) with `SDPAttention`
+    as the core attention and every norm (layers, q/k, final) a `FusedRMSNorm`."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
 
     from trainers.megatron.attention import SDPAttention
     from trainers.megatron.norm import FusedRMSNorm
 
-    spec = get_gpt_layer_local_spec(qk_layernorm=config.qk_layernorm, normalization="RMSNorm")
-    spec.submodules.self_attention.submodules.core_attention = SDPAttention
-    if torch.cuda.is_available():
-        spec.submodules.input_layernorm = FusedRMSNorm
-        spec.submodules.pre_mlp_layernorm = FusedRMSNorm
-    return spec
+    block = get_gpt_decoder_block_spec(config, use_transformer_engine=False, normalization="RMSNorm")
+    for spec in block.layer_specs:  # dense layers may share one spec object: setting it twice is harmless
+        attn = spec.submodules.self_attention.submodules
+        attn.core_attention = SDPAttention
+        if config.qk_layernorm:
+            attn.q_layernorm = attn.k_layernorm = FusedRMSNorm
+        spec.submodules.input_layernorm = spec.submodules.pre_mlp_layernorm = FusedRMSNorm
+    block.layer_norm = FusedRMSNorm
+    return block
 
 
 def build_gpt(hf_config: Any, *, tp: int = 1, dtype: torch.dtype = torch.float32, post_process: bool = True,
-              **overrides):
+              **options):
     """A randomly initialised `GPTModel` of `hf_config`'s shape on the current device (load weights with
     `convert.hf_to_mcore`); `post_process=False` stops before the final norm and the LM head (a critic's
-    trunk). Megatron's parallel state must be initialised (`parallel.init_parallel`)."""
+    trunk). `options`: `transformer_config`'s (ep, sequence_parallel, recompute, ...). Megatron's parallel state
+    must be initialised (`parallel.init_parallel`) with the same sizes."""
     from megatron.core.models.gpt import GPTModel
 
     from trainers.megatron.rope import install_rope_patch
 
     install_rope_patch()
-    config = transformer_config(hf_config, tp=tp, dtype=dtype, **overrides)
+    if moe.is_moe(hf_config):
+        moe.install_moe_patches()
+    config = transformer_config(hf_config, tp=tp, dtype=dtype, **options)
     model = GPTModel(config=config, transformer_layer_spec=layer_spec(config), vocab_size=hf_config.vocab_size,
                      max_sequence_length=hf_config.max_position_embeddings, position_embedding_type="rope",
                      rotary_base=rope_theta(hf_config),

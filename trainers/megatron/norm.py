@@ -1,8 +1,10 @@
-"""`FusedRMSNorm`: RMSNorm as one compiled kernel per direction, for megatron's layer spec on CUDA.
+"""`FusedRMSNorm`: every RMSNorm of our megatron layer spec; one compiled kernel per direction on CUDA.
 
 `torch.nn.RMSNorm` (megatron's choice without apex / Transformer Engine) runs as several elementwise and
 reduction kernels on bf16 activations; at 1B parameters the 33 norms of a step cost a few percent of MFU.
-Same math as Hugging Face's `LlamaRMSNorm`: normalise in fp32, cast back, scale by the weight.
+And megatron's wrapper of it refuses sequence parallelism. Same math as Hugging Face's `LlamaRMSNorm`:
+normalise in fp32, cast back, scale by the weight (eager on CPU). The weight is marked `sequence_parallel`
+as the config says, so megatron (and our CPU path) sums its partial gradients over the TP group.
 """
 
 from __future__ import annotations
@@ -31,4 +33,4 @@ class FusedRMSNorm(torch.nn.Module):
         setattr(self.weight, "sequence_parallel", config.sequence_parallel)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _fused_rms_norm(x, self.weight, self.eps)
+        return (_fused_rms_norm if x.is_cuda else rms_norm)(x, self.weight, self.eps)

@@ -20,10 +20,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def init_parallel(tp: int = 1, *, seed: int = 0) -> dict[str, int]:
-    """Initialise (once) the process group and megatron's TP/DP groups; returns rank, world, tp, dp sizes.
+def init_parallel(tp: int = 1, *, ep: int = 1, seed: int = 0) -> dict[str, int]:
+    """Initialise (once) the process group and megatron's TP / DP / EP groups; returns rank, world and the sizes.
 
-    A TP size that does not divide the world size is refused here with the sizes named.
+    A TP or EP size that does not divide the world size is refused here with the sizes named. Experts are
+    never split over TP (expert TP = 1): EP ranks hold whole experts, the attention stays TP x DP.
     """
     from megatron.core import parallel_state as ps
 
@@ -37,17 +38,24 @@ def init_parallel(tp: int = 1, *, seed: int = 0) -> dict[str, int]:
             dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{_free_port()}",
                                     rank=0, world_size=1)
     world = dist.get_world_size()
-    if world % tp:
-        raise ValueError(f"tensor-parallel size {tp} does not divide the world size {world}")
+    for what, n in (("tensor", tp), ("expert", ep)):
+        if world % n:
+            raise ValueError(f"{what}-parallel size {n} does not divide the world size {world}")
     if ps.model_parallel_is_initialized():
-        if ps.get_tensor_model_parallel_world_size() != tp:
-            raise ValueError(f"megatron is already initialised with TP={ps.get_tensor_model_parallel_world_size()}, "
-                             f"asked for TP={tp}")
+        have = (ps.get_tensor_model_parallel_world_size(), ps.get_expert_model_parallel_world_size())
+        if have != (tp, ep):
+            raise ValueError(f"megatron is already initialised with TP={have[0]}, EP={have[1]}; "
+                             f"asked for TP={tp}, EP={ep}")
     else:
-        ps.initialize_model_parallel(tensor_model_parallel_size=tp)
+        ps.initialize_model_parallel(tensor_model_parallel_size=tp, expert_model_parallel_size=ep,
+                                     expert_tensor_parallel_size=1)
+    from trainers.megatron import cpu_compat
+
+    cpu_compat.install()
     if torch.cuda.is_available():
         from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
         model_parallel_cuda_manual_seed(seed)
     return {"rank": dist.get_rank(), "world": world, "tp": tp, "dp": ps.get_data_parallel_world_size(),
-            "tp_rank": ps.get_tensor_model_parallel_rank(), "dp_rank": ps.get_data_parallel_rank()}
+            "tp_rank": ps.get_tensor_model_parallel_rank(), "dp_rank": ps.get_data_parallel_rank(), "ep": ep,
+            "ep_rank": ps.get_expert_model_parallel_rank()}

@@ -16,11 +16,11 @@ from megatron.core.transformer.module import MegatronModule
 class MegatronValueModel(MegatronModule):
     """forward(input_ids [1, T], packed_seq_params) -> hidden [T, h]; `head(norm(hidden))` gives values."""
 
-    def __init__(self, hf_config: Any, *, tp: int = 1, dtype: torch.dtype = torch.float32):
+    def __init__(self, hf_config: Any, *, tp: int = 1, dtype: torch.dtype = torch.float32, **options):
         from trainers.megatron.model import build_gpt
         from trainers.megatron.norm import FusedRMSNorm
 
-        gpt = build_gpt(hf_config, tp=tp, dtype=dtype, post_process=False)
+        gpt = build_gpt(hf_config, tp=tp, dtype=dtype, post_process=False, **options)
         super().__init__(config=gpt.config)
         self.gpt = gpt
         device = next(gpt.parameters()).device
@@ -35,6 +35,10 @@ class MegatronValueModel(MegatronModule):
     def forward(self, input_ids: torch.Tensor, packed_seq_params: Any) -> torch.Tensor:
         hidden = self.gpt(input_ids=input_ids, position_ids=None, attention_mask=None,
                           packed_seq_params=packed_seq_params)  # [T, 1, h]: no final norm without post_process
+        if self.config.sequence_parallel:  # each TP rank holds T / tp rows: the head needs them all
+            from megatron.core.tensor_parallel.mappings import gather_from_sequence_parallel_region
+
+            hidden = gather_from_sequence_parallel_region(hidden, tensor_parallel_output_grad=False)
         return hidden.squeeze(1)
 
     def values(self, hidden: torch.Tensor) -> torch.Tensor:

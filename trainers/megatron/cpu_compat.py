@@ -1,0 +1,29 @@
+"""megatron-core on a machine without CUDA (the gloo tests in CI): sequence parallelism and the MoE layers.
+
+megatron-core 0.16.1 allocates buffers with `device=torch.cuda.current_device()` throughout its
+sequence-parallel collectives, its linear layers' backward, its global memory buffer and its MoE router, and
+its sequence-parallel embedding forks the CUDA RNG tracker (for dropout, which our models do not use). Gloo
+has every collective those paths call. So where CUDA is absent — and only there, in a process that runs
+megatron (`parallel.init_parallel` calls this) — `torch.cuda.current_device()` answers the CPU device instead of
+raising, and the RNG fork is a no-op. Where CUDA exists nothing changes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+
+def _cpu_device() -> torch.device:
+    return torch.device("cpu")
+
+
+def install() -> None:
+    """Apply the two CPU stand-ins (see the module docstring); a no-op with CUDA, idempotent."""
+    if torch.cuda.is_available():
+        return
+    from megatron.core.tensor_parallel import random as mrandom
+
+    torch.cuda.current_device = _cpu_device
+    mrandom.get_cuda_rng_tracker().fork = lambda *args, **kwargs: contextlib.nullcontext()
