@@ -30,6 +30,10 @@ def main() -> None:
     ap.add_argument("--ep", type=int, default=1)
     ap.add_argument("--sp", action="store_true", help="sequence parallel over the TP group")
     ap.add_argument("--moe", action="store_true", help="a small Qwen3-MoE instead of a Llama")
+    ap.add_argument("--backend", default="megatron", choices=["megatron", "fsdp", "torch"])
+    ap.add_argument("--recompute", default="none")
+    ap.add_argument("--failed", type=int, default=0, help="the last N trajectories failed (no loss tokens): those "
+                    "micro-batches are idle on the rank that holds them")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
@@ -41,23 +45,42 @@ def main() -> None:
 
     torch.manual_seed(0)
     hf = Qwen3MoeForCausalLM(Qwen3MoeConfig(**MOE_SHAPE)) if args.moe else LlamaForCausalLM(LlamaConfig(**SHAPE))
-    trainer = MegatronTrainer(hf, TrainerConfig(backend="megatron", tp=args.tp, ep=args.ep, sequence_parallel=args.sp,
-                                                lr=1e-4, max_tokens_per_micro_batch=64), pad_id=0)
+    common = dict(lr=1e-4, recompute=args.recompute, micro_batch_size=2)
+    if args.backend == "megatron":
+        trainer = MegatronTrainer(hf, TrainerConfig(backend="megatron", tp=args.tp, ep=args.ep, max_tokens_per_micro_batch=64,
+                                                    sequence_parallel=args.sp, **common), pad_id=0)
+    elif args.backend == "fsdp":
+        from trainers.fsdp_trainer import FSDPTrainer
+
+        trainer = FSDPTrainer(hf, TrainerConfig(backend="fsdp", **common), pad_id=0)
+    else:
+        from trainers.distributed import init_process_group
+        from trainers.torch_trainer import TorchTrainer
+
+        init_process_group()
+        trainer = TorchTrainer(hf, TrainerConfig(**common), pad_id=0)
     trajs = trajectories(16, seed=7, vocab=SHAPE["vocab_size"])
+    if args.failed:
+        from dataclasses import replace
+
+        trajs = trajs[:-args.failed] + [replace(t, status="failed") for t in trajs[-args.failed:]]
     batch = pack(trajs, group_size=4, pad_id=0)
     with torch.no_grad():
         lp = trainer.logprobs(trainer.model, batch).float().cpu()
     metrics = trainer.step(trajs, group_size=4)
-    sums = torch.stack([p.detach().double().sum() for p in trainer.model.parameters()]).to(trainer.device)
+    sums = torch.stack([p.detach().double().sum() for p in trainer.model.parameters()
+                        if not hasattr(p, "full_tensor")]).to(trainer.device) if args.backend != "fsdp" else \
+        torch.zeros(1)
     gathered = [torch.empty_like(sums) for _ in range(dist.get_world_size())]
     dist.all_gather(gathered, sums)
-    w = trainer.weights()  # the full HF weights after the step, gathered over TP / EP (every rank joins)
+    w = trainer.weights()  # the full HF weights after the step, gathered over TP / EP / FSDP (every rank joins)
     if dist.get_rank() == 0:
         mask = batch.loss_mask.bool()
-        json.dump({"grad_norm": metrics["train/grad_norm"], "loss": metrics["train/loss"],
-                   "weight_sums": {k: float(v.double().sum()) for k, v in w.items()},
-                   "logprobs": lp[mask].tolist(), "param_sums": [g.cpu().tolist() for g in gathered],
-                   "parallel": trainer.parallel}, open(args.out, "w"))
+        with open(args.out, "w") as f:
+            json.dump({"grad_norm": metrics["train/grad_norm"], "loss": metrics["train/loss"],
+                       "weight_sums": {k: float(v.double().sum()) for k, v in w.items()},
+                       "logprobs": lp[mask].tolist(), "param_sums": [g.cpu().tolist() for g in gathered],
+                       "parallel": getattr(trainer, "parallel", {"world": dist.get_world_size()})}, f)
     dist.barrier()
     dist.destroy_process_group()
 

@@ -147,8 +147,16 @@ def tiny(family: str, seed: int = 0):
     layers, the middle one dense, 4 experts top-2, renormalised; "qwen3_moe_raw": the same unrenormalised) at a
     trained model's weight scale."""
     import torch
-    from transformers import (LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
-                              Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM)
+    from transformers import (
+        LlamaConfig,
+        LlamaForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+        Qwen3Config,
+        Qwen3ForCausalLM,
+        Qwen3MoeConfig,
+        Qwen3MoeForCausalLM,
+    )
 
     moe = dict(SHAPE, num_hidden_layers=3, head_dim=24, tie_word_embeddings=False, moe_intermediate_size=40,
                num_experts=4, num_experts_per_tok=2, mlp_only_layers=[1])
@@ -183,3 +191,31 @@ def trajectories(n: int, seed: int = 0, vocab: int = 96) -> list[Trajectory]:
                               rollout_logprobs=logps, spans=spans, turn_rewards=[float(i % 2)], reward=float(i % 2),
                               status="completed"))
     return out
+
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_dist_check(tmp_path, nproc: int, tp: int = 1, *extra: str, ep: int = 1) -> dict:
+    """tests/dist_check.py in `nproc` gloo processes (torchrun; alone for 1) with TP size `tp`, EP size `ep` and
+    `extra` flags (--sp, --moe, --backend B, --recompute R, --failed N); its JSON result."""
+    import json
+
+    out = tmp_path / f"dist_{nproc}_{tp}_{ep}{''.join(extra)}.json"
+    script = [os.path.join(_ROOT, "tests", "dist_check.py"), "--tp", str(tp), "--ep", str(ep), *extra,
+              "--out", str(out)]
+    cmd = [sys.executable, *script] if nproc == 1 else \
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *script]
+    env = {**os.environ, "PYTHONPATH": _ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, cwd=_ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def same_weights(a: dict, b: dict) -> None:
+    """Two runs' per-weight sums (dist_check's `weight_sums`) agree to fp32 rounding."""
+    import pytest
+
+    assert a.keys() == b.keys()
+    for k in a:
+        assert a[k] == pytest.approx(b[k], rel=1e-5, abs=1e-4), k

@@ -16,7 +16,7 @@ import torch
 
 pytest.importorskip("megatron.core", reason="megatron-core is not installed (pip install 'slime_env[megatron]')")
 
-from helpers import SHAPE, tiny, trajectories  # noqa: E402
+from helpers import SHAPE, run_dist_check, same_weights, tiny, trajectories  # noqa: E402
 
 from trainers.batch import pack  # noqa: E402
 from trainers.torch_trainer import TorchTrainer, TrainerConfig  # noqa: E402
@@ -247,7 +247,7 @@ def _megatron_thd_rope(t, cu, freqs, group):
 
 
 def test_unpadded_batch_and_token_budget_micro_batches():
-    from trainers.megatron_trainer import balanced_ranges, token_budget_slices
+    from trainers.distributed import balanced_ranges, token_budget_slices
 
     batch = pack(trajectories(4), group_size=2, pad_id=0)
     u = batch.unpadded()
@@ -352,25 +352,6 @@ def test_yaml_backend_switch_and_its_errors():
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def run_dist_check(tmp_path, nproc: int, tp: int, *extra: str, ep: int = 1) -> dict:
-    """tests/dist_check.py in `nproc` processes (torchrun; alone for 1) with TP size `tp`, EP size `ep` and `extra`
-    flags (--sp, --moe); its JSON result."""
-    out = tmp_path / f"dist_{nproc}_{tp}_{ep}{''.join(extra)}.json"
-    script = [os.path.join(ROOT, "tests", "dist_check.py"), "--tp", str(tp), "--ep", str(ep), *extra, "--out", str(out)]
-    cmd = [sys.executable, *script] if nproc == 1 else \
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *script]
-    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return json.loads(out.read_text())
-
-
-def _same_weights(a: dict, b: dict) -> None:
-    assert a.keys() == b.keys()
-    for k in a:
-        assert a[k] == pytest.approx(b[k], rel=1e-5, abs=1e-4), k
-
-
 def test_dp2_tp2_and_sequence_parallel_on_cpu_equal_one_process(tmp_path):
     """torchrun with two gloo processes: DP=2 gives the one-process gradient and identical parameters on both
     ranks; TP=2, and TP=2 with sequence parallelism (an odd token count: the padding path), give the one-process
@@ -384,19 +365,21 @@ def test_dp2_tp2_and_sequence_parallel_on_cpu_equal_one_process(tmp_path):
     for run in (tp2, sp2):
         assert run["logprobs"] == pytest.approx(one["logprobs"], abs=1e-5)
         assert run["grad_norm"] == pytest.approx(one["grad_norm"], rel=1e-5)
-        _same_weights(run["weight_sums"], one["weight_sums"])
+        same_weights(run["weight_sums"], one["weight_sums"])
     assert dp2["grad_norm"] > 0
 
 
 def test_moe_expert_parallel_2_on_cpu_equals_one_process(tmp_path):
     """Qwen3-MoE with EP=2 (each gloo rank holds 4 of the 8 experts and half the rows; tokens reach their experts
-    through megatron's dispatcher) gives the one-process log-probs, loss, gradient norm and weights after the step."""
-    one, ep2 = (run_dist_check(tmp_path, n, 1, "--moe", ep=ep) for n, ep in ((1, 1), (2, 2)))
+    through megatron's dispatcher) gives the one-process log-probs, loss, gradient norm and weights after the step.
+    The last 4 trajectories failed, so rank 1's last micro-batches have no loss tokens: it runs idle passes to
+    keep exchanging tokens with rank 0 (without them this run hangs)."""
+    one, ep2 = (run_dist_check(tmp_path, n, 1, "--moe", "--failed", "4", ep=ep) for n, ep in ((1, 1), (2, 2)))
     assert ep2["parallel"]["ep"] == 2 and ep2["parallel"]["dp"] == 2
     assert ep2["logprobs"] == pytest.approx(one["logprobs"], abs=1e-5)
     assert ep2["loss"] == pytest.approx(one["loss"], rel=1e-5, abs=1e-7)
     assert ep2["grad_norm"] == pytest.approx(one["grad_norm"], rel=1e-5)
-    _same_weights(ep2["weight_sums"], one["weight_sums"])
+    same_weights(ep2["weight_sums"], one["weight_sums"])
     assert any(".mlp.experts.gate_up_proj" in k for k in ep2["weight_sums"]) and one["grad_norm"] > 0
 
 
@@ -426,3 +409,41 @@ def test_train_loop_with_the_megatron_backend_from_the_example_config(tmp_path):
     saved = load_file(str(tmp_path / "run" / "checkpoints" / "step_1" / "model" / "model.safetensors"))
     for name in ("model.norm.weight", "model.layers.3.mlp.down_proj.weight"):
         assert torch.equal(reader.model.state_dict()[name], saved[name])
+
+
+def test_train_loop_trains_a_qwen3_moe_from_the_moe_example_config(tmp_path):
+    """examples/moe_megatron_train.yaml shrunk to the CPU: a tiny random Qwen3-MoE with SmolLM2's tokenizer, the
+    embedded engine generating through transformers' own Qwen3-MoE classes, a Megatron MoE step, the weights synced
+    into the engine in place (fused expert layout), and a checkpoint transformers loads (per-expert layout)."""
+    import asyncio
+
+    import yaml
+    from transformers import AutoModelForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    from agents import load_default_model
+    from trainers.train_loop import TrainConfig, train
+
+    _, tokenizer = load_default_model()
+    torch.manual_seed(0)
+    cfg = Qwen3MoeConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=4,
+                         num_experts_per_tok=2, norm_topk_prob=True, tie_word_embeddings=False,
+                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+    Qwen3MoeForCausalLM(cfg).save_pretrained(tmp_path / "moe")
+    tokenizer.save_pretrained(tmp_path / "moe")
+    raw = yaml.safe_load(open(os.path.join(ROOT, "examples", "moe_megatron_train.yaml")))
+    for key in ("cluster", "engine"):
+        raw.pop(key)
+    # a random model earns no reward (zero advantages): the entropy bonus gives the step a gradient to apply
+    raw["trainer"].update(ep=1, moe_token_dispatcher=None, max_tokens_per_micro_batch=512, entropy_coef=0.01, lr=1e-3)
+    raw.update(model=str(tmp_path / "moe"), run_dir=str(tmp_path / "run"), steps=1, prompts_per_step=2,
+               n_samples_per_prompt=2, eval_every=1, max_new_tokens=8, save_every=1, device="cpu")
+    raw["eval_data"]["size"] = 4
+    summary = asyncio.run(train(TrainConfig.from_dict(raw), log=lambda _: None))
+    rows = [json.loads(line) for line in open(summary["metrics"])]
+    assert [r["step"] for r in rows] == [0, 1] and rows[1]["train/tokens"] > 0
+    saved = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "checkpoints" / "step_1" / "model")
+    start = AutoModelForCausalLM.from_pretrained(tmp_path / "moe")
+    name = "model.layers.1.mlp.experts.gate_up_proj"
+    assert saved.state_dict()[name].shape == start.state_dict()[name].shape
+    assert not torch.equal(saved.state_dict()[name], start.state_dict()[name])

@@ -36,6 +36,7 @@ import torch.distributed as dist
 from slime_env.trajectory import Trajectory
 from trainers import algorithms as alg
 from trainers.batch import TrainBatch
+from trainers.distributed import balanced_ranges, lockstep, reduce_stats, token_budget_slices
 from trainers.torch_trainer import TorchTrainer, TrainerConfig
 
 
@@ -44,33 +45,6 @@ class _RefWeights:
 
     def __init__(self, state: Mapping[str, torch.Tensor]):
         self.state = {k: v.detach().to("cpu", copy=True) for k, v in state.items()}
-
-
-def balanced_ranges(lengths: list[int], parts: int) -> list[tuple[int, int]]:
-    """`parts` contiguous row ranges whose token counts are as even as a greedy cut allows (some may be empty)."""
-    total = sum(lengths)
-    bounds, acc, row = [0], 0, 0
-    for p in range(1, parts):
-        target = total * p / parts
-        while row < len(lengths) and acc + lengths[row] / 2 <= target:
-            acc += lengths[row]
-            row += 1
-        bounds.append(row)
-    bounds.append(len(lengths))
-    return list(zip(bounds, bounds[1:]))
-
-
-def token_budget_slices(lengths: list[int], start: int, stop: int, budget: int) -> list[slice]:
-    """Consecutive rows of [start, stop) in chunks of at most `budget` tokens (a longer row goes alone)."""
-    out, a, used = [], start, 0
-    for i in range(start, stop):
-        if i > a and used + lengths[i] > budget:
-            out.append(slice(a, i))
-            a, used = i, 0
-        used += lengths[i]
-    if stop > a:
-        out.append(slice(a, stop))
-    return out
 
 
 class MegatronTrainer(TorchTrainer):
@@ -360,13 +334,11 @@ class MegatronTrainer(TorchTrainer):
         lengths = batch.attention_mask.sum(-1).tolist()
         budget = self.config.max_tokens_per_micro_batch
         per_rank = [token_budget_slices(lengths, a, b, budget) for a, b in balanced_ranges(lengths, self.dp)]
-        own = per_rank[self.dp_rank]
         if not self._lockstep:
-            return own
+            return per_rank[self.dp_rank]
         if self._gathers_tokens:
             self._ep_tokens = max([sum(lengths[s]) for slices in per_rank for s in slices] or [1])
-        end = own[-1].stop if own else 0
-        return own + [slice(end, end)] * (max(map(len, per_rank)) - len(own))
+        return lockstep(per_rank, self.dp_rank)
 
     def _zero_grad(self) -> None:
         _zero(self.ddp, self.optimizer)
@@ -461,10 +433,8 @@ class MegatronTrainer(TorchTrainer):
 
         # Every rank must reduce the same keys (one with no tokens reports none): the off-policy ones when in effect.
         off = self.config.correction() != "none"
-        keys = sorted(set(self._STATS) | set(stats) | (set(self._OFF_STATS) if off else set()))
-        t = torch.tensor([stats.get(k, 0.0) for k in keys], dtype=torch.float64, device=self.device)
-        dist.all_reduce(t, group=ps.get_data_parallel_group())
-        return dict(zip(keys, t.tolist()))
+        return reduce_stats(stats, set(self._STATS) | (set(self._OFF_STATS) if off else set()),
+                            ps.get_data_parallel_group(), self.device)
 
     # --- checkpoints and weight sync ------------------------------------------------------------------------
     def save(self, path: str | Path) -> Path:

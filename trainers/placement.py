@@ -391,7 +391,7 @@ def _ray():
 
 
 def make_trainer(tc: TrainerConfig, model_path: str, policy: Any, pad_id: int, device: str = "auto") -> TorchTrainer:
-    """`TorchTrainer` or `MegatronTrainer` from float32 weights of `model_path`; next to an embedded `policy` it trains
+    """`TorchTrainer`, `MegatronTrainer` or `FSDPTrainer` from float32 weights of `model_path`; next to an embedded `policy` it trains
     on the engine's device and reuses its float32 weights as the starting point (no second read)."""
     import torch
     from transformers import AutoModelForCausalLM
@@ -406,6 +406,12 @@ def make_trainer(tc: TrainerConfig, model_path: str, policy: Any, pad_id: int, d
         from trainers.megatron_trainer import MegatronTrainer
 
         return MegatronTrainer(source, tc, pad_id=pad_id)  # reads the weights; keeps no reference to `source`
+    if tc.backend == "fsdp":
+        from trainers.fsdp_trainer import FSDPTrainer
+
+        # FSDP shards its model in place: never the engine's
+        return FSDPTrainer(copy.deepcopy(source) if source is getattr(policy, "model", None) else source, tc,
+                           pad_id=pad_id)
     if policy is not None and getattr(policy, "device", None) is not None:
         target = policy.device
     else:

@@ -171,7 +171,8 @@ class TorchTrainer:
         if r > 0:
             ids = batch.input_ids.to(self.device)
             logits = model(input_ids=ids, attention_mask=batch.attention_mask.to(self.device),
-                           position_ids=batch.position_ids.to(self.device), logits_to_keep=r + 1).logits
+                           position_ids=batch.position_ids.to(self.device), logits_to_keep=r + 1,
+                           use_cache=False).logits  # no KV cache: nothing generates, and a checkpointed layer replays
             lp[:, L - r:] = alg.token_logprobs(logits[:, :-1], ids[:, L - r:])
             if with_entropy:
                 ent[:, L - r:] = alg.entropy_from_logits(logits[:, :-1])

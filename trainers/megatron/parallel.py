@@ -7,17 +7,8 @@ runs in a notebook, in CI and on a GPU node.
 
 from __future__ import annotations
 
-import os
-import socket
-
 import torch
 import torch.distributed as dist
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def init_parallel(tp: int = 1, *, ep: int = 1, seed: int = 0) -> dict[str, int]:
@@ -28,16 +19,9 @@ def init_parallel(tp: int = 1, *, ep: int = 1, seed: int = 0) -> dict[str, int]:
     """
     from megatron.core import parallel_state as ps
 
-    if not dist.is_initialized():
-        cuda = torch.cuda.is_available()
-        if cuda:
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-            dist.init_process_group("nccl" if cuda else "gloo")
-        else:
-            dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{_free_port()}",
-                                    rank=0, world_size=1)
-    world = dist.get_world_size()
+    from trainers.distributed import init_process_group
+
+    _, world = init_process_group()
     for what, n in (("tensor", tp), ("expert", ep)):
         if world % n:
             raise ValueError(f"{what}-parallel size {n} does not divide the world size {world}")

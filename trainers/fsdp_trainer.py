@@ -1,0 +1,192 @@
+"""`FSDPTrainer`: `TorchTrainer`'s RL step on any Hugging Face causal LM sharded with FSDP2 over every rank.
+
+The path for model families Megatron conversion does not cover (slime's `--train-backend fsdp`): no conversion,
+the model's own forward. `torch.distributed.fsdp.fully_shard` shards each decoder layer (the classes the model
+names in `_no_split_modules`) and then the rest; the parameters stay float32 (the optimizer's master weights),
+and on CUDA each layer computes in bfloat16 with float32 gradient reduction (`MixedPrecisionPolicy`). Optional:
+parameters, gradients and optimizer state in CPU memory (`fsdp_cpu_offload`), activation checkpointing of every
+decoder layer (`recompute: full`).
+
+Data parallel as in `MegatronTrainer`: every rank receives the same trajectories and computes a contiguous,
+token-balanced share of each mini-batch's rows, `micro_batch_size` rows at a time; each micro-batch's loss is
+weighted by its tokens over the whole mini-batch's, and gradients are summed over ranks, so the gradient is the
+one-process gradient. Ranks run the same number of passes (an idle rank runs a zero-weighted one): FSDP gathers
+parameters in every forward. Weights leave as full tensors gathered one at a time (`weights()`, `sync`, `save`).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from trainers.batch import TrainBatch
+from trainers.distributed import balanced_ranges, init_process_group, lockstep, reduce_stats
+from trainers.torch_trainer import TorchTrainer, TrainerConfig
+
+
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The model's repeated blocks: modules of the classes it lists in `_no_split_modules` (HF's own unit of
+    sharding); refused by name when it lists none."""
+    names = set(getattr(model, "_no_split_modules", None) or [])
+    layers = [m for m in model.modules() if type(m).__name__ in names]
+    if not layers:
+        raise ValueError(f"{type(model).__name__} names no decoder layer class (_no_split_modules): FSDPTrainer "
+                         "shards a model layer by layer")
+    return layers
+
+
+class FSDPTrainer(TorchTrainer):
+    """RL updates of a Hugging Face causal LM sharded with FSDP2 (see the module docstring).
+
+    `model`: any `AutoModelForCausalLM` in float32, on any device (moved to this rank's device and sharded in
+    place). Run one process per GPU under `torchrun` (one process alone needs no launcher); every rank calls
+    `step` with the same trajectories, and `save`, `weights`, `sync` too (they gather).
+    """
+
+    def __init__(self, model: torch.nn.Module, config: TrainerConfig | None = None, *, pad_id: int):
+        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+
+        c = config or TrainerConfig(backend="fsdp")
+        if c.estimator == "ppo":
+            raise ValueError("estimator ppo (a critic) is not offered by the fsdp backend: use torch or megatron")
+        self.rank, self.world = init_process_group()
+        self.cuda = torch.cuda.is_available()
+        device = torch.device("cuda", torch.cuda.current_device()) if self.cuda else torch.device("cpu")
+        compute = {"auto": torch.bfloat16 if self.cuda else torch.float32, "bfloat16": torch.bfloat16,
+                   "float32": torch.float32}[c.dtype]
+        model = model.to(device=device, dtype=torch.float32)
+        ref = copy.deepcopy(model).eval().requires_grad_(False) if c.kl_coef > 0 else None
+        kw: dict[str, Any] = {"mp_policy": MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32)}
+        if c.fsdp_cpu_offload:
+            kw["offload_policy"] = CPUOffloadPolicy()
+        if c.recompute == "full":  # each decoder layer keeps only its input; its forward is redone in the backward
+            from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import apply_activation_checkpointing
+
+            kinds = tuple({type(m) for m in decoder_layers(model)})
+            apply_activation_checkpointing(model, check_fn=lambda m: isinstance(m, kinds))
+        for module in (model, ref) if ref is not None else (model,):
+            layers = decoder_layers(module)
+            for layer in layers:
+                fully_shard(layer, **kw)
+            fully_shard(module, **kw)
+        super().__init__(model, c, pad_id=pad_id, ref_model=ref)
+        self.device = device
+
+    # --- this rank's rows, lockstep -------------------------------------------------------------------------
+    def _micro_slices(self, batch: TrainBatch) -> list[slice]:
+        n = self.config.micro_batch_size
+        per_rank = [[slice(i, min(i + n, b)) for i in range(a, b, n)]
+                    for a, b in balanced_ranges(batch.attention_mask.sum(-1).tolist(), self.world)]
+        return lockstep(per_rank, self.rank)
+
+    def _dummy_forward(self, model: torch.nn.Module) -> torch.Tensor:
+        ids = torch.full((1, 1), self.pad_id, dtype=torch.long, device=self.device)
+        return model(input_ids=ids, use_cache=False).logits
+
+    def logprobs(self, model: torch.nn.Module, batch: TrainBatch, *, with_entropy: bool = False):
+        if batch.size == 0 or batch.response_columns() == 0:  # nothing to score: still join the parameter gathers
+            with torch.no_grad():
+                self._dummy_forward(model)
+        return super().logprobs(model, batch, with_entropy=with_entropy)
+
+    def _idle_micro_batch(self) -> None:
+        (self._dummy_forward(self.model).float().sum() * 0.0).backward()
+
+    def _backward(self, loss: torch.Tensor, share: float) -> None:
+        # FSDP averages gradients over ranks; `share` is already over the whole mini-batch, so the sum is wanted
+        super()._backward(loss * self.world, share)
+
+    def _optimizer_step(self) -> float:
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)
+        grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+        if math.isfinite(grad_norm):
+            self.optimizer.step()
+        return grad_norm
+
+    _STATS = ("loss", "pg_loss", "kl", "entropy", "clip_frac", "ratio_mean")
+    _OFF_STATS = ("off_policy/weight_mean", "off_policy/clipped_frac", "off_policy/logprob_gap", "off_policy/kl")
+
+    def _reduce_stats(self, stats: dict[str, float]) -> dict[str, float]:
+        if self.world == 1:
+            return stats
+        off = self.config.correction() != "none"
+        return reduce_stats(stats, set(self._STATS) | (set(self._OFF_STATS) if off else set()), None, self.device)
+
+    # --- weights, checkpoints, sync ----------------------------------------------------------------------------
+    @torch.no_grad()
+    def weights(self) -> dict[str, torch.Tensor]:
+        """The full weights with Hugging Face names on every rank, gathered one tensor at a time (a collective)."""
+        return {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach()
+                for k, v in self.model.state_dict().items()}
+
+    def save_weights(self, path: str | Path) -> Path:
+        """The HF model folder (safetensors + config.json), written by rank 0; every rank calls it."""
+        state = self.weights()
+        if self.rank == 0:
+            self.model.save_pretrained(path, state_dict={k: v.cpu() for k, v in state.items()},
+                                       safe_serialization=True)
+        if self.world > 1:
+            dist.barrier()
+        return Path(path)
+
+    def save(self, path: str | Path) -> Path:
+        """`path/model` (HF), each rank's optimizer shard, step and config; every rank calls it."""
+        path = Path(path)
+        self.save_weights(path / "model")
+        local = {i: {k: (v.to_local() if hasattr(v, "to_local") else v).cpu() for k, v in st.items()}
+                 for i, st in self.optimizer.state_dict()["state"].items()}
+        torch.save({"state": local, "param_groups": self.optimizer.state_dict()["param_groups"],
+                    "step": self.step_count, "world": self.world}, path / f"trainer_rank{self.rank}.pt")
+        if self.rank == 0:
+            (path / "config.json").write_text(json.dumps(asdict(self.config)))
+        return path
+
+    def load(self, path: str | Path) -> None:
+        """Weights of an HF folder (ours, any trainer's, or the model's own), then this rank's optimizer shard and
+        the step when `path` holds them (same number of ranks, else refused by name)."""
+        from safetensors.torch import load_file
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+        from torch.distributed.tensor import DTensor
+
+        path = Path(path)
+        folder = path / "model" if (path / "model").is_dir() else path
+        files = sorted(folder.glob("*.safetensors"))
+        if not files:
+            raise FileNotFoundError(f"no .safetensors weights under {folder}")
+        full: dict[str, torch.Tensor] = {}
+        for f in files:
+            full.update(load_file(str(f)))
+        set_model_state_dict(self.model, full, options=StateDictOptions(full_state_dict=True, strict=False))
+        shard = path / f"trainer_rank{self.rank}.pt"
+        if not shard.exists():
+            return
+        saved = torch.load(shard, map_location="cpu", weights_only=False)
+        if saved["world"] != self.world:
+            raise ValueError(f"{shard}: saved by {saved['world']} ranks, this run has {self.world}")
+        params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        state = {}
+        for i, st in saved["state"].items():
+            p = params[int(i)]
+            state[i] = {k: (DTensor.from_local(v.to(p.to_local().device), p.device_mesh, p.placements)
+                            if isinstance(p, DTensor) and v.dim() > 0 else v) for k, v in st.items()}
+        self.optimizer.load_state_dict({"state": state, "param_groups": saved["param_groups"]})
+        self.step_count = int(saved["step"])
+
+    async def sync(self, policy: Any, *, version: str | None = None, path: str | Path | None = None) -> str:
+        """Push the full weights (HF names) to `policy` from rank 0, as `TorchTrainer.sync` does; every rank calls it."""
+        from trainers.torch_trainer import push_weights
+
+        version = version or str(self.step_count)
+        state = self.weights()
+        if path is not None:
+            self.save_weights(path)
+        if self.rank == 0:
+            await push_weights(policy, state, version, path, save=lambda p: Path(p))
+        return version
