@@ -119,13 +119,17 @@ def row(name: str, r: dict) -> None:
         print(f"{name:58s} {r['s'] * 1e3:8.0f} {r['tokens_s']:10.0f} {r['mfu']:7.1%} {r['peak_gb']:8.1f}", flush=True)
 
 
+def _fit(r: dict) -> str:
+    return "OOM" if r.get("oom") else f"fits, peak {r['peak_gb']:.1f} GB"
+
+
 def longest(make_for, c, start: int = 32768, cap: int = 262144) -> int:
     """The longest single trajectory (tokens) whose step fits: doubling, then bisecting to 4k."""
     fits, fails = 0, None
     n = start
     while n <= cap and fails is None:
         r = measure(make_for(n), c, [n], 1)
-        print(f"  {n:7d} tokens: {'OOM' if r.get('oom') else f'fits, peak {r['peak_gb']:.1f} GB'}", flush=True)
+        print(f"  {n:7d} tokens: {_fit(r)}", flush=True)
         if r.get("oom"):
             fails = n
         else:
@@ -133,7 +137,7 @@ def longest(make_for, c, start: int = 32768, cap: int = 262144) -> int:
     while fails is not None and fails - fits > 4096:
         mid = (fits + fails) // 2 // 1024 * 1024
         r = measure(make_for(mid), c, [mid], 1)
-        print(f"  {mid:7d} tokens: {'OOM' if r.get('oom') else f'fits, peak {r['peak_gb']:.1f} GB'}", flush=True)
+        print(f"  {mid:7d} tokens: {_fit(r)}", flush=True)
         fits, fails = (fits, mid) if r.get("oom") else (mid, fails)
     return fits
 
