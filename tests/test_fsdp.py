@@ -89,3 +89,22 @@ def test_train_loop_with_the_fsdp_backend_from_the_example_config(tmp_path):
     assert rows[1]["train/tokens"] > 0 and rows[1]["train/grad_norm"] > 0
     saved = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "checkpoints" / "step_1" / "model")
     assert saved.config.model_type == "llama"
+
+
+def test_fsdp_full_recompute_reruns_every_decoder_layer_in_the_backward():
+    """`recompute: full` wraps each decoder layer in activation checkpointing: a layer's projections run twice per
+    micro-batch (forward, then again in the backward) instead of once; the step's gradient norm is unchanged."""
+    from trainers.fsdp_trainer import FSDPTrainer
+
+    runs = {}
+    for recompute in ("none", "full"):
+        trainer = FSDPTrainer(tiny("llama"), TrainerConfig(backend="fsdp", lr=1e-3, recompute=recompute,
+                                                           micro_batch_size=4), pad_id=0)
+        # q_proj, not the whole MLP: torch stops a recompute once the tensors the backward needs are back, which
+        # is before the layer's last projection finishes
+        q_proj = next(m for n, m in trainer.model.named_modules() if n.startswith("model.layers.0.") and n.endswith("self_attn.q_proj"))
+        calls = []
+        q_proj.register_forward_hook(lambda *_: calls.append(1))
+        runs[recompute] = (trainer.step(trajectories(8, seed=6), group_size=4)["train/grad_norm"], len(calls))
+    assert runs["none"][1] > 0 and runs["full"][1] == 2 * runs["none"][1]
+    assert runs["full"][0] == pytest.approx(runs["none"][0], rel=1e-6)

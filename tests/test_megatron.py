@@ -124,21 +124,28 @@ def test_parallel_sizes_that_do_not_fit_the_model_are_refused_before_anything_is
 
 @pytest.mark.parametrize("family", ["llama", "qwen3_moe"])
 def test_activation_recompute_gives_the_same_step(family, parallel):
-    """Selective and full recompute redo the forward inside the backward: the loss, the gradient norm and the
-    weights after a step equal those without recompute."""
+    """Selective recompute re-runs the core attention and full recompute every layer inside the backward (their
+    forward counts double); the loss, the gradient norm and the weights after a step equal those without."""
     from trainers.megatron_trainer import MegatronTrainer
 
     hf = tiny(family)
     trajs = trajectories(8, seed=3)
-    results = []
+    results = {}
     for recompute in ("none", "selective", "full"):
         trainer = MegatronTrainer(hf, TrainerConfig(backend="megatron", lr=1e-3, recompute=recompute,
                                                     max_tokens_per_micro_batch=48), pad_id=0)
+        layer = trainer.model.decoder.layers[0]
+        calls = {"attention": 0, "mlp": 0}
+        layer.self_attention.core_attention.register_forward_hook(lambda *_: calls.__setitem__(
+            "attention", calls["attention"] + 1))
+        layer.mlp.register_forward_hook(lambda *_: calls.__setitem__("mlp", calls["mlp"] + 1))
         metrics = trainer.step(trajs, group_size=4)
-        results.append((metrics, trainer.weights()))
-    (m0, w0), *others = results
-    assert m0["train/grad_norm"] > 0
-    for m, w in others:
+        results[recompute] = (metrics, trainer.weights(), calls)
+    m0, w0, c0 = results["none"]
+    assert m0["train/grad_norm"] > 0 and c0["attention"] == c0["mlp"] > 0
+    assert results["selective"][2] == {"attention": 2 * c0["attention"], "mlp": c0["mlp"]}
+    assert results["full"][2] == {"attention": 2 * c0["attention"], "mlp": 2 * c0["mlp"]}
+    for m, w, _ in (results["selective"], results["full"]):
         assert m["train/grad_norm"] == pytest.approx(m0["train/grad_norm"], rel=1e-6)
         assert m["train/loss"] == pytest.approx(m0["train/loss"], rel=1e-6, abs=1e-8)
         assert all(torch.allclose(w[k], w0[k], atol=1e-7, rtol=0) for k in w0)

@@ -415,6 +415,13 @@ class MegatronTrainer(TorchTrainer):
         optimizer.step()
         return grad_norm
 
+    def _training_mode(self) -> None:
+        # Train mode: megatron recomputes activations and applies the routers' load-balancing loss only in training,
+        # and our config has no dropout (hidden and attention dropout 0), so the function is the engine's either way.
+        self.model.train()
+        if self.critic is not None:
+            self.critic.train()
+
     def _backward(self, loss: torch.Tensor, share: float) -> None:
         if self.moe:  # the routers' load-balancing losses add their gradient with the micro-batch's share too
             from megatron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler

@@ -202,7 +202,7 @@ class TorchTrainer:
         targets = None
         if self.critic is not None:  # PPO: GAE over the critic's values replaces the outcome advantages
             batch, targets = self._gae(batch)
-        self.model.eval()  # dropout off: the importance ratio must compare the same function the engine sampled
+        self._training_mode()
         totals: dict[str, float] = {}
         updates = 0
         for _ in range(c.ppo_epochs):
@@ -275,6 +275,11 @@ class TorchTrainer:
 
     def _reduce_stats(self, stats: dict[str, float]) -> dict[str, float]:
         return stats
+
+    def _training_mode(self) -> None:
+        """The mode of the gradient passes: eval (dropout off: the importance ratio must compare the same function
+        the engine sampled)."""
+        self.model.eval()
 
     def _idle_micro_batch(self) -> None:
         """A micro-batch without loss tokens: nothing to do here. Trainers whose ranks must run the same forward and

@@ -2,10 +2,12 @@
 
 megatron-core 0.16.1 allocates buffers with `device=torch.cuda.current_device()` throughout its
 sequence-parallel collectives, its linear layers' backward, its global memory buffer and its MoE router, and
-its sequence-parallel embedding forks the CUDA RNG tracker (for dropout, which our models do not use). Gloo
-has every collective those paths call. So where CUDA is absent — and only there, in a process that runs
-megatron (`parallel.init_parallel` calls this) — `torch.cuda.current_device()` answers the CPU device instead of
-raising, and the RNG fork is a no-op. Where CUDA exists nothing changes.
+its sequence-parallel embedding forks the CUDA RNG tracker (for dropout, which our models do not use), and its
+activation recompute saves and restores the CUDA RNG state around each recomputed block. Gloo has every
+collective those paths call. So where CUDA is absent — and only there, in a process that runs megatron
+(`parallel.init_parallel` calls this) — `torch.cuda.current_device()` answers the CPU device instead of raising,
+the RNG fork is a no-op and the CUDA RNG state is empty (the CPU generator's state is still saved and restored
+by megatron itself). Where CUDA exists nothing changes.
 """
 
 from __future__ import annotations
@@ -27,3 +29,5 @@ def install() -> None:
 
     torch.cuda.current_device = _cpu_device
     mrandom.get_cuda_rng_tracker().fork = lambda *args, **kwargs: contextlib.nullcontext()
+    mrandom._get_cuda_rng_state = lambda *args, **kwargs: torch.empty(0, dtype=torch.uint8)
+    mrandom._set_cuda_rng_state = lambda *args, **kwargs: None
