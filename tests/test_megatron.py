@@ -29,17 +29,22 @@ def parallel():
     return init_parallel(1)
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "qwen3_moe"])
-def test_converters_round_trip_exactly(family, parallel):
-    from trainers.megatron import build_gpt, hf_to_mcore, mcore_to_hf
+@pytest.mark.parametrize("family,grouped", [("llama", True), ("qwen2", True), ("qwen3", True), ("qwen3_moe", True),
+                                            ("qwen3_moe", False)])
+def test_converters_round_trip_exactly(family, grouped, parallel):
+    """HF -> megatron -> HF is exact; the megatron names are the model's own (MoE: `GroupedExperts`' stacked
+    weights, or `SequentialMLP`'s per-expert ones)."""
+    from trainers.megatron import build_gpt, hf_to_mcore, mcore_to_hf, moe
 
     hf = tiny(family)
     state = hf.state_dict()
     mc = hf_to_mcore(state, hf.config)
-    model = build_gpt(hf.config)
+    model = build_gpt(hf.config, grouped_experts=grouped)
     own = {k for k in model.state_dict() if not k.endswith("_extra_state")}
-    assert own == set(mc), (own ^ set(mc))
-    back = mcore_to_hf([mc], hf.config)
+    named = moe.to_grouped(mc) if grouped else mc
+    assert own == set(named), (own ^ set(named))
+    assert moe.from_grouped(named).keys() == mc.keys()
+    back = mcore_to_hf([moe.from_grouped(named)], hf.config)
     expected = {k for k in state if not (hf.config.tie_word_embeddings and k == "lm_head.weight")}
     assert set(back) == expected
     for k in back:
@@ -193,13 +198,16 @@ def _packed_params(cu: torch.Tensor, longest: int):
                            max_seqlen_kv=longest)
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "qwen3_moe", "qwen3_moe_raw"])
-def test_fp32_logits_equal_the_hf_model_bshd_and_thd(family, parallel):
-    from trainers.megatron import build_gpt, hf_to_mcore
+@pytest.mark.parametrize("family,grouped", [("llama", True), ("qwen2", True), ("qwen3", True), ("qwen3_moe", True),
+                                            ("qwen3_moe", False), ("qwen3_moe_raw", True)])
+def test_fp32_logits_equal_the_hf_model_bshd_and_thd(family, grouped, parallel):
+    from trainers.megatron import build_gpt, hf_to_mcore, moe
+    from trainers.megatron_trainer import _copy_params
 
     hf = tiny(family)
-    model = build_gpt(hf.config)
-    model.load_state_dict(hf_to_mcore(hf.state_dict(), hf.config), strict=False)
+    model = build_gpt(hf.config, grouped_experts=grouped)
+    mc = hf_to_mcore(hf.state_dict(), hf.config)
+    _copy_params(model, moe.to_grouped(mc) if grouped else mc)  # every parameter, or a KeyError
     ids = torch.randint(0, SHAPE["vocab_size"], (3, 12), generator=torch.Generator().manual_seed(1))
     lengths = [5, 12, 9]
     with torch.no_grad():

@@ -91,7 +91,9 @@ class MegatronTrainer(TorchTrainer):
         self._lockstep = self.moe and c.ep > 1
         self._gathers_tokens = self._lockstep and self._dispatcher() == "allgather"
         self._ep_tokens = 0
-        self.model = build_gpt(self.hf_config, tp=c.tp, dtype=self.dtype, **self._options)
+        self.grouped = self.moe and c.moe_grouped_gemm
+        self.model = build_gpt(self.hf_config, tp=c.tp, dtype=self.dtype, grouped_experts=self.grouped,
+                               **self._options)
         self.device = next(self.model.parameters()).device
         hf_state = {k: v.detach().to("cpu") for k, v in hf_model.state_dict().items()}
         self._load_mcore(self._from_hf(hf_state))
@@ -100,7 +102,8 @@ class MegatronTrainer(TorchTrainer):
         if c.estimator == "ppo":  # the critic: this architecture without the LM head, a value head on top
             from trainers.megatron.value import MegatronValueModel
 
-            self.critic = MegatronValueModel(self.hf_config, tp=c.tp, dtype=self.dtype, **self._options)
+            self.critic = MegatronValueModel(self.hf_config, tp=c.tp, dtype=self.dtype, grouped_experts=self.grouped,
+                                             **self._options)
             mc = self._from_hf(hf_state)
             mc = {f"gpt.{k}": v for k, v in mc.items()} | {"norm.weight": mc["decoder.final_layernorm.weight"]}
             _copy_params(self.critic, mc | {f"head.{k}": v for k, v in self.critic.head.state_dict().items()})
@@ -175,13 +178,14 @@ class MegatronTrainer(TorchTrainer):
 
     # --- weights in megatron and HF names --------------------------------------------------------------
     def _from_hf(self, hf: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """This rank's megatron weights (its TP shard, its EP share of the experts) from a full HF state dict."""
+        """This rank's megatron weights (its TP shard, its EP share of the experts, stacked for `GroupedExperts`)
+        from a full HF state dict."""
         from trainers.megatron import hf_to_mcore, moe
 
         state = hf_to_mcore(hf, self.hf_config, tp_rank=self.tp_rank, tp_size=self.config.tp)
         if self.moe:
             state = moe.local_experts(state, self.hf_config.num_experts, self.ep_rank, self.config.ep)
-        return state
+        return moe.to_grouped(state) if self.grouped else state
 
     def _mcore_state(self) -> dict[str, torch.Tensor]:
         return {k: v for k, v in self.model.state_dict().items() if not k.endswith("_extra_state")}
@@ -197,7 +201,7 @@ class MegatronTrainer(TorchTrainer):
 
         from trainers.megatron import mcore_to_hf, moe
 
-        local = self._mcore_state()
+        local = moe.from_grouped(self._mcore_state()) if self.grouped else self._mcore_state()
         experts = {k: v for k, v in local.items() if moe.is_expert_param(k)}
         dense = {k: v for k, v in local.items() if k not in experts}
         shards = _gather(dense, self.config.tp, ps.get_tensor_model_parallel_group() if self.config.tp > 1 else None)

@@ -84,6 +84,7 @@ class TrainerConfig:
     moe_load_balancing: str = "aux_loss"
     moe_aux_loss_coeff: float | None = None
     moe_token_dispatcher: str | None = None
+    moe_grouped_gemm: bool = True  # experts as two grouped GEMMs per layer (GroupedExperts); false: SequentialMLP
     # FSDP2 (backend: fsdp): parameters, gradients and optimizer state in CPU memory between uses.
     fsdp_cpu_offload: bool = False
 

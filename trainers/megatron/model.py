@@ -95,12 +95,15 @@ def transformer_config(hf_config: Any, *, tp: int = 1, ep: int = 1, dtype: torch
     return TransformerConfig(**kw)
 
 
-def layer_spec(config):
+def layer_spec(config, *, grouped_experts: bool = True):
     """megatron's local GPT block spec (dense and MoE layers as `config.moe_layer_freq` says) with `SDPAttention`
-    as the core attention and every norm (layers, q/k, final) a `FusedRMSNorm`."""
+    as the core attention, every norm (layers, q/k, final) a `FusedRMSNorm` and, with `grouped_experts`, the MoE
+    layers' experts a `GroupedExperts` (else megatron's `SequentialMLP`)."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+    from megatron.core.transformer.spec_utils import ModuleSpec
 
     from trainers.megatron.attention import SDPAttention
+    from trainers.megatron.grouped_experts import GroupedExperts
     from trainers.megatron.norm import FusedRMSNorm
 
     block = get_gpt_decoder_block_spec(config, use_transformer_engine=False, normalization="RMSNorm")
@@ -110,16 +113,20 @@ def layer_spec(config):
         if config.qk_layernorm:
             attn.q_layernorm = attn.k_layernorm = FusedRMSNorm
         spec.submodules.input_layernorm = spec.submodules.pre_mlp_layernorm = FusedRMSNorm
+        experts = getattr(spec.submodules.mlp.submodules, "experts", None)
+        if experts is not None and grouped_experts:
+            spec.submodules.mlp.submodules.experts = ModuleSpec(module=GroupedExperts)
     block.layer_norm = FusedRMSNorm
     return block
 
 
 def build_gpt(hf_config: Any, *, tp: int = 1, dtype: torch.dtype = torch.float32, post_process: bool = True,
-              **options):
+              grouped_experts: bool = True, **options):
     """A randomly initialised `GPTModel` of `hf_config`'s shape on the current device (load weights with
     `convert.hf_to_mcore`); `post_process=False` stops before the final norm and the LM head (a critic's
-    trunk). `options`: `transformer_config`'s (ep, sequence_parallel, recompute, ...). Megatron's parallel state
-    must be initialised (`parallel.init_parallel`) with the same sizes."""
+    trunk). `options`: `transformer_config`'s (ep, sequence_parallel, recompute, ...); `grouped_experts`: see
+    `layer_spec` (its megatron names: `moe.to_grouped`). Megatron's parallel state must be initialised
+    (`parallel.init_parallel`) with the same sizes."""
     from megatron.core.models.gpt import GPTModel
 
     from trainers.megatron.rope import install_rope_patch
@@ -128,7 +135,8 @@ def build_gpt(hf_config: Any, *, tp: int = 1, dtype: torch.dtype = torch.float32
     if moe.is_moe(hf_config):
         moe.install_moe_patches()
     config = transformer_config(hf_config, tp=tp, dtype=dtype, **options)
-    model = GPTModel(config=config, transformer_layer_spec=layer_spec(config), vocab_size=hf_config.vocab_size,
+    model = GPTModel(config=config, transformer_layer_spec=layer_spec(config, grouped_experts=grouped_experts),
+                     vocab_size=hf_config.vocab_size,
                      max_sequence_length=hf_config.max_position_embeddings, position_embedding_type="rope",
                      rotary_base=rope_theta(hf_config),
                      share_embeddings_and_output_weights=bool(getattr(hf_config, "tie_word_embeddings", False)),

@@ -4,10 +4,10 @@ Qwen3-MoE (Qwen3-30B-A3B, -235B-A22B) is Qwen3's attention (q/k RMSNorm, GQA, no
 every layer (`mlp_only_layers` / `decoder_sparse_step` name dense ones): a linear router over `num_experts`,
 softmax, top-`num_experts_per_tok`, renormalised when `norm_topk_prob`, SwiGLU experts, no shared expert. That
 is megatron's `MoELayer` exactly: top-k on the router logits then softmax over the k (`moe_router_pre_softmax`
-off) equals softmax, top-k, renormalise; `pre_softmax` on is the unnormalised variant. Experts are megatron's
-`SequentialMLP` (one `linear_fc1` = [gate; up] and `linear_fc2` per expert: the local spec's grouped GEMM needs
-the `grouped_gemm` package). Experts are split over the expert-parallel group and never over TP
-(`expert_tensor_parallel_size=1`).
+off) equals softmax, top-k, renormalise; `pre_softmax` on is the unnormalised variant. Experts are our
+`GroupedExperts` (two grouped GEMMs per layer; `grouped_experts.py`) or megatron's `SequentialMLP` (one
+`linear_fc1` = [gate; up] and `linear_fc2` per expert). Experts are split over the expert-parallel group and never
+over TP (`expert_tensor_parallel_size=1`).
 
 Weights: transformers >= 5 keeps a layer's experts fused in memory (`mlp.experts.gate_up_proj` [E, 2F, H],
 `mlp.experts.down_proj` [E, H, F]) and writes them per expert on disk (`mlp.experts.{e}.gate_proj.weight` …, the
@@ -26,6 +26,7 @@ import torch
 
 MOE_TYPES = ("qwen3_moe",)
 _LOCAL = re.compile(r"^(.*\.mlp\.experts\.local_experts\.)(\d+)(\..*)$")
+_STACKED = re.compile(r"^(.*\.mlp\.experts\.)weight([12])$")
 _PER_EXPERT = re.compile(r"^(model\.layers\.\d+\.mlp\.experts\.)(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
 
 
@@ -125,7 +126,37 @@ def required_hf_keys(c: Any, layer: int) -> list[str]:
 
 # --- global <-> one expert-parallel rank's experts -----------------------------------------------------------
 def is_expert_param(name: str) -> bool:
-    return _LOCAL.match(name) is not None
+    """A parameter of an expert (per-expert or `GroupedExperts`' stacked names): split over EP, not DP."""
+    return _LOCAL.match(name) is not None or _STACKED.match(name) is not None
+
+
+def to_grouped(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Per-expert megatron names (one rank's experts, numbered from 0) -> `GroupedExperts`' stacked `weight1` /
+    `weight2` per layer."""
+    out, stacks = {}, {}
+    for k, v in state.items():
+        hit = _LOCAL.match(k)
+        if hit is None:
+            out[k] = v
+            continue
+        which = {".linear_fc1.weight": "1", ".linear_fc2.weight": "2"}[hit.group(3)]
+        stacks.setdefault(hit.group(1)[: -len("local_experts.")] + "weight" + which, {})[int(hit.group(2))] = v
+    for name, parts in stacks.items():
+        out[name] = torch.stack([parts[e] for e in range(len(parts))])
+    return out
+
+
+def from_grouped(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Inverse of `to_grouped`."""
+    out = {}
+    for k, v in state.items():
+        hit = _STACKED.match(k)
+        if hit is None:
+            out[k] = v
+            continue
+        for e, w in enumerate(v):
+            out[f"{hit.group(1)}local_experts.{e}.linear_fc{hit.group(2)}.weight"] = w
+    return out
 
 
 def local_experts(state: Mapping[str, torch.Tensor], n_experts: int, ep_rank: int, ep_size: int
