@@ -4,14 +4,15 @@ reused, loss, backward, optimizer), each timed after warm-up as the median of `-
 
 - `long`: the ~1B Llama of bench/megatron_mfu.py, one trajectory of `--tokens` tokens (a quarter prompt, the rest
   generated); `recompute: none` beside `full`: seconds, tokens/s, MFU (model FLOPs of the tokens / time / spec
-  peak), peak GPU memory. Then, with full recompute, the longest single trajectory that fits (doubling from
-  32k, then halving the gap), for the 1B dense model and the MoE shape below.
+  peak), peak GPU memory.
+- `longest`: with full recompute, the longest single trajectory whose step fits (doubling from 32k, then
+  bisecting), for the 1B dense model and the MoE shape below.
 - `moe`: a Qwen3-MoE shape (16 layers, hidden 1024, 16 heads / 4 KV, 16 experts of FFN 1024, top-2; ~0.9B total,
   ~0.2B active) beside the dense Qwen3 of the same active size (FFN 2048): tokens/s and MFU of active parameters.
 - `fsdp`: the 1B shape, 16 sequences of 256..2048 tokens: `FSDPTrainer` (FSDP2, bf16 compute, fp32 params)
   beside `MegatronTrainer` on the same batch: seconds, tokens/s, MFU, peak memory.
 
-Usage: python bench/trainer_scale.py [long] [moe] [fsdp] [--tokens 32768] [--iters 3]
+Usage: python bench/trainer_scale.py [long] [longest] [moe] [fsdp] [--tokens 32768] [--iters 3]
 """
 
 from __future__ import annotations
@@ -144,10 +145,9 @@ def longest(make_for, c, start: int = 32768, cap: int = 262144) -> int:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("parts", nargs="*", default=["long", "moe", "fsdp"])
+    ap.add_argument("parts", nargs="*", default=["long", "longest", "moe", "fsdp"])
     ap.add_argument("--tokens", type=int, default=32768)
     ap.add_argument("--iters", type=int, default=3)
-    ap.add_argument("--skip-longest", action="store_true")
     args = ap.parse_args()
     from transformers import LlamaConfig, Qwen3Config, Qwen3MoeConfig
 
@@ -160,14 +160,14 @@ def main() -> None:
         for rc in ("none", "selective", "full"):
             row(f"1B dense, one {n}-token trajectory, recompute {rc}",
                 measure(megatron(dense1b, recompute=rc, **budget), dense1b, [n], args.iters))
-        if not args.skip_longest:
-            print("longest single trajectory, 1B dense, recompute full:")
-            best = longest(lambda t: megatron(dense1b, recompute="full", max_tokens_per_micro_batch=t), dense1b)
-            print(f"  -> {best} tokens")
-            moe = Qwen3MoeConfig(**MOE)
-            print("longest single trajectory, MoE (0.2B active), recompute full:")
-            best = longest(lambda t: megatron(moe, recompute="full", max_tokens_per_micro_batch=t), moe)
-            print(f"  -> {best} tokens")
+    if "longest" in args.parts:
+        print("longest single trajectory, 1B dense, recompute full:")
+        best = longest(lambda t: megatron(dense1b, recompute="full", max_tokens_per_micro_batch=t), dense1b)
+        print(f"  -> {best} tokens")
+        moe = Qwen3MoeConfig(**MOE)
+        print("longest single trajectory, Qwen3-MoE shape (~0.2B active), recompute full:")
+        best = longest(lambda t: megatron(moe, recompute="full", max_tokens_per_micro_batch=t), moe)
+        print(f"  -> {best} tokens")
     if "moe" in args.parts:
         rng = random.Random(0)
         lengths = [rng.randint(1024, 4096) for _ in range(16)]
