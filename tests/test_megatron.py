@@ -462,3 +462,21 @@ def test_train_loop_trains_a_qwen3_moe_from_the_moe_example_config(tmp_path):
     name = "model.layers.1.mlp.experts.gate_up_proj"
     assert saved.state_dict()[name].shape == start.state_dict()[name].shape
     assert not torch.equal(saved.state_dict()[name], start.state_dict()[name])
+
+
+def test_moe_load_balancing_loss_reaches_the_gradient(parallel):
+    """The routers' auxiliary loss is applied in the step (megatron adds it only for modules in training mode):
+    its coefficient changes the router weights' update; with the loss off, routers still learn from the policy
+    loss alone."""
+    from trainers.megatron_trainer import MegatronTrainer
+
+    trajs = trajectories(8, seed=9)
+    routers = {}
+    for coeff in (0.0, 10.0):
+        trainer = MegatronTrainer(tiny("qwen3_moe"), TrainerConfig(backend="megatron", lr=1e-3, moe_aux_loss_coeff=coeff,
+                                                                   max_tokens_per_micro_batch=64), pad_id=0)
+        before = trainer.weights()["model.layers.0.mlp.gate.weight"].clone()
+        trainer.step(trajs, group_size=4)
+        routers[coeff] = trainer.weights()["model.layers.0.mlp.gate.weight"] - before
+    assert routers[0.0].abs().sum() > 0
+    assert not torch.allclose(routers[0.0], routers[10.0])

@@ -420,11 +420,12 @@ class MegatronTrainer(TorchTrainer):
         return grad_norm
 
     def _training_mode(self) -> None:
-        # Train mode: megatron recomputes activations and applies the routers' load-balancing loss only in training,
-        # and our config has no dropout (hidden and attention dropout 0), so the function is the engine's either way.
-        self.model.train()
+        # megatron recomputes activations and applies the routers' load-balancing loss only in training mode
+        from trainers.megatron.model import training_features_on
+
+        training_features_on(self.model)
         if self.critic is not None:
-            self.critic.train()
+            training_features_on(self.critic)
 
     def _backward(self, loss: torch.Tensor, share: float) -> None:
         if self.moe:  # the routers' load-balancing losses add their gradient with the micro-batch's share too

@@ -144,3 +144,20 @@ def build_gpt(hf_config: Any, *, tp: int = 1, dtype: torch.dtype = torch.float32
     if torch.cuda.is_available():
         model = model.cuda(torch.cuda.current_device())
     return model
+
+
+def training_features_on(model: torch.nn.Module) -> torch.nn.Module:
+    """Eval mode, except the modules whose `training` flag gates a feature the RL step needs: the transformer block
+    (full recompute), attention (selective recompute) and MoE routers and layers (the load-balancing loss). The
+    layers themselves stay in eval mode, where megatron skips its bias-dropout-add dropout (probability 0 in our
+    config, yet a kernel and a mask per layer in training mode): the function is the engine's either way."""
+    from megatron.core.transformer.attention import Attention
+    from megatron.core.transformer.moe.moe_layer import MoELayer
+    from megatron.core.transformer.moe.router import Router
+    from megatron.core.transformer.transformer_block import TransformerBlock
+
+    model.eval()
+    for m in model.modules():
+        if isinstance(m, (TransformerBlock, Attention, Router, MoELayer)):
+            m.training = True
+    return model
