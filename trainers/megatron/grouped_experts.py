@@ -49,9 +49,9 @@ class GroupedExperts(MegatronModule):
         self.weight2 = torch.nn.Parameter(torch.empty(e, h, f, dtype=config.params_dtype, device=device))
         for w in (self.weight1, self.weight2):
             torch.nn.init.normal_(w, std=config.init_method_std)
-            # megatron's DDP and optimizer treat `allreduce=False` parameters as expert-parallel (their gradients
-            # reduce over the expert-data-parallel group), as its own GroupedMLP marks them
-            w.allreduce = config.expert_model_parallel_size == 1
+            # megatron's DDP reduces `allreduce=False` parameters over the expert-data-parallel group: every rank
+            # holding these experts, TP ranks included (each routes its own share of the tokens under SP)
+            w.allreduce = False
 
     def forward(self, hidden: torch.Tensor, tokens_per_expert: torch.Tensor, probs: torch.Tensor):
         fast = grouped_mm_available(hidden)

@@ -1,9 +1,10 @@
 """`build_gpt(hf_config)`: a megatron-core `GPTModel` with the shape of a Hugging Face Llama / Qwen2 / Qwen3 /
 Qwen3-MoE.
 
-Megatron's local layer spec (no Transformer Engine, no apex: neither can be installed everywhere we run)
-with two of our modules in it: `SDPAttention` as the core attention and the vectorised THD RoPE.
-Fusions that need TE or apex are off; RMSNorm is `torch.nn.RMSNorm`.
+Megatron's local block spec (no Transformer Engine, no apex: neither can be installed everywhere we run)
+with our modules in it: `SDPAttention` as the core attention, the vectorised THD RoPE, `FusedRMSNorm` for every
+norm and, in MoE layers, `GroupedExperts`. Fusions that need TE or apex are off. `transformer_config` checks
+the parallel sizes against the model; `training_features_on` sets the modes of an RL step.
 """
 
 from __future__ import annotations
@@ -69,7 +70,8 @@ def transformer_config(hf_config: Any, *, tp: int = 1, ep: int = 1, dtype: torch
                          "share of the tokens)")
     extra = moe.moe_config(c, ep=ep, **(moe_options or {})) if moe.is_moe(c) else {}
     if extra and recompute_modules and "moe_act" in recompute_modules:
-        raise ValueError("recompute_modules: moe_act needs grouped-GEMM experts, which this trainer does not use")
+        raise ValueError("recompute_modules: moe_act recomputes megatron's GroupedMLP (the grouped_gemm package), "
+                         "which this trainer does not use")
     extra |= recompute_config(recompute, layers=recompute_layers, modules=recompute_modules)
     cuda = torch.cuda.is_available()
     kw = dict(
