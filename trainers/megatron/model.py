@@ -151,8 +151,8 @@ def build_gpt(hf_config: Any, *, tp: int = 1, dtype: torch.dtype = torch.float32
 def training_features_on(model: torch.nn.Module) -> torch.nn.Module:
     """Eval mode, except the modules whose `training` flag gates a feature the RL step needs: the transformer block
     (full recompute), attention (selective recompute) and MoE routers and layers (the load-balancing loss). The
-    layers themselves stay in eval mode, where megatron skips its bias-dropout-add dropout (probability 0 in our
-    config, yet a kernel and a mask per layer in training mode): the function is the engine's either way."""
+    layers themselves stay in eval mode: their flag gates only dropout (probability 0 in our config), so the
+    function is the engine's either way."""
     from megatron.core.transformer.attention import Attention
     from megatron.core.transformer.moe.moe_layer import MoELayer
     from megatron.core.transformer.moe.router import Router
