@@ -27,8 +27,8 @@ import torch
 import torch.distributed as dist
 
 from trainers.batch import TrainBatch
-from trainers.distributed import balanced_ranges, init_process_group, lockstep, reduce_stats
-from trainers.torch_trainer import TorchTrainer, TrainerConfig
+from trainers.distributed import balanced_ranges, init_process_group, lockstep
+from trainers.torch_trainer import TorchTrainer, TrainerConfig, read_hf_weights
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -110,14 +110,8 @@ class FSDPTrainer(TorchTrainer):
             self.optimizer.step()
         return grad_norm
 
-    _STATS = ("loss", "pg_loss", "kl", "entropy", "clip_frac", "ratio_mean")
-    _OFF_STATS = ("off_policy/weight_mean", "off_policy/clipped_frac", "off_policy/logprob_gap", "off_policy/kl")
-
     def _reduce_stats(self, stats: dict[str, float]) -> dict[str, float]:
-        if self.world == 1:
-            return stats
-        off = self.config.correction() != "none"
-        return reduce_stats(stats, set(self._STATS) | (set(self._OFF_STATS) if off else set()), None, self.device)
+        return stats if self.world == 1 else self._sum_stats(stats, None)
 
     # --- weights, checkpoints, sync ----------------------------------------------------------------------------
     @torch.no_grad()
@@ -151,19 +145,12 @@ class FSDPTrainer(TorchTrainer):
     def load(self, path: str | Path) -> None:
         """Weights of an HF folder (ours, any trainer's, or the model's own), then this rank's optimizer shard and
         the step when `path` holds them (same number of ranks, else refused by name)."""
-        from safetensors.torch import load_file
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
         from torch.distributed.tensor import DTensor
 
         path = Path(path)
-        folder = path / "model" if (path / "model").is_dir() else path
-        files = sorted(folder.glob("*.safetensors"))
-        if not files:
-            raise FileNotFoundError(f"no .safetensors weights under {folder}")
-        full: dict[str, torch.Tensor] = {}
-        for f in files:
-            full.update(load_file(str(f)))
-        set_model_state_dict(self.model, full, options=StateDictOptions(full_state_dict=True, strict=False))
+        set_model_state_dict(self.model, read_hf_weights(path),
+                             options=StateDictOptions(full_state_dict=True, strict=False))
         shard = path / f"trainer_rank{self.rank}.pt"
         if not shard.exists():
             return

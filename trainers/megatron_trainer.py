@@ -36,8 +36,8 @@ import torch.distributed as dist
 from slime_env.trajectory import Trajectory
 from trainers import algorithms as alg
 from trainers.batch import TrainBatch
-from trainers.distributed import balanced_ranges, lockstep, reduce_stats, token_budget_slices
-from trainers.torch_trainer import TorchTrainer, TrainerConfig
+from trainers.distributed import balanced_ranges, lockstep, token_budget_slices
+from trainers.torch_trainer import TorchTrainer, TrainerConfig, read_hf_weights
 
 
 class _RefWeights:
@@ -89,11 +89,11 @@ class MegatronTrainer(TorchTrainer):
         # Expert parallel: the ranks of an EP group exchange tokens in every MoE layer, so they run the same number
         # of forward and backward passes; megatron's all-gather dispatcher also needs equal token counts.
         self._lockstep = self.moe and c.ep > 1
-        self._gathers_tokens = self._lockstep and self._dispatcher() == "allgather"
         self._ep_tokens = 0
         self.grouped = self.moe and c.moe_grouped_gemm
         self.model = build_gpt(self.hf_config, tp=c.tp, dtype=self.dtype, grouped_experts=self.grouped,
                                **self._options)
+        self._gathers_tokens = self._lockstep and self.model.config.moe_token_dispatcher_type == "allgather"
         self.device = next(self.model.parameters()).device
         hf_state = {k: v.detach().to("cpu") for k, v in hf_model.state_dict().items()}
         self._load_mcore(self._from_hf(hf_state))
@@ -169,12 +169,6 @@ class MegatronTrainer(TorchTrainer):
             for group in inner.param_groups:
                 group["foreach"], group["fused"] = False, True
         return ddp, optimizer
-
-    def _dispatcher(self) -> str:
-        from trainers.megatron import moe
-
-        return moe.moe_config(self.hf_config, ep=self.config.ep, dispatcher=self.config.moe_token_dispatcher)[
-            "moe_token_dispatcher_type"]
 
     # --- weights in megatron and HF names --------------------------------------------------------------
     def _from_hf(self, hf: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -434,19 +428,14 @@ class MegatronTrainer(TorchTrainer):
             MoEAuxLossAutoScaler.set_loss_scale(torch.tensor(share, device=self.device))
         super()._backward(loss, share)
 
-    _STATS = ("loss", "pg_loss", "kl", "entropy", "clip_frac", "ratio_mean", "value_loss")
-    _OFF_STATS = ("off_policy/weight_mean", "off_policy/clipped_frac", "off_policy/logprob_gap", "off_policy/kl")
+    _STATS = TorchTrainer._STATS + ("value_loss",)
 
     def _reduce_stats(self, stats: dict[str, float]) -> dict[str, float]:
-        """Sum each rank's token-weighted partial stats over DP (every rank joins, even one with no tokens)."""
         if self.dp == 1:
             return stats
         from megatron.core import parallel_state as ps
 
-        # Every rank must reduce the same keys (one with no tokens reports none): the off-policy ones when in effect.
-        off = self.config.correction() != "none"
-        return reduce_stats(stats, set(self._STATS) | (set(self._OFF_STATS) if off else set()),
-                            ps.get_data_parallel_group(), self.device)
+        return self._sum_stats(stats, ps.get_data_parallel_group())
 
     # --- checkpoints and weight sync ------------------------------------------------------------------------
     def save(self, path: str | Path) -> Path:
@@ -469,17 +458,8 @@ class MegatronTrainer(TorchTrainer):
     def load(self, path: str | Path) -> None:
         """Weights from `path/model` (HF safetensors: ours, or any of this architecture), then the optimizer
         state and step when `path` holds them."""
-        from safetensors.torch import load_file
-
         path = Path(path)
-        folder = path / "model" if (path / "model").is_dir() else path
-        files = sorted(folder.glob("*.safetensors"))
-        if not files:
-            raise FileNotFoundError(f"no .safetensors weights under {folder}")
-        hf: dict[str, torch.Tensor] = {}
-        for f in files:
-            hf.update(load_file(str(f)))
-        self._load_mcore(self._from_hf(hf))
+        self._load_mcore(self._from_hf(read_hf_weights(path)))
         if self.ddp is not None:
             self.optimizer.reload_model_params()  # fp32 master weights from the loaded parameters
         state = path / f"trainer_rank{dist.get_rank()}.pt"

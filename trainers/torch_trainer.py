@@ -277,6 +277,18 @@ class TorchTrainer:
     def _reduce_stats(self, stats: dict[str, float]) -> dict[str, float]:
         return stats
 
+    # The statistics every rank of a data-parallel trainer reports (zeros from a rank with no tokens).
+    _STATS = ("loss", "pg_loss", "kl", "entropy", "clip_frac", "ratio_mean")
+    _OFF_STATS = ("off_policy/weight_mean", "off_policy/clipped_frac", "off_policy/logprob_gap", "off_policy/kl")
+
+    def _sum_stats(self, stats: dict[str, float], group: Any) -> dict[str, float]:
+        """Each rank's token-weighted partial `stats` summed over `group`; every rank sends the same keys: `_STATS`,
+        and the off-policy ones when a correction is in effect."""
+        from trainers.distributed import reduce_stats
+
+        off = self.config.correction() != "none"
+        return reduce_stats(stats, set(self._STATS) | (set(self._OFF_STATS) if off else set()), group, self.device)
+
     def _training_mode(self) -> None:
         """The mode of the gradient passes: eval (dropout off: the importance ratio must compare the same function
         the engine sampled)."""
@@ -412,6 +424,22 @@ async def push_weights(policy: Any, state: dict[str, torch.Tensor], version: str
     else:
         raise TypeError(f"{type(policy).__name__} takes no weights: it has neither update_weights, "
                         "update_weights_from_tensor nor update_weights_from_disk")
+
+
+def read_hf_weights(path: str | Path) -> dict[str, torch.Tensor]:
+    """Every tensor of the HF folder `path/model` (a trainer checkpoint) or `path` itself (a model folder), read
+    from its safetensors files; FileNotFoundError naming the folder when it holds none."""
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    folder = path / "model" if (path / "model").is_dir() else path
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no .safetensors weights under {folder}")
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        state.update(load_file(str(f)))
+    return state
 
 
 def _pad_left(x: torch.Tensor, cols: int) -> torch.Tensor:

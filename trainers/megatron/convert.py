@@ -63,7 +63,7 @@ def hf_to_mcore(hf: Mapping[str, torch.Tensor], hf_config: Any, *, tp_rank: int 
     """Megatron state dict of TP rank `tp_rank` from a full HF state dict (MoE experts: fused or per-expert
     layout, all of them, numbered globally). Missing HF weights raise a KeyError naming them."""
     family = model_family(hf_config)
-    sparse = moe.sparse_layers(hf_config) if moe.is_moe(hf_config) else [False] * hf_config.num_hidden_layers
+    sparse = moe.sparse_layers(hf_config)
     if any(sparse):
         hf = moe.fused_layout(hf, hf_config)
     missing = [k for k in _required_hf_keys(hf_config) if k not in hf]
@@ -104,7 +104,7 @@ def mcore_to_hf(shards: Sequence[Mapping[str, torch.Tensor]], hf_config: Any) ->
     Tied embeddings are written once (`model.embed_tokens.weight`), as `save_pretrained` does. MoE experts are
     read from the first shard, numbered globally, and written in transformers' fused in-memory layout."""
     family = model_family(hf_config)
-    sparse = moe.sparse_layers(hf_config) if moe.is_moe(hf_config) else [False] * hf_config.num_hidden_layers
+    sparse = moe.sparse_layers(hf_config)
     tp = len(shards)
     def cat(name: str, dim: int) -> torch.Tensor:
         return torch.cat([sh[name] for sh in shards], dim=dim) if tp > 1 else shards[0][name]
@@ -142,7 +142,7 @@ def _required_hf_keys(c: Any) -> list[str]:
     keys = ["model.embed_tokens.weight", "model.norm.weight"]
     if not getattr(c, "tie_word_embeddings", False):
         keys.append("lm_head.weight")
-    sparse = moe.sparse_layers(c) if moe.is_moe(c) else [False] * c.num_hidden_layers
+    sparse = moe.sparse_layers(c)
     for i in range(c.num_hidden_layers):
         h = f"model.layers.{i}."
         keys += [h + n for n in ("input_layernorm.weight", "post_attention_layernorm.weight", "self_attn.q_proj.weight",

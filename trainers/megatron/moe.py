@@ -35,7 +35,9 @@ def is_moe(hf_config: Any) -> bool:
 
 
 def sparse_layers(c: Any) -> list[bool]:
-    """Which decoder layers are MoE, by transformers' own rule for Qwen3-MoE."""
+    """Which decoder layers are MoE, by transformers' own rule for Qwen3-MoE (none of a dense model's)."""
+    if not is_moe(c):
+        return [False] * c.num_hidden_layers
     step, dense = getattr(c, "decoder_sparse_step", 1) or 1, set(getattr(c, "mlp_only_layers", None) or [])
     return [i not in dense and c.num_experts > 0 and (i + 1) % step == 0 for i in range(c.num_hidden_layers)]
 

@@ -62,8 +62,8 @@ _installed = False
 
 
 def install_rope_patch() -> None:
-    """Route megatron's unfused THD RoPE to `apply_rotary_pos_emb_thd` (context parallel size 1), and let
-    `RotaryEmbedding` run on CPU (megatron moves its frequencies to `torch.cuda.current_device()`). Idempotent."""
+    """Route megatron's unfused THD RoPE to `apply_rotary_pos_emb_thd` (context parallel size 1). Idempotent.
+    (On CPU, `RotaryEmbedding` moves its frequencies to `torch.cuda.current_device()`: `cpu_compat` answers that.)"""
     global _installed
     if _installed:
         return
@@ -77,16 +77,4 @@ def install_rope_patch() -> None:
                                         multi_latent_attention=multi_latent_attention, mscale=mscale)
 
     rope_utils._apply_rotary_pos_emb_thd = thd
-
-    from megatron.core.models.common.embeddings import rotary_pos_embedding as rpe
-
-    if not torch.cuda.is_available():
-        def get_emb_cpu(self, max_seq_len, offset=0):
-            freqs = self.get_freqs_non_repeated(max_seq_len, offset)
-            emb = torch.cat((freqs, freqs), dim=-1) if not self.rotary_interleaved else \
-                torch.stack((freqs.view(-1, 1), freqs.view(-1, 1)), dim=-1).view(freqs.shape[0], -1)
-            return emb[:, None, None, :]
-
-        rpe.RotaryEmbedding.get_emb = get_emb_cpu
-        rpe.RotaryEmbedding.forward.cache_clear()
     _installed = True
