@@ -1,7 +1,11 @@
 """The Megatron-core trainer on CPU (megatron-core with gloo, fp32, tiny shapes): converters, parity with
 Hugging Face models and with `TorchTrainer`, the RoPE patch, THD packing, config errors.
 
-The GPU-only parts (bf16, megatron's distributed optimizer, DP/TP on two GPUs) are in tests/gpu/.
+A stand-in, said plainly: megatron-core allocates on `torch.cuda.current_device()` in its sequence-parallel
+collectives, MoE router and recompute (and saves CUDA RNG state there); on this CPU-only machine
+`trainers/megatron/cpu_compat.py` answers the CPU device and an empty CUDA RNG state, so those paths run with gloo.
+The real CUDA paths (bf16, megatron's distributed optimizer, the all-to-all dispatcher, grouped GEMM, DP/TP/EP/SP on
+two GPUs) are in tests/gpu/.
 """
 
 from __future__ import annotations
