@@ -1,6 +1,7 @@
 """One process of a DP / TP check of `MegatronTrainer`, started under torchrun by tests/test_megatron.py (CPU,
 gloo, fp32) and tests/gpu/test_megatron_gpu.py (GPUs, NCCL, bf16), or alone for the one-process reference.
-Trains one GRPO step of a small random Llama on a fixed global batch with the given TP size (DP = world / TP)
+Trains one GRPO step of a small random Llama on a fixed global batch with the given TP / CP / EP sizes (DP = world /
+(TP x CP))
 and writes, from rank 0, JSON: the gradient norm and loss, the packed log-probs before the step, and a
 checksum of every parameter on every rank (gathered)."""
 
@@ -28,6 +29,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--ep", type=int, default=1)
+    ap.add_argument("--cp", type=int, default=1)
     ap.add_argument("--sp", action="store_true", help="sequence parallel over the TP group")
     ap.add_argument("--moe", action="store_true", help="a small Qwen3-MoE instead of a Llama")
     ap.add_argument("--backend", default="megatron", choices=["megatron", "fsdp", "torch"])
@@ -47,7 +49,8 @@ def main() -> None:
     hf = Qwen3MoeForCausalLM(Qwen3MoeConfig(**MOE_SHAPE)) if args.moe else LlamaForCausalLM(LlamaConfig(**SHAPE))
     common = dict(lr=1e-4, recompute=args.recompute, micro_batch_size=2)
     if args.backend == "megatron":
-        trainer = MegatronTrainer(hf, TrainerConfig(backend="megatron", tp=args.tp, ep=args.ep, max_tokens_per_micro_batch=64,
+        trainer = MegatronTrainer(hf, TrainerConfig(backend="megatron", tp=args.tp, ep=args.ep, cp=args.cp,
+                                                    max_tokens_per_micro_batch=64,
                                                     sequence_parallel=args.sp, **common), pad_id=0)
     elif args.backend == "fsdp":
         from trainers.fsdp_trainer import FSDPTrainer

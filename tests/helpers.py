@@ -196,13 +196,13 @@ def trajectories(n: int, seed: int = 0, vocab: int = 96) -> list[Trajectory]:
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def run_dist_check(tmp_path, nproc: int, tp: int = 1, *extra: str, ep: int = 1) -> dict:
-    """tests/dist_check.py in `nproc` gloo processes (torchrun; alone for 1) with TP size `tp`, EP size `ep` and
-    `extra` flags (--sp, --moe, --backend B, --recompute R, --failed N); its JSON result."""
+def run_dist_check(tmp_path, nproc: int, tp: int = 1, *extra: str, ep: int = 1, cp: int = 1) -> dict:
+    """tests/dist_check.py in `nproc` gloo processes (torchrun; alone for 1) with TP size `tp`, EP size `ep`, CP
+    size `cp` and `extra` flags (--sp, --moe, --backend B, --recompute R, --failed N); its JSON result."""
     import json
 
-    out = tmp_path / f"dist_{nproc}_{tp}_{ep}{''.join(extra)}.json"
-    script = [os.path.join(_ROOT, "tests", "dist_check.py"), "--tp", str(tp), "--ep", str(ep), *extra,
+    out = tmp_path / f"dist_{nproc}_{tp}_{ep}_{cp}{''.join(extra)}.json"
+    script = [os.path.join(_ROOT, "tests", "dist_check.py"), "--tp", str(tp), "--ep", str(ep), "--cp", str(cp), *extra,
               "--out", str(out)]
     cmd = [sys.executable, *script] if nproc == 1 else \
         [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *script]

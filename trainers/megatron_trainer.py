@@ -11,8 +11,10 @@ loss, KL, entropy and TIS, the exact per-mini-batch reduction. What differs:
   masked-token count and gradients are summed across ranks (`calculate_per_token_loss`), so the gradient
   equals the one-GPU gradient.
 - **Scale.** Sequence parallelism over the TP group (a packed micro-batch is padded to a multiple of TP with a
-  dummy sequence), megatron's activation recompute, and MoE models (Qwen3-MoE) with experts split over the
-  expert-parallel group (`trainers.megatron.moe`).
+  dummy sequence), context parallelism over packed sequences (`trainers.megatron.context_parallel`: each CP rank
+  holds two balanced chunks of every sequence; log-probs summed over the CP group), megatron's activation
+  recompute, and MoE models (Qwen3-MoE) with experts split over the expert-parallel group
+  (`trainers.megatron.moe`).
 - **Optimizer.** On CUDA: megatron DDP (fp32 gradient buffers) and megatron's distributed Adam with fp32
   master weights over bf16 parameters, gradient clipping inside. On CPU (tests, fp32): `torch.optim.AdamW`.
 - **Reference model.** Its weights stay on the CPU and are swapped into the model for the no-grad pass.
@@ -25,8 +27,8 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import asdict
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,12 +49,25 @@ class _RefWeights:
         self.state = {k: v.detach().to("cpu", copy=True) for k, v in state.items()}
 
 
+@dataclass
+class _Packed:
+    """A micro-batch as this rank feeds it to the model: its (CP share of the) packed `ids` [1, T'], the THD
+    `params`, the batch's loss-masked tokens (`need`, indices into the unpadded packed rows), and for each of them
+    the local row of the logit that scores it (`src`, -1 where another CP rank holds it) and its token id."""
+
+    ids: torch.Tensor
+    params: Any
+    need: torch.Tensor
+    src: torch.Tensor
+    targets: torch.Tensor
+
+
 class MegatronTrainer(TorchTrainer):
     """RL updates of a Hugging Face Llama / Qwen2 / Qwen3 / Qwen3-MoE model trained as a megatron `GPTModel`.
 
     `hf_model` gives the architecture and the initial weights (any device; it is not kept). Run one process
-    per GPU under `torchrun` for TP x DP (`config.tp`; MoE: `config.ep`); every rank must call `step` with the
-    same trajectories.
+    per GPU under `torchrun` for TP x CP x DP (`config.tp`, `config.cp`; MoE: `config.ep`); every rank must call
+    `step` with the same trajectories.
     `step(trajectories, group_size) -> metrics`, `save(path)`, `load(path)`, `await sync(policy)`,
     `hf_state_dict()` (the current weights with HF names, on every rank).
     """
@@ -72,19 +87,20 @@ class MegatronTrainer(TorchTrainer):
         from trainers.megatron import moe
 
         # Every size is checked against the model before the process group or any weight is allocated.
-        self._options = dict(ep=c.ep, sequence_parallel=c.sequence_parallel, recompute=c.recompute,
+        self._options = dict(ep=c.ep, cp=c.cp, sequence_parallel=c.sequence_parallel, recompute=c.recompute,
                              recompute_layers=c.recompute_layers, recompute_modules=c.recompute_modules,
                              moe_options=dict(aux_loss_coeff=c.moe_aux_loss_coeff, load_balancing=c.moe_load_balancing,
                                               dispatcher=c.moe_token_dispatcher))
         from trainers.megatron import transformer_config
 
         transformer_config(self.hf_config, tp=c.tp, dtype=self.dtype, **self._options)
-        self.parallel = init_parallel(c.tp, ep=c.ep)
+        self.parallel = init_parallel(c.tp, ep=c.ep, cp=c.cp)
         from megatron.core import parallel_state as ps
 
         self.tp_rank, self.dp, self.dp_rank = ps.get_tensor_model_parallel_rank(), self.parallel["dp"], \
             self.parallel["dp_rank"]
         self.ep_rank = self.parallel["ep_rank"]
+        self.cp, self.cp_rank = c.cp, self.parallel["cp_rank"]
         self.moe = moe.is_moe(self.hf_config)
         # Expert parallel: the ranks of an EP group exchange tokens in every MoE layer, so they run the same number
         # of forward and backward passes; megatron's all-gather dispatcher also needs equal token counts.
@@ -227,14 +243,37 @@ class MegatronTrainer(TorchTrainer):
             self._idle_forward()
             zeros = self._scatter(batch, None, None)
             return (zeros, zeros.clone()) if with_entropy else zeros
-        ids, packed, need = p
         forward = self.ddp if (self.ddp is not None and model is self.model) else self.model
-        logits = forward(input_ids=ids.unsqueeze(0), position_ids=None, attention_mask=None,
-                         packed_seq_params=packed)[0]  # [T, V / tp]
-        out = vocab_parallel_logprobs(logits[need - 1], ids[need], with_entropy=with_entropy)
+        logits = forward(input_ids=p.ids, position_ids=None, attention_mask=None,
+                         packed_seq_params=p.params)[0]  # [T', V / tp]
+
+        def score(rows: torch.Tensor, targets: torch.Tensor):
+            out = vocab_parallel_logprobs(rows, targets, with_entropy=with_entropy)
+            return out if with_entropy else (out,)
+
+        out = self._at_scored(p, logits, score)
         if not with_entropy:
-            return self._scatter(batch, need, out)
-        return self._scatter(batch, need, out[0]), self._scatter(batch, need, out[1])
+            return self._scatter(batch, p.need, out[0])
+        return self._scatter(batch, p.need, out[0]), self._scatter(batch, p.need, out[1])
+
+    def _at_scored(self, p: _Packed, local: torch.Tensor, fn: Callable[..., Sequence[torch.Tensor]]
+                   ) -> list[torch.Tensor]:
+        """`fn(rows of local that score a loss token, their target ids)` -> per-token tensors, as [len(p.need)]
+        each. Under CP every rank computes the tokens whose scoring row it holds and the sums over the CP group
+        complete them (backward: each rank's own share)."""
+        if self.cp == 1:
+            return list(fn(local[p.src], p.targets))
+        from trainers.megatron.context_parallel import sum_over_cp
+        from megatron.core import parallel_state as ps
+
+        mine = (p.src >= 0).nonzero().squeeze(-1)
+        parts = fn(local[p.src[mine]], p.targets[mine])
+        group = ps.get_context_parallel_group()
+        # A rank that scores nothing here still joins the backward: its K/V fed the other ranks' queries, and the
+        # all-gather's backward is a collective.
+        tie = local.reshape(-1)[0].float() * 0.0 if mine.numel() == 0 else 0.0
+        return [sum_over_cp(torch.zeros(p.need.numel(), dtype=torch.float32, device=self.device)
+                            .index_put((mine,), part.float()) + tie, group) for part in parts]
 
     def values(self, batch: TrainBatch) -> torch.Tensor:
         """The critic's [B, L] values (the state before each loss-masked token), from packed rows."""
@@ -244,35 +283,57 @@ class MegatronTrainer(TorchTrainer):
                 with torch.no_grad():
                     self.critic(*self._dummy())
             return self._scatter(batch, None, None)
-        ids, packed, need = p
         forward = self.critic_ddp if self.critic_ddp is not None else self.critic
-        hidden = forward(ids.unsqueeze(0), packed)
-        return self._scatter(batch, need, self.critic.values(hidden[need - 1]))
+        hidden = forward(p.ids, p.params)
+        return self._scatter(batch, p.need, self._at_scored(p, hidden, lambda rows, _: (self.critic.values(rows),))[0])
 
-    def _packed(self, batch: TrainBatch):
-        """(ids [T], THD params, indices of loss-masked tokens) for `batch`'s rows concatenated; None if no token
-        is loss-masked. A loss-masked token is never a sequence start (prompts are masked)."""
-        from megatron.core.packed_seq_params import PackedSeqParams
-
+    def _packed(self, batch: TrainBatch) -> _Packed | None:
+        """`batch`'s rows concatenated as this rank feeds them to the model; None if no token is loss-masked. A
+        loss-masked token is never a sequence start (prompts are masked)."""
         u = batch.unpadded()
-        need = (u["loss_mask"] > 0).nonzero().squeeze(-1).to(self.device)
+        need = (u["loss_mask"] > 0).nonzero().squeeze(-1)
         if need.numel() == 0:
             return None
-        ids, cu = self._padded(u["input_ids"], u["cu_seqlens"])
+        ids, params, index = self._layout(u["input_ids"], u["cu_seqlens"])
+        at = index[0][need]  # where each loss token sits in the padded global layout
+        src = at - 1 if index[1] is None else index[1][at - 1]
+        return _Packed(ids, params, need.to(self.device), src.to(self.device), index[2][at].to(self.device))
+
+    def _layout(self, ids: torch.Tensor, cu: torch.Tensor):
+        """(this rank's ids [1, T'], THD params, (padded index of each input token, local row of each padded
+        token or None without CP, the padded ids)). Under CP each sequence is padded to a multiple of 2·CP and
+        the rank keeps its two chunks of each; `_padded` then appends the dummy sequence the layout needs."""
+        from megatron.core.packed_seq_params import PackedSeqParams
+
+        where = torch.arange(ids.numel())
+        if self.cp > 1:
+            from trainers.megatron import context_parallel as ctx
+
+            ids, cu, where = ctx.pad_sequences(ids, cu, self.cp, self.pad_id)
+        ids, cu = self._padded(ids, cu)
+        local_row = None
+        full = ids
+        if self.cp > 1:
+            shard = ctx.shard_index(cu, self.cp_rank, self.cp)
+            local_row = torch.full((ids.numel(),), -1, dtype=torch.long)
+            local_row[shard] = torch.arange(shard.numel())
+            ids = ids[shard]
         longest = int((cu[1:] - cu[:-1]).max())
         cu = cu.to(self.device)
-        packed = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=longest,
+        params = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=longest,
                                  max_seqlen_kv=longest)
-        return ids.to(self.device), packed, need
+        return ids.to(self.device).unsqueeze(0), params, (where, local_row, full)
 
     def _padded(self, ids: torch.Tensor, cu: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """`ids` with a dummy sequence of pad ids appended where the layout needs it: sequence parallel splits
-        the tokens over TP (their count must divide); megatron's all-gather token dispatcher under EP gathers
-        equal token counts from every EP rank (each micro-batch is padded to `_ep_tokens`). The dummy sequence
-        attends only to itself and no log-prob is read from it."""
+        (each CP rank's share of) the tokens over TP, so their count must divide; CP splits every sequence into 2·CP
+        chunks; megatron's all-gather token dispatcher under EP gathers equal token counts from every EP rank (each
+        micro-batch is padded to `_ep_tokens`). The dummy sequence attends only to itself and no log-prob is read
+        from it."""
         target = max(ids.numel(), self._ep_tokens) if self._ep_tokens else ids.numel()
-        if self.config.sequence_parallel:
-            target += -target % self.config.tp
+        multiple = math.lcm(2 * self.cp if self.cp > 1 else 1,
+                            self.cp * self.config.tp if self.config.sequence_parallel else 1)
+        target += -target % multiple
         pad = target - ids.numel()
         if pad:
             ids = torch.cat([ids, ids.new_full((pad,), self.pad_id)])
@@ -280,14 +341,10 @@ class MegatronTrainer(TorchTrainer):
         return ids, cu
 
     def _dummy(self) -> tuple[torch.Tensor, Any]:
-        """(ids [1, T], THD params) of one sequence of pad ids: the forward an idle rank runs."""
-        from megatron.core.packed_seq_params import PackedSeqParams
-
-        ids, cu = self._padded(torch.full((1,), self.pad_id, dtype=torch.long), torch.tensor([0, 1], dtype=torch.int32))
-        n = ids.numel()
-        cu = cu.to(self.device)
-        return ids.to(self.device).unsqueeze(0), PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu,
-                                                                 max_seqlen_q=n, max_seqlen_kv=n)
+        """(ids [1, T'], THD params) of one sequence of pad ids: the forward an idle rank runs."""
+        ids, params, _ = self._layout(torch.full((1,), self.pad_id, dtype=torch.long),
+                                      torch.tensor([0, 1], dtype=torch.int32))
+        return ids, params
 
     def _idle_forward(self) -> None:
         """Expert parallel: a rank with nothing to compute still joins its EP group's token exchange."""
@@ -335,6 +392,10 @@ class MegatronTrainer(TorchTrainer):
         if not self._lockstep:
             return per_rank[self.dp_rank]
         if self._gathers_tokens:
+            if self.cp > 1:  # the token count the model sees: every sequence padded for the CP split
+                from trainers.megatron.context_parallel import padded_lengths
+
+                lengths = padded_lengths(lengths, self.cp)
             self._ep_tokens = max([sum(lengths[s]) for slices in per_rank for s in slices] or [1])
         return lockstep(per_rank, self.dp_rank)
 
@@ -377,6 +438,9 @@ class MegatronTrainer(TorchTrainer):
 
         named = list(module.named_parameters())
         tp_group = ps.get_tensor_model_parallel_group() if self.config.tp > 1 else None
+        # Under CP each rank's gradients come from its own share of the tokens: dense gradients sum over DP x CP
+        # (the expert-data-parallel group already spans the CP ranks).
+        dense_dp = ps.get_data_parallel_group(with_context_parallel=True) if self.dp * self.cp > 1 else None
         expert_dp = ps.get_expert_data_parallel_group() if self.moe else None
         for name, p in named:
             if p.grad is None:
@@ -384,8 +448,8 @@ class MegatronTrainer(TorchTrainer):
             if moe.is_expert_param(name):
                 if expert_dp is not None and expert_dp.size() > 1:
                     dist.all_reduce(p.grad, group=expert_dp)
-            elif self.dp > 1:
-                dist.all_reduce(p.grad, group=ps.get_data_parallel_group())
+            elif dense_dp is not None:
+                dist.all_reduce(p.grad, group=dense_dp)
             # megatron's rule (finalize_model_grads): sequence-parallel norms and q/k norms see only this TP rank's
             # tokens / heads, so their gradients are partial sums
             if tp_group is not None and ((self.config.sequence_parallel and getattr(p, "sequence_parallel", False))

@@ -75,6 +75,7 @@ class TrainerConfig:
     # recompute ("none" | "selective": megatron's recompute_modules, default the core attention | "full": every
     # `recompute_layers` layers keep only their input; fsdp: "full" checkpoints each decoder layer).
     ep: int = 1
+    cp: int = 1  # context parallel (megatron): every packed sequence split over `cp` ranks, two balanced chunks each
     sequence_parallel: bool = False
     recompute: str = "none"
     recompute_layers: int = 1
@@ -92,14 +93,14 @@ class TrainerConfig:
         if self.backend not in ("torch", "megatron", "fsdp"):
             raise ValueError(f"backend {self.backend!r}: 'torch', 'megatron' or 'fsdp'")
         if self.backend != "megatron":
-            for name in ("tp", "ep"):
+            for name in ("tp", "ep", "cp"):
                 if getattr(self, name) != 1:
                     raise ValueError(f"{name}={getattr(self, name)} needs backend: megatron "
                                      f"(the {self.backend} trainer has no {name.upper()} groups)")
             if self.sequence_parallel:
                 raise ValueError("sequence_parallel needs backend: megatron with tp > 1")
-        if self.tp < 1 or self.ep < 1 or self.max_tokens_per_micro_batch < 1 or self.recompute_layers < 1:
-            raise ValueError(f"tp ({self.tp}), ep ({self.ep}), max_tokens_per_micro_batch "
+        if min(self.tp, self.ep, self.cp, self.max_tokens_per_micro_batch, self.recompute_layers) < 1:
+            raise ValueError(f"tp ({self.tp}), ep ({self.ep}), cp ({self.cp}), max_tokens_per_micro_batch "
                              f"({self.max_tokens_per_micro_batch}) and recompute_layers ({self.recompute_layers}) "
                              "must be >= 1")
         if self.sequence_parallel and self.tp == 1:

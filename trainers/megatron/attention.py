@@ -6,6 +6,8 @@ contract and computes causal attention with `scaled_dot_product_attention` (flas
 kernels, GQA without repeating K/V) for `bshd` input, and with `torch.nn.attention.varlen` (flash
 attention over `cu_seqlens`) for packed `thd` input. Where the varlen kernel cannot run (CPU, fp32,
 an old PyTorch) each packed sequence goes through SDPA on its own — exact, slower, used by the CPU tests.
+Under context parallelism (packed input only) each layer all-gathers K/V over the CP group and every local
+query chunk attends to its causal prefix (`trainers.megatron.context_parallel`).
 """
 
 from __future__ import annotations
@@ -41,8 +43,6 @@ class SDPAttention(MegatronModule):
                  attention_dropout: float | None = None, softmax_scale: float | None = None,
                  cp_comm_type: str | None = None, pg_collection=None):
         super().__init__(config=config)
-        if config.context_parallel_size != 1:
-            raise ValueError("SDPAttention does not implement context parallelism (context_parallel_size must be 1)")
         if (attention_dropout if attention_dropout is not None else config.attention_dropout) != 0:
             raise ValueError("SDPAttention has no attention dropout: set attention_dropout=0")
         if getattr(config, "window_size", None) is not None:
@@ -52,8 +52,9 @@ class SDPAttention(MegatronModule):
         if pg_collection is None:
             from megatron.core.process_groups_config import ProcessGroupCollection
 
-            pg_collection = ProcessGroupCollection.use_mpu_process_groups(required_pgs=["tp"])
+            pg_collection = ProcessGroupCollection.use_mpu_process_groups(required_pgs=["tp", "cp"])
         tp = pg_collection.tp.size()
+        self.cp_group = getattr(pg_collection, "cp", None) if config.context_parallel_size > 1 else None
         self.heads = divide(config.num_attention_heads, tp)
         self.kv_heads = divide(config.num_query_groups or config.num_attention_heads, tp)
         self.head_dim = config.kv_channels
@@ -73,6 +74,8 @@ class SDPAttention(MegatronModule):
             raise ValueError("SDPAttention does not take an attention bias")
         if packed_seq_params is not None and packed_seq_params.qkv_format == "thd":
             return self._thd(query, key, value, packed_seq_params)
+        if self.cp_group is not None:
+            raise ValueError("SDPAttention runs context parallelism on packed (thd) input only")
         # [s, b, h, d] -> [b, h, s, d]; GQA maps query head i to kv head i // (heads / kv_heads), as megatron does.
         q, k, v = (x.permute(1, 2, 0, 3) for x in (query, key, value))
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale,
@@ -83,9 +86,20 @@ class SDPAttention(MegatronModule):
     def _thd(self, q, k, v, p):
         cu_q = p.cu_seqlens_q_padded if p.cu_seqlens_q_padded is not None else p.cu_seqlens_q
         cu_k = p.cu_seqlens_kv_padded if p.cu_seqlens_kv_padded is not None else p.cu_seqlens_kv
+        if self.cp_group is None:
+            return self._varlen_causal_attn(q, k, v, cu_q, cu_k, int(p.max_seqlen_q), int(p.max_seqlen_kv))
+        from trainers.megatron import context_parallel as cp
+
+        layout = _cp_layout(cu_q, self.cp_group.rank(), self.cp_group.size())
+        k, v = (cp.gather_kv(x, self.cp_group)[layout.kv_index] for x in (k, v))
+        return self._varlen_causal_attn(q, k, v, layout.cu_q, layout.cu_k, layout.max_q, layout.max_k)
+
+    def _varlen_causal_attn(self, q, k, v, cu_q, cu_k, max_q: int, max_k: int):
+        """Causal attention of each query segment to its key segment, aligned at their ends (a query segment shorter
+        than its keys is the tail of the sequence the keys span)."""
         if self._varlen is not None and q.is_cuda and q.dtype in (torch.bfloat16, torch.float16):
             kw = dict(self._varlen_causal, scale=self.scale)
-            args = (cu_q, cu_k, int(p.max_seqlen_q), int(p.max_seqlen_kv))
+            args = (cu_q, cu_k, max_q, max_k)
             q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
             if self.kv_heads != self.heads:
                 if self._varlen_gqa:
@@ -100,13 +114,32 @@ class SDPAttention(MegatronModule):
                 if self._varlen_native_gqa is False:
                     k, v = (x.repeat_interleave(self.heads // self.kv_heads, dim=1) for x in (k, v))
             return self._varlen(q, k, v, *args, **kw)
-        # Exact fallback: one SDPA call per sequence (host sync on the lengths: CPU / fp32 only).
+        # Exact fallback: one SDPA call per segment (host sync on the lengths: CPU / fp32 only).
         out = torch.empty_like(q)
-        bounds = cu_q.tolist()
-        for a, b in zip(bounds, bounds[1:]):
+        for (a, b), (c, d) in zip(_pairs(cu_q), _pairs(cu_k)):
             if b > a:
-                qs, ks, vs = (x[a:b].transpose(0, 1).unsqueeze(0) for x in (q, k, v))
-                o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=self.scale,
+                qs, ks, vs = (x[lo:hi].transpose(0, 1).unsqueeze(0) for x, lo, hi in ((q, a, b), (k, c, d), (v, c, d)))
+                n, m = b - a, d - c
+                mask = None if n == m else torch.ones(n, m, dtype=torch.bool, device=q.device).tril(m - n)
+                o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, is_causal=mask is None, scale=self.scale,
                                                    enable_gqa=self.kv_heads != self.heads)
                 out[a:b] = o.squeeze(0).transpose(0, 1)
         return out
+
+
+def _pairs(cu: torch.Tensor) -> list[tuple[int, int]]:
+    bounds = cu.tolist()
+    return list(zip(bounds, bounds[1:]))
+
+
+# Every layer of a CP forward attends over the same batch: its layout is built once (a one-entry cache holding the
+# very `cu_seqlens` tensor, compared by identity, so a new batch never hits a stale entry).
+_layout_cache: dict[str, object] = {}
+
+
+def _cp_layout(cu: torch.Tensor, rank: int, size: int):
+    from trainers.megatron.context_parallel import prefix_layout
+
+    if _layout_cache.get("cu") is not cu or _layout_cache.get("key") != (rank, size):
+        _layout_cache.update(cu=cu, key=(rank, size), layout=prefix_layout(cu, rank, size))
+    return _layout_cache["layout"]

@@ -45,13 +45,13 @@ def rope_theta(hf_config: Any) -> float:
     return float(theta)
 
 
-def transformer_config(hf_config: Any, *, tp: int = 1, ep: int = 1, dtype: torch.dtype = torch.float32,
+def transformer_config(hf_config: Any, *, tp: int = 1, ep: int = 1, cp: int = 1, dtype: torch.dtype = torch.float32,
                        sequence_parallel: bool = False, recompute: str = "none", recompute_layers: int = 1,
                        recompute_modules: list[str] | None = None, moe_options: dict[str, Any] | None = None,
                        **overrides):
     """megatron `TransformerConfig` for `hf_config`; refuses, naming the numbers, a TP size that does not divide
     the attention heads, the KV heads or the vocabulary, an EP size that does not divide the experts (or EP on a
-    dense model), sequence parallelism without TP. `moe_options`: `moe.moe_config`'s keywords."""
+    dense model), sequence parallelism without TP, a CP size below 1. `moe_options`: `moe.moe_config`'s keywords."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     family = model_family(hf_config)
@@ -63,6 +63,8 @@ def transformer_config(hf_config: Any, *, tp: int = 1, ep: int = 1, dtype: torch
                              f"choose a TP size that divides {heads} heads and {kv} KV heads")
     if sequence_parallel and tp == 1:
         raise ValueError("sequence_parallel splits activations over the TP group: it needs tp > 1")
+    if cp < 1:
+        raise ValueError(f"context-parallel size {cp} must be >= 1")
     if ep > 1 and not moe.is_moe(c):
         raise ValueError(f"expert-parallel size {ep} needs an MoE model; {c.model_type} is dense")
     if moe.is_moe(c) and tp > 1 and not sequence_parallel:
@@ -90,7 +92,7 @@ def transformer_config(hf_config: Any, *, tp: int = 1, ep: int = 1, dtype: torch
         # perform_initialization also marks TP-sharded parameters (tensor_model_parallel), which the gradient norm
         # and the optimizer rely on; the HF weights overwrite the random values.
         use_cpu_initialization=not cuda, perform_initialization=True, calculate_per_token_loss=True,
-        sequence_parallel=sequence_parallel,
+        sequence_parallel=sequence_parallel, context_parallel_size=cp,
     )
     kw.update(extra)
     kw.update(overrides)
