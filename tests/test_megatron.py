@@ -126,7 +126,9 @@ def test_parallel_sizes_that_do_not_fit_the_model_are_refused_before_anything_is
     for bad, match in ((dict(ep=2), r"ep=2 needs backend: megatron"),
                        (dict(backend="megatron", sequence_parallel=True), r"sequence_parallel .* needs tp > 1"),
                        (dict(backend="fsdp", recompute="selective"), r"takes 'none' or 'full'"),
-                       (dict(backend="fsdp", tp=2), r"tp=2 needs backend: megatron")):
+                       (dict(backend="fsdp", tp=2), r"tp=2 needs backend: megatron"),
+                       (dict(backend="torch", cp=2), r"cp=2 needs backend: megatron"),
+                       (dict(backend="megatron", cp=0), r"cp \(0\),.* must be >= 1")):
         with pytest.raises(ValueError, match=match):
             TrainerConfig(**bad)
 
@@ -237,20 +239,13 @@ def test_vectorised_thd_rope_equals_megatrons_own():
     freqs = torch.outer(torch.arange(32).float(), inv)
     freqs = torch.cat([freqs, freqs], -1)[:, None, None, :]
 
-    class OneRank:
-        def size(self):
-            return 1
-
-        def rank(self):
-            return 0
-
     ours = apply_rotary_pos_emb_thd(t, cu, freqs)
-    assert torch.equal(ours, _megatron_thd_rope(t, cu, freqs, OneRank()))
+    assert torch.equal(ours, _megatron_thd_rope(t, cu, freqs, _FakeGroup(0, 1)))
     # and the patched entry point megatron's attention calls routes to ours
     from trainers.megatron import install_rope_patch
 
     install_rope_patch()
-    assert torch.equal(rope_utils._apply_rotary_pos_emb_thd(t, cu, freqs, cp_group=OneRank()), ours)
+    assert torch.equal(rope_utils._apply_rotary_pos_emb_thd(t, cu, freqs, cp_group=_FakeGroup(0, 1)), ours)
 
 
 def _megatron_thd_rope(t, cu, freqs, group):
@@ -386,6 +381,76 @@ def test_dp2_tp2_and_sequence_parallel_on_cpu_equal_one_process(tmp_path):
         assert run["grad_norm"] == pytest.approx(one["grad_norm"], rel=1e-5)
         same_weights(run["weight_sums"], one["weight_sums"])
     assert dp2["grad_norm"] > 0
+
+
+def test_context_parallel_2_on_cpu_equals_one_process(tmp_path):
+    """CP=2 (each gloo rank holds two chunks of every packed sequence; K/V all-gathered per layer), CP=2 x TP=2 with
+    sequence parallelism under full recompute, and Qwen3-MoE with CP=2 x EP=2 and idle passes give the one-process
+    log-probs, loss, gradient norm and weights after the step (fp32: to rounding)."""
+    one = run_dist_check(tmp_path, 1)
+    for run in (run_dist_check(tmp_path, 2, cp=2), run_dist_check(tmp_path, 4, 2, "--sp", "--recompute", "full", cp=2)):
+        assert run["parallel"]["cp"] == 2 and run["parallel"]["dp"] == 1
+        assert run["logprobs"] == pytest.approx(one["logprobs"], abs=1e-5)
+        assert run["loss"] == pytest.approx(one["loss"], rel=1e-5, abs=1e-7)
+        assert run["grad_norm"] == pytest.approx(one["grad_norm"], rel=1e-5)
+        same_weights(run["weight_sums"], one["weight_sums"])
+        assert len(set(map(tuple, run["param_sums"][::run["parallel"]["tp"]]))) == 1  # CP ranks: the same weights
+    moe_one, moe_cp = (run_dist_check(tmp_path, n, 1, "--moe", "--failed", "4", ep=e, cp=c) for n, e, c in
+                       ((1, 1, 1), (4, 2, 2)))
+    assert moe_cp["parallel"]["dp"] == 2 and moe_cp["parallel"]["cp"] == 2
+    assert moe_cp["logprobs"] == pytest.approx(moe_one["logprobs"], abs=1e-5)
+    assert moe_cp["grad_norm"] == pytest.approx(moe_one["grad_norm"], rel=1e-5)
+    same_weights(moe_cp["weight_sums"], moe_one["weight_sums"])
+
+
+def test_context_parallel_layout_attention_and_rope_equal_the_whole_sequence(parallel):
+    """For every CP rank of CP=2 and CP=3: the rank's tokens are its two balanced chunks of each padded sequence,
+    causal attention of its queries to the prefixes built from the all-gathered K/V equals full causal attention at
+    those tokens, and its RoPE equals megatron-core's own CP THD RoPE."""
+    from megatron.core.transformer.enums import AttnMaskType
+
+    from trainers.megatron import SDPAttention, context_parallel as ctx, transformer_config
+    from trainers.megatron.rope import apply_rotary_pos_emb_thd
+
+    ids, cu = torch.arange(1, 24), torch.tensor([0, 5, 6, 17, 23], dtype=torch.int32)
+    padded, cu_p, where = ctx.pad_sequences(ids, cu, 2, pad_id=0)
+    assert cu_p.tolist() == [0, 8, 12, 24, 32] and torch.equal(padded[where], ids)
+    assert ctx.shard_index(cu_p, 0, 2)[:4].tolist() == [0, 1, 6, 7] and ctx.shard_index(cu_p, 1, 2)[:4].tolist() == [2, 3, 4, 5]
+    attn = SDPAttention(transformer_config(tiny("llama").config), 1, AttnMaskType.causal, "self")
+    heads, kv, d = attn.heads, attn.kv_heads, attn.head_dim
+    inv = 1.0 / (10000 ** (torch.arange(0, 8, 2).float() / 8))
+    freqs = torch.outer(torch.arange(64).float(), inv)
+    freqs = torch.cat([freqs, freqs], -1)[:, None, None, :]
+    for cp in (2, 3):
+        cu_p = ctx.pad_sequences(ids, cu, cp, 0)[1]
+        total = int(cu_p[-1])
+        torch.manual_seed(cp)
+        q, k, v = torch.randn(total, heads, d), torch.randn(total, kv, d), torch.randn(total, kv, d)
+        whole = attn._varlen_causal_attn(q, k, v, cu_p, cu_p, 0, 0)
+        shards = [ctx.shard_index(cu_p, r, cp) for r in range(cp)]
+        assert sorted(torch.cat(shards).tolist()) == list(range(total))
+        t = torch.randn(total, 4, 8)
+        for r, mine in enumerate(shards):
+            layout = ctx.prefix_layout(cu_p, r, cp)
+            gk, gv = (torch.cat([x[s] for s in shards])[layout.kv_index] for x in (k, v))
+            out = attn._varlen_causal_attn(q[mine], gk, gv, layout.cu_q, layout.cu_k, layout.max_q, layout.max_k)
+            assert torch.allclose(out, whole[mine], atol=1e-5)
+            group = _FakeGroup(r, cp)
+            assert torch.equal(apply_rotary_pos_emb_thd(t[mine], cu_p, freqs, cp_rank=r, cp_size=cp),
+                               _megatron_thd_rope(t[mine], cu_p, freqs, group))
+
+
+class _FakeGroup:
+    """What megatron's THD RoPE asks of a process group (its size and this rank), without one."""
+
+    def __init__(self, rank: int, size: int):
+        self._rank, self._size = rank, size
+
+    def size(self):
+        return self._size
+
+    def rank(self):
+        return self._rank
 
 
 def test_moe_expert_parallel_2_on_cpu_equals_one_process(tmp_path):

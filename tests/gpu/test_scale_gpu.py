@@ -1,5 +1,6 @@
 """Trainers at scale on a GPU: the Qwen3-MoE Megatron model against Hugging Face in bf16, a 32k-token trajectory
-under activation recompute, an FSDP2 step; on two GPUs, TP=2 with sequence parallelism, EP=2 and FSDP2 over two.
+under activation recompute, an FSDP2 step, context-parallel attention through the varlen flash kernel; on two GPUs,
+TP=2 with sequence parallelism, CP=2, EP=2 and FSDP2 over two.
 
 Run on a GPU machine: `python -m pytest tests/gpu -q` (skipped without CUDA; never in CI).
 """
@@ -111,6 +112,34 @@ def test_fsdp2_step_on_one_gpu_matches_the_torch_trainer():
     assert m["train/grad_norm"] > 0
 
 
+def test_context_parallel_attention_through_the_varlen_kernel_equals_full_attention():
+    """Each CP rank's query chunks attend to their causal prefixes through varlen flash attention (bf16, query
+    segments shorter than their keys: the kernel must align the causal mask at the ends) and give full causal
+    attention at the rank's tokens, as closely as bf16 allows (the fp32 CPU test checks the layout exactly)."""
+    from megatron.core.transformer.enums import AttnMaskType
+
+    from trainers.megatron import SDPAttention, context_parallel as ctx, init_parallel, transformer_config
+
+    init_parallel(1)
+    cfg = tiny("llama").config
+    attn = SDPAttention(transformer_config(cfg, dtype=torch.bfloat16), 1, AttnMaskType.causal, "self")
+    lengths = [3000, 17, 1, 4096, 900]
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    for cp in (2, 4):
+        _, cu_p, _ = ctx.pad_sequences(torch.zeros(sum(lengths), dtype=torch.long), cu, cp, 0)
+        total = int(cu_p[-1])
+        torch.manual_seed(cp)
+        q, k, v = (torch.randn(total, n, attn.head_dim, device="cuda", dtype=torch.bfloat16)
+                   for n in (attn.heads, attn.kv_heads, attn.kv_heads))
+        ref = attn._varlen_causal_attn(q.float(), k.float(), v.float(), cu_p, cu_p, 0, 0)  # per-sequence SDPA, fp32
+        shards = [ctx.shard_index(cu_p, r, cp).cuda() for r in range(cp)]
+        for r, mine in enumerate(shards):
+            layout = ctx.prefix_layout(cu_p.cuda(), r, cp)
+            gk, gv = (torch.cat([x[s] for s in shards])[layout.kv_index] for x in (k, v))
+            out = attn._varlen_causal_attn(q[mine], gk, gv, layout.cu_q, layout.cu_k, layout.max_q, layout.max_k)
+            assert (out.float() - ref[mine]).abs().max() < 0.02, (cp, r)
+
+
 def _torchrun(tmp_path, *flags: str) -> dict:
     out = tmp_path / f"{'_'.join(f.strip('-') for f in flags)}.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
@@ -122,10 +151,10 @@ def _torchrun(tmp_path, *flags: str) -> dict:
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
-def test_two_gpus_tp2_sequence_parallel_ep2_and_fsdp2(tmp_path):
-    """TP=2 with sequence parallelism, Qwen3-MoE with EP=2 (alltoall dispatcher over NCCL) and FSDP2 over two GPUs
+def test_two_gpus_tp2_sequence_parallel_cp2_ep2_and_fsdp2(tmp_path):
+    """TP=2 with sequence parallelism, CP=2, Qwen3-MoE with EP=2 (alltoall dispatcher over NCCL) and FSDP2 over two GPUs
     each give finite, nonzero gradients and weights every rank agrees on (bf16: parity with one GPU is to rounding,
     which the fp32 CPU tests check exactly)."""
-    for flags in (("--tp", "2", "--sp"), ("--moe", "--ep", "2", "--failed", "4"), ("--backend", "fsdp")):
+    for flags in (("--tp", "2", "--sp"), ("--cp", "2"), ("--moe", "--ep", "2", "--failed", "4"), ("--backend", "fsdp")):
         run = _torchrun(tmp_path, *flags)
         assert run["grad_norm"] > 0 and run["grad_norm"] == run["grad_norm"], flags
