@@ -21,7 +21,7 @@ SHAPE = dict(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_
              num_key_value_heads=4, max_position_embeddings=512, tie_word_embeddings=False)
 # Qwen3-MoE: 8 experts, top-2, one dense layer among three; no load-balancing loss, whose value depends on which
 # tokens share a micro-batch (so it differs between layouts by design).
-MOE_SHAPE = dict(SHAPE, moe_intermediate_size=64, num_experts=8, num_experts_per_tok=2, norm_topk_prob=True,
+MOE_SHAPE = dict({k: v for k, v in SHAPE.items() if k != "num_hidden_layers"}, moe_intermediate_size=64, num_experts=8, num_experts_per_tok=2, norm_topk_prob=True,
                  mlp_only_layers=[1], head_dim=32, router_aux_loss_coef=0.0)
 
 
@@ -30,6 +30,9 @@ def main() -> None:
     ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--ep", type=int, default=1)
     ap.add_argument("--cp", type=int, default=1)
+    ap.add_argument("--pp", type=int, default=1)
+    ap.add_argument("--tied", action="store_true", help="tie the embedding and the LM head (as SmolLM2 does)")
+    ap.add_argument("--layers", type=int, default=3)
     ap.add_argument("--sp", action="store_true", help="sequence parallel over the TP group")
     ap.add_argument("--moe", action="store_true", help="a small Qwen3-MoE instead of a Llama")
     ap.add_argument("--backend", default="megatron", choices=["megatron", "fsdp", "torch"])
@@ -46,10 +49,12 @@ def main() -> None:
     from trainers.torch_trainer import TrainerConfig
 
     torch.manual_seed(0)
-    hf = Qwen3MoeForCausalLM(Qwen3MoeConfig(**MOE_SHAPE)) if args.moe else LlamaForCausalLM(LlamaConfig(**SHAPE))
+    shape = dict(SHAPE, tie_word_embeddings=args.tied, num_hidden_layers=args.layers)
+    hf = Qwen3MoeForCausalLM(Qwen3MoeConfig(**MOE_SHAPE, num_hidden_layers=args.layers)) if args.moe else \
+        LlamaForCausalLM(LlamaConfig(**shape))
     common = dict(lr=1e-4, recompute=args.recompute, micro_batch_size=2)
     if args.backend == "megatron":
-        trainer = MegatronTrainer(hf, TrainerConfig(backend="megatron", tp=args.tp, ep=args.ep, cp=args.cp,
+        trainer = MegatronTrainer(hf, TrainerConfig(backend="megatron", tp=args.tp, ep=args.ep, cp=args.cp, pp=args.pp,
                                                     max_tokens_per_micro_batch=64,
                                                     sequence_parallel=args.sp, **common), pad_id=0)
     elif args.backend == "fsdp":
@@ -71,18 +76,16 @@ def main() -> None:
     with torch.no_grad():
         lp = trainer.logprobs(trainer.model, batch).float().cpu()
     metrics = trainer.step(trajs, group_size=4)
-    sums = torch.stack([p.detach().double().sum() for p in trainer.model.parameters()
-                        if not hasattr(p, "full_tensor")]).to(trainer.device) if args.backend != "fsdp" else \
-        torch.zeros(1)
-    gathered = [torch.empty_like(sums) for _ in range(dist.get_world_size())]
-    dist.all_gather(gathered, sums)
+    sums = [float(p.detach().double().sum()) for p in trainer.model.parameters()] if args.backend != "fsdp" else [0.0]
+    gathered: list = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, sums)  # pipeline stages hold different parameters
     w = trainer.weights()  # the full HF weights after the step, gathered over TP / EP / FSDP (every rank joins)
     if dist.get_rank() == 0:
         mask = batch.loss_mask.bool()
         with open(args.out, "w") as f:
             json.dump({"grad_norm": metrics["train/grad_norm"], "loss": metrics["train/loss"],
                        "weight_sums": {k: float(v.double().sum()) for k, v in w.items()},
-                       "logprobs": lp[mask].tolist(), "param_sums": [g.cpu().tolist() for g in gathered],
+                       "logprobs": lp[mask].tolist(), "param_sums": gathered,
                        "parallel": getattr(trainer, "parallel", {"world": dist.get_world_size()})}, f)
     dist.barrier()
     dist.destroy_process_group()

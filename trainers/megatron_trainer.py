@@ -12,9 +12,10 @@ loss, KL, entropy and TIS, the exact per-mini-batch reduction. What differs:
   equals the one-GPU gradient.
 - **Scale.** Sequence parallelism over the TP group (a packed micro-batch is padded to a multiple of TP with a
   dummy sequence), context parallelism over packed sequences (`trainers.megatron.context_parallel`: each CP rank
-  holds two balanced chunks of every sequence; log-probs summed over the CP group), megatron's activation
-  recompute, and MoE models (Qwen3-MoE) with experts split over the expert-parallel group
-  (`trainers.megatron.moe`).
+  holds two balanced chunks of every sequence; log-probs summed over the CP group), pipeline parallelism (each
+  stage holds a share of the layers; a mini-batch's packed micro-batches run on megatron's 1F1B schedule, the loss
+  and log-probs on the last stage, which sends them to the others), megatron's activation recompute, and MoE models
+  (Qwen3-MoE) with experts split over the expert-parallel group (`trainers.megatron.moe`).
 - **Optimizer.** On CUDA: megatron DDP (fp32 gradient buffers) and megatron's distributed Adam with fp32
   master weights over bf16 parameters, gradient clipping inside. On CPU (tests, fp32): `torch.optim.AdamW`.
 - **Reference model.** Its weights stay on the CPU and are swapped into the model for the no-grad pass.
@@ -66,8 +67,8 @@ class MegatronTrainer(TorchTrainer):
     """RL updates of a Hugging Face Llama / Qwen2 / Qwen3 / Qwen3-MoE model trained as a megatron `GPTModel`.
 
     `hf_model` gives the architecture and the initial weights (any device; it is not kept). Run one process
-    per GPU under `torchrun` for TP x CP x DP (`config.tp`, `config.cp`; MoE: `config.ep`); every rank must call
-    `step` with the same trajectories.
+    per GPU under `torchrun` for TP x CP x PP x DP (`config.tp`, `config.cp`, `config.pp`; MoE: `config.ep`); every
+    rank must call `step` with the same trajectories.
     `step(trajectories, group_size) -> metrics`, `save(path)`, `load(path)`, `await sync(policy)`,
     `hf_state_dict()` (the current weights with HF names, on every rank).
     """
@@ -87,25 +88,30 @@ class MegatronTrainer(TorchTrainer):
         from trainers.megatron import moe
 
         # Every size is checked against the model before the process group or any weight is allocated.
-        self._options = dict(ep=c.ep, cp=c.cp, sequence_parallel=c.sequence_parallel, recompute=c.recompute,
+        self._options = dict(ep=c.ep, cp=c.cp, pp=c.pp, sequence_parallel=c.sequence_parallel, recompute=c.recompute,
                              recompute_layers=c.recompute_layers, recompute_modules=c.recompute_modules,
                              moe_options=dict(aux_loss_coeff=c.moe_aux_loss_coeff, load_balancing=c.moe_load_balancing,
                                               dispatcher=c.moe_token_dispatcher))
         from trainers.megatron import transformer_config
 
         transformer_config(self.hf_config, tp=c.tp, dtype=self.dtype, **self._options)
-        self.parallel = init_parallel(c.tp, ep=c.ep, cp=c.cp)
+        self.parallel = init_parallel(c.tp, ep=c.ep, cp=c.cp, pp=c.pp)
         from megatron.core import parallel_state as ps
 
         self.tp_rank, self.dp, self.dp_rank = ps.get_tensor_model_parallel_rank(), self.parallel["dp"], \
             self.parallel["dp_rank"]
         self.ep_rank = self.parallel["ep_rank"]
         self.cp, self.cp_rank = c.cp, self.parallel["cp_rank"]
+        self.pp, self.pp_rank = c.pp, self.parallel["pp_rank"]
+        self._stage = dict(offset=self.pp_rank * (self.hf_config.num_hidden_layers // c.pp),
+                           layers=self.hf_config.num_hidden_layers // c.pp, first=self.pp_rank == 0,
+                           last=self.pp_rank == c.pp - 1,
+                           tied=bool(getattr(self.hf_config, "tie_word_embeddings", False)))
         self.moe = moe.is_moe(self.hf_config)
         # Expert parallel: the ranks of an EP group exchange tokens in every MoE layer, so they run the same number
         # of forward and backward passes; megatron's all-gather dispatcher also needs equal token counts.
         self._lockstep = self.moe and c.ep > 1
-        self._ep_tokens = 0
+        self._min_tokens = 0  # every packed micro-batch is padded to at least this many tokens (see `_padded`)
         self.grouped = self.moe and c.moe_grouped_gemm
         self.model = build_gpt(self.hf_config, tp=c.tp, dtype=self.dtype, grouped_experts=self.grouped,
                                **self._options)
@@ -191,8 +197,11 @@ class MegatronTrainer(TorchTrainer):
         """This rank's megatron weights (its TP shard, its EP share of the experts, stacked for `GroupedExperts`)
         from a full HF state dict."""
         from trainers.megatron import hf_to_mcore, moe
+        from trainers.megatron.convert import stage_weights
 
         state = hf_to_mcore(hf, self.hf_config, tp_rank=self.tp_rank, tp_size=self.config.tp)
+        if self.pp > 1:
+            state = stage_weights(state, **self._stage)
         if self.moe:
             state = moe.local_experts(state, self.hf_config.num_experts, self.ep_rank, self.config.ep)
         return moe.to_grouped(state) if self.grouped else state
@@ -218,6 +227,14 @@ class MegatronTrainer(TorchTrainer):
         if experts:
             group = ps.get_expert_model_parallel_group() if self.config.ep > 1 else None
             shards[0] = shards[0] | moe.global_experts(_gather(experts, self.config.ep, group))
+        if self.pp > 1:  # every stage's layers, numbered over the whole model
+            from trainers.megatron.convert import renumber_layers
+
+            mine = [{k: v.detach().cpu() for k, v in renumber_layers(sh, self._stage["offset"]).items()}
+                    for sh in shards]
+            stages: list[Any] = [None] * self.pp
+            dist.all_gather_object(stages, mine, group=ps.get_pipeline_model_parallel_group())
+            shards = [{k: v for stage in stages for k, v in stage[t].items()} for t in range(len(shards))]
         return mcore_to_hf(shards, self.hf_config)
 
     @contextlib.contextmanager
@@ -236,8 +253,10 @@ class MegatronTrainer(TorchTrainer):
         """Log-probs (and entropies) aligned with `batch.input_ids` [B, L], set where the loss mask is set.
 
         The rows are packed (THD); the logits at packed index j - 1 score token j."""
-        from trainers.megatron import vocab_parallel_logprobs
-
+        if self.pp > 1:  # no gradient through a pipeline outside the schedule: `_update` runs the gradient passes
+            with torch.no_grad():
+                out = self._pipelined_logprobs(batch, [slice(0, batch.size)], with_entropy=with_entropy)
+            return out if with_entropy else out[0]
         p = self._packed(batch)
         if p is None:
             self._idle_forward()
@@ -246,15 +265,109 @@ class MegatronTrainer(TorchTrainer):
         forward = self.ddp if (self.ddp is not None and model is self.model) else self.model
         logits = forward(input_ids=p.ids, position_ids=None, attention_mask=None,
                          packed_seq_params=p.params)[0]  # [T', V / tp]
+        out = self._scored_logprobs(batch, p, logits, with_entropy)
+        return out if with_entropy else out[0]
+
+    def _scored_logprobs(self, batch: TrainBatch, p: _Packed, logits: torch.Tensor, with_entropy: bool
+                         ) -> list[torch.Tensor]:
+        """[log-probs] or [log-probs, entropies], each [B, L] in `batch`'s layout, from this rank's `logits`."""
+        from trainers.megatron import vocab_parallel_logprobs
 
         def score(rows: torch.Tensor, targets: torch.Tensor):
             out = vocab_parallel_logprobs(rows, targets, with_entropy=with_entropy)
             return out if with_entropy else (out,)
 
-        out = self._at_scored(p, logits, score)
-        if not with_entropy:
-            return self._scatter(batch, p.need, out[0])
-        return self._scatter(batch, p.need, out[0]), self._scatter(batch, p.need, out[1])
+        return [self._scatter(batch, p.need, x) for x in self._at_scored(p, logits, score)]
+
+    # --- pipeline parallel -----------------------------------------------------------------------------------
+    def _pipeline(self, micros: Sequence[TrainBatch], on_logits: Callable[[int, _Packed, torch.Tensor], Any], *,
+                  train: bool) -> None:
+        """`micros` through megatron's pipeline schedule (1F1B; forward only unless `train`), every stage of this
+        DP rank taking part. On the last stage `on_logits(i, packed, logits)` handles micro-batch i and returns the
+        scalar to backpropagate (the schedule runs each micro-batch's backward as soon as 1F1B allows). A
+        micro-batch without loss tokens still flows through every stage, as a pad sequence with zero loss."""
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        fixed = not self.model.config.variable_seq_lengths
+        if fixed:  # one activation shape for the whole schedule: every micro-batch padded to the longest
+            lengths = [m.attention_mask.sum(-1).tolist() for m in micros]
+            if self.cp > 1:
+                from trainers.megatron.context_parallel import padded_lengths
+
+                lengths = [padded_lengths(n, self.cp) for n in lengths]
+            # under EP lockstep `_micro_slices` has just set the common count of all EP ranks' micro-batches
+            self._min_tokens = max([1, self._min_tokens if self._gathers_tokens else 0] + [sum(n) for n in lengths])
+        packed = [self._packed(m) for m in micros]
+        seq_length = self._dummy()[0].numel() * self.cp if fixed else 1  # the padded global length
+        model = self.ddp if (train and self.ddp is not None) else self.model
+
+        def forward_step(data_iterator, chunk):
+            i = next(data_iterator)
+            p = packed[i]
+            ids, params = (p.ids, p.params) if p is not None else self._dummy()
+            output = chunk(input_ids=ids, position_ids=None, attention_mask=None, packed_seq_params=params)
+
+            def loss(logits):
+                value = logits.float().sum() * 0.0 if p is None else on_logits(i, p, logits[0])
+                return value, torch.zeros((), dtype=torch.int), {}
+
+            return output, loss
+
+        get_forward_backward_func()(forward_step_func=forward_step, data_iterator=iter(range(len(micros))),
+                                    model=[model], num_microbatches=len(micros), seq_length=seq_length, micro_batch_size=1,
+                                    forward_only=not train)
+
+    def _from_last_stage(self, x: Any) -> Any:
+        """The last pipeline stage's `x` (a tensor or a picklable object) on every stage of this pipeline."""
+        from megatron.core import parallel_state as ps
+
+        group = ps.get_pipeline_model_parallel_group()
+        src = ps.get_pipeline_model_parallel_last_rank()
+        if isinstance(x, torch.Tensor):
+            y = x.to(self.device).contiguous()
+            dist.broadcast(y, src=src, group=group)
+            return y.to(x.device)
+        box = [x]
+        dist.broadcast_object_list(box, src=src, group=group)
+        return box[0]
+
+    def _pipelined_logprobs(self, batch: TrainBatch, slices: Sequence[slice], *, with_entropy: bool = False
+                            ) -> list[torch.Tensor]:
+        """[log-probs] (and entropies) [B, L] of `batch` on every stage, its micro-batches `slices` pipelined."""
+        outs = [torch.zeros(batch.input_ids.shape, dtype=torch.float32) for _ in range(2 if with_entropy else 1)]
+        micros = [batch.rows(s) for s in slices]
+
+        def on_logits(i: int, p: _Packed, logits: torch.Tensor):
+            for out, x in zip(outs, self._scored_logprobs(micros[i], p, logits, with_entropy)):
+                out[slices[i]] = x.cpu()
+            return torch.zeros((), device=self.device)
+
+        self._pipeline(micros, on_logits, train=False)
+        return [self._from_last_stage(o) for o in outs]
+
+    def _update(self, mini: TrainBatch, old: torch.Tensor | None, ref: torch.Tensor | None,
+                targets: tuple[torch.Tensor, torch.Tensor] | None = None) -> dict[str, float]:
+        if self.pp == 1:
+            return super()._update(mini, old, ref, targets)
+        self._zero_grad()
+        total_tokens = float(mini.loss_mask.sum().clamp(min=1.0))
+        slices = self._micro_slices(mini)
+        micros = [mini.rows(s).trimmed() for s in slices]
+        stats: dict[str, float] = {}
+
+        def on_logits(i: int, p: _Packed, logits: torch.Tensor) -> torch.Tensor:
+            logp, entropy = self._scored_logprobs(micros[i], p, logits, True)
+            loss, share, reported = self._micro_loss(micros[i], slices[i], logp, entropy, old, ref, total_tokens,
+                                                     mini.size)
+            for k, v in reported.items():
+                stats[k] = stats.get(k, 0.0) + float(v.detach()) * share
+            return loss * share
+
+        self._pipeline(micros, on_logits, train=True)
+        stats = self._reduce_stats(self._from_last_stage(stats))
+        stats["grad_norm"] = self._optimizer_step()
+        self._zero_grad()
+        return stats
 
     def _at_scored(self, p: _Packed, local: torch.Tensor, fn: Callable[..., Sequence[torch.Tensor]]
                    ) -> list[torch.Tensor]:
@@ -328,9 +441,10 @@ class MegatronTrainer(TorchTrainer):
         """`ids` with a dummy sequence of pad ids appended where the layout needs it: sequence parallel splits
         (each CP rank's share of) the tokens over TP, so their count must divide; CP splits every sequence into 2·CP
         chunks; megatron's all-gather token dispatcher under EP gathers equal token counts from every EP rank (each
-        micro-batch is padded to `_ep_tokens`). The dummy sequence attends only to itself and no log-prob is read
+        micro-batch is padded to `_min_tokens`; so is every micro-batch of a pipeline schedule whose stages exchange
+        activations of one fixed shape). The dummy sequence attends only to itself and no log-prob is read
         from it."""
-        target = max(ids.numel(), self._ep_tokens) if self._ep_tokens else ids.numel()
+        target = max(ids.numel(), self._min_tokens)
         multiple = math.lcm(2 * self.cp if self.cp > 1 else 1,
                             self.cp * self.config.tp if self.config.sequence_parallel else 1)
         target += -target % multiple
@@ -379,7 +493,10 @@ class MegatronTrainer(TorchTrainer):
     def _frozen_logprobs(self, model: Any, batch: TrainBatch) -> torch.Tensor:
         if isinstance(model, _RefWeights):
             with self._swapped(model):
-                return super()._frozen_logprobs(self.model, batch)
+                return self._frozen_logprobs(self.model, batch)
+        if self.pp > 1:
+            self.model.eval()
+            return self._pipelined_logprobs(batch, self._micro_slices(batch))[0]
         return super()._frozen_logprobs(model, batch)
 
     # --- this rank's rows, gradients, optimizer -------------------------------------------------------------
@@ -396,7 +513,7 @@ class MegatronTrainer(TorchTrainer):
                 from trainers.megatron.context_parallel import padded_lengths
 
                 lengths = padded_lengths(lengths, self.cp)
-            self._ep_tokens = max([sum(lengths[s]) for slices in per_rank for s in slices] or [1])
+            self._min_tokens = max([sum(lengths[s]) for slices in per_rank for s in slices] or [1])
         return lockstep(per_rank, self.dp_rank)
 
     def _zero_grad(self) -> None:
@@ -430,8 +547,10 @@ class MegatronTrainer(TorchTrainer):
 
     def _cpu_optimizer_step(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> float:
         """CPU (gloo) path, what megatron's DDP and optimizer do on CUDA: sum gradients over DP ranks (experts over
-        their expert-DP ranks), sum sequence-parallel norms' partial gradients over TP, clip by the global norm
-        (TP-sharded parameters summed across TP, experts across EP, replicated ones counted once), AdamW."""
+        their expert-DP ranks), sum sequence-parallel norms' partial gradients over TP, sum a tied embedding's two
+        copies' gradients over the first and last pipeline stages, clip by the global norm (TP-sharded parameters
+        summed across TP, experts across EP, every stage's own parameters across PP, replicated ones and the last
+        stage's embedding copy counted once), AdamW."""
         from megatron.core import parallel_state as ps
 
         from trainers.megatron import moe
@@ -455,6 +574,8 @@ class MegatronTrainer(TorchTrainer):
             if tp_group is not None and ((self.config.sequence_parallel and getattr(p, "sequence_parallel", False))
                                          or "q_layernorm" in name or "k_layernorm" in name):
                 dist.all_reduce(p.grad, group=tp_group)
+            if self.pp > 1 and self._stage["tied"] and getattr(p, "shared_embedding", False):
+                dist.all_reduce(p.grad, group=ps.get_embedding_group())
 
         def squares(keep) -> torch.Tensor:
             return sum((p.grad.double().square().sum() for n, p in named if keep(n, p)),
@@ -467,7 +588,14 @@ class MegatronTrainer(TorchTrainer):
         if self.config.ep > 1:
             dist.all_reduce(experts, group=ps.get_expert_model_parallel_group())
         replicated = squares(lambda n, p: not moe.is_expert_param(n) and not getattr(p, "tensor_model_parallel", False))
-        grad_norm = float((sharded + experts + replicated).sqrt())
+        # the last stage's copy of a tied embedding is marked `shared`: its sharded square is taken out again
+        copy = squares(lambda n, p: getattr(p, "shared", False) and getattr(p, "tensor_model_parallel", False))
+        if tp_group is not None:
+            dist.all_reduce(copy, group=tp_group)
+        total = sharded + experts + replicated - copy
+        if self.pp > 1:
+            dist.all_reduce(total, group=ps.get_pipeline_model_parallel_group())
+        grad_norm = float(total.sqrt())
         if not math.isfinite(grad_norm):
             return grad_norm
         scale = self.config.max_grad_norm / (grad_norm + 1e-6)

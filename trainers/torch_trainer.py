@@ -76,6 +76,7 @@ class TrainerConfig:
     # `recompute_layers` layers keep only their input; fsdp: "full" checkpoints each decoder layer).
     ep: int = 1
     cp: int = 1  # context parallel (megatron): every packed sequence split over `cp` ranks, two balanced chunks each
+    pp: int = 1  # pipeline parallel (megatron): the layers in `pp` stages, micro-batches on megatron's 1F1B schedule
     sequence_parallel: bool = False
     recompute: str = "none"
     recompute_layers: int = 1
@@ -93,18 +94,21 @@ class TrainerConfig:
         if self.backend not in ("torch", "megatron", "fsdp"):
             raise ValueError(f"backend {self.backend!r}: 'torch', 'megatron' or 'fsdp'")
         if self.backend != "megatron":
-            for name in ("tp", "ep", "cp"):
+            for name in ("tp", "ep", "cp", "pp"):
                 if getattr(self, name) != 1:
                     raise ValueError(f"{name}={getattr(self, name)} needs backend: megatron "
                                      f"(the {self.backend} trainer has no {name.upper()} groups)")
             if self.sequence_parallel:
                 raise ValueError("sequence_parallel needs backend: megatron with tp > 1")
-        if min(self.tp, self.ep, self.cp, self.max_tokens_per_micro_batch, self.recompute_layers) < 1:
-            raise ValueError(f"tp ({self.tp}), ep ({self.ep}), cp ({self.cp}), max_tokens_per_micro_batch "
+        if min(self.tp, self.ep, self.cp, self.pp, self.max_tokens_per_micro_batch, self.recompute_layers) < 1:
+            raise ValueError(f"tp ({self.tp}), ep ({self.ep}), cp ({self.cp}), pp ({self.pp}), max_tokens_per_micro_batch "
                              f"({self.max_tokens_per_micro_batch}) and recompute_layers ({self.recompute_layers}) "
                              "must be >= 1")
         if self.sequence_parallel and self.tp == 1:
             raise ValueError("sequence_parallel splits activations over the TP group: it needs tp > 1")
+        if self.pp > 1 and self.estimator == "ppo":
+            raise ValueError("estimator: ppo with pp > 1: the critic is not pipelined; use pp: 1 (TP / CP / DP scale "
+                             "the critic)")
         if self.recompute not in ("none", "selective", "full"):
             raise ValueError(f"recompute {self.recompute!r}: 'none', 'selective' or 'full'")
         if self.backend != "megatron" and self.recompute == "selective":
@@ -318,32 +322,8 @@ class TorchTrainer:
                 self._idle_micro_batch()
                 continue
             logp, entropy = self.logprobs(self.model, micro, with_entropy=True)
-            old_lp = logp.detach() if old is None else old[rows, -cols:].to(self.device)
-            is_w, off_stats = None, {}
-            if c.legacy_tis:  # the older switch, unchanged
-                is_w = alg.truncated_is_weights(old_lp, micro.rollout_logprobs.to(self.device), mask, c.tis_cap)
-            elif c.correction() != "none":
-                is_w, off_stats = alg.off_policy_weights(
-                    old_lp, micro.rollout_logprobs.to(self.device), mask, kind=c.correction(),
-                    level=c.off_policy_level, low=c.off_policy_low, high=c.off_policy_high)
-            pg, pg_stats = alg.policy_loss(logp, old_lp, micro.advantages.to(self.device), mask,
-                                           clip_low=c.clip_low, clip_high=c.clip_high, dual_clip=c.dual_clip,
-                                           ratio_level="sequence" if c.estimator == "gspo" else "token",
-                                           is_weights=is_w, reduction=c.reduction)
-            loss = pg
-            kl_value = torch.zeros(())
-            if ref is not None:
-                kl = alg.kl_divergence(logp, ref[rows, -cols:].to(self.device), c.kl_kind)
-                kl_value = alg.REDUCTIONS[c.reduction](kl, mask)
-                loss = loss + c.kl_coef * kl_value
-            ent = alg.REDUCTIONS[c.reduction](entropy, mask)
-            if c.entropy_coef:
-                loss = loss - c.entropy_coef * ent
-            # exact reduction over the whole mini-batch: weight each micro-batch by its share
-            share = (float(mask.sum()) / total_tokens if c.reduction == "token_mean" else micro.size / mini.size)
+            loss, share, reported = self._micro_loss(micro, rows, logp, entropy, old, ref, total_tokens, mini.size)
             self._backward(loss, share)
-            reported = {"loss": loss, "pg_loss": pg, "kl": kl_value, "entropy": ent, **pg_stats,
-                        **{f"off_policy/{k}": v for k, v in off_stats.items()}}
             if targets is not None:
                 old_v, returns = (t[rows, -cols:].to(self.device) for t in targets)
                 v_loss = alg.value_loss(self.values(micro), old_v, returns, mask, clip=c.value_clip,
@@ -358,6 +338,42 @@ class TorchTrainer:
         if targets is not None:
             stats["critic_grad_norm"] = self._critic_step()
         return stats
+
+    def _micro_loss(self, micro: TrainBatch, rows: slice, logp: torch.Tensor, entropy: torch.Tensor,
+                    old: torch.Tensor | None, ref: torch.Tensor | None, total_tokens: float, mini_size: int
+                    ) -> tuple[torch.Tensor, float, dict[str, torch.Tensor]]:
+        """One (trimmed) micro-batch's RL loss from its log-probs and entropies [B', L'] — clipped policy loss, KL,
+        entropy bonus, off-policy weights — with its `share` of the mini-batch (the exact reduction weights each
+        micro-batch by it) and the statistics it reports. `rows`: its rows in the mini-batch, for `old` and `ref`."""
+        c = self.config
+        cols = micro.input_ids.shape[1]
+        mask = micro.loss_mask.to(self.device)
+        old_lp = logp.detach() if old is None else old[rows, -cols:].to(self.device)
+        is_w, off_stats = None, {}
+        if c.legacy_tis:  # the older switch, unchanged
+            is_w = alg.truncated_is_weights(old_lp, micro.rollout_logprobs.to(self.device), mask, c.tis_cap)
+        elif c.correction() != "none":
+            is_w, off_stats = alg.off_policy_weights(
+                old_lp, micro.rollout_logprobs.to(self.device), mask, kind=c.correction(),
+                level=c.off_policy_level, low=c.off_policy_low, high=c.off_policy_high)
+        pg, pg_stats = alg.policy_loss(logp, old_lp, micro.advantages.to(self.device), mask,
+                                       clip_low=c.clip_low, clip_high=c.clip_high, dual_clip=c.dual_clip,
+                                       ratio_level="sequence" if c.estimator == "gspo" else "token",
+                                       is_weights=is_w, reduction=c.reduction)
+        loss = pg
+        kl_value = torch.zeros(())
+        if ref is not None:
+            kl = alg.kl_divergence(logp, ref[rows, -cols:].to(self.device), c.kl_kind)
+            kl_value = alg.REDUCTIONS[c.reduction](kl, mask)
+            loss = loss + c.kl_coef * kl_value
+        ent = alg.REDUCTIONS[c.reduction](entropy, mask)
+        if c.entropy_coef:
+            loss = loss - c.entropy_coef * ent
+        # exact reduction over the whole mini-batch: weight each micro-batch by its share
+        share = float(mask.sum()) / total_tokens if c.reduction == "token_mean" else micro.size / mini_size
+        reported = {"loss": loss, "pg_loss": pg, "kl": kl_value, "entropy": ent, **pg_stats,
+                    **{f"off_policy/{k}": v for k, v in off_stats.items()}}
+        return loss, share, reported
 
     # --- checkpoints and weight sync ------------------------------------------------------------------
     def save(self, path: str | Path) -> Path:

@@ -11,6 +11,7 @@ split over TP; their megatron names number them globally (`moe.local_experts` ta
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -136,6 +137,34 @@ def mcore_to_hf(shards: Sequence[Mapping[str, torch.Tensor]], hf_config: Any) ->
         out[h + "mlp.up_proj.weight"] = torch.cat(ups, 0) if tp > 1 else ups[0]
         out[h + "mlp.down_proj.weight"] = cat(m + "mlp.linear_fc2.weight", 1)
     return out
+
+
+_LAYER = re.compile(r"^decoder\.layers\.(\d+)\.")
+
+
+def stage_weights(state: Mapping[str, torch.Tensor], *, offset: int, layers: int, first: bool, last: bool,
+                  tied: bool) -> dict[str, torch.Tensor]:
+    """A pipeline stage's share of a megatron state dict numbered over the whole model: layers `offset` to
+    `offset + layers - 1` renumbered from 0 (megatron numbers a stage's layers locally), the embedding on the first
+    stage, the final norm and the output layer on the last — which, with tied embeddings and no embedding of its
+    own, holds a copy of the embedding (megatron sums the two copies' gradients)."""
+    out = {}
+    for name, t in state.items():
+        m = _LAYER.match(name)
+        if m:
+            if offset <= int(m.group(1)) < offset + layers:
+                out[f"decoder.layers.{int(m.group(1)) - offset}.{name[m.end():]}"] = t
+        elif name.startswith("embedding.") and first or not name.startswith("embedding.") and last:
+            out[name] = t
+    if last and tied and not first:
+        out["output_layer.weight"] = state["embedding.word_embeddings.weight"]
+    return out
+
+
+def renumber_layers(state: Mapping[str, torch.Tensor], offset: int) -> dict[str, torch.Tensor]:
+    """A stage's megatron names with its layers numbered over the whole model (`stage_weights`' inverse naming)."""
+    return {(f"decoder.layers.{int(m.group(1)) + offset}.{k[m.end():]}" if (m := _LAYER.match(k)) else k): t
+            for k, t in state.items()}
 
 
 def _required_hf_keys(c: Any) -> list[str]:

@@ -45,13 +45,15 @@ def rope_theta(hf_config: Any) -> float:
     return float(theta)
 
 
-def transformer_config(hf_config: Any, *, tp: int = 1, ep: int = 1, cp: int = 1, dtype: torch.dtype = torch.float32,
+def transformer_config(hf_config: Any, *, tp: int = 1, ep: int = 1, cp: int = 1, pp: int = 1,
+                       dtype: torch.dtype = torch.float32,
                        sequence_parallel: bool = False, recompute: str = "none", recompute_layers: int = 1,
                        recompute_modules: list[str] | None = None, moe_options: dict[str, Any] | None = None,
                        **overrides):
     """megatron `TransformerConfig` for `hf_config`; refuses, naming the numbers, a TP size that does not divide
     the attention heads, the KV heads or the vocabulary, an EP size that does not divide the experts (or EP on a
-    dense model), sequence parallelism without TP, a CP size below 1. `moe_options`: `moe.moe_config`'s keywords."""
+    dense model), sequence parallelism without TP, a CP size below 1, a PP size that does not divide the layers.
+    `moe_options`: `moe.moe_config`'s keywords."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     family = model_family(hf_config)
@@ -65,6 +67,9 @@ def transformer_config(hf_config: Any, *, tp: int = 1, ep: int = 1, cp: int = 1,
         raise ValueError("sequence_parallel splits activations over the TP group: it needs tp > 1")
     if cp < 1:
         raise ValueError(f"context-parallel size {cp} must be >= 1")
+    if pp < 1 or c.num_hidden_layers % pp:
+        raise ValueError(f"pipeline-parallel size {pp} does not divide the {c.num_hidden_layers} layers of "
+                         f"{c.model_type}: each stage holds the same number of layers")
     if ep > 1 and not moe.is_moe(c):
         raise ValueError(f"expert-parallel size {ep} needs an MoE model; {c.model_type} is dense")
     if moe.is_moe(c) and tp > 1 and not sequence_parallel:
@@ -92,9 +97,14 @@ def transformer_config(hf_config: Any, *, tp: int = 1, ep: int = 1, cp: int = 1,
         # perform_initialization also marks TP-sharded parameters (tensor_model_parallel), which the gradient norm
         # and the optimizer rely on; the HF weights overwrite the random values.
         use_cpu_initialization=not cuda, perform_initialization=True, calculate_per_token_loss=True,
-        sequence_parallel=sequence_parallel, context_parallel_size=cp,
+        sequence_parallel=sequence_parallel, context_parallel_size=cp, pipeline_model_parallel_size=pp,
     )
     kw.update(extra)
+    # Packed micro-batches differ in length: pipeline stages exchange each activation's shape first — except with
+    # the all-gather token dispatcher, which megatron refuses to pair with that (the trainer then pads every
+    # micro-batch of a schedule to one length). A dense model's dispatcher setting is unused.
+    kw.setdefault("moe_token_dispatcher_type", "alltoall")
+    kw["variable_seq_lengths"] = pp > 1 and kw["moe_token_dispatcher_type"] != "allgather"
     kw.update(overrides)
     return TransformerConfig(**kw)
 
@@ -127,10 +137,12 @@ def layer_spec(config, *, grouped_experts: bool = True):
 def build_gpt(hf_config: Any, *, tp: int = 1, dtype: torch.dtype = torch.float32, post_process: bool = True,
               grouped_experts: bool = True, **options):
     """A randomly initialised `GPTModel` of `hf_config`'s shape on the current device (load weights with
-    `convert.hf_to_mcore`); `post_process=False` stops before the final norm and the LM head (a critic's
-    trunk). `options`: `transformer_config`'s (ep, sequence_parallel, recompute, ...); `grouped_experts`: see
-    `layer_spec` (its megatron names: `moe.to_grouped`). Megatron's parallel state must be initialised
-    (`parallel.init_parallel`) with the same sizes."""
+    `convert.hf_to_mcore`, then `convert.stage_weights` under PP); `post_process=False` stops before the final norm
+    and the LM head (a critic's trunk). Under pipeline parallelism (`pp` in `options`) it is this rank's stage: its
+    share of the layers, the embedding on the first stage, the head on the last. `options`: `transformer_config`'s
+    (ep, cp, pp, sequence_parallel, recompute, ...); `grouped_experts`: see `layer_spec` (its megatron names:
+    `moe.to_grouped`). Megatron's parallel state must be initialised (`parallel.init_parallel`) with the same
+    sizes."""
     from megatron.core.models.gpt import GPTModel
 
     from trainers.megatron.rope import install_rope_patch
@@ -138,13 +150,21 @@ def build_gpt(hf_config: Any, *, tp: int = 1, dtype: torch.dtype = torch.float32
     install_rope_patch()
     if moe.is_moe(hf_config):
         moe.install_moe_patches()
+    from megatron.core import parallel_state as ps
+
+    from trainers.megatron import cpu_compat
+
     config = transformer_config(hf_config, tp=tp, dtype=dtype, **options)
-    model = GPTModel(config=config, transformer_layer_spec=layer_spec(config, grouped_experts=grouped_experts),
-                     vocab_size=hf_config.vocab_size,
-                     max_sequence_length=hf_config.max_position_embeddings, position_embedding_type="rope",
-                     rotary_base=rope_theta(hf_config),
-                     share_embeddings_and_output_weights=bool(getattr(hf_config, "tie_word_embeddings", False)),
-                     pre_process=True, post_process=post_process, parallel_output=True)
+    first = last = True
+    if config.pipeline_model_parallel_size > 1:
+        first, last = ps.is_pipeline_first_stage(), ps.is_pipeline_last_stage()
+    with cpu_compat.building():
+        model = GPTModel(config=config, transformer_layer_spec=layer_spec(config, grouped_experts=grouped_experts),
+                         vocab_size=hf_config.vocab_size,
+                         max_sequence_length=hf_config.max_position_embeddings, position_embedding_type="rope",
+                         rotary_base=rope_theta(hf_config),
+                         share_embeddings_and_output_weights=bool(getattr(hf_config, "tie_word_embeddings", False)),
+                         pre_process=first, post_process=post_process and last, parallel_output=True)
     if torch.cuda.is_available():
         model = model.cuda(torch.cuda.current_device())
     return model
