@@ -76,6 +76,8 @@ def main() -> None:
     with torch.no_grad():
         lp = trainer.logprobs(trainer.model, batch).float().cpu()
     metrics = trainer.step(trajs, group_size=4)
+    with torch.no_grad():  # scored by the updated weights (under PP: the last stage's copy of a tied embedding)
+        lp_after = trainer.logprobs(trainer.model, batch).float().cpu()
     sums = [float(p.detach().double().sum()) for p in trainer.model.parameters()] if args.backend != "fsdp" else [0.0]
     gathered: list = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, sums)  # pipeline stages hold different parameters
@@ -85,7 +87,7 @@ def main() -> None:
         with open(args.out, "w") as f:
             json.dump({"grad_norm": metrics["train/grad_norm"], "loss": metrics["train/loss"],
                        "weight_sums": {k: float(v.double().sum()) for k, v in w.items()},
-                       "logprobs": lp[mask].tolist(), "param_sums": gathered,
+                       "logprobs": lp[mask].tolist(), "logprobs_after": lp_after[mask].tolist(), "param_sums": gathered,
                        "parallel": getattr(trainer, "parallel", {"world": dist.get_world_size()})}, f)
     dist.barrier()
     dist.destroy_process_group()

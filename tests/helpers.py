@@ -198,7 +198,8 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def run_dist_check(tmp_path, nproc: int, tp: int = 1, *extra: str, ep: int = 1, cp: int = 1) -> dict:
     """tests/dist_check.py in `nproc` gloo processes (torchrun; alone for 1) with TP size `tp`, EP size `ep`, CP
-    size `cp` and `extra` flags (--sp, --moe, --backend B, --recompute R, --failed N); its JSON result."""
+    size `cp` and `extra` flags (--sp, --moe, --pp N, --layers N, --tied, --backend B, --recompute R, --failed N);
+    its JSON result."""
     import json
 
     out = tmp_path / f"dist_{nproc}_{tp}_{ep}_{cp}{''.join(extra)}.json"

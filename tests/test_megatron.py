@@ -123,12 +123,16 @@ def test_parallel_sizes_that_do_not_fit_the_model_are_refused_before_anything_is
         transformer_config(moe_cfg, tp=2)
     with pytest.raises(ValueError, match=r"recompute 'some'"):
         transformer_config(dense, recompute="some")
+    with pytest.raises(ValueError, match=r"pipeline-parallel size 3 does not divide the 2 layers of llama"):
+        transformer_config(dense, pp=3)
     for bad, match in ((dict(ep=2), r"ep=2 needs backend: megatron"),
                        (dict(backend="megatron", sequence_parallel=True), r"sequence_parallel .* needs tp > 1"),
                        (dict(backend="fsdp", recompute="selective"), r"takes 'none' or 'full'"),
                        (dict(backend="fsdp", tp=2), r"tp=2 needs backend: megatron"),
                        (dict(backend="torch", cp=2), r"cp=2 needs backend: megatron"),
-                       (dict(backend="megatron", cp=0), r"cp \(0\),.* must be >= 1")):
+                       (dict(backend="megatron", cp=0), r"cp \(0\),.* must be >= 1"),
+                       (dict(backend="fsdp", pp=2), r"pp=2 needs backend: megatron"),
+                       (dict(backend="megatron", pp=2, estimator="ppo"), r"the critic is not pipelined")):
         with pytest.raises(ValueError, match=match):
             TrainerConfig(**bad)
 
@@ -401,6 +405,49 @@ def test_context_parallel_2_on_cpu_equals_one_process(tmp_path):
     assert moe_cp["logprobs"] == pytest.approx(moe_one["logprobs"], abs=1e-5)
     assert moe_cp["grad_norm"] == pytest.approx(moe_one["grad_norm"], rel=1e-5)
     same_weights(moe_cp["weight_sums"], moe_one["weight_sums"])
+
+
+def test_pipeline_parallel_2_on_cpu_equals_one_process(tmp_path):
+    """PP=2 (two gloo stages of two layers each, megatron's 1F1B schedule over the packed micro-batches): a Llama
+    with tied embeddings (the last stage's copy of the embedding gets the summed gradient), PP=2 x CP=2, and a
+    Qwen3-MoE (the all-gather dispatcher: one fixed activation shape; failed trajectories' micro-batches still
+    flow through both stages) give the one-process log-probs before and after the step, loss, gradient norm and
+    weights."""
+    cases = (((1, "--tied"), (2, "--tied", "--pp", "2")), ((1, "--tied"), (4, "--tied", "--pp", "2")),
+             ((1, "--moe", "--failed", "4"), (2, "--moe", "--failed", "4", "--pp", "2")))
+    done: dict = {}
+    for (n1, *ref), (n2, *flags) in cases:
+        cp = 2 if n2 == 4 else 1
+        one = done.setdefault(tuple(ref), run_dist_check(tmp_path, n1, 1, "--layers", "4", *ref))
+        run = run_dist_check(tmp_path, n2, 1, "--layers", "4", *flags, cp=cp)
+        assert run["parallel"]["pp"] == 2 and run["parallel"]["cp"] == cp, flags
+        for key in ("logprobs", "logprobs_after"):
+            assert run[key] == pytest.approx(one[key], abs=1e-5), (flags, key)
+        assert run["loss"] == pytest.approx(one["loss"], rel=1e-5, abs=1e-7)
+        assert run["grad_norm"] == pytest.approx(one["grad_norm"], rel=1e-5)
+        same_weights(run["weight_sums"], one["weight_sums"])
+        assert one["logprobs_after"] != pytest.approx(one["logprobs"], abs=1e-4)  # the step moved the weights
+
+
+def test_pipeline_stage_weights_split_and_renumber_back():
+    """Each stage gets its layers renumbered from 0, the embedding on the first stage and the norm and head on the
+    last (a tied model's last stage: a copy of the embedding); renumbering the stages back gives the whole dict."""
+    from trainers.megatron import hf_to_mcore
+    from trainers.megatron.convert import renumber_layers, stage_weights
+
+    for family in ("llama", "qwen3"):
+        hf = tiny(family)
+        tied = bool(hf.config.tie_word_embeddings)
+        full = hf_to_mcore(hf.state_dict(), hf.config)
+        stages = [stage_weights(full, offset=i, layers=1, first=i == 0, last=i == 1, tied=tied) for i in range(2)]
+        assert not any(k.startswith("decoder.layers.1.") for st in stages for k in st)
+        assert "embedding.word_embeddings.weight" in stages[0] and "decoder.final_layernorm.weight" in stages[1]
+        assert ("output_layer.weight" in stages[1]) and ("output_layer.weight" not in stages[0])
+        if tied:
+            assert torch.equal(stages[1]["output_layer.weight"], full["embedding.word_embeddings.weight"])
+        back = renumber_layers(stages[0], 0) | renumber_layers(stages[1], 1)
+        expect = dict(full, **({"output_layer.weight": full["embedding.word_embeddings.weight"]} if tied else {}))
+        assert back.keys() == expect.keys() and all(torch.equal(back[k], expect[k]) for k in back)
 
 
 def test_context_parallel_layout_attention_and_rope_equal_the_whole_sequence(parallel):

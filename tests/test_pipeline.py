@@ -136,6 +136,9 @@ def test_bad_engine_and_cluster_configs_are_refused_by_field(tmp_path):
                 cluster={"backend": "ray", "rollout": {"gpus": 4, "gpus_per_engine": 1}})
     with pytest.raises(InvalidInput, match=r"cluster\.trainer has 2 ranks; trainer\.backend 'torch'"):
         _config(tmp_path, engine={"kind": "serve"}, cluster={"backend": "ray", "trainer": {"gpus_per_node": 2}})
+    with pytest.raises(InvalidInput, match=r"trainer\.tp x cp x pp 4 does not divide the 2 trainer ranks"):
+        _config(tmp_path, engine={"kind": "serve"}, trainer={"backend": "megatron", "cp": 2, "pp": 2},
+                cluster={"backend": "ray", "trainer": {"gpus_per_node": 2}})
     with pytest.raises(InvalidInput, match=r"cluster\.trainer\.nodes: expected an integer"):
         _config(tmp_path, cluster={"trainer": {"nodes": 0}})
 

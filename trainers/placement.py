@@ -89,9 +89,11 @@ class ClusterConfig:
         if self.ranks > 1 and trainer.backend == "torch":
             raise InvalidInput(f"{where}: cluster.trainer has {self.ranks} ranks; trainer.backend "
                                f"{trainer.backend!r} runs on one device (use backend: megatron or fsdp)")
-        for name in ("tp", "ep"):
-            if self.ranks % getattr(trainer, name):
-                raise InvalidInput(f"{where}: trainer.{name} {getattr(trainer, name)} does not divide the "
+        sizes = {"tp": trainer.tp, "ep": trainer.ep, "cp": trainer.cp, "pp": trainer.pp,
+                 "tp x cp x pp": trainer.tp * trainer.cp * trainer.pp}
+        for name, n in sizes.items():
+            if self.ranks % n:
+                raise InvalidInput(f"{where}: trainer.{name} {n} does not divide the "
                                    f"{self.ranks} trainer ranks (cluster.trainer nodes x gpus_per_node)")
         if self.rollout["gpus"] % self.rollout["gpus_per_engine"]:
             raise InvalidInput(f"{where}: cluster.rollout.gpus_per_engine {self.rollout['gpus_per_engine']} does "
