@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import os
 
 import pytest
 
@@ -17,6 +18,8 @@ torch = pytest.importorskip("torch")
 
 from slime_env.errors import InvalidInput  # noqa: E402
 from trainers.train_loop import TrainConfig, train  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 BASE = {
     "model": "default", "env": "ReasoningGym-v0",
@@ -197,30 +200,44 @@ def test_a_weight_update_group_with_impossible_ranks_is_refused_by_the_engine(tm
 
 
 def test_ray_placement_with_two_trainer_ranks_and_two_engines_equals_the_one_process_run(tmp_path):
-    """colocate: false on a local Ray cluster: 2 trainer ranks (Megatron DP=2 over gloo) and 2 engine actors, against
-    the same run with one trainer process; seeded sampling makes the rollouts identical, so the training must be."""
+    """colocate: false on a local Ray cluster: 2 trainer ranks and 2 engine actors, against the same run with one
+    trainer process; seeded sampling makes the rollouts identical, so the training must be. The two ranks are laid
+    out as DP=2, then as examples/long_context_megatron_train.yaml's trainer section shrunk to two ranks: CP=2 (each
+    trajectory split over both) and PP=2 (SmolLM2's 30 layers in two stages, its tied embedding on both) under its
+    full recompute."""
     pytest.importorskip("ray")
     pytest.importorskip("megatron.core")
+    import yaml
+
+    example = yaml.safe_load(open(os.path.join(ROOT, "examples", "long_context_megatron_train.yaml")))["trainer"]
+    shrunk = {"recompute": example["recompute"], "recompute_layers": example["recompute_layers"]}
+    assert example["cp"] == 2 and example["pp"] == 2
+    layouts = {"local": ({}, {}), "dp": (_RAY2, {}), "cp": (_RAY2, {**shrunk, "cp": example["cp"]}),
+               "pp": (_RAY2, {**shrunk, "pp": example["pp"]})}
     runs = {}
-    for name, cluster in (("ray", {"backend": "ray", "trainer": {"nodes": 1, "gpus_per_node": 2}, "num_cpus": 8}),
-                          ("local", {})):
+    for name, (cluster, trainer) in layouts.items():
         weights = {}
 
-        def grab(step, engines, trainer, weights=weights):
+        def grab(step, engines, trainer, weights=weights, name=name):
             assert len(engines.pool.up()) == 2
             weights.update({k: v.detach().cpu().clone() for k, v in trainer.weights().items()})
 
         cfg = TrainConfig.from_dict({**BASE, "run_dir": str(tmp_path / name), "seed_sampling": True, "cluster": cluster,
                                      "steps": 1, "engine": {"kind": "serve", "count": 2},
-                                     "trainer": {**BASE["trainer"], "backend": "megatron"}})
+                                     "trainer": {**BASE["trainer"], "backend": "megatron", **trainer}})
         summary = asyncio.run(train(cfg, on_step=grab, log=lambda _: None))
         runs[name] = ([json.loads(line) for line in open(summary["metrics"])], weights)
-    (ray_rows, ray_w), (local_rows, local_w) = runs["ray"], runs["local"]
-    for a, b in zip(ray_rows, local_rows):
-        assert a["train/reward_mean"] == b["train/reward_mean"]
-        assert a["train/loss"] == pytest.approx(b["train/loss"], abs=1e-5)
-        assert a["train/grad_norm"] == pytest.approx(b["train/grad_norm"], rel=1e-5)
-    assert max((ray_w[k] - local_w[k]).abs().max().item() for k in local_w) < 1e-4
+    local_rows, local_w = runs.pop("local")
+    for name, (rows, w) in runs.items():
+        for a, b in zip(rows, local_rows):
+            assert a["train/reward_mean"] == b["train/reward_mean"], name
+            assert a["train/loss"] == pytest.approx(b["train/loss"], abs=1e-5), name
+            assert a["train/grad_norm"] == pytest.approx(b["train/grad_norm"], rel=1e-5), name
+        assert w.keys() == local_w.keys()
+        assert max((w[k] - local_w[k]).abs().max().item() for k in local_w) < 1e-4, name
+
+
+_RAY2 = {"backend": "ray", "trainer": {"nodes": 1, "gpus_per_node": 2}, "num_cpus": 8}
 
 
 def test_a_run_whose_last_engine_is_gone_fails_with_the_reason_after_saving(tmp_path):

@@ -255,8 +255,10 @@ class _TrainerRank:
         self.current = [self.clients.setdefault(key, SGLangPolicy(key[0])) for key in engines]
         return await self.channel.push(weights, version)
 
-    def weights(self) -> dict[str, Any]:
-        return {k: v.detach().cpu() for k, v in self.trainer.weights().items()}
+    def weights(self) -> dict[str, Any] | None:
+        """The full HF weights on rank 0 (None elsewhere); every rank must join (a collective under TP / PP / EP)."""
+        weights = self.trainer.weights()
+        return {k: v.detach().cpu() for k, v in weights.items()} if self.rank == 0 else None
 
     def save(self, path: str) -> None:
         self.trainer.save(path)
@@ -317,7 +319,8 @@ class RayTrainerGroup:
         self._steps = ray.get(self.actors[0].step_count.remote())
 
     def weights(self) -> dict[str, Any]:
-        return _ray().get(self.actors[0].weights.remote())
+        # every rank joins: TP, PP and EP gather the full weights collectively; rank 0's copy is returned
+        return _ray().get([a.weights.remote() for a in self.actors])[0]
 
     def close(self) -> None:
         ray = _ray()

@@ -3,9 +3,11 @@
 - `parallel`: torch.distributed + megatron's parallel state (one process on CPU, torchrun on GPUs).
 - `attention`: `SDPAttention`, the core attention over `scaled_dot_product_attention` (bshd) and varlen
   flash attention (THD packed sequences), with a per-sequence SDPA fallback on CPU / fp32.
-- `rope`: megatron's THD RoPE without its per-sequence Python loop (one gather, no host sync).
+- `context_parallel`: the CP layout of packed sequences (megatron's 2·CP balanced chunks) and its collectives.
+- `rope`: megatron's THD RoPE without its per-sequence Python loop (one gather, no host sync; any CP rank).
 - `model`: `build_gpt(hf_config)` — a `GPTModel` on megatron's local layer spec with the two above.
-- `convert`: Hugging Face <-> megatron-core state dicts for Llama (SmolLM2), Qwen2/2.5 and Qwen3, with TP shards.
+- `convert`: Hugging Face <-> megatron-core state dicts for Llama (SmolLM2), Qwen2/2.5, Qwen3 and Qwen3-MoE, with
+  TP shards and pipeline stages.
 - `logprobs`: vocab-parallel per-token log-probs and entropy.
 
 Imported only by `trainers.megatron_trainer` (and tests/benchmarks): megatron-core is an optional dependency.
