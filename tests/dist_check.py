@@ -21,8 +21,8 @@ SHAPE = dict(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_
              num_key_value_heads=4, max_position_embeddings=512, tie_word_embeddings=False)
 # Qwen3-MoE: 8 experts, top-2, one dense layer among three; no load-balancing loss, whose value depends on which
 # tokens share a micro-batch (so it differs between layouts by design).
-MOE_SHAPE = dict({k: v for k, v in SHAPE.items() if k != "num_hidden_layers"}, moe_intermediate_size=64, num_experts=8, num_experts_per_tok=2, norm_topk_prob=True,
-                 mlp_only_layers=[1], head_dim=32, router_aux_loss_coef=0.0)
+MOE_SHAPE = dict({k: v for k, v in SHAPE.items() if k != "num_hidden_layers"}, moe_intermediate_size=64, num_experts=8,
+                 num_experts_per_tok=2, norm_topk_prob=True, mlp_only_layers=[1], head_dim=32, router_aux_loss_coef=0.0)
 
 
 def main() -> None:
@@ -33,6 +33,7 @@ def main() -> None:
     ap.add_argument("--pp", type=int, default=1)
     ap.add_argument("--tied", action="store_true", help="tie the embedding and the LM head (as SmolLM2 does)")
     ap.add_argument("--layers", type=int, default=3)
+    ap.add_argument("--ppo", action="store_true", help="estimator ppo: the critic trains beside the policy")
     ap.add_argument("--sp", action="store_true", help="sequence parallel over the TP group")
     ap.add_argument("--moe", action="store_true", help="a small Qwen3-MoE instead of a Llama")
     ap.add_argument("--backend", default="megatron", choices=["megatron", "fsdp", "torch"])
@@ -52,7 +53,7 @@ def main() -> None:
     shape = dict(SHAPE, tie_word_embeddings=args.tied, num_hidden_layers=args.layers)
     hf = Qwen3MoeForCausalLM(Qwen3MoeConfig(**MOE_SHAPE, num_hidden_layers=args.layers)) if args.moe else \
         LlamaForCausalLM(LlamaConfig(**shape))
-    common = dict(lr=1e-4, recompute=args.recompute, micro_batch_size=2)
+    common = dict(lr=1e-4, recompute=args.recompute, micro_batch_size=2, estimator="ppo" if args.ppo else "grpo")
     if args.backend == "megatron":
         trainer = MegatronTrainer(hf, TrainerConfig(backend="megatron", tp=args.tp, ep=args.ep, cp=args.cp, pp=args.pp,
                                                     max_tokens_per_micro_batch=64,
@@ -86,6 +87,8 @@ def main() -> None:
         mask = batch.loss_mask.bool()
         with open(args.out, "w") as f:
             json.dump({"grad_norm": metrics["train/grad_norm"], "loss": metrics["train/loss"],
+                       "value_loss": metrics.get("train/value_loss"),
+                       "critic_grad_norm": metrics.get("train/critic_grad_norm"),
                        "weight_sums": {k: float(v.double().sum()) for k, v in w.items()},
                        "logprobs": lp[mask].tolist(), "logprobs_after": lp_after[mask].tolist(), "param_sums": gathered,
                        "parallel": getattr(trainer, "parallel", {"world": dist.get_world_size()})}, f)

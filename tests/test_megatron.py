@@ -390,7 +390,8 @@ def test_dp2_tp2_and_sequence_parallel_on_cpu_equal_one_process(tmp_path):
 def test_context_parallel_2_on_cpu_equals_one_process(tmp_path):
     """CP=2 (each gloo rank holds two chunks of every packed sequence; K/V all-gathered per layer), CP=2 x TP=2 with
     sequence parallelism under full recompute, and Qwen3-MoE with CP=2 x EP=2 and idle passes give the one-process
-    log-probs, loss, gradient norm and weights after the step (fp32: to rounding)."""
+    log-probs, loss, gradient norm and weights after the step (fp32: to rounding); so does PPO's critic under CP=2
+    (value loss and critic gradient norm)."""
     one = run_dist_check(tmp_path, 1)
     for run in (run_dist_check(tmp_path, 2, cp=2), run_dist_check(tmp_path, 4, 2, "--sp", "--recompute", "full", cp=2)):
         assert run["parallel"]["cp"] == 2 and run["parallel"]["dp"] == 1
@@ -405,6 +406,11 @@ def test_context_parallel_2_on_cpu_equals_one_process(tmp_path):
     assert moe_cp["logprobs"] == pytest.approx(moe_one["logprobs"], abs=1e-5)
     assert moe_cp["grad_norm"] == pytest.approx(moe_one["grad_norm"], rel=1e-5)
     same_weights(moe_cp["weight_sums"], moe_one["weight_sums"])
+    ppo_one, ppo_cp = (run_dist_check(tmp_path, n, 1, "--ppo", cp=c) for n, c in ((1, 1), (2, 2)))
+    for key in ("loss", "value_loss", "grad_norm", "critic_grad_norm"):
+        assert ppo_cp[key] == pytest.approx(ppo_one[key], rel=1e-5, abs=1e-7), key
+    assert ppo_one["value_loss"] > 0
+    same_weights(ppo_cp["weight_sums"], ppo_one["weight_sums"])
 
 
 def test_pipeline_parallel_2_on_cpu_equals_one_process(tmp_path):
@@ -462,7 +468,8 @@ def test_context_parallel_layout_attention_and_rope_equal_the_whole_sequence(par
     ids, cu = torch.arange(1, 24), torch.tensor([0, 5, 6, 17, 23], dtype=torch.int32)
     padded, cu_p, where = ctx.pad_sequences(ids, cu, 2, pad_id=0)
     assert cu_p.tolist() == [0, 8, 12, 24, 32] and torch.equal(padded[where], ids)
-    assert ctx.shard_index(cu_p, 0, 2)[:4].tolist() == [0, 1, 6, 7] and ctx.shard_index(cu_p, 1, 2)[:4].tolist() == [2, 3, 4, 5]
+    assert ctx.shard_index(cu_p, 0, 2)[:4].tolist() == [0, 1, 6, 7]  # sequence 0 (8 tokens): chunks 0 and 3
+    assert ctx.shard_index(cu_p, 1, 2)[:4].tolist() == [2, 3, 4, 5]  # chunks 1 and 2
     attn = SDPAttention(transformer_config(tiny("llama").config), 1, AttnMaskType.causal, "self")
     heads, kv, d = attn.heads, attn.kv_heads, attn.head_dim
     inv = 1.0 / (10000 ** (torch.arange(0, 8, 2).float() / 8))

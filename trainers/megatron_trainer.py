@@ -314,8 +314,8 @@ class MegatronTrainer(TorchTrainer):
             return output, loss
 
         get_forward_backward_func()(forward_step_func=forward_step, data_iterator=iter(range(len(micros))),
-                                    model=[model], num_microbatches=len(micros), seq_length=seq_length, micro_batch_size=1,
-                                    forward_only=not train)
+                                    model=[model], num_microbatches=len(micros), seq_length=seq_length,
+                                    micro_batch_size=1, forward_only=not train)
 
     def _from_last_stage(self, x: Any) -> Any:
         """The last pipeline stage's `x` (a tensor or a picklable object) on every stage of this pipeline."""

@@ -101,9 +101,9 @@ class TrainerConfig:
             if self.sequence_parallel:
                 raise ValueError("sequence_parallel needs backend: megatron with tp > 1")
         if min(self.tp, self.ep, self.cp, self.pp, self.max_tokens_per_micro_batch, self.recompute_layers) < 1:
-            raise ValueError(f"tp ({self.tp}), ep ({self.ep}), cp ({self.cp}), pp ({self.pp}), max_tokens_per_micro_batch "
-                             f"({self.max_tokens_per_micro_batch}) and recompute_layers ({self.recompute_layers}) "
-                             "must be >= 1")
+            raise ValueError(f"tp ({self.tp}), ep ({self.ep}), cp ({self.cp}), pp ({self.pp}), max_tokens_per_"
+                             f"micro_batch ({self.max_tokens_per_micro_batch}) and recompute_layers "
+                             f"({self.recompute_layers}) must be >= 1")
         if self.sequence_parallel and self.tp == 1:
             raise ValueError("sequence_parallel splits activations over the TP group: it needs tp > 1")
         if self.pp > 1 and self.estimator == "ppo":
