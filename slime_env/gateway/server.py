@@ -1,0 +1,202 @@
+"""`Gateway`: an OpenAI-compatible endpoint per agent session in front of any policy, recording exact token ledgers.
+
+Each session is reached at `{base_url}/sessions/{session_id}/v1` with its own unguessable key (the `api_key` the
+agent is given); a wrong or missing key, an unknown or expired session get the same 401, so one agent cannot learn
+of, read or write another's session. The server binds to 127.0.0.1 unless told otherwise and refuses bodies over
+`max_body_bytes` (413). Requests are rendered with the model's chat template, the token ids go to the policy (SGLang
+`/generate`, an OpenAI-compatible server, the embedded engine, a scripted policy), tool calls are parsed with the
+family's parser, and the reply is an ordinary chat completion (or SSE chunks) — see `conversation` for how calls map
+to branches and `openai_api` for the wire format.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from slime_env.errors import RenderError, RenderMismatch
+from slime_env.gateway.conversation import Conversation, GatewayError
+from slime_env.gateway.openai_api import Completion, error_body, parse_chat_request, sse
+from slime_env.trajectory import Trajectory
+from slime_env.types import Task
+
+
+@dataclass
+class AgentSession:
+    """One agent's session: its key, its conversation branches and its expiry."""
+
+    id: str
+    key: str
+    conversation: Conversation
+    task: Any = None
+    expires_at: float = 0.0
+    created: float = field(default_factory=time.time)
+    calls: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+class Gateway:
+    """OpenAI-compatible chat completions per agent session (module docstring), recording each session's calls as
+    token-exact branches.
+
+    `Gateway(policy, renderer, parser=None, *, model="slime-env", strict=False, max_new_tokens=1024,
+    max_context_tokens=None, session_ttl_s=3600, max_body_bytes=4 MiB)`; `await start(host, port)` -> base URL;
+    `open_session(task)` -> the session (its `id`, `key`) and `session_url(session)`; `close_session(id)` -> one
+    `Trajectory` per branch; `await stop()`.
+    """
+
+    def __init__(self, policy: Any, renderer: Any, parser: Any = None, *, model: str = "slime-env",
+                 strict: bool = False, max_new_tokens: int = 1024, max_context_tokens: int | None = None,
+                 session_ttl_s: float = 3600.0, max_body_bytes: int = 4 << 20):
+        from slime_env.parsers import get_parser
+
+        self.policy, self.renderer, self.parser = policy, renderer, get_parser(parser)
+        self.model, self.strict = model, strict
+        self.max_new_tokens, self.max_context_tokens = max_new_tokens, max_context_tokens
+        self.session_ttl_s, self.max_body_bytes = session_ttl_s, max_body_bytes
+        self.sessions: dict[str, AgentSession] = {}
+        self.base_url: str | None = None
+        self._runner: web.AppRunner | None = None
+        self.app = web.Application(client_max_size=max_body_bytes)
+        self.app.router.add_post("/sessions/{sid}/v1/chat/completions", self._chat)
+        self.app.router.add_get("/sessions/{sid}/v1/models", self._models)
+
+    # --- lifecycle --------------------------------------------------------------------------------------------
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
+        """Serve on `host:port` (0: a free port); returns the base URL."""
+        self._runner = web.AppRunner(self.app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, host, port)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]
+        self.base_url = f"http://{host}:{port}"
+        return self.base_url
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    def open_session(self, task: Any = None) -> AgentSession:
+        """A new session with an unguessable id and key (expired sessions are dropped here)."""
+        now = time.monotonic()
+        for sid in [s.id for s in self.sessions.values() if s.expires_at < now]:
+            del self.sessions[sid]
+        s = AgentSession(secrets.token_urlsafe(16), "sk-" + secrets.token_urlsafe(32),
+                         Conversation(self.renderer, self.parser, strict=self.strict),
+                         Task.coerce(task if task is not None else ""),
+                         expires_at=now + self.session_ttl_s)
+        self.sessions[s.id] = s
+        return s
+
+    def session_url(self, session: AgentSession) -> str:
+        """The OpenAI `base_url` an agent is given for `session`."""
+        if self.base_url is None:
+            raise RuntimeError("Gateway.start() has not run")
+        return f"{self.base_url}/sessions/{session.id}/v1"
+
+    def close_session(self, session_id: str, *, reward: float = 0.0, status: str = "completed",
+                      reason: str = "") -> list[Trajectory]:
+        """End the session (its key stops working) and return one trajectory per branch, in creation order."""
+        s = self.sessions.pop(session_id)
+        return [self._trajectory(s, b, reward, status, reason) for b in s.conversation.branches]
+
+    # --- routes -----------------------------------------------------------------------------------------------
+    def _session(self, request: web.Request) -> AgentSession:
+        s = self.sessions.get(request.match_info["sid"])
+        auth = request.headers.get("Authorization", "")
+        key = auth[7:] if auth.startswith("Bearer ") else request.headers.get("x-api-key", "")
+        # One answer for an unknown session, an expired one and a wrong key: nothing is learnt by guessing.
+        if s is None or s.expires_at < time.monotonic() or not hmac.compare_digest(key.encode(), s.key.encode()):
+            raise GatewayError(401, "invalid API key for this session (or the session ended)",
+                               kind="authentication_error")
+        s.expires_at = time.monotonic() + self.session_ttl_s
+        return s
+
+    async def _models(self, request: web.Request) -> web.Response:
+        try:
+            self._session(request)
+        except GatewayError as e:
+            return web.json_response(error_body(e), status=e.status)
+        return web.json_response({"object": "list", "data": [{"id": self.model, "object": "model", "created": 0,
+                                                              "owned_by": "slime_env"}]})
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        try:
+            s = self._session(request)
+            try:
+                body = await request.json()
+            except ValueError:
+                raise GatewayError(400, "the request body is not valid JSON") from None
+            req = parse_chat_request(body)
+            done = await self._complete(s, req)
+        except GatewayError as e:
+            return web.json_response(error_body(e), status=e.status)
+        if not req.stream:
+            return web.json_response(done.body(req.logprobs))
+        out = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await out.prepare(request)
+        for event in done.chunks(req.logprobs, req.include_usage):
+            await out.write(sse(event))
+        await out.write(b"data: [DONE]\n\n")
+        await out.write_eof()
+        return out
+
+    async def _complete(self, s: AgentSession, req: Any) -> Completion:
+        conv = s.conversation
+        try:
+            branch = conv.begin(req.messages, req.tools)
+        except RenderMismatch as e:
+            raise GatewayError(500, f"strict mode: {e}", kind="server_error") from None
+        except (RenderError, ValueError) as e:
+            raise GatewayError(400, f"the model's chat template cannot render this request: {e}") from None
+        ids = branch.ledger.ids
+        room = req.max_tokens or self.max_new_tokens
+        if self.max_context_tokens is not None:
+            room = min(room, self.max_context_tokens - len(ids))
+            if room < 1:
+                conv.abandon(branch)
+                raise GatewayError(400, f"this request's {len(ids)} prompt tokens leave no room in the model's "
+                                        f"context of {self.max_context_tokens} tokens", param="messages")
+        params = {**req.sampling, "max_new_tokens": room, "stop_token_ids": list(self.renderer.stop_token_ids)}
+        t0 = time.perf_counter()
+        try:
+            gen = await self.policy.generate(ids, params)
+        except asyncio.CancelledError:
+            conv.abandon(branch)
+            raise
+        except Exception as e:  # noqa: BLE001 - the engine's failure is the agent's 502, the session stays usable
+            conv.abandon(branch)
+            s.errors.append(f"{type(e).__name__}: {e}")
+            raise GatewayError(502, f"the engine failed: {type(e).__name__}: {e}", kind="server_error") from None
+        latency = time.perf_counter() - t0
+        reply = conv.finish(branch, gen, latency)
+        s.calls += 1
+        return Completion(reply, gen.finish_reason, len(ids) - len(gen.token_ids), len(gen.token_ids),
+                          [self.renderer.decode([t]) for t in gen.token_ids] if req.logprobs else (),
+                          gen.logprobs, req.model or self.model)
+
+    # --- results ----------------------------------------------------------------------------------------------
+    def _trajectory(self, s: AgentSession, b: Any, reward: float, status: str, reason: str) -> Trajectory:
+        led = b.ledger
+        if not b.calls:
+            status, reason = "failed", reason or "no generation on this branch (the call failed)"
+        gen_s = sum(c["latency_s"] for c in b.calls)
+        return Trajectory(
+            task=s.task,
+            prompt_ids=led.prompt_ids, response_ids=led.response_ids, loss_mask=led.loss_mask,
+            rollout_logprobs=led.rollout_logprobs, spans=led.spans, turn_rewards=[0.0] * max(len(b.calls) - 1, 0)
+            + [reward], reward=reward, status=status, reason=reason, agent_id="agent", num_turns=len(b.calls),
+            messages=list(b.history), response_text=self.renderer.decode(led.response_ids) if led.response_ids else "",
+            timings={"total_s": time.time() - s.created, "generate_s": gen_s, "env_s": 0.0,
+                     "framework_s": 0.0},
+            metadata={"session": s.id, "branch": b.index, "parent_branch": b.parent, "fork_at": b.fork_at,
+                      "branch_reason": b.reason, "calls": b.calls, "history_rewrites": b.history_rewrites,
+                      "weight_versions": [c["weight_version"] for c in b.calls],
+                      "weight_version_tokens": [c["completion_tokens"] for c in b.calls]})
