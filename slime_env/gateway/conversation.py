@@ -136,6 +136,19 @@ class Branch:
     history_rewrites: list[str] = field(default_factory=list)
 
 
+@dataclass
+class Call:
+    """A planned call: its branch, the ids the engine is given, and what `finish` records (the new messages, as
+    the agent sent them and as rendered, and the bridge ids), or a branch `created` by this call."""
+
+    branch: Branch
+    ids: list[int]
+    new: list[dict[str, Any]]
+    observations: list[Message]
+    bridge: list[int]
+    created: bool = False
+
+
 class Conversation:
     """The branches of one agent session (see the module docstring). `renderer`: the model's `TemplateRenderer`;
     `parser`: the family's tool-call parser (`slime_env.parsers`) or None; `strict` checks every bridge against a
@@ -145,27 +158,43 @@ class Conversation:
         self.renderer, self.parser, self.strict = renderer, parser, strict
         self.branches: list[Branch] = []
 
-    def begin(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> Branch:
-        """The branch a call with canonical `messages` continues, its ledger grown by the new messages; or a new
-        branch. The branch is busy (no other call continues it) until `finish` or `abandon`."""
+    def begin(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> Call:
+        """Plan a call with canonical `messages`: the branch it continues (busy until `finish` or `abandon`, so no
+        other call continues it meanwhile) and the rendered new messages, or a new branch. Nothing is recorded
+        until `finish`: a call refused or failed before a generation leaves the session as it was."""
         tools = tools or None
         for b in reversed(self.branches):
             new = self._continues(b, messages, tools)
             if new is not None:
-                self._extend(b, new)
+                calls = {c["id"]: c["name"] for m in b.messages for c in m.get("tool_calls", ()) if c.get("id")}
+                obs = [_as_message(m, calls) for m in new]
+                bridge = self.renderer.bridge(b.last_ids, obs, b.history)
+                if self.strict:
+                    self.renderer.check_bridge(b.history, b.last_ids, obs, bridge, tools=b.tools)
                 b.busy = True
-                return b
+                return Call(b, b.ledger.ids + bridge, new, obs, bridge)
         parent, shared, reason = self._closest(messages, tools)
         r = self.renderer
         ids = r.encode(r.render_text([template_dict(m) for m in messages], tools=tools, add_generation_prompt=True))
         b = Branch(len(self.branches), tools, list(messages), [self._history_message(m) for m in messages],
                    TokenLedger(ids), parent=parent, fork_at=shared, reason=reason, busy=True)
-        self.branches.append(b)
-        return b
+        return Call(b, list(ids), [], [], [], created=True)
 
-    def finish(self, b: Branch, gen: Generation, latency_s: float) -> dict[str, Any]:
-        """Record the generation on `b`; return the assistant message as the agent gets it (OpenAI form: content,
-        and `tool_calls` with JSON-string arguments when the parser found calls)."""
+    def finish(self, call: Call, gen: Generation, latency_s: float) -> dict[str, Any]:
+        """Record the call (its new messages, then the generation) on its branch; return the assistant message as
+        the agent gets it (content, and `tool_calls` with parsed arguments when the parser found calls)."""
+        b = call.branch
+        if call.created:
+            b.index = len(self.branches)
+            self.branches.append(b)
+        else:
+            b.ledger.add_inserted(call.bridge, len(b.calls) - 1)
+            b.history.extend(call.observations)
+            b.messages.extend(call.new)
+            if self.strict:
+                note = self.renderer.check_full(b.history, b.ledger.ids, tools=b.tools)
+                if note is not None:
+                    b.history_rewrites.append(note)
         turn = len(b.calls)
         b.ledger.add_generated(gen.token_ids, gen.logprobs, turn)
         text = self.renderer.assistant_text(gen.token_ids)
@@ -180,16 +209,15 @@ class Conversation:
         b.messages.append(reply)
         b.history.append(Message("assistant", text))
         b.last_ids = list(gen.token_ids)
-        b.calls.append({"prompt_tokens": len(b.ledger) - len(gen.token_ids), "completion_tokens": len(gen.token_ids),
+        b.calls.append({"prompt_tokens": len(call.ids), "completion_tokens": len(gen.token_ids),
                         "finish_reason": gen.finish_reason, "latency_s": latency_s, "at": time.time(),
                         "weight_version": gen.weight_version})
         b.busy = False
         return reply
 
-    def abandon(self, b: Branch) -> None:
-        """The call on `b` failed before a generation: the branch is free again (its inserted messages stay — a
-        retry of the same call finds them and continues; a different call forks)."""
-        b.busy = False
+    def abandon(self, call: Call) -> None:
+        """The call was refused or failed before a generation: nothing of it is recorded, its branch is free."""
+        call.branch.busy = False
 
     # --- matching a call to a branch ----------------------------------------------------------------------------
     def _continues(self, b: Branch, messages: list[dict], tools) -> list[dict] | None:
@@ -202,8 +230,6 @@ class Conversation:
             return None
         new = messages[n:]
         if any(m["role"] == "assistant" for m in new):
-            return None
-        if b.messages[-1]["role"] != "assistant":  # a retried call: its messages were inserted, no reply since
             return None
         return new
 
@@ -221,26 +247,17 @@ class Conversation:
         if best.tools != tools:
             return best.index, shared, "tools changed"
         if shared < len(best.messages):
-            m = best.messages[shared] if shared < len(best.messages) else None
-            if m is not None and m["role"] == "assistant" and shared < len(messages) \
-                    and messages[shared]["role"] == "assistant":
+            ours, theirs = best.messages[shared]["role"], messages[shared]["role"] if shared < len(messages) else None
+            if ours == theirs == "assistant":
                 return best.index, shared, f"the agent edited the reply at message {shared}"
+            if shared > 0 and best.messages[shared - 1]["role"] == "assistant":
+                return best.index, shared, f"forked after the reply at message {shared - 1}"
             return best.index, shared, f"history rewritten from message {shared}"
-        return best.index, shared, "forked: another call already continued this conversation"
-
-    def _extend(self, b: Branch, new: list[dict]) -> None:
-        calls = {c["id"]: c["name"] for m in b.messages for c in m.get("tool_calls", ()) if c.get("id")}
-        obs = [_as_message(m, calls) for m in new]
-        bridge = self.renderer.bridge(b.last_ids, obs, b.history)
-        if self.strict:
-            self.renderer.check_bridge(b.history, b.last_ids, obs, bridge, tools=b.tools)
-        b.ledger.add_inserted(bridge, len(b.calls) - 1)
-        b.history.extend(obs)
-        b.messages.extend(new)
-        if self.strict:
-            note = self.renderer.check_full(b.history, b.ledger.ids, tools=b.tools)
-            if note is not None:
-                b.history_rewrites.append(note)
+        if best.busy:
+            return best.index, shared, f"forked: branch {best.index} was answering another call"
+        if any(m["role"] == "assistant" for m in messages[shared:]):
+            return best.index, shared, "the agent added an assistant message of its own"
+        return best.index, shared, "forked"
 
     def _history_message(self, m: Mapping[str, Any]) -> Message:
         # A new branch's earlier turns are prompt (mask 0), rendered from what the agent sent, tool calls included

@@ -151,17 +151,17 @@ class Gateway:
     async def _complete(self, s: AgentSession, req: Any) -> Completion:
         conv = s.conversation
         try:
-            branch = conv.begin(req.messages, req.tools)
+            call = conv.begin(req.messages, req.tools)
         except RenderMismatch as e:
             raise GatewayError(500, f"strict mode: {e}", kind="server_error") from None
         except (RenderError, ValueError) as e:
             raise GatewayError(400, f"the model's chat template cannot render this request: {e}") from None
-        ids = branch.ledger.ids
+        ids = call.ids
         room = req.max_tokens or self.max_new_tokens
         if self.max_context_tokens is not None:
             room = min(room, self.max_context_tokens - len(ids))
             if room < 1:
-                conv.abandon(branch)
+                conv.abandon(call)
                 raise GatewayError(400, f"this request's {len(ids)} prompt tokens leave no room in the model's "
                                         f"context of {self.max_context_tokens} tokens", param="messages")
         params = {**req.sampling, "max_new_tokens": room, "stop_token_ids": list(self.renderer.stop_token_ids)}
@@ -169,16 +169,20 @@ class Gateway:
         try:
             gen = await self.policy.generate(ids, params)
         except asyncio.CancelledError:
-            conv.abandon(branch)
+            conv.abandon(call)
             raise
         except Exception as e:  # noqa: BLE001 - the engine's failure is the agent's 502, the session stays usable
-            conv.abandon(branch)
+            conv.abandon(call)
             s.errors.append(f"{type(e).__name__}: {e}")
             raise GatewayError(502, f"the engine failed: {type(e).__name__}: {e}", kind="server_error") from None
         latency = time.perf_counter() - t0
-        reply = conv.finish(branch, gen, latency)
+        try:
+            reply = conv.finish(call, gen, latency)
+        except RenderMismatch as e:  # strict mode: the ledger would not be what the template renders — say so
+            conv.abandon(call)
+            raise GatewayError(500, f"strict mode: {e}", kind="server_error") from None
         s.calls += 1
-        return Completion(reply, gen.finish_reason, len(ids) - len(gen.token_ids), len(gen.token_ids),
+        return Completion(reply, gen.finish_reason, len(ids), len(gen.token_ids),
                           [self.renderer.decode([t]) for t in gen.token_ids] if req.logprobs else (),
                           gen.logprobs, req.model or self.model)
 
