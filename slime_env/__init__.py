@@ -14,9 +14,11 @@ Core API (this package never imports `envs`, `agents`, `tools_sandbox` or `train
   `slime_env.integrations.mcp`).
 """
 
+from slime_env.agent_env import AgentEnv
 from slime_env.env import Env, Wrapper
 from slime_env.errors import InvalidInput, RegistryError, RenderError, RenderMismatch, SlimeEnvError
 from slime_env.ledger import Span, TokenLedger
+from slime_env.gateway import Gateway
 from slime_env.multi_agent import MultiAgentEnv, run_multi_agent_episode
 from slime_env.parsers import ParseResult, get_parser, parser_names, register_parser
 from slime_env.policy import Policy, ScriptedPolicy
@@ -38,8 +40,8 @@ from slime_env.registry import register_entry_points as _register_entry_points  
 _register_entry_points()
 
 __all__ = [
-    "Action", "Batch", "Env", "EnvServer", "Episode", "Group", "RemoteEnv", "RolloutManager", "close_shared_clients",
-    "load_tasks", "EnvSpec", "Generation", "InvalidInput", "Message", "MultiAgentEnv", "ParseError", "ParseResult", "Policy",
+    "Action", "AgentEnv", "Batch", "Env", "EnvServer", "Episode", "Group", "RemoteEnv", "RolloutManager", "close_shared_clients",
+    "load_tasks", "EnvSpec", "Gateway", "Generation", "InvalidInput", "Message", "MultiAgentEnv", "ParseError", "ParseResult", "Policy",
     "RegistryError", "RenderError", "RenderMismatch", "STATUSES", "ScriptedPolicy", "SlimeEnvError", "Span",
     "SyncEnv", "Task", "TemplateRenderer", "TokenLedger", "ToolCall", "Trajectory", "Wrapper", "from_sync",
     "get_parser", "get_renderer", "make", "parser_names", "register", "register_parser", "register_renderer",

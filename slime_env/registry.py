@@ -41,9 +41,11 @@ class EnvSpec:
             env = factory(**{**self.kwargs, **kwargs})
         except TypeError as e:
             raise InvalidInput(f"cannot make {self.id!r} with kwargs {sorted({**self.kwargs, **kwargs})}: {e}") from e
-        if not isinstance(env, (Env, MultiAgentEnv)):
-            raise RegistryError(f"entry point of {self.id!r} returned {type(env).__name__}, not a slime_env.Env "
-                                f"or MultiAgentEnv")
+        from slime_env.agent_env import AgentEnv
+
+        if not isinstance(env, (Env, MultiAgentEnv, AgentEnv)):
+            raise RegistryError(f"entry point of {self.id!r} returned {type(env).__name__}, not a slime_env.Env, "
+                                f"MultiAgentEnv or AgentEnv")
         return env
 
     @property

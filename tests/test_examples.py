@@ -88,6 +88,20 @@ def test_tool_env_trains_from_its_file(tmp_path):
     assert trained["train/tokens"] > 0 and sum(trained["rollout/statuses"].values()) == 8
 
 
+def test_an_openai_sdk_agent_trains_unchanged_from_its_example(tmp_path):
+    """examples/agent_train.yaml as a user runs it (one step): the plain OpenAI-SDK agent of examples/openai_agent.py
+    runs against the gateway in front of the embedded SmolLM2, every episode ends completed, GRPO trains on the
+    recorded tokens, and the held-out evaluation runs the same agent greedily."""
+    out = subprocess.run([sys.executable, "-m", "slime_env", "train", "--config", "examples/agent_train.yaml",
+                          "--steps", "1", "--run-dir", str(tmp_path / "run")], capture_output=True, text=True,
+                         timeout=900, cwd=ROOT)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    trained = [r for r in rows if r["step"] == 1][0]
+    assert trained["train/tokens"] > 0 and trained["rollout/statuses"] == {"completed": 8}
+    assert trained["eval/failed"] == 0 and 0.0 <= trained["eval/accuracy"] <= 1.0
+
+
 def test_rollout_workers_example():
     out = subprocess.run([sys.executable, str(ROOT / "examples" / "rollout_workers.py")], capture_output=True,
                          text=True, timeout=300)

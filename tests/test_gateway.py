@@ -291,3 +291,85 @@ def test_the_real_model_behind_the_gateway_answers_the_openai_sdk_with_an_exact_
     full = gw.renderer.render_text(t.messages, add_generation_prompt=False)
     assert full.startswith(text) and len(full) - len(text) <= 1
     assert [m.role for m in t.messages] == ["user", "assistant"] * 3
+
+
+# --- AgentEnv: an agent program as an env ---------------------------------------------------------------------
+def _agent_env(**kw):
+    from slime_env import AgentEnv
+
+    return AgentEnv(**kw)
+
+
+async def _episode(env, gw, task="What is 2 + 3?"):
+    from slime_env import Task
+
+    await gw.start()
+    try:
+        return await env.run(gw, Task.coerce({"prompt": task, "label": "5"}), metadata={"index": 7})
+    finally:
+        await gw.stop()
+
+
+def test_agent_env_statuses_for_crashes_timeouts_silence_and_bad_rewards(qwen3_tok):
+    """Whatever the agent program does, the episode ends with trajectories and a reason: a crash after a call is
+    failed (the call it made is kept), a program past its deadline is truncated, one that never calls the model
+    is one failed trajectory, a reward that raises fails the episode; a blocking (sync) program runs in a thread."""
+
+    async def crashes(url, key, task):
+        await openai.AsyncOpenAI(base_url=url, api_key=key, max_retries=0).chat.completions.create(
+            model="m", messages=[{"role": "user", "content": task.prompt}])
+        raise KeyError("tool registry")
+
+    async def sleeps(url, key, task):
+        await asyncio.sleep(30)
+
+    async def silent(url, key, task):
+        return "I know it: 5"
+
+    def blocking(url, key, task):  # the sync SDK, in a thread
+        r = openai.OpenAI(base_url=url, api_key=key, max_retries=0).chat.completions.create(
+            model="m", messages=[{"role": "user", "content": task.prompt}])
+        return r.choices[0].message.content
+
+    def bad_reward(task, result, trajectories):
+        return float("nan")
+
+    cases = [(dict(agent=crashes), "failed", "the agent raised KeyError: 'tool registry'", 1),
+             (dict(agent=sleeps, deadline_s=0.3), "truncated", "deadline of 0.3s exceeded", 0),
+             (dict(agent=silent), "failed", "the agent never called the model", 0),
+             (dict(agent=blocking, reward=bad_reward), "failed", "the reward raised InvalidInput", 1),
+             (dict(agent=blocking, reward=lambda task, result, trajs: result == "Five."), "completed", "", 1)]
+    for kw, status, reason, turns in cases:
+        (t,) = run(_episode(_agent_env(**kw), _gateway(qwen3_tok, ["Five."])))
+        assert (t.status, t.num_turns, t.metadata["index"]) == (status, turns, 7), kw
+        assert reason in t.reason, (kw, t.reason)
+        t.check()
+    assert t.reward == 1.0
+
+
+def test_agent_side_branches_follow_their_main_trajectory_and_share_its_advantage(qwen3_tok):
+    """An agent that summarises its context mid-way leaves two branches: the main trajectory (its last call's) first,
+    the summarised-away one after it marked `branch_of`, both with the sample's reward; GRPO over two such samples
+    gives both branches of a sample the same advantage, computed over the samples (not the branches)."""
+    from trainers.batch import pack
+
+    async def summarising(url, key, task):
+        client = openai.AsyncOpenAI(base_url=url, api_key=key, max_retries=0)
+        msgs = [{"role": "user", "content": task.prompt}]
+        r = (await client.chat.completions.create(model="m", messages=msgs, tools=ADD)).choices[0].message
+        summary = [{"role": "user", "content": f"{task.prompt} (a tool said 5)"}]
+        r2 = await client.chat.completions.create(model="m", messages=summary, tools=ADD)
+        return r2.choices[0].message.content
+
+    trajs = []
+    for reply in ("It is 5.", "It is 6."):
+        env = _agent_env(agent=summarising, reward=lambda task, result, t: float(result == "It is 5."))
+        trajs += run(_episode(env, _gateway(qwen3_tok, [CALL, reply])))
+    assert [t.metadata.get("branch_of") is not None for t in trajs] == [False, True, False, True]
+    assert [t.reward for t in trajs] == [1.0, 1.0, 0.0, 0.0]
+    assert trajs[0].metadata["branch_reason"] == "no earlier call shares its first message"
+    batch = pack(trajs, group_size=2, pad_id=0)
+    adv = [float(batch.advantages[i][batch.loss_mask[i] > 0][0]) for i in range(4)]
+    assert adv[0] == adv[1] > 0 > adv[2] == adv[3] and adv[0] == pytest.approx(-adv[2])
+    with pytest.raises(ValueError, match="do not form groups of 2"):
+        pack(trajs[1:], group_size=2, pad_id=0)  # a side branch before its main trajectory

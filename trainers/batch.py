@@ -45,7 +45,12 @@ class TrainBatch:
                                 if isinstance(getattr(self, f.name), torch.Tensor)})
 
     def minibatch_bounds(self, n: int) -> list[tuple[int, int]]:
-        """Row ranges of `n` parts, split only at group boundaries (as even as the groups allow)."""
+        """Row ranges of `n` parts, split only at group boundaries (as even as the groups allow); rows in any parts
+        when agent side branches make groups uneven (advantages are set by then)."""
+        if self.size % self.group_size:
+            n = max(1, min(n, self.size))
+            bounds = [round(i * self.size / n) for i in range(n + 1)]
+            return [(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
         groups = self.size // self.group_size
         n = max(1, min(n, groups))
         bounds = [round(i * groups / n) * self.group_size for i in range(n + 1)]
@@ -97,9 +102,16 @@ def pack(trajectories: Sequence[Trajectory], *, group_size: int, pad_id: int, es
     """
     if reward_assignment not in ("sequence", "per_turn"):
         raise ValueError(f"reward_assignment must be 'sequence' or 'per_turn', got {reward_assignment!r}")
-    if not trajectories or len(trajectories) % group_size:
-        raise ValueError(f"{len(trajectories)} trajectories do not form groups of {group_size}")
+    # Side branches of an agent session (AgentEnv: a context the agent rewrote, a sub-agent) follow their sample's
+    # main trajectory and share its outcome: groups are formed by the main trajectories.
+    main = [i for i, t in enumerate(trajectories) if not t.metadata.get("branch_of")]
+    if not trajectories or len(main) % group_size or (main and main[0] != 0):
+        raise ValueError(f"{len(trajectories)} trajectories ({len(main)} main ones) do not form groups of "
+                         f"{group_size}")
     B = len(trajectories)
+    if len(main) < B and (estimator in ("rae", "ppo") or reward_assignment != "sequence"):
+        raise ValueError("agent sessions with side branches take an outcome estimator (grpo, dr_grpo, reinforce++, "
+                         "...) and reward_assignment 'sequence'")
     L = max(len(t.prompt_ids) + len(t.response_ids) for t in trajectories)
     K = max(1, max(len(t.turn_rewards) for t in trajectories))
     input_ids = torch.full((B, L), pad_id, dtype=torch.long)
@@ -130,6 +142,9 @@ def pack(trajectories: Sequence[Trajectory], *, group_size: int, pad_id: int, es
         seq_adv = role_baselines.advantages(rewards, keys)
         if reward_assignment != "sequence":
             raise ValueError("estimator 'rae' gives one advantage per sequence: use reward_assignment 'sequence'")
+    elif len(main) < B:
+        owner = torch.cumsum(torch.tensor([t.metadata.get("branch_of") is None for t in trajectories]), 0) - 1
+        seq_adv = outcome_advantages(estimator, rewards[main], group_size)[owner]
     else:
         seq_adv = outcome_advantages(estimator, rewards, group_size)
     per_token = token_rewards(turn_rewards if reward_assignment == "per_turn" else rewards.unsqueeze(-1), turn_of,

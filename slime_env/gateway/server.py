@@ -46,19 +46,24 @@ class Gateway:
     token-exact branches.
 
     `Gateway(policy, renderer, parser=None, *, model="slime-env", strict=False, max_new_tokens=1024,
-    max_context_tokens=None, session_ttl_s=3600, max_body_bytes=4 MiB)`; `await start(host, port)` -> base URL;
+    max_context_tokens=None, overrides=None, session_ttl_s=3600, max_body_bytes=4 MiB)`; `overrides`: sampling
+    parameters that replace the agent's (an RL run samples at its own temperature, whatever the agent asks);
+    `await start(host, port)` -> base URL;
     `open_session(task)` -> the session (its `id`, `key`) and `session_url(session)`; `close_session(id)` -> one
     `Trajectory` per branch; `await stop()`.
     """
 
     def __init__(self, policy: Any, renderer: Any, parser: Any = None, *, model: str = "slime-env",
                  strict: bool = False, max_new_tokens: int = 1024, max_context_tokens: int | None = None,
-                 session_ttl_s: float = 3600.0, max_body_bytes: int = 4 << 20):
+                 overrides: dict[str, Any] | None = None, session_ttl_s: float = 3600.0,
+                 max_body_bytes: int = 4 << 20):
         from slime_env.parsers import get_parser
 
         self.policy, self.renderer, self.parser = policy, renderer, get_parser(parser)
         self.model, self.strict = model, strict
         self.max_new_tokens, self.max_context_tokens = max_new_tokens, max_context_tokens
+        # "episode" seeds are the step runner's (one per episode and turn); here each call samples freshly
+        self.overrides = {k: v for k, v in (overrides or {}).items() if not (k == "sampling_seed" and v == "episode")}
         self.session_ttl_s, self.max_body_bytes = session_ttl_s, max_body_bytes
         self.sessions: dict[str, AgentSession] = {}
         self.base_url: str | None = None
@@ -164,7 +169,10 @@ class Gateway:
                 conv.abandon(call)
                 raise GatewayError(400, f"this request's {len(ids)} prompt tokens leave no room in the model's "
                                         f"context of {self.max_context_tokens} tokens", param="messages")
-        params = {**req.sampling, "max_new_tokens": room, "stop_token_ids": list(self.renderer.stop_token_ids)}
+        stops = sorted({*self.renderer.stop_token_ids, *(self.overrides.get("stop_token_ids") or ())})
+        params = {**req.sampling, **self.overrides, "max_new_tokens": room, "stop_token_ids": stops}
+        if "stop" in req.sampling and "stop" in self.overrides:  # both the agent's stop strings and the run's
+            params["stop"] = list(dict.fromkeys([*req.sampling["stop"], *self.overrides["stop"]]))
         t0 = time.perf_counter()
         try:
             gen = await self.policy.generate(ids, params)

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from slime_env.agent_env import AgentEnv
 from slime_env.env import Env
 from slime_env.errors import InvalidInput
 from slime_env.multi_agent import MultiAgentEnv, run_multi_agent_episode
@@ -97,6 +98,8 @@ class GroupRunner:
         self.partial_rollout, self.mask_offpolicy = partial_rollout, mask_offpolicy
         self.backend, self.ray_actors, self.ray_actor_options = backend, ray_actors, dict(ray_actor_options or {})
         self._ray_pools: dict[str, Any] = {}
+        self._gateways: dict[str, Any] = {}
+        self._gateway_lock = asyncio.Lock()
 
     def new(self, index: int) -> RunningGroup:
         task = self.tasks[index]
@@ -116,6 +119,8 @@ class GroupRunner:
         if results and isinstance(results[0], dict):  # multi-agent: each agent's n samples in a row
             agents = self.train_agents or list(results[0])
             results = [r[a] for a in agents for r in results]
+        elif results and isinstance(results[0], list):  # agent sessions: each sample's main trajectory, its branches
+            results = [t for r in results for t in r]
         return Group(rg.group_index, rg.task, rg.env_id, list(results))
 
     async def _start_episodes(self, rg: RunningGroup) -> None:
@@ -129,6 +134,9 @@ class GroupRunner:
             rg.envs.append(env)
             if isinstance(env, MultiAgentEnv):
                 rg.episodes.append(_MultiAgentEpisode(env, self, rg.task, metadata, self.seed * 1_000_003 + index))
+                continue
+            if isinstance(env, AgentEnv):
+                rg.episodes.append(_AgentEpisode(env, self, rg.task, metadata))
                 continue
             policy = self.policy.get("agent", self.policy.get("default")) if isinstance(self.policy, Mapping) \
                 else self.policy
@@ -158,10 +166,33 @@ class GroupRunner:
                     pass
         rg.envs = [None] * len(rg.envs)
 
+    async def gateway(self, env: AgentEnv) -> Any:
+        """The gateway the agent episodes of `env`'s parser share (started on first use, on 127.0.0.1)."""
+        from slime_env.gateway import Gateway
+
+        key = f"{env.parser}/{env.strict}"
+        async with self._gateway_lock:
+            if key in self._gateways:
+                return self._gateways[key]
+            kw = self.episode_kwargs
+            policy = self.policy.get("agent", self.policy.get("default")) if isinstance(self.policy, Mapping) \
+                else self.policy
+            gw = Gateway(policy, self.renderer, env.parser, strict=env.strict or bool(kw.get("strict", False)),
+                         max_new_tokens=kw.get("max_new_tokens", 1024), max_context_tokens=kw.get("max_context_tokens"),
+                         overrides=self.sampling_params)
+            await gw.start()
+            self._gateways[key] = gw
+            return gw
+
     def close(self) -> None:
         for pool in self._ray_pools.values():
             pool.shutdown()
         self._ray_pools.clear()
+
+    async def close_gateways(self) -> None:
+        for gw in self._gateways.values():
+            await gw.stop()
+        self._gateways.clear()
 
 
 class _MultiAgentEpisode:
@@ -191,6 +222,34 @@ class _MultiAgentEpisode:
 
     async def abort(self, reason: str) -> None:
         return None  # a multi-agent episode runs to its end (its group is delivered with the next batch)
+
+    def mask_offpolicy(self) -> None:
+        return None
+
+    def trajectory(self) -> None:
+        return None
+
+
+class _AgentEpisode:
+    """One sample of an `AgentEnv` group: the agent program against its own gateway session; its result is the
+    sample's main trajectory followed by its side branches."""
+
+    suspended = False
+    generating = False  # its engine calls come through the gateway; a weight update does not wait for them
+
+    def __init__(self, env: AgentEnv, manager: GroupRunner, task: Task, metadata: dict[str, Any]):
+        self.env, self.manager, self.task, self.metadata = env, manager, task, metadata
+        self.done: list[Trajectory] | None = None
+
+    async def run(self) -> list[Trajectory]:
+        if self.done is None:
+            gateway = await self.manager.gateway(self.env)
+            self.done = await self.env.run(gateway, self.task, metadata=self.metadata,
+                                           deadline_s=self.manager.episode_kwargs.get("deadline_s"))
+        return self.done
+
+    async def abort(self, reason: str) -> None:
+        return None  # the agent runs to its end (or its deadline)
 
     def mask_offpolicy(self) -> None:
         return None

@@ -243,6 +243,7 @@ class RolloutManager:
         if self.store:
             self.store.close()
         self.runner.close()
+        await self.runner.close_gateways()
         if self._pool is not None:
             await self._pool.close()
 

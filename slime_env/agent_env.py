@@ -1,0 +1,96 @@
+"""`AgentEnv`: any agent program — OpenAI Agents SDK, LangGraph, smolagents, your own loop — as an RL environment.
+
+The program is `agent(base_url, api_key, task)`: it talks to an OpenAI-compatible endpoint (the gateway, one private
+session per episode) however it likes — its own tools, memory, sub-agents and stop rule — and returns whatever it
+returns. `reward(task, result, trajectories)` scores the outcome. The gateway records every call as exact token
+ledgers; each episode gives one trajectory per branch of its session (`slime_env.gateway`): the sample's main
+trajectory (the branch of its last call) and, after it, side branches marked `metadata["branch_of"]`, which share the
+sample's reward and advantage. A crash, a timeout or an agent that never calls the model becomes a status with its
+reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from slime_env.errors import InvalidInput
+from slime_env.loading import load_object
+from slime_env.trajectory import Trajectory
+from slime_env.types import Task, coerce_reward
+
+
+class AgentEnv:
+    """An agent program as an env (module docstring). `agent`: `async (base_url, api_key, task) -> result` (or a
+    plain function, run in a thread; or an import path "pkg.mod:fn" / "path/to/file.py:fn"); `reward`: `(task,
+    result, trajectories) -> float` (or async; default: 0.0); `parser`: the model family's tool-call parser
+    (`slime_env.parsers` name; default "hermes"); `deadline_s`: the episode's wall-clock limit; `strict`: the
+    gateway checks every rendered bridge against the chat template's full render (a mismatch fails the call)."""
+
+    def __init__(self, agent: Callable[..., Any] | str, reward: Callable[..., Any] | str | None = None, *,
+                 parser: str | None = "hermes", deadline_s: float | None = None, strict: bool = True):
+        self.agent = load_object(agent) if isinstance(agent, str) else agent
+        self.reward = load_object(reward) if isinstance(reward, str) else reward
+        if not callable(self.agent):
+            raise InvalidInput(f"AgentEnv agent must be callable, got {type(self.agent).__name__}")
+        if self.reward is not None and not callable(self.reward):
+            raise InvalidInput(f"AgentEnv reward must be callable, got {type(self.reward).__name__}")
+        self.parser, self.deadline_s, self.strict = parser, deadline_s, strict
+
+    async def close(self) -> None:
+        return None
+
+    async def run(self, gateway: Any, task: Task, *, metadata: dict[str, Any] | None = None,
+                  deadline_s: float | None = None) -> list[Trajectory]:
+        """One episode: a private session on `gateway`, the agent run against it (within the deadline), the session's
+        branches scored. Returns the main trajectory first, then the side branches."""
+        session = gateway.open_session(task)
+        url = gateway.session_url(session)
+        status, reason, result = "completed", "", None
+        limit = deadline_s if deadline_s is not None else self.deadline_s
+        try:
+            call = self._call(url, session.key, task)
+            result = await asyncio.wait_for(call, limit) if limit is not None else await call
+        except TimeoutError:
+            status, reason = "truncated", f"deadline of {limit}s exceeded while the agent ran"
+        except Exception as e:  # noqa: BLE001 - the agent's crash is the episode's status, never a lost sample
+            status, reason = "failed", f"the agent raised {type(e).__name__}: {e}"
+        branches = gateway.close_session(session.id, status=status, reason=reason)
+        if not branches:
+            return [_empty(task, "failed" if status == "completed" else status,
+                           reason or "the agent never called the model", metadata)]
+        score = 0.0
+        if status == "completed" and self.reward is not None:
+            try:
+                value = self.reward(task, result, branches)
+                score = coerce_reward(await value if inspect.isawaitable(value) else value, "AgentEnv reward")
+            except Exception as e:  # noqa: BLE001
+                status, reason = "failed", f"the reward raised {type(e).__name__}: {e}"
+        # the branch of the last call holds the agent's final context: the sample's main trajectory
+        last = max(range(len(branches)), key=lambda i: branches[i].metadata["calls"][-1]["at"]
+                   if branches[i].metadata["calls"] else -1.0)
+        order = [last] + [i for i in range(len(branches)) if i != last]
+        out = []
+        for k, i in enumerate(order):
+            t = branches[i]
+            st, why = (t.status, t.reason) if t.status == "failed" else (status, reason)
+            meta = {**t.metadata, **(metadata or {}), **({"branch_of": t.metadata["session"]} if k else {})}
+            out.append(replace(t, reward=score, turn_rewards=[0.0] * max(len(t.turn_rewards) - 1, 0) + [score],
+                               status=st, reason=why, metadata=meta))
+        return out
+
+
+    async def _call(self, url: str, key: str, task: Task) -> Any:
+        if inspect.iscoroutinefunction(self.agent):
+            return await self.agent(url, key, task)
+        # a blocking program calls the gateway served by this event loop: it runs in a thread
+        result = await asyncio.to_thread(self.agent, url, key, task)
+        return await result if inspect.isawaitable(result) else result
+
+
+def _empty(task: Task, status: str, reason: str, metadata: dict[str, Any] | None) -> Trajectory:
+    return Trajectory(task=task, prompt_ids=[], response_ids=[], loss_mask=[], rollout_logprobs=[], spans=[],
+                      turn_rewards=[], reward=0.0, status=status, reason=reason, metadata=dict(metadata or {}))
