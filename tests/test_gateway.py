@@ -373,3 +373,37 @@ def test_agent_side_branches_follow_their_main_trajectory_and_share_its_advantag
     assert adv[0] == adv[1] > 0 > adv[2] == adv[3] and adv[0] == pytest.approx(-adv[2])
     with pytest.raises(ValueError, match="do not form groups of 2"):
         pack(trajs[1:], group_size=2, pad_id=0)  # a side branch before its main trajectory
+
+
+def test_anthropic_sdk_messages_with_tool_use_continue_the_same_ledger(qwen3_tok):
+    """The official `anthropic` SDK against the Messages route: a `tool_use` block comes back with its input, the
+    agent's `tool_result` continues the same branch (strict checks pass), the second reply streams; a wrong key is
+    refused; the ledger is the one the OpenAI route would have made."""
+    anthropic = pytest.importorskip("anthropic")
+    gw = _gateway(qwen3_tok, [CALL, "The sum is 5."])
+    tools = [{"name": "add", "description": "Add two integers.", "input_schema": ADD[0]["function"]["parameters"]}]
+
+    async def agent(gw):
+        s = gw.open_session("What is 2 + 3?")
+        client = anthropic.AsyncAnthropic(base_url=gw.session_url(s, api="anthropic"), api_key=s.key, max_retries=0)
+        msgs = [{"role": "user", "content": "What is 2 + 3?"}]
+        first = await client.messages.create(model="m", max_tokens=64, system="Use tools.", messages=msgs, tools=tools)
+        assert first.stop_reason == "tool_use" and [b.type for b in first.content] == ["text", "tool_use"]
+        use = first.content[1]
+        assert (use.name, use.input) == ("add", {"a": 2, "b": 3}) and first.content[0].text == "Let me add."
+        msgs += [{"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
+                 {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "5"}]}]
+        async with client.messages.stream(model="m", max_tokens=64, system="Use tools.", messages=msgs,
+                                          tools=tools) as stream:
+            final = await stream.get_final_message()
+        assert final.stop_reason == "end_turn" and final.content[0].text == "The sum is 5."
+        bad = anthropic.AsyncAnthropic(base_url=gw.session_url(s, api="anthropic"), api_key="sk-no", max_retries=0)
+        with pytest.raises(anthropic.AuthenticationError):
+            await bad.messages.create(model="m", max_tokens=8, messages=msgs)
+        with pytest.raises(anthropic.BadRequestError, match="max_tokens: required"):
+            await client.messages.create(model="m", max_tokens=0, messages=msgs)
+        return gw.close_session(s.id)
+
+    (t,) = run(_serve(gw, agent))
+    assert t.num_turns == 2 and t.metadata["branch_reason"] == "first call"
+    _check_exact(t, gw.renderer)

@@ -1,12 +1,13 @@
-"""`Gateway`: an OpenAI-compatible endpoint per agent session in front of any policy, recording exact token ledgers.
+"""`Gateway`: OpenAI- and Anthropic-compatible endpoints per agent session in front of any policy, recording exact
+token ledgers.
 
 Each session is reached at `{base_url}/sessions/{session_id}/v1` with its own unguessable key (the `api_key` the
 agent is given); a wrong or missing key, an unknown or expired session get the same 401, so one agent cannot learn
 of, read or write another's session. The server binds to 127.0.0.1 unless told otherwise and refuses bodies over
 `max_body_bytes` (413). Requests are rendered with the model's chat template, the token ids go to the policy (SGLang
 `/generate`, an OpenAI-compatible server, the embedded engine, a scripted policy), tool calls are parsed with the
-family's parser, and the reply is an ordinary chat completion (or SSE chunks) — see `conversation` for how calls map
-to branches and `openai_api` for the wire format.
+family's parser, and the reply is an ordinary chat completion or Anthropic message (or their streams) — see
+`conversation` for how calls map to branches, `openai_api` and `anthropic_api` for the wire formats.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 from aiohttp import web
 
 from slime_env.errors import RenderError, RenderMismatch
+from slime_env.gateway import anthropic_api
 from slime_env.gateway.conversation import Conversation, GatewayError
 from slime_env.gateway.openai_api import Completion, error_body, parse_chat_request, sse
 from slime_env.trajectory import Trajectory
@@ -71,6 +73,7 @@ class Gateway:
         self.app = web.Application(client_max_size=max_body_bytes)
         self.app.router.add_post("/sessions/{sid}/v1/chat/completions", self._chat)
         self.app.router.add_get("/sessions/{sid}/v1/models", self._models)
+        self.app.router.add_post("/sessions/{sid}/v1/messages", self._messages)
 
     # --- lifecycle --------------------------------------------------------------------------------------------
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
@@ -100,11 +103,12 @@ class Gateway:
         self.sessions[s.id] = s
         return s
 
-    def session_url(self, session: AgentSession) -> str:
-        """The OpenAI `base_url` an agent is given for `session`."""
+    def session_url(self, session: AgentSession, api: str = "openai") -> str:
+        """The `base_url` an agent is given for `session`: OpenAI clients' (ending in /v1) or, with
+        `api="anthropic"`, Anthropic clients' (they add /v1/messages themselves)."""
         if self.base_url is None:
             raise RuntimeError("Gateway.start() has not run")
-        return f"{self.base_url}/sessions/{session.id}/v1"
+        return f"{self.base_url}/sessions/{session.id}" + ("/v1" if api == "openai" else "")
 
     def close_session(self, session_id: str, *, reward: float = 0.0, status: str = "completed",
                       reason: str = "") -> list[Trajectory]:
@@ -150,6 +154,27 @@ class Gateway:
         for event in done.chunks(req.logprobs, req.include_usage):
             await out.write(sse(event))
         await out.write(b"data: [DONE]\n\n")
+        await out.write_eof()
+        return out
+
+    async def _messages(self, request: web.Request) -> web.StreamResponse:
+        """Anthropic Messages: the same conversation and ledger as chat completions, another wire format."""
+        try:
+            s = self._session(request)
+            try:
+                body = await request.json()
+            except ValueError:
+                raise GatewayError(400, "the request body is not valid JSON") from None
+            req = anthropic_api.parse_messages_request(body)
+            done = await self._complete(s, req)
+        except GatewayError as e:
+            return web.json_response(anthropic_api.error_body(e), status=e.status)
+        if not req.stream:
+            return web.json_response(anthropic_api.message_body(done))
+        out = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await out.prepare(request)
+        for name, data in anthropic_api.events(done):
+            await out.write(f"event: {name}\n".encode() + sse(data))
         await out.write_eof()
         return out
 
