@@ -1,4 +1,5 @@
-"""`slime-env serve-engine`: the agents package's subcommand (registered through `slime_env.cli`)."""
+"""`slime-env serve-engine` and `slime-env serve-gateway`: the agents package's subcommands (registered through
+`slime_env.cli`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import typer
 def register(app: typer.Typer) -> None:
     """Add this package's subcommands to the `slime-env` app."""
     app.command("serve-engine")(serve_engine)
+    app.command("serve-gateway")(serve_gateway)
 
 
 def serve_engine(model: str = typer.Option("default", help="'default' (embedded SmolLM2-135M-Instruct) or a "
@@ -31,3 +33,45 @@ def serve_engine(model: str = typer.Option("default", help="'default' (embedded 
         torch.set_num_threads(threads)
     serve(model=model, host=host, port=port, max_batch_size=max_batch_size, batch_window_s=batch_window_ms / 1000,
           device=device, dtype=dtype)
+
+
+def serve_gateway(engine: str = typer.Option(..., help="the engine's URL: an SGLang server or router (/generate), or "
+                                                       "`slime-env serve-engine`"),
+                  model: str = typer.Option("default", help="tokenizer and chat template: 'default' (SmolLM2-135M-"
+                                                            "Instruct) or the served model's Hugging Face folder"),
+                  parser: str = typer.Option("hermes", help="the model family's tool-call parser"),
+                  host: str = typer.Option("127.0.0.1", help="address to bind (loopback unless you mean otherwise)"),
+                  port: int = typer.Option(8000, help="port (0 picks a free one)"),
+                  strict: bool = typer.Option(True, help="check every rendered bridge against a full render"),
+                  max_new_tokens: int = typer.Option(1024, min=1),
+                  max_context_tokens: int = typer.Option(0, min=0, help="0: no limit"),
+                  session_ttl_s: float = typer.Option(3600.0, min=1.0)) -> None:
+    """Serve the agent gateway: per-session OpenAI (/v1/chat/completions) and Anthropic (/v1/messages) routes in
+    front of an engine, recording exact token ledgers. Sessions are opened and closed over /admin/sessions with the
+    admin key (SLIME_ENV_GATEWAY_ADMIN_KEY, else a random one printed at start); see docs/gateway.md."""
+    import asyncio
+    import os
+    import secrets
+
+    from agents.default_model import default_model_path
+    from agents.sglang_policy import SGLangPolicy
+    from slime_env.gateway import Gateway
+    from slime_env.renderers import get_renderer
+
+    from transformers import AutoTokenizer
+
+    path = str(default_model_path()) if model == "default" else model
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    admin = os.environ.get("SLIME_ENV_GATEWAY_ADMIN_KEY") or secrets.token_urlsafe(32)
+
+    async def main() -> None:
+        gw = Gateway(SGLangPolicy(engine), get_renderer(tokenizer, strict=strict), parser, strict=strict,
+                     max_new_tokens=max_new_tokens, max_context_tokens=max_context_tokens or None,
+                     session_ttl_s=session_ttl_s)
+        gw.admin_key = admin
+        url = await gw.start(host, port)
+        shown = "(from SLIME_ENV_GATEWAY_ADMIN_KEY)" if os.environ.get("SLIME_ENV_GATEWAY_ADMIN_KEY") else admin
+        print(f"gateway on {url} in front of {engine}; admin key {shown}", flush=True)
+        await asyncio.Event().wait()
+
+    asyncio.run(main())

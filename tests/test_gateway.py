@@ -407,3 +407,61 @@ def test_anthropic_sdk_messages_with_tool_use_continue_the_same_ledger(qwen3_tok
     (t,) = run(_serve(gw, agent))
     assert t.num_turns == 2 and t.metadata["branch_reason"] == "first call"
     _check_exact(t, gw.renderer)
+
+
+def test_serve_gateway_in_front_of_a_serve_engine_process(tmp_path):
+    """`slime-env serve-gateway --engine URL` as its own process in front of a `slime-env serve-engine` process (real
+    SmolLM2 weights, SGLang's /generate): sessions are opened and closed over /admin with the admin key (refused
+    without it), the OpenAI SDK chats through the session URL, and the closed session's trajectory comes back as
+    JSON whose ledger holds the engine's log-probs."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    import requests
+
+    from agents.default_model import default_model_path
+    from agents.launcher import ServeProcess
+    from slime_env import Trajectory
+
+    engine = ServeProcess(model=str(default_model_path()), log_path=tmp_path / "engine.log")
+    url = asyncio.run(engine.start())
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {**os.environ, "SLIME_ENV_GATEWAY_ADMIN_KEY": "admin-test-key"}
+    gw = subprocess.Popen([sys.executable, "-m", "slime_env", "serve-gateway", "--engine", url, "--port", str(port),
+                           "--max-new-tokens", "8"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(300):
+            try:
+                if requests.post(f"{base}/admin/sessions", timeout=2).status_code == 401:
+                    break
+            except requests.ConnectionError:
+                time.sleep(0.2)
+        assert requests.post(f"{base}/admin/sessions", headers={"Authorization": "Bearer guess"},
+                             timeout=10).status_code == 401
+        admin = {"Authorization": "Bearer admin-test-key"}
+        opened = requests.post(f"{base}/admin/sessions", json={"task": {"prompt": "hi", "label": "x"}},
+                               headers=admin, timeout=10).json()
+        client = openai.OpenAI(base_url=opened["openai_base_url"], api_key=opened["api_key"], max_retries=0)
+        msgs = [{"role": "user", "content": "Say hello."}]
+        r = client.chat.completions.create(model="m", messages=msgs, max_tokens=8)
+        msgs += [r.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "Again."}]
+        client.chat.completions.create(model="m", messages=msgs, max_tokens=8)
+        closed = requests.post(f"{base}/admin/sessions/{opened['session_id']}/close", json={"reward": 0.5},
+                               headers=admin, timeout=10).json()
+        (t,) = [Trajectory.from_dict(d) for d in closed["trajectories"]]
+        t.check()
+        assert (t.num_turns, t.reward, t.task.label) == (2, 0.5, "x")
+        assert any(lp < 0 for lp, m in zip(t.rollout_logprobs, t.loss_mask) if m)
+        with pytest.raises(openai.AuthenticationError):  # closed
+            client.chat.completions.create(model="m", messages=msgs, max_tokens=8)
+    finally:
+        gw.terminate()
+        gw.wait(timeout=30)
+        engine.stop()

@@ -74,6 +74,11 @@ class Gateway:
         self.app.router.add_post("/sessions/{sid}/v1/chat/completions", self._chat)
         self.app.router.add_get("/sessions/{sid}/v1/models", self._models)
         self.app.router.add_post("/sessions/{sid}/v1/messages", self._messages)
+        # A standalone gateway (`slime-env serve-gateway`) is driven over HTTP with an admin key; in-process users
+        # call open_session / close_session and leave it None (the routes then answer 404).
+        self.admin_key: str | None = None
+        self.app.router.add_post("/admin/sessions", self._admin_open)
+        self.app.router.add_post("/admin/sessions/{sid}/close", self._admin_close)
 
     # --- lifecycle --------------------------------------------------------------------------------------------
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
@@ -127,6 +132,34 @@ class Gateway:
                                kind="authentication_error")
         s.expires_at = time.monotonic() + self.session_ttl_s
         return s
+
+    def _admin(self, request: web.Request) -> None:
+        auth = request.headers.get("Authorization", "")
+        if self.admin_key is None:
+            raise web.HTTPNotFound()
+        if not hmac.compare_digest(auth.encode(), f"Bearer {self.admin_key}".encode()):
+            raise web.HTTPUnauthorized(text="invalid admin key")
+
+    async def _admin_open(self, request: web.Request) -> web.Response:
+        """`POST /admin/sessions` {"task": ...} -> {"session_id", "api_key", "openai_base_url", "anthropic_base_url"}."""
+        self._admin(request)
+        body = await request.json() if request.can_read_body else {}
+        try:
+            s = self.open_session((body or {}).get("task"))
+        except Exception as e:  # noqa: BLE001 - a bad task is the caller's 400
+            return web.json_response({"error": {"message": f"task: {e}"}}, status=400)
+        return web.json_response({"session_id": s.id, "api_key": s.key, "openai_base_url": self.session_url(s),
+                                  "anthropic_base_url": self.session_url(s, api="anthropic")})
+
+    async def _admin_close(self, request: web.Request) -> web.Response:
+        """`POST /admin/sessions/{id}/close` {"reward": r} -> {"trajectories": [...]} (one per branch)."""
+        self._admin(request)
+        body = await request.json() if request.can_read_body else {}
+        sid = request.match_info["sid"]
+        if sid not in self.sessions:
+            return web.json_response({"error": {"message": f"no session {sid!r}"}}, status=404)
+        trajs = self.close_session(sid, reward=float((body or {}).get("reward", 0.0)))
+        return web.json_response({"trajectories": [t.to_dict() for t in trajs]})
 
     async def _models(self, request: web.Request) -> web.Response:
         try:
