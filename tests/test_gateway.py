@@ -420,7 +420,7 @@ def test_serve_gateway_in_front_of_a_serve_engine_process(tmp_path):
     import sys
     import time
 
-    import requests
+    import httpx
 
     from agents.default_model import default_model_path
     from agents.launcher import ServeProcess
@@ -439,21 +439,21 @@ def test_serve_gateway_in_front_of_a_serve_engine_process(tmp_path):
     try:
         for _ in range(300):
             try:
-                if requests.post(f"{base}/admin/sessions", timeout=2).status_code == 401:
+                if httpx.post(f"{base}/admin/sessions", timeout=2).status_code == 401:
                     break
-            except requests.ConnectionError:
+            except httpx.TransportError:
                 time.sleep(0.2)
-        assert requests.post(f"{base}/admin/sessions", headers={"Authorization": "Bearer guess"},
+        assert httpx.post(f"{base}/admin/sessions", headers={"Authorization": "Bearer guess"},
                              timeout=10).status_code == 401
         admin = {"Authorization": "Bearer admin-test-key"}
-        opened = requests.post(f"{base}/admin/sessions", json={"task": {"prompt": "hi", "label": "x"}},
+        opened = httpx.post(f"{base}/admin/sessions", json={"task": {"prompt": "hi", "label": "x"}},
                                headers=admin, timeout=10).json()
         client = openai.OpenAI(base_url=opened["openai_base_url"], api_key=opened["api_key"], max_retries=0)
         msgs = [{"role": "user", "content": "Say hello."}]
         r = client.chat.completions.create(model="m", messages=msgs, max_tokens=8)
         msgs += [r.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "Again."}]
         client.chat.completions.create(model="m", messages=msgs, max_tokens=8)
-        closed = requests.post(f"{base}/admin/sessions/{opened['session_id']}/close", json={"reward": 0.5},
+        closed = httpx.post(f"{base}/admin/sessions/{opened['session_id']}/close", json={"reward": 0.5},
                                headers=admin, timeout=10).json()
         (t,) = [Trajectory.from_dict(d) for d in closed["trajectories"]]
         t.check()
