@@ -204,7 +204,8 @@ class Conversation:
             if parsed.tool_calls:
                 calls = [{"id": f"call_{uuid.uuid4().hex[:24]}", "name": c.name, "arguments": dict(c.arguments)}
                          for c in parsed.tool_calls]
-                content = _before_calls(text, [c.raw for c in parsed.tool_calls])
+                content = parsed.content if parsed.content is not None else \
+                    _before_calls(text, [c.raw for c in parsed.tool_calls])
         reply = {"role": "assistant", "content": content, **({"tool_calls": calls} if calls else {})}
         b.messages.append(reply)
         b.history.append(Message("assistant", text))

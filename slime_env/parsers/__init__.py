@@ -16,10 +16,12 @@ from slime_env.types import ParseError, ToolCall
 
 @dataclass(frozen=True, slots=True)
 class ParseResult:
-    """Tool calls found in one assistant turn, and the malformed ones as errors."""
+    """Tool calls found in one assistant turn, and the malformed ones as errors; `content`, where the parser says
+    it, is the turn's text outside the calls (what an OpenAI client shows as the message's content)."""
 
     tool_calls: tuple[ToolCall, ...] = ()
     errors: tuple[ParseError, ...] = ()
+    content: str | None = None
 
 
 Parser = Callable[[str], ParseResult]
@@ -70,9 +72,11 @@ def _never_raises(fn: Parser) -> Parser:
     return safe
 
 
-from slime_env.parsers import hermes, python_block, qwen3_coder, search_r1  # noqa: E402
+from slime_env.parsers import families, hermes, python_block, qwen3_coder, search_r1  # noqa: E402
 
 for _mod in (hermes, qwen3_coder, search_r1, python_block):
     register_parser(_mod.NAME, _mod.parse)
+for _name, _fn in families.PARSERS.items():
+    register_parser(_name, _fn)
 
 __all__ = ["ParseResult", "Parser", "get_parser", "parser_names", "register_parser"]
