@@ -465,3 +465,37 @@ def test_serve_gateway_in_front_of_a_serve_engine_process(tmp_path):
         gw.terminate()
         gw.wait(timeout=30)
         engine.stop()
+
+
+def test_a_langgraph_react_agent_trains_through_the_gateway_unchanged(qwen3_tok):
+    """LangGraph's prebuilt ReAct agent on `langchain-openai`'s ChatOpenAI, pointed at a session URL: it calls the
+    tool the model asks for, sends the result back, gets the answer; the gateway records one branch of two turns
+    that passes the exact-ledger check, scored through `AgentEnv`."""
+    pytest.importorskip("langgraph")
+    pytest.importorskip("langchain_openai")
+    from langchain_core.tools import tool as lc_tool
+    from langchain_openai import ChatOpenAI
+    from langgraph.prebuilt import create_react_agent
+
+    seen = []
+
+    @lc_tool
+    def add(a: int, b: int) -> int:
+        """Add two integers."""
+        seen.append((a, b))
+        return a + b
+
+    async def react(url, key, task):
+        llm = ChatOpenAI(base_url=url, api_key=key, model="policy", max_retries=0, temperature=1.0)
+        agent = create_react_agent(llm, [add])
+        out = await agent.ainvoke({"messages": [("user", task.prompt)]})
+        return out["messages"][-1].content
+
+    env = _agent_env(agent=react, reward=lambda task, result, trajs: float("5" in result))
+    gw = _gateway(qwen3_tok, [CALL, "The sum is 5."])
+    (t,) = run(_episode(env, gw))
+    assert seen == [(2, 3)] and (t.status, t.reward, t.num_turns) == ("completed", 1.0, 2)
+    assert t.metadata["branch_reason"] == "first call"
+    t.check()
+    text = gw.renderer.decode(t.prompt_ids + t.response_ids)
+    assert '"name": "add"' in text and "<tool_response>\n5\n</tool_response>" in text
