@@ -147,6 +147,7 @@ class Call:
     observations: list[Message]
     bridge: list[int]
     created: bool = False
+    rewrite: str | None = None  # strict mode: a known history rewrite of the template, noted on the branch
 
 
 class Conversation:
@@ -169,10 +170,13 @@ class Conversation:
                 calls = {c["id"]: c["name"] for m in b.messages for c in m.get("tool_calls", ()) if c.get("id")}
                 obs = [_as_message(m, calls) for m in new]
                 bridge = self.renderer.bridge(b.last_ids, obs, b.history)
-                if self.strict:
+                ids = b.ledger.ids + bridge
+                note = None
+                if self.strict:  # both checks before the engine is called: a mismatch records nothing
                     self.renderer.check_bridge(b.history, b.last_ids, obs, bridge, tools=b.tools)
+                    note = self.renderer.check_full(b.history + obs, ids, tools=b.tools)
                 b.busy = True
-                return Call(b, b.ledger.ids + bridge, new, obs, bridge)
+                return Call(b, ids, new, obs, bridge, rewrite=note)
         parent, shared, reason = self._closest(messages, tools)
         r = self.renderer
         ids = r.encode(r.render_text([template_dict(m) for m in messages], tools=tools, add_generation_prompt=True))
@@ -191,10 +195,8 @@ class Conversation:
             b.ledger.add_inserted(call.bridge, len(b.calls) - 1)
             b.history.extend(call.observations)
             b.messages.extend(call.new)
-            if self.strict:
-                note = self.renderer.check_full(b.history, b.ledger.ids, tools=b.tools)
-                if note is not None:
-                    b.history_rewrites.append(note)
+            if call.rewrite is not None:
+                b.history_rewrites.append(call.rewrite)
         turn = len(b.calls)
         b.ledger.add_generated(gen.token_ids, gen.logprobs, turn)
         text = self.renderer.assistant_text(gen.token_ids)

@@ -242,11 +242,7 @@ class Gateway:
             s.errors.append(f"{type(e).__name__}: {e}")
             raise GatewayError(502, f"the engine failed: {type(e).__name__}: {e}", kind="server_error") from None
         latency = time.perf_counter() - t0
-        try:
-            reply = conv.finish(call, gen, latency)
-        except RenderMismatch as e:  # strict mode: the ledger would not be what the template renders — say so
-            conv.abandon(call)
-            raise GatewayError(500, f"strict mode: {e}", kind="server_error") from None
+        reply = conv.finish(call, gen, latency)
         s.calls += 1
         return Completion(reply, gen.finish_reason, len(ids), len(gen.token_ids),
                           [self.renderer.decode([t]) for t in gen.token_ids] if req.logprobs else (),
