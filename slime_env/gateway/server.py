@@ -170,44 +170,46 @@ class Gateway:
                                                               "owned_by": "slime_env"}]})
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
-        try:
-            s = self._session(request)
-            try:
-                body = await request.json()
-            except ValueError:
-                raise GatewayError(400, "the request body is not valid JSON") from None
-            req = parse_chat_request(body)
-            done = await self._complete(s, req)
-        except GatewayError as e:
-            return web.json_response(error_body(e), status=e.status)
+        """OpenAI chat completions."""
+        answered = await self._answer(request, parse_chat_request, error_body)
+        if isinstance(answered, web.Response):
+            return answered
+        req, done = answered
         if not req.stream:
             return web.json_response(done.body(req.logprobs))
-        out = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-        await out.prepare(request)
-        for event in done.chunks(req.logprobs, req.include_usage):
-            await out.write(sse(event))
-        await out.write(b"data: [DONE]\n\n")
-        await out.write_eof()
-        return out
+        events = [sse(event) for event in done.chunks(req.logprobs, req.include_usage)] + [b"data: [DONE]\n\n"]
+        return await self._stream(request, events)
 
     async def _messages(self, request: web.Request) -> web.StreamResponse:
         """Anthropic Messages: the same conversation and ledger as chat completions, another wire format."""
+        answered = await self._answer(request, anthropic_api.parse_messages_request, anthropic_api.error_body)
+        if isinstance(answered, web.Response):
+            return answered
+        req, done = answered
+        if not req.stream:
+            return web.json_response(anthropic_api.message_body(done))
+        return await self._stream(request, [f"event: {name}\n".encode() + sse(data)
+                                            for name, data in anthropic_api.events(done)])
+
+    async def _answer(self, request: web.Request, parse: Any, error: Any) -> tuple[Any, Completion] | web.Response:
+        """(the parsed request, its completion), or the error response in the route's format."""
         try:
             s = self._session(request)
             try:
                 body = await request.json()
             except ValueError:
                 raise GatewayError(400, "the request body is not valid JSON") from None
-            req = anthropic_api.parse_messages_request(body)
-            done = await self._complete(s, req)
+            req = parse(body)
+            return req, await self._complete(s, req)
         except GatewayError as e:
-            return web.json_response(anthropic_api.error_body(e), status=e.status)
-        if not req.stream:
-            return web.json_response(anthropic_api.message_body(done))
+            return web.json_response(error(e), status=e.status)
+
+    @staticmethod
+    async def _stream(request: web.Request, events: list[bytes]) -> web.StreamResponse:
         out = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await out.prepare(request)
-        for name, data in anthropic_api.events(done):
-            await out.write(f"event: {name}\n".encode() + sse(data))
+        for event in events:
+            await out.write(event)
         await out.write_eof()
         return out
 
