@@ -290,15 +290,11 @@ class MegatronTrainer(TorchTrainer):
 
         fixed = not self.model.config.variable_seq_lengths
         if fixed:  # one activation shape for the whole schedule: every micro-batch padded to the longest
-            lengths = [m.attention_mask.sum(-1).tolist() for m in micros]
-            if self.cp > 1:
-                from trainers.megatron.context_parallel import padded_lengths
-
-                lengths = [padded_lengths(n, self.cp) for n in lengths]
+            totals = [sum(self._model_lengths(m.attention_mask.sum(-1).tolist())) for m in micros]
             # under EP lockstep `_micro_slices` has just set the common count of all EP ranks' micro-batches
-            self._min_tokens = max([1, self._min_tokens if self._gathers_tokens else 0] + [sum(n) for n in lengths])
+            self._min_tokens = max([1, self._min_tokens if self._gathers_tokens else 0] + totals)
         packed = [self._packed(m) for m in micros]
-        seq_length = self._dummy()[0].numel() * self.cp if fixed else 1  # the padded global length
+        seq_length = self._padded_total(1) if fixed else 1  # the padded global length
         model = self.ddp if (train and self.ddp is not None) else self.model
 
         def forward_step(data_iterator, chunk):
@@ -444,15 +440,26 @@ class MegatronTrainer(TorchTrainer):
         micro-batch is padded to `_min_tokens`; so is every micro-batch of a pipeline schedule whose stages exchange
         activations of one fixed shape). The dummy sequence attends only to itself and no log-prob is read
         from it."""
-        target = max(ids.numel(), self._min_tokens)
-        multiple = math.lcm(2 * self.cp if self.cp > 1 else 1,
-                            self.cp * self.config.tp if self.config.sequence_parallel else 1)
-        target += -target % multiple
-        pad = target - ids.numel()
+        pad = self._padded_total(ids.numel()) - ids.numel()
         if pad:
             ids = torch.cat([ids, ids.new_full((pad,), self.pad_id)])
             cu = torch.cat([cu, cu[-1:] + pad])
         return ids, cu
+
+    def _padded_total(self, n: int) -> int:
+        """The packed token count the model is given for `n` tokens (see `_padded`)."""
+        target = max(n, self._min_tokens)
+        multiple = math.lcm(2 * self.cp if self.cp > 1 else 1,
+                            self.cp * self.config.tp if self.config.sequence_parallel else 1)
+        return target + -target % multiple
+
+    def _model_lengths(self, lengths: list[int]) -> list[int]:
+        """Sequence lengths as the model sees them: under CP each padded for the 2·CP split."""
+        if self.cp == 1:
+            return lengths
+        from trainers.megatron.context_parallel import padded_lengths
+
+        return padded_lengths(lengths, self.cp)
 
     def _dummy(self) -> tuple[torch.Tensor, Any]:
         """(ids [1, T'], THD params) of one sequence of pad ids: the forward an idle rank runs."""
@@ -509,10 +516,7 @@ class MegatronTrainer(TorchTrainer):
         if not self._lockstep:
             return per_rank[self.dp_rank]
         if self._gathers_tokens:
-            if self.cp > 1:  # the token count the model sees: every sequence padded for the CP split
-                from trainers.megatron.context_parallel import padded_lengths
-
-                lengths = padded_lengths(lengths, self.cp)
+            lengths = self._model_lengths(lengths)  # the token counts the model sees
             self._min_tokens = max([sum(lengths[s]) for slices in per_rank for s in slices] or [1])
         return lockstep(per_rank, self.dp_rank)
 
