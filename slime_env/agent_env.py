@@ -91,6 +91,33 @@ class AgentEnv:
         return await result if inspect.isawaitable(result) else result
 
 
+class GatewayPool:
+    """The started gateways `AgentEnv` episodes share, one per (parser, strict): `await get(env)`, `await close()`.
+    `policy`, `renderer` and `options` (`Gateway`'s keywords) are the same for all; `strict` turns strict mode on
+    whatever the env says."""
+
+    def __init__(self, policy: Any, renderer: Any, *, strict: bool = False, **options: Any):
+        self.policy, self.renderer, self.strict, self.options = policy, renderer, strict, options
+        self._gateways: dict[tuple[str | None, bool], Any] = {}
+        self._lock = asyncio.Lock()
+
+    async def get(self, env: AgentEnv) -> Any:
+        from slime_env.gateway import Gateway
+
+        key = (env.parser, env.strict)
+        async with self._lock:  # concurrent episodes start one gateway, not one each
+            if key not in self._gateways:
+                gw = Gateway(self.policy, self.renderer, env.parser, strict=env.strict or self.strict, **self.options)
+                await gw.start()
+                self._gateways[key] = gw
+            return self._gateways[key]
+
+    async def close(self) -> None:
+        for gw in self._gateways.values():
+            await gw.stop()
+        self._gateways.clear()
+
+
 def _empty(task: Task, status: str, reason: str, metadata: dict[str, Any] | None) -> Trajectory:
     return Trajectory(task=task, prompt_ids=[], response_ids=[], loss_mask=[], rollout_logprobs=[], spans=[],
                       turn_rewards=[], reward=0.0, status=status, reason=reason, metadata=dict(metadata or {}))

@@ -181,26 +181,18 @@ async def evaluate(tasks: list[Task], policy: Any, renderer: Any, cfg: TrainConf
     if spec(cfg.env).multi_agent:
         return await _evaluate_games(tasks, policy, renderer, cfg)
     from slime_env import AgentEnv
-    from slime_env.gateway import Gateway
+    from slime_env.agent_env import GatewayPool
 
     sem = asyncio.Semaphore(cfg.max_concurrency)
     max_new = cfg.eval_max_new_tokens or cfg.max_new_tokens
-    gateways: dict[str, Any] = {}
-    starting = asyncio.Lock()
+    gateways = GatewayPool(policy, renderer, max_new_tokens=max_new, overrides={"temperature": 0.0})
 
     async def one(task: Task):
         async with sem:
             env = make(cfg.env, **cfg.env_kwargs)
             try:
                 if isinstance(env, AgentEnv):  # the agent program against a greedy gateway; its main trajectory
-                    key = f"{env.parser}/{env.strict}"
-                    async with starting:
-                        if key not in gateways:
-                            gw = Gateway(policy, renderer, env.parser, strict=env.strict, max_new_tokens=max_new,
-                                         overrides={"temperature": 0.0})
-                            await gw.start()
-                            gateways[key] = gw
-                    return (await env.run(gateways[key], task))[0]
+                    return (await env.run(await gateways.get(env), task))[0]
                 return await run_episode(env, policy, task, renderer=renderer, max_turns=cfg.max_turns,
                                          max_new_tokens=max_new, sampling_params={"temperature": 0.0})
             finally:
@@ -209,8 +201,7 @@ async def evaluate(tasks: list[Task], policy: Any, renderer: Any, cfg: TrainConf
     try:
         trajs = await asyncio.gather(*(one(t) for t in tasks))
     finally:
-        for gw in gateways.values():
-            await gw.stop()
+        await gateways.close()
     correct = [bool(t.info.get("correct", t.reward >= 1.0)) if t.status != "failed" else False for t in trajs]
     return {"eval/accuracy": sum(correct) / len(trajs), "eval/reward_mean": sum(t.reward for t in trajs) / len(trajs),
             "eval/failed": sum(t.status == "failed" for t in trajs)}

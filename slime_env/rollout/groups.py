@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from slime_env.agent_env import AgentEnv
+from slime_env.agent_env import AgentEnv, GatewayPool
 from slime_env.env import Env
 from slime_env.errors import InvalidInput
 from slime_env.multi_agent import MultiAgentEnv, run_multi_agent_episode
@@ -98,8 +98,7 @@ class GroupRunner:
         self.partial_rollout, self.mask_offpolicy = partial_rollout, mask_offpolicy
         self.backend, self.ray_actors, self.ray_actor_options = backend, ray_actors, dict(ray_actor_options or {})
         self._ray_pools: dict[str, Any] = {}
-        self._gateways: dict[str, Any] = {}
-        self._gateway_lock = asyncio.Lock()
+        self._gateways: GatewayPool | None = None
 
     def new(self, index: int) -> RunningGroup:
         task = self.tasks[index]
@@ -168,21 +167,15 @@ class GroupRunner:
 
     async def gateway(self, env: AgentEnv) -> Any:
         """The gateway the agent episodes of `env`'s parser share (started on first use, on 127.0.0.1)."""
-        from slime_env.gateway import Gateway
-
-        key = f"{env.parser}/{env.strict}"
-        async with self._gateway_lock:
-            if key in self._gateways:
-                return self._gateways[key]
+        if self._gateways is None:
             kw = self.episode_kwargs
             policy = self.policy.get("agent", self.policy.get("default")) if isinstance(self.policy, Mapping) \
                 else self.policy
-            gw = Gateway(policy, self.renderer, env.parser, strict=env.strict or bool(kw.get("strict", False)),
-                         max_new_tokens=kw.get("max_new_tokens", 1024), max_context_tokens=kw.get("max_context_tokens"),
-                         overrides=self.sampling_params)
-            await gw.start()
-            self._gateways[key] = gw
-            return gw
+            self._gateways = GatewayPool(policy, self.renderer, strict=bool(kw.get("strict", False)),
+                                         max_new_tokens=kw.get("max_new_tokens", 1024),
+                                         max_context_tokens=kw.get("max_context_tokens"),
+                                         overrides=self.sampling_params)
+        return await self._gateways.get(env)
 
     def close(self) -> None:
         for pool in self._ray_pools.values():
@@ -190,9 +183,8 @@ class GroupRunner:
         self._ray_pools.clear()
 
     async def close_gateways(self) -> None:
-        for gw in self._gateways.values():
-            await gw.stop()
-        self._gateways.clear()
+        if self._gateways is not None:
+            await self._gateways.close()
 
 
 class _MultiAgentEpisode:
