@@ -104,7 +104,8 @@ def pack(trajectories: Sequence[Trajectory], *, group_size: int, pad_id: int, es
         raise ValueError(f"reward_assignment must be 'sequence' or 'per_turn', got {reward_assignment!r}")
     # Side branches of an agent session (AgentEnv: a context the agent rewrote, a sub-agent) follow their sample's
     # main trajectory and share its outcome: groups are formed by the main trajectories.
-    main = [i for i, t in enumerate(trajectories) if not t.metadata.get("branch_of")]
+    is_main = [not t.metadata.get("branch_of") for t in trajectories]
+    main = [i for i, m in enumerate(is_main) if m]
     if not trajectories or len(main) % group_size or (main and main[0] != 0):
         raise ValueError(f"{len(trajectories)} trajectories ({len(main)} main ones) do not form groups of "
                          f"{group_size}")
@@ -143,7 +144,7 @@ def pack(trajectories: Sequence[Trajectory], *, group_size: int, pad_id: int, es
         if reward_assignment != "sequence":
             raise ValueError("estimator 'rae' gives one advantage per sequence: use reward_assignment 'sequence'")
     elif len(main) < B:
-        owner = torch.cumsum(torch.tensor([t.metadata.get("branch_of") is None for t in trajectories]), 0) - 1
+        owner = torch.cumsum(torch.tensor(is_main), 0) - 1  # each row's main trajectory, among the main ones
         seq_adv = outcome_advantages(estimator, rewards[main], group_size)[owner]
     else:
         seq_adv = outcome_advantages(estimator, rewards, group_size)
