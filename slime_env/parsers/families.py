@@ -24,6 +24,7 @@ import re
 from typing import Any
 
 from slime_env.parsers import ParseResult
+from slime_env.parsers.blocks import tool_call_blocks
 from slime_env.types import ParseError, ToolCall
 
 
@@ -57,6 +58,16 @@ def _call(obj: Any, raw: str, errors: list[ParseError], keys=("arguments", "para
 
 def _result(calls, errors, content: str) -> ParseResult:
     return ParseResult(tuple(calls), tuple(errors), content.strip())
+
+
+def _section(text: str, begin: str, end: str) -> tuple[int, str, list[ParseError]] | None:
+    """Where a `begin`…`end` tool-calls section starts, the section, and an error if it is never closed; None
+    without one."""
+    at = text.find(begin)
+    if at < 0:
+        return None
+    section = text[at:]
+    return at, section, [] if end in section else [ParseError(f"{begin} is not closed", section)]
 
 
 # --- Llama 3.x JSON ---------------------------------------------------------------------------------------------
@@ -141,13 +152,11 @@ _DS_V31_BODY = re.compile(r"\A\s*([^<\n]+?)<｜tool▁sep｜>(.*)\Z", re.DOTALL)
 
 
 def _deepseek(text: str, body_re: re.Pattern) -> ParseResult:
-    at = text.find(_DS_BEGIN)
-    if at < 0:
+    found = _section(text, _DS_BEGIN, _DS_END)
+    if found is None:
         return _result((), (), text)
-    section = text[at:]
-    calls, errors = [], []
-    if _DS_END not in section:
-        errors.append(ParseError(f"{_DS_BEGIN} is not closed", section))
+    at, section, errors = found
+    calls = []
     for m in _DS_CALL.finditer(section):
         b = body_re.match(m.group(1))
         if b is None:
@@ -169,7 +178,6 @@ def deepseek_v31(text: str) -> ParseResult:
 
 
 # --- GLM-4.5 / 4.6 -------------------------------------------------------------------------------------------------
-_GLM_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 _GLM_ARG = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.DOTALL)
 
 
@@ -177,11 +185,8 @@ def glm45(text: str) -> ParseResult:
     at = text.find("<tool_call>")
     if at < 0:
         return _result((), (), text)
-    calls, errors = [], []
-    found = list(_GLM_CALL.finditer(text, at))
-    tail = text[found[-1].end():] if found else text[at:]
-    if "<tool_call>" in tail:
-        errors.append(ParseError("<tool_call> is not closed", tail[tail.index("<tool_call>"):]))
+    found, unclosed = tool_call_blocks(text)
+    calls, errors = [], [unclosed] if unclosed is not None else []
     for m in found:
         inner = m.group(1)
         # the name ends at a newline (the model's output) or right at the first <arg_key> (as the template writes it)
@@ -213,13 +218,11 @@ _KIMI_ID = re.compile(r"\A(?:functions\.)?([A-Za-z0-9_.\-]+?)(?::\d+)?\Z")
 
 
 def kimi_k2(text: str) -> ParseResult:
-    at = text.find(_KIMI_BEGIN)
-    if at < 0:
+    found = _section(text, _KIMI_BEGIN, _KIMI_END)
+    if found is None:
         return _result((), (), text)
-    section = text[at:]
-    calls, errors = [], []
-    if _KIMI_END not in section:
-        errors.append(ParseError(f"{_KIMI_BEGIN} is not closed", section))
+    at, section, errors = found
+    calls = []
     for m in _KIMI_CALL.finditer(section):
         ident = m.group(1).strip()
         idm = _KIMI_ID.match(ident)
