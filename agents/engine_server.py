@@ -95,6 +95,12 @@ class EngineServer:
         else:
             rids = [rids]
         want_logprobs = bool(body.get("return_logprob", False))
+        start = body.get("logprob_start_len", -1)
+        if not isinstance(start, int):
+            return _bad("logprob_start_len must be an integer")
+        if params.get("max_new_tokens") == 0:  # SGLang's prefill-only scoring: the prompt's own log-probs
+            results = await asyncio.gather(*(self._score(ids, rid, want_logprobs, start) for ids, rid in zip(prompts, rids)))
+            return web.json_response(results if batched else results[0])
         try:
             results = await asyncio.gather(*(self._one(ids, params, rid, want_logprobs)
                                              for ids, rid in zip(prompts, rids)))
@@ -133,6 +139,21 @@ class EngineServer:
         if logprobs:
             meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(gen.logprobs, gen.token_ids)]
         return {"text": gen.text, "output_ids": list(gen.token_ids), "meta_info": meta}
+
+    async def _score(self, ids: list[int], rid: str | None, logprobs: bool, start: int) -> dict[str, Any]:
+        """No generation: with `return_logprob`, `input_token_logprobs` from position `start` on as SGLang gives them
+        ([log-prob, id, None]; the first token of the prompt has no log-prob: None)."""
+        t0 = time.perf_counter()
+        meta: dict[str, Any] = {"id": rid or uuid.uuid4().hex, "finish_reason": {"type": "length", "length": 0},
+                                "prompt_tokens": len(ids), "completion_tokens": 0, "cached_tokens": 0,
+                                "weight_version": self.policy.weight_version}
+        if logprobs:
+            if start >= 0:
+                lps = [None, *await self.policy.score(ids)]
+                meta["input_token_logprobs"] = [[lp, t, None] for lp, t in zip(lps[start:], ids[start:])]
+            meta["output_token_logprobs"] = []
+        meta["e2e_latency"] = time.perf_counter() - t0
+        return {"text": "", "output_ids": [], "meta_info": meta}
 
     async def health(self, request: web.Request) -> web.Response:
         return web.Response(text="")

@@ -249,6 +249,20 @@ class TransformersPolicy:
         finally:
             engine.hold(self.paused)
 
+    async def score(self, input_ids: Sequence[int]) -> list[float]:
+        """log p(input_ids[t] | input_ids[:t]) for t = 1 .. n-1 under the current weights (one prefill, no sampling):
+        what SGLang returns as `input_token_logprobs` for `max_new_tokens: 0` — how a teacher scores a student's
+        tokens in on-policy distillation."""
+        ids = _check_ids(input_ids, self.model.config.vocab_size)
+        if self._engine is None:  # the static loop's worker thread is the one that runs torch
+            return await asyncio.get_running_loop().run_in_executor(self._executor, sequence_logprobs, self.model, ids)
+
+        def locked() -> list[float]:
+            with self._engine.model_lock:
+                return sequence_logprobs(self.model, ids)
+
+        return await asyncio.to_thread(locked)
+
     def flush_cache(self) -> None:
         """Forget every cached prefix (SGLang's `/flush_cache`); running requests are not disturbed."""
         if self._engine is not None:
@@ -460,6 +474,15 @@ def _draw(probs: torch.Tensor, generators: list[torch.Generator | None]) -> list
         if p > last:  # u*total rounded up to the total: the last token that can be drawn
             picks[k] = int(torch.nonzero(probs[k])[-1])
     return picks
+
+
+@torch.inference_mode()
+def sequence_logprobs(model: Any, ids: Sequence[int]) -> list[float]:
+    """The log-prob of each token of `ids` after the first, given the ones before it, under `model` (one forward)."""
+    device = next(model.parameters()).device
+    x = torch.tensor([list(ids)], dtype=torch.long, device=device)
+    logits = model(input_ids=x, use_cache=False).logits[0, :-1].float()
+    return torch.log_softmax(logits, -1).gather(-1, x[0, 1:, None]).squeeze(-1).tolist()
 
 
 def paged_usable(model: Any) -> bool:

@@ -78,3 +78,20 @@ class CalculatorEnv(ToolEnv):
 
     def unknown_tool_message(self, name: str) -> str:
         return f"error: unknown tool {name!r}; the only tool is 'calculator'"
+
+
+_QUESTION = re.compile(r"What is (.+?)\?")
+
+
+def teacher_reply(context: str) -> str:
+    """A scripted teacher for SFT warm-up data (`warmup.data.rollouts.policy: envs.calculator:teacher_reply`): it
+    calls the calculator on the question's expression, then answers with the number the tool returned."""
+    questions = _QUESTION.findall(context)
+    if not questions:
+        return "<answer>0</answer>"
+    expr = questions[-1].strip()
+    after = context[context.rfind(questions[-1]):]
+    if "</tool_call>" not in after:
+        return '<tool_call>{"name": "calculator", "arguments": {"expression": "%s"}}</tool_call>' % expr
+    result = re.search(r"-?\d+(?:\.\d+)?", after[after.rfind("</tool_call>") + len("</tool_call>"):])
+    return f"<answer>{result.group(0) if result else evaluate(expr)}</answer>"

@@ -298,6 +298,23 @@ def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     return torch.gather(logp, -1, tokens.unsqueeze(-1)).squeeze(-1)
 
 
+def sft_loss(logp: torch.Tensor, mask: torch.Tensor, reduction: str = "token_mean") -> torch.Tensor:
+    """Supervised fine-tuning: the negative log-likelihood of the masked tokens (the assistant's), reduced like the
+    RL losses: loss = reduce_t(-log p(token_t)) over `mask`."""
+    return REDUCTIONS[reduction](-logp, mask.to(logp.dtype))
+
+
+def opd_advantages(advantages: torch.Tensor, student_logp: torch.Tensor, teacher_logp: torch.Tensor,
+                   mask: torch.Tensor, coef: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """On-policy distillation (slime's `--use-opd`): A_t - coef * (log p_student(y_t) - log p_teacher(y_t)) on the
+    student's own sampled tokens. The bracket is the per-token estimate of the reverse KL(student || teacher), so a
+    policy-gradient step on these advantages lowers it while the estimator's own advantages still apply. Returns
+    (advantages, the masked per-token reverse-KL estimate [B, T])."""
+    m = mask.to(student_logp.dtype)
+    reverse_kl = (student_logp - teacher_logp) * m
+    return advantages - coef * reverse_kl, reverse_kl
+
+
 ADVANTAGE_ESTIMATORS = ("grpo", "dr_grpo", "gspo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "ppo",
                         "rae")
 

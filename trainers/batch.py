@@ -35,6 +35,7 @@ class TrainBatch:
     rewards: torch.Tensor
     group_size: int
     token_rewards: torch.Tensor | None = None  # [B, L]: each turn's reward on its last generated token (PPO)
+    teacher_logprobs: torch.Tensor | None = None  # [B, L]: a teacher's log-prob of each response token (OPD)
 
     @property
     def size(self) -> int:
@@ -122,6 +123,10 @@ def pack(trajectories: Sequence[Trajectory], *, group_size: int, pad_id: int, es
     turn_of = torch.zeros((B, L), dtype=torch.long)
     turn_rewards = torch.zeros((B, K), dtype=torch.float32)
     rewards = torch.zeros(B, dtype=torch.float32)
+    # On-policy distillation: a teacher's log-probs of the response tokens (trainers.teacher), when every row has them
+    with_teacher = all("teacher_logprobs" in t.metadata or t.status == "failed" for t in trajectories) and \
+        any("teacher_logprobs" in t.metadata for t in trajectories)
+    teacher = torch.zeros((B, L), dtype=torch.float32) if with_teacher else None
     for i, t in enumerate(trajectories):
         p, r = len(t.prompt_ids), len(t.response_ids)
         o = L - p - r  # left padding
@@ -133,6 +138,11 @@ def pack(trajectories: Sequence[Trajectory], *, group_size: int, pad_id: int, es
             rollout[i, o + p:] = torch.tensor(t.rollout_logprobs, dtype=torch.float32)
             rewards[i] = float(t.reward)
             turn_rewards[i, :len(t.turn_rewards)] = torch.tensor(t.turn_rewards, dtype=torch.float32)
+            if teacher is not None:
+                lps = t.metadata["teacher_logprobs"]
+                if len(lps) != r:
+                    raise ValueError(f"trajectory {i}: {len(lps)} teacher log-probs for {r} response tokens")
+                teacher[i, o + p:] = torch.tensor(lps, dtype=torch.float32)
         for span in t.spans:
             turn_of[i, o + p + span.start:o + p + span.end] = span.turn
     if estimator == "rae":
@@ -162,4 +172,5 @@ def pack(trajectories: Sequence[Trajectory], *, group_size: int, pad_id: int, es
         std = std.expand(-1, group_size).reshape(-1, 1)
         scale = 1.0 if estimator == "dr_grpo" else 1.0 / (std + 1e-6)
         advantages = (returns - mean) * scale * loss_mask
-    return TrainBatch(input_ids, attention, loss_mask, rollout, advantages, turn_of, rewards, group_size, per_token)
+    return TrainBatch(input_ids, attention, loss_mask, rollout, advantages, turn_of, rewards, group_size, per_token,
+                      teacher)

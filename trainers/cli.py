@@ -1,4 +1,4 @@
-"""`slime-env train` and `slime-env report`: the trainers package's subcommands (registered through `slime_env.cli`)."""
+"""`slime-env train`, `slime-env sft` and `slime-env report`: the trainers package's subcommands (registered through `slime_env.cli`)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import typer
 def register(app: typer.Typer) -> None:
     """Add this package's subcommands to the `slime-env` app."""
     app.command()(train)
+    app.command()(sft)
     app.command()(report)
 
 
@@ -37,6 +38,29 @@ def train(config: str = typer.Option(None, help="run config (YAML); default: the
     summary = asyncio.run(run_train(cfg, log=typer.echo))
     typer.echo(f"held-out accuracy {summary['first_accuracy']:.3f} -> {summary['last_accuracy']:.3f} in "
                f"{summary['elapsed_s']:.0f}s; curves: {summary['curves']}, metrics: {summary['metrics']}")
+
+
+def sft(config: str = typer.Option(..., help="run config (YAML) with a warmup section: steps, lr, batch_size, data"),
+        run_dir: str = typer.Option(None, help="override the config's run_dir")) -> None:
+    """Supervised fine-tuning alone: the config's `warmup` (conversations, or a teacher's successful episodes of its
+    env), held-out accuracy before and after, the model saved as an HF folder a later run's `model:` can name."""
+    import asyncio
+
+    from slime_env.errors import InvalidInput
+    from trainers.train_loop import TrainConfig
+    from trainers.train_loop import train as run_train
+
+    try:
+        cfg = TrainConfig.from_yaml(config)
+        if not cfg.warmup:
+            raise InvalidInput(f"{config}: slime-env sft needs a warmup section (steps, lr, batch_size, data)")
+    except InvalidInput as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(1) from None
+    if run_dir:
+        cfg.run_dir = run_dir
+    summary = asyncio.run(run_train(cfg, log=typer.echo, sft_only=True))
+    typer.echo(f"SFT done: model {summary['model']}")
 
 
 def report(run_dir: str = typer.Argument(..., help="a `slime-env train` run directory"),

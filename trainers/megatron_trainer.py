@@ -168,6 +168,11 @@ class MegatronTrainer(TorchTrainer):
             self.offload()
         return metrics
 
+    def _param_groups(self) -> list[dict[str, Any]]:
+        # megatron's distributed optimizer steps the torch optimizers inside it: their groups hold the live `lr`
+        return [g for inner in _inner(self.optimizer) for g in inner.param_groups] if self.cuda \
+            else super()._param_groups()
+
     def _optimizer_for(self, module: torch.nn.Module, lr: float):
         """(megatron DDP, megatron distributed Adam) on CUDA; (None, AdamW) on CPU."""
         c = self.config

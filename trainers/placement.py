@@ -186,6 +186,9 @@ class LocalTrainerGroup:
     async def step(self, trajectories: list[Any], group_size: int) -> dict[str, float]:
         return await asyncio.to_thread(self.trainer.step, trajectories, group_size)
 
+    async def sft_step(self, trajectories: list[Any], lr: float | None = None) -> dict[str, float]:
+        return await asyncio.to_thread(lambda: self.trainer.sft_step(trajectories, lr=lr))
+
     async def sync(self, channel: Any, version: str) -> dict[str, float]:
         return await channel.push(self.trainer.weights(), version)
 
@@ -225,6 +228,9 @@ class _TrainerRank:
 
     def step(self, trajectories: list[Any], group_size: int) -> dict[str, float]:
         return self.trainer.step(trajectories, group_size)
+
+    def sft_step(self, trajectories: list[Any], lr: float | None) -> dict[str, float]:
+        return self.trainer.sft_step(trajectories, lr=lr)
 
     def step_count(self) -> int:
         return self.trainer.step_count
@@ -304,6 +310,10 @@ class RayTrainerGroup:
         results = await asyncio.gather(*(a.step.remote(ref, group_size) for a in self.actors))
         self._steps += 1
         return results[0]
+
+    async def sft_step(self, trajectories: list[Any], lr: float | None = None) -> dict[str, float]:
+        ref = _ray().put(trajectories)
+        return (await asyncio.gather(*(a.sft_step.remote(ref, lr) for a in self.actors)))[0]
 
     async def sync(self, channel: Any, version: str) -> dict[str, float]:
         engines = [(e.url, id(e)) for e in channel.engines.pool.targets()]

@@ -32,6 +32,12 @@ class TrainerConfig:
     """What one RL step does. Defaults: GRPO, DAPO clip (0.2 / 0.28), token-mean, no KL, one update."""
 
     estimator: str = "grpo"
+    # "rl": the policy-gradient loss of `estimator`; "sft": the negative log-likelihood of the loss-masked tokens
+    # (supervised fine-tuning on trajectories or rendered conversations; `sft_step` runs one without changing this).
+    loss: str = "rl"
+    # On-policy distillation (slime's --use-opd): the advantages get -opd_coef * (log p_student - log p_teacher) per
+    # token; the teacher's log-probs ride on each trajectory (metadata["teacher_logprobs"], trainers.teacher).
+    opd_coef: float = 0.0
     lr: float = 1e-6
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.999)
@@ -117,6 +123,10 @@ class TrainerConfig:
             raise ValueError("fsdp_cpu_offload needs backend: fsdp")
         if self.dtype not in ("auto", "bfloat16", "float32"):
             raise ValueError(f"dtype {self.dtype!r}: 'auto', 'bfloat16' or 'float32'")
+        if self.loss not in ("rl", "sft"):
+            raise ValueError(f"loss {self.loss!r}: 'rl' or 'sft'")
+        if self.opd_coef < 0:
+            raise ValueError(f"opd_coef must be >= 0, got {self.opd_coef}")
         if self.estimator not in alg.ADVANTAGE_ESTIMATORS:
             raise ValueError(f"estimator {self.estimator!r}: one of {alg.ADVANTAGE_ESTIMATORS}")
         if not (0.0 <= self.gamma <= 1.0 and 0.0 <= self.lam <= 1.0):
@@ -202,11 +212,15 @@ class TorchTrainer:
         t0 = time.perf_counter()
         batch = pack(trajectories, group_size=group_size, pad_id=self.pad_id, estimator=c.estimator,
                      reward_assignment=c.reward_assignment, role_baselines=self.role_baselines)
-        reuse_old = c.ppo_epochs == 1 and c.n_minibatches == 1 and not c.use_tis
+        if c.opd_coef > 0 and batch.teacher_logprobs is None:
+            raise ValueError("opd_coef > 0 needs the teacher's log-probs on every trajectory "
+                             "(metadata['teacher_logprobs']; `teacher:` in the run config computes them)")
+        sft = c.loss == "sft"
+        reuse_old = sft or (c.ppo_epochs == 1 and c.n_minibatches == 1 and not c.use_tis)
         old = None if reuse_old else self._frozen_logprobs(self.model, batch)  # the policy that sampled
-        ref = self._frozen_logprobs(self.ref_model, batch) if c.kl_coef > 0 else None
+        ref = self._frozen_logprobs(self.ref_model, batch) if c.kl_coef > 0 and not sft else None
         targets = None
-        if self.critic is not None:  # PPO: GAE over the critic's values replaces the outcome advantages
+        if self.critic is not None and not sft:  # PPO: GAE over the critic's values replaces the outcome advantages
             batch, targets = self._gae(batch)
         self._training_mode()
         totals: dict[str, float] = {}
@@ -224,6 +238,36 @@ class TorchTrainer:
                         "train/response_len": float(mask.sum(-1).mean()), "train/step_s": time.perf_counter() - t0,
                         "train/step": float(self.step_count)})
         return metrics
+
+    def sft_step(self, trajectories: Sequence[Trajectory], *, lr: float | None = None) -> dict[str, float]:
+        """One supervised step on `trajectories` (their loss-masked tokens: what the policy or a teacher generated,
+        or a conversation's assistant turns) at learning rate `lr` (default: the config's), whatever `loss` the
+        config says. It is not an RL step: `step_count` is unchanged. Returns `sft/*` metrics (`sft/loss`: the
+        mean negative log-likelihood per token)."""
+        from dataclasses import replace
+
+        saved, steps = self.config, self.step_count
+        groups = self._param_groups()
+        lrs = [g["lr"] for g in groups]
+        self.config = replace(saved, loss="sft", estimator="grpo", n_minibatches=1, ppo_epochs=1, kl_coef=0.0,
+                              opd_coef=0.0, off_policy="none", use_tis=False)
+        try:
+            for g in groups:
+                g["lr"] = saved.lr if lr is None else lr
+            metrics = self.step(trajectories, 1)
+        finally:
+            self.config, self.step_count = saved, steps
+            for g, v in zip(groups, lrs):
+                g["lr"] = v
+        self.sft_steps = getattr(self, "sft_steps", 0) + 1
+        keep = ("loss", "entropy", "grad_norm", "tokens", "response_len", "step_s")
+        out = {f"sft/{k}": metrics[f"train/{k}"] for k in keep if f"train/{k}" in metrics}
+        out["sft/step"] = float(self.sft_steps)
+        return out
+
+    def _param_groups(self) -> list[dict[str, Any]]:
+        """The optimizer's parameter groups (their `lr` is what `sft_step` sets)."""
+        return list(self.optimizer.param_groups)
 
     def _split(self, batch: TrainBatch, old: torch.Tensor | None, ref: torch.Tensor | None, targets=None):
         def cut(x, a, b):
@@ -291,8 +335,11 @@ class TorchTrainer:
         and the off-policy ones when a correction is in effect."""
         from trainers.distributed import reduce_stats
 
-        off = self.config.correction() != "none"
-        return reduce_stats(stats, set(self._STATS) | (set(self._OFF_STATS) if off else set()), group, self.device)
+        c = self.config
+        keys = set(self._STATS) | (set(self._OFF_STATS) if c.correction() != "none" and c.loss == "rl" else set())
+        if c.opd_coef > 0 and c.loss == "rl":
+            keys.add("opd/reverse_kl")
+        return reduce_stats(stats, keys, group, self.device)
 
     def _training_mode(self) -> None:
         """The mode of the gradient passes: eval (dropout off: the importance ratio must compare the same function
@@ -348,7 +395,20 @@ class TorchTrainer:
         c = self.config
         cols = micro.input_ids.shape[1]
         mask = micro.loss_mask.to(self.device)
+        ent = alg.REDUCTIONS[c.reduction](entropy, mask)
+        share = float(mask.sum()) / total_tokens if c.reduction == "token_mean" else micro.size / mini_size
+        if c.loss == "sft":
+            nll = alg.sft_loss(logp, mask, c.reduction)
+            zero = torch.zeros((), device=nll.device)
+            return nll, share, {"loss": nll, "pg_loss": nll, "kl": zero, "entropy": ent, "clip_frac": zero,
+                                "ratio_mean": zero + 1.0}
         old_lp = logp.detach() if old is None else old[rows, -cols:].to(self.device)
+        advantages = micro.advantages.to(self.device)
+        opd_stats = {}
+        if c.opd_coef > 0:
+            advantages, reverse_kl = alg.opd_advantages(advantages, old_lp, micro.teacher_logprobs.to(self.device),
+                                                        mask, c.opd_coef)
+            opd_stats["opd/reverse_kl"] = alg.REDUCTIONS[c.reduction](reverse_kl, mask)
         is_w, off_stats = None, {}
         if c.legacy_tis:  # the older switch, unchanged
             is_w = alg.truncated_is_weights(old_lp, micro.rollout_logprobs.to(self.device), mask, c.tis_cap)
@@ -356,7 +416,7 @@ class TorchTrainer:
             is_w, off_stats = alg.off_policy_weights(
                 old_lp, micro.rollout_logprobs.to(self.device), mask, kind=c.correction(),
                 level=c.off_policy_level, low=c.off_policy_low, high=c.off_policy_high)
-        pg, pg_stats = alg.policy_loss(logp, old_lp, micro.advantages.to(self.device), mask,
+        pg, pg_stats = alg.policy_loss(logp, old_lp, advantages, mask,
                                        clip_low=c.clip_low, clip_high=c.clip_high, dual_clip=c.dual_clip,
                                        ratio_level="sequence" if c.estimator == "gspo" else "token",
                                        is_weights=is_w, reduction=c.reduction)
@@ -366,12 +426,10 @@ class TorchTrainer:
             kl = alg.kl_divergence(logp, ref[rows, -cols:].to(self.device), c.kl_kind)
             kl_value = alg.REDUCTIONS[c.reduction](kl, mask)
             loss = loss + c.kl_coef * kl_value
-        ent = alg.REDUCTIONS[c.reduction](entropy, mask)
         if c.entropy_coef:
             loss = loss - c.entropy_coef * ent
-        # exact reduction over the whole mini-batch: weight each micro-batch by its share
-        share = float(mask.sum()) / total_tokens if c.reduction == "token_mean" else micro.size / mini_size
-        reported = {"loss": loss, "pg_loss": pg, "kl": kl_value, "entropy": ent, **pg_stats,
+        # `share`: the exact reduction over the whole mini-batch weights each micro-batch by it
+        reported = {"loss": loss, "pg_loss": pg, "kl": kl_value, "entropy": ent, **pg_stats, **opd_stats,
                     **{f"off_policy/{k}": v for k, v in off_stats.items()}}
         return loss, share, reported
 

@@ -75,6 +75,11 @@ class TrainConfig:
     # Asynchronous training (trainers.asynchrony; the YAML key is `async`): mode off | overlap | full, max_staleness,
     # in_flight, interrupt.
     async_: dict[str, Any] = field(default_factory=dict)
+    # SFT warm-up before RL (trainers.warmup: steps, lr, batch_size, data: conversations or teacher rollouts).
+    warmup: dict[str, Any] = field(default_factory=dict)
+    # On-policy distillation's teacher (trainers.teacher: {url} of an engine server or {model} loaded here); its
+    # weight in the loss is trainer.opd_coef.
+    teacher: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> TrainConfig:
@@ -134,6 +139,18 @@ class TrainConfig:
         if asynchrony.mode == "full" and asynchrony.in_flight < cfg.n_samples_per_prompt:
             raise InvalidInput(f"{where}: async.in_flight ({asynchrony.in_flight}) cannot hold one group of "
                                f"n_samples_per_prompt={cfg.n_samples_per_prompt}")
+        from trainers.warmup import WarmupConfig
+
+        WarmupConfig.from_dict(cfg.warmup, f"{where}: warmup")
+        opd = TrainerConfig(**cfg.trainer).opd_coef > 0
+        if opd != bool(cfg.teacher):
+            raise InvalidInput(f"{where}: on-policy distillation needs both trainer.opd_coef > 0 and a teacher "
+                               f"section; got opd_coef={TrainerConfig(**cfg.trainer).opd_coef}, "
+                               f"teacher={cfg.teacher or None}")
+        if cfg.teacher:
+            from trainers.teacher import check_spec
+
+            check_spec(cfg.teacher, f"{where}: teacher")
         if engine.kind == "openai":
             raise InvalidInput(f"{where}: engine.kind openai serves a frozen policy (no weight-update route): it "
                                "can evaluate, not train; use kind: sglang or serve")
@@ -203,8 +220,19 @@ async def evaluate(tasks: list[Task], policy: Any, renderer: Any, cfg: TrainConf
     finally:
         await gateways.close()
     correct = [bool(t.info.get("correct", t.reward >= 1.0)) if t.status != "failed" else False for t in trajs]
+    calls = [tool_calls(t) for t in trajs]
+    solved = [c for c, ok in zip(calls, correct) if ok]
     return {"eval/accuracy": sum(correct) / len(trajs), "eval/reward_mean": sum(t.reward for t in trajs) / len(trajs),
-            "eval/failed": sum(t.status == "failed" for t in trajs)}
+            "eval/failed": sum(t.status == "failed" for t in trajs),
+            "eval/tool_calls_per_episode": sum(calls) / len(trajs),
+            # of the solved episodes, how many used a tool: learning the tool, not memorising answers
+            "eval/solved_with_tool": sum(c > 0 for c in solved) / len(solved) if solved else 0.0}
+
+
+def tool_calls(t: Any) -> int:
+    """The tool calls an episode made (its env's `tool_stats`: a ToolEnv's calls, valid or not)."""
+    stats = (t.info or {}).get("tool_stats")
+    return int(sum(s.get("calls", 0) for s in stats.values() if isinstance(s, dict))) if isinstance(stats, dict) else 0
 
 
 async def _evaluate_games(tasks: list[Task], policy: Any, renderer: Any, cfg: TrainConfig) -> dict[str, float]:
@@ -259,9 +287,10 @@ def plot_curves(rows: list[dict[str, Any]], path: Path, title: str,
 
 
 async def train(cfg: TrainConfig, *, log: Callable[[str], None] = print,
-                on_step: Callable[[int, Any, Any], Any] | None = None) -> dict[str, Any]:
+                on_step: Callable[[int, Any, Any], Any] | None = None, sft_only: bool = False) -> dict[str, Any]:
     """Run the configured training; returns the summary (first / last held-out accuracy, paths). `on_step(step,
-    engines, trainer)` (may be async) is called after each step's weight sync, e.g. to inspect the engines."""
+    engines, trainer)` (may be async) is called after each step's weight sync, e.g. to inspect the engines.
+    `sft_only` (`slime-env sft`): the warm-up alone, evaluated before and after, its model saved as an HF folder."""
     import torch
 
     random.seed(cfg.seed)
@@ -290,14 +319,69 @@ async def train(cfg: TrainConfig, *, log: Callable[[str], None] = print,
         stack.callback(trainer.close)
         channel = trainer.channel(engines)
         stack.push_async_callback(channel.close)
-        return await _train(cfg, run, engines, trainer, channel, stack, train_tasks, eval_tasks, log, on_step)
+        teacher = None
+        if cfg.teacher:
+            from trainers.teacher import make_teacher
+
+            teacher = make_teacher(cfg.teacher)
+            stack.push_async_callback(teacher.close)
+            await teacher.check_tokenizer(tok)  # before any training: a mismatched teacher is a config error
+        if sft_only:
+            return await _sft_only(cfg, run, engines, trainer, channel, train_tasks, eval_tasks, log)
+        return await _train(cfg, run, engines, trainer, channel, stack, train_tasks, eval_tasks, log, on_step,
+                            teacher)
+
+
+async def _warmup(cfg: TrainConfig, run: Path, engines: Any, trainer: Any, channel: Any, train_tasks: list[Task],
+                  log: Callable[[str], None]) -> dict[str, float]:
+    """The SFT warm-up (trainers.warmup), its weights pushed to the engines; returns its `warmup/*` metrics."""
+    from slime_env import get_renderer
+    from trainers.warmup import WarmupConfig, run_warmup, warmup_trajectories
+
+    wc = WarmupConfig.from_dict(cfg.warmup)
+    t0 = time.perf_counter()
+    trajs, stats = await warmup_trajectories(wc, cfg, engines.policy, get_renderer(engines.tokenizer), train_tasks,
+                                             log)
+    rows = await run_warmup(wc, trainer, trajs, run, cfg.seed, log)
+    await trainer.sync(channel, "0")  # still weight version 0: RL steps count from there
+    engines.synced()
+    return {**stats, "warmup/steps": float(len(rows)), "warmup/loss_first": rows[0].get("sft/loss", math.nan),
+            "warmup/loss_last": rows[-1].get("sft/loss", math.nan), "warmup/s": time.perf_counter() - t0}
+
+
+async def _sft_only(cfg: TrainConfig, run: Path, engines: Any, trainer: Any, channel: Any, train_tasks: list[Task],
+                    eval_tasks: list[Task], log: Callable[[str], None]) -> dict[str, Any]:
+    from slime_env import get_renderer
+
+    if not cfg.warmup:
+        raise InvalidInput("slime-env sft needs a warmup section (steps, lr, batch_size, data)")
+    renderer = get_renderer(engines.tokenizer)
+    await trainer.sync(channel, "0")
+    engines.synced()
+    summary: dict[str, Any] = {"run_dir": str(run)}
+    if eval_tasks:
+        summary["accuracy_before"] = (await evaluate(eval_tasks, engines.policy, renderer, cfg))["eval/accuracy"]
+        log(f"before SFT: held-out accuracy {summary['accuracy_before']:.3f}")
+    summary.update(await _warmup(cfg, run, engines, trainer, channel, train_tasks, log))
+    if eval_tasks:
+        summary["accuracy_after"] = (await evaluate(eval_tasks, engines.policy, renderer, cfg))["eval/accuracy"]
+        log(f"after SFT: held-out accuracy {summary['accuracy_after']:.3f}")
+    where = run / "checkpoints" / "sft"
+    trainer.save(where)
+    engines.tokenizer.save_pretrained(str(where / "model"))  # a model folder `model:` and every engine can load
+    summary["model"] = str(where / "model")
+    (run / "summary.json").write_text(json.dumps(summary, indent=1))
+    log(f"SFT model: {summary['model']}")
+    return summary
 
 
 async def _train(cfg: TrainConfig, run: Path, engines: Any, trainer: Any, channel: Any,
                  stack: contextlib.AsyncExitStack, train_tasks: list[Task], eval_tasks: list[Task],
-                 log: Callable[[str], None], on_step: Callable[[int, Any, Any], Any] | None) -> dict[str, Any]:
+                 log: Callable[[str], None], on_step: Callable[[int, Any, Any], Any] | None,
+                 teacher: Any = None) -> dict[str, Any]:
     from slime_env import RolloutManager, get_renderer
     from trainers.asynchrony import AsyncConfig, BusyMeter, make_source, staleness_metrics
+    from trainers.teacher import annotate
 
     asynchrony = AsyncConfig.from_dict(cfg.async_)
     policy, tok = engines.policy, engines.tokenizer
@@ -365,6 +449,14 @@ async def _train(cfg: TrainConfig, run: Path, engines: Any, trainer: Any, channe
         eval_s += time.perf_counter() - t_eval
         rows.append(_record(metrics_path, writer, 0, first))
         log(f"step 0: held-out accuracy {first['eval/accuracy']:.3f}")
+    if cfg.warmup and start == 0:  # a resumed run's checkpoint already holds the warm-up
+        warm = await _warmup(cfg, run, engines, trainer, channel, train_tasks, log)
+        if eval_tasks:
+            t_eval = time.perf_counter()
+            warm.update(await evaluate(eval_tasks, policy, renderer, cfg))
+            eval_s += time.perf_counter() - t_eval
+            log(f"after the SFT warm-up: held-out accuracy {warm['eval/accuracy']:.3f}")
+        rows.append(_record(metrics_path, writer, 0, warm))
     t_prev, busy_prev, tokens_prev = time.perf_counter(), meter.busy(), meter.tokens
     step = start
     try:
@@ -379,10 +471,17 @@ async def _train(cfg: TrainConfig, run: Path, engines: Any, trainer: Any, channe
                 reasons = "; ".join(sorted({f"{u}: {r}" for u, state, r in engines.pool.events if state == "down"}))
                 raise _RunEnded(f"every engine is gone ({reasons})")
             rollout_s = time.perf_counter() - t0  # the trainer's wait for its batch
+            teacher_s = None
+            if teacher is not None:  # on-policy distillation: the teacher's log-prob of every sampled token
+                t_teacher = time.perf_counter()
+                trajs = await annotate(teacher, trajs)
+                teacher_s = time.perf_counter() - t_teacher
             _save_samples(samples_path, step, batch.groups[:max(cfg.sample_groups, 0)])
             if release_kv:  # colocated with `offload: true`: the engine's K/V pool leaves the GPU while it trains
                 policy.release_memory()
             metrics = await trainer.step(trajs, cfg.n_samples_per_prompt)
+            if teacher_s is not None:
+                metrics["time/teacher_s"] = teacher_s
             trained.extend(g.group_index for g in batch.groups)  # in the weights now, synced or not
             t_sync = time.perf_counter()
             await source.before_sync()
@@ -453,6 +552,9 @@ async def _train(cfg: TrainConfig, run: Path, engines: Any, trainer: Any, channe
     summary = {"run_dir": str(run), "curves": str(curves), "metrics": str(metrics_path),
                "first_accuracy": accs[0][1] if accs else math.nan, "last_accuracy": accs[-1][1] if accs else math.nan,
                "steps": cfg.steps, "elapsed_s": time.perf_counter() - t_start}
+    warm = [r for r in all_rows if "warmup/steps" in r]
+    if warm and "eval/accuracy" in warm[0]:
+        summary["after_warmup_accuracy"] = warm[0]["eval/accuracy"]
     (run / "summary.json").write_text(json.dumps(summary, indent=1))
     from trainers.report import write_report
 

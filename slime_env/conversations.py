@@ -1,0 +1,164 @@
+"""Chat conversations as token trajectories: the data of supervised fine-tuning (SFT).
+
+`load_conversations(path)` reads the standard SFT shape — one `{"messages": [...], "tools": [...]}` per JSONL line
+or Parquet row; assistant messages may carry OpenAI `tool_calls` — and `conversation_trajectory(conv, renderer)`
+turns one into a `Trajectory` laid out exactly as a rollout of the same conversation would be: the first prompt
+rendered by the model's chat template, each assistant turn as the ids the model would generate (its text, then the
+end-of-turn token; loss mask 1), and between turns the renderer's bridge (the turn's close, the tool / user
+messages, the next generation prompt; loss mask 0). So SFT teaches precisely the tokens RL later samples and
+scores, and nothing the template or the environment writes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from slime_env.errors import InvalidInput
+from slime_env.ledger import TokenLedger
+from slime_env.trajectory import Trajectory
+from slime_env.types import ROLES, Message, Task
+
+
+@dataclass(frozen=True)
+class Conversation:
+    """One SFT example: template-ready `messages` (tool-call arguments as objects), optional `tools` (JSON schemas),
+    and `where` it came from (file:line) for error messages."""
+
+    messages: tuple[dict[str, Any], ...]
+    tools: tuple[dict[str, Any], ...] | None = None
+    where: str = "conversation"
+
+    @classmethod
+    def coerce(cls, value: Conversation | Mapping[str, Any], where: str = "conversation") -> Conversation:
+        """A `Conversation` from `{"messages": [...], "tools": [...]}`; InvalidInput naming `where` and the message."""
+        if isinstance(value, Conversation):
+            return value
+        if not isinstance(value, Mapping) or not isinstance(value.get("messages"), (list, tuple)):
+            raise InvalidInput(f"{where}: expected an object with a 'messages' list")
+        messages = tuple(_message(m, f"{where}: messages[{i}]") for i, m in enumerate(value["messages"]))
+        if not any(m["role"] == "assistant" for m in messages):
+            raise InvalidInput(f"{where}: no assistant message (nothing to learn)")
+        if messages[0]["role"] == "assistant":
+            raise InvalidInput(f"{where}: messages[0] is an assistant turn; a conversation starts with a prompt")
+        tools = value.get("tools")
+        if tools is not None and (not isinstance(tools, (list, tuple)) or not all(isinstance(t, Mapping) for t in tools)):
+            raise InvalidInput(f"{where}: 'tools' must be a list of JSON schemas")
+        return cls(messages, tuple(dict(t) for t in tools) if tools else None, where)
+
+
+def load_conversations(path: str | Path) -> list[Conversation]:
+    """Every row of a `.jsonl` or `.parquet` file as a `Conversation` (errors name the file and line)."""
+    from slime_env.rollout.dataset import read_rows
+
+    convs = [Conversation.coerce(row, where) for where, _, row in read_rows(path)]
+    if not convs:
+        raise InvalidInput(f"{path}: no conversations")
+    return convs
+
+
+def conversation_trajectory(conv: Conversation | Mapping[str, Any], renderer: Any) -> Trajectory:
+    """The token trajectory of `conv` under `renderer` (a `TemplateRenderer`; see the module docstring). Messages
+    after the last assistant turn are dropped (no loss on them). RenderError-free templates only: InvalidInput when
+    the template renders an assistant turn so that it is not the continuation of its prompt (the message index
+    is named)."""
+    conv = Conversation.coerce(conv)
+    eot = renderer.end_of_turn_id
+    if eot is None:
+        raise InvalidInput("the chat template has no end-of-turn token after an assistant turn: a conversation "
+                           "cannot be cut into generated turns")
+    eot_text = renderer.tokenizer.convert_ids_to_tokens(eot)
+    msgs, tools = list(conv.messages), list(conv.tools) if conv.tools else None
+    try:  # most templates take tool-call arguments as objects; some (DeepSeek-R1's) concatenate a JSON string
+        renderer.render_text(msgs, tools=tools, add_generation_prompt=False)
+    except Exception:  # noqa: BLE001 - any template failure: the string form is tried, and its error shown
+        msgs = [_string_arguments(m) for m in msgs]
+    turns = [i for i, m in enumerate(msgs) if m["role"] == "assistant"]
+    first = turns[0]
+    prompt = renderer.encode(renderer.render_text(msgs[:first], tools=tools, add_generation_prompt=True))
+    ledger = TokenLedger(prompt)
+    history = [_history(m, msgs) for m in msgs[:first]]
+    last_ids: list[int] = []
+    for k, i in enumerate(turns):
+        if k:  # the messages since the previous assistant turn, as the renderer bridges them in a rollout
+            obs = [_history(m, msgs) for m in msgs[turns[k - 1] + 1:i]]
+            ledger.add_inserted(renderer.bridge(last_ids, obs, history), k - 1)
+            history.extend(obs)
+        before = renderer.render_text(msgs[:i], tools=tools, add_generation_prompt=True)
+        full = renderer.render_text(msgs[:i + 1], tools=tools, add_generation_prompt=False)
+        if not full.startswith(before):
+            raise InvalidInput(f"{conv.where}: messages[{i}]: the template renders this assistant turn so that it "
+                               "does not continue its own prompt; it cannot be cut into a generated turn")
+        span = full[len(before):]
+        cut = span.rfind(eot_text)
+        if cut < 0:
+            raise InvalidInput(f"{conv.where}: messages[{i}]: the rendered turn has no end-of-turn token {eot_text!r}")
+        missing = [c["function"]["name"] for c in msgs[i].get("tool_calls", ()) if c["function"]["name"] not in span]
+        if missing:
+            raise InvalidInput(f"{conv.where}: messages[{i}]: this chat template does not render tool_calls "
+                               f"({missing} absent from the turn); write the call into the content, in the format "
+                               "the env parses (e.g. <tool_call>{...}</tool_call>)")
+        last_ids = renderer.encode(span[:cut]) + [eot]
+        ledger.add_generated(last_ids, [0.0] * len(last_ids), k)
+        history.append(Message("assistant", span[:cut]))
+    first_messages = tuple(Message.coerce({k: v for k, v in m.items() if k != "tool_calls"}) for m in msgs[:first])
+    return Trajectory(task=Task(prompt=first_messages), prompt_ids=ledger.prompt_ids,
+                      response_ids=ledger.response_ids, loss_mask=ledger.loss_mask,
+                      rollout_logprobs=ledger.rollout_logprobs, spans=ledger.spans, turn_rewards=[0.0] * len(turns),
+                      reward=0.0, status="completed", num_turns=len(turns), messages=history,
+                      metadata={"source": "conversation", "where": conv.where})
+
+
+def _message(m: Any, where: str) -> dict[str, Any]:
+    if not isinstance(m, Mapping) or m.get("role") not in ROLES:
+        raise InvalidInput(f"{where}: expected a message with a role in {sorted(ROLES)}")
+    content = m.get("content")
+    if content is None:
+        content = ""
+    if not isinstance(content, str):
+        raise InvalidInput(f"{where}.content: expected text, got {type(content).__name__}")
+    out: dict[str, Any] = {"role": m["role"], "content": content}
+    for key in ("name", "tool_call_id", "reasoning_content"):
+        if m.get(key) is not None:
+            out[key] = m[key]
+    if m.get("tool_calls"):
+        if m["role"] != "assistant":
+            raise InvalidInput(f"{where}: only assistant messages carry tool_calls")
+        out["tool_calls"] = [_tool_call(c, f"{where}.tool_calls[{k}]") for k, c in enumerate(m["tool_calls"])]
+    return out
+
+
+def _tool_call(c: Any, where: str) -> dict[str, Any]:
+    fn = c.get("function") if isinstance(c, Mapping) else None
+    if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str):
+        raise InvalidInput(f"{where}: expected {{'type': 'function', 'function': {{'name': ..., 'arguments': ...}}}}")
+    args = fn.get("arguments", {})
+    if isinstance(args, str):  # OpenAI sends a JSON string; templates take the object
+        try:
+            args = json.loads(args or "{}")
+        except ValueError as e:
+            raise InvalidInput(f"{where}.function.arguments: not valid JSON ({e})") from None
+    if not isinstance(args, Mapping):
+        raise InvalidInput(f"{where}.function.arguments: expected a JSON object")
+    return {"id": c.get("id") or "", "type": "function", "function": {"name": fn["name"], "arguments": dict(args)}}
+
+
+def _string_arguments(m: dict[str, Any]) -> dict[str, Any]:
+    if not m.get("tool_calls"):
+        return m
+    calls = [{**c, "function": {**c["function"], "arguments": json.dumps(c["function"]["arguments"],
+                                                                         ensure_ascii=False)}}
+             for c in m["tool_calls"]]
+    return {**m, "tool_calls": calls}
+
+
+def _history(m: Mapping[str, Any], msgs: Sequence[Mapping[str, Any]]) -> Message:
+    """A non-assistant message as the renderer's bridge takes it (a tool result gets its call's name)."""
+    name = m.get("name")
+    if m["role"] == "tool" and name is None and m.get("tool_call_id"):
+        name = next((c["function"]["name"] for x in msgs for c in x.get("tool_calls", ())
+                     if c.get("id") == m["tool_call_id"]), None)
+    return Message(m["role"], m["content"], name=name, tool_call_id=m.get("tool_call_id"))

@@ -1,0 +1,258 @@
+"""Beyond verifiable rewards: SFT (conversations rendered with every shipped template; the trainer's supervised step;
+the warm-up of `slime-env train` and `slime-env sft` on a scripted teacher's successful episodes) and on-policy
+distillation (the loss against a hand computation; teachers loaded here or served by a real `serve-engine` that
+speaks SGLang's prefill-scoring protocol; tokenizer checks before training)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from helpers import serve_engine, tiny, trajectories  # noqa: E402
+from slime_env import get_renderer  # noqa: E402
+from slime_env.conversations import Conversation, conversation_trajectory, load_conversations  # noqa: E402
+from slime_env.errors import InvalidInput  # noqa: E402
+from trainers import algorithms as alg  # noqa: E402
+from trainers.batch import pack  # noqa: E402
+from trainers.torch_trainer import TorchTrainer, TrainerConfig  # noqa: E402
+
+TOOLS = [{"type": "function", "function": {"name": "calculator", "description": "Evaluate arithmetic.",
+                                           "parameters": {"type": "object",
+                                                          "properties": {"expression": {"type": "string"}}}}}]
+
+
+def _calc_conversation(structured: bool) -> dict:
+    call = '<tool_call>{"name": "calculator", "arguments": {"expression": "12*7+5"}}</tool_call>'
+    first = ({"role": "assistant", "content": "Let me compute.", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "calculator", "arguments": '{"expression": "12*7+5"}'}}]}
+             if structured else {"role": "assistant", "content": call})
+    return {"messages": [{"role": "system", "content": "You have a calculator."},
+                         {"role": "user", "content": "What is 12 * 7 + 5?"}, first,
+                         {"role": "tool", "tool_call_id": "c1", "content": "89"},
+                         {"role": "user", "content": "Now say it."},
+                         {"role": "assistant", "content": "<answer>89</answer>"}],
+            "tools": TOOLS}
+
+
+# --- conversations as trajectories ----------------------------------------------------------------------------
+@pytest.mark.parametrize("family", ["smollm2", "qwen2.5", "qwen3", "llama3.1", "deepseek_r1"])
+def test_a_conversation_trains_only_the_assistant_turns_under_every_shipped_template(family, tokenizers):
+    tok = tokenizers[family]
+    r = get_renderer(tok)
+    structured = family != "smollm2"  # SmolLM2's template has no tool-call rendering: the call is in the content
+    t = conversation_trajectory(_calc_conversation(structured), r)
+    t.check()
+    gen = [s for s in t.spans if s.kind == "generated"]
+    assert len(gen) == 2 and t.num_turns == 2
+    texts = [tok.decode(t.response_ids[s.start:s.end]) for s in gen]
+    eot = tok.convert_ids_to_tokens(r.end_of_turn_id)
+    for text in texts:  # each generated turn ends with the end-of-turn token, as a sampled turn does
+        assert text.endswith(eot) and text.count(eot) == 1
+    assert "12*7+5" in texts[0] and "calculator" in texts[0]
+    assert texts[1].replace(eot, "").strip().endswith("<answer>89</answer>")
+    masked = tok.decode([i for i, m in zip(t.response_ids, t.loss_mask) if not m])
+    assert "89" in masked and "Now say it." in masked  # the tool result and the user turn are never trained on
+    assert "Now say it." not in "".join(texts) and "You have a calculator." not in tok.decode(t.prompt_ids[:0])
+    # the ledger is the template's own render of the conversation (Qwen3 drops earlier turns' empty <think> blocks
+    # when it re-renders history; the ledger keeps what was generated, as in a rollout)
+    dicts = Conversation.coerce(_calc_conversation(structured)).messages
+    try:
+        full = r.render_text(dicts, tools=TOOLS, add_generation_prompt=False)
+    except TypeError:  # DeepSeek-R1's template takes the arguments as a JSON string
+        dicts = [{**m, "tool_calls": [{**c, "function": {**c["function"],
+                                                         "arguments": json.dumps(c["function"]["arguments"])}}
+                                      for c in m["tool_calls"]]} if m.get("tool_calls") else m for m in dicts]
+        full = r.render_text(dicts, tools=TOOLS, add_generation_prompt=False)
+    if family != "qwen3":
+        assert tok.decode(t.prompt_ids + t.response_ids) == full.rstrip("\n")
+
+
+def test_conversation_errors_name_the_file_line_and_message(tmp_path, smollm2_tok):
+    r = get_renderer(smollm2_tok)
+    with pytest.raises(InvalidInput, match="does not render tool_calls"):  # never an empty turn learned silently
+        conversation_trajectory(_calc_conversation(structured=True), r)
+    bad = tmp_path / "data.jsonl"
+    rows = [_calc_conversation(False), {"messages": [{"role": "user", "content": "hi"}]},
+            {"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y",
+                                                              "tool_calls": [{"function": {"name": "f",
+                                                                                           "arguments": "{oops"}}]}]}]
+    bad.write_text(json.dumps(rows[0]) + "\n" + json.dumps(rows[1]) + "\n")
+    with pytest.raises(InvalidInput, match=r"data.jsonl:2: no assistant message"):
+        load_conversations(bad)
+    bad.write_text(json.dumps(rows[2]) + "\n")
+    with pytest.raises(InvalidInput, match=r"data.jsonl:1: messages\[1\].tool_calls\[0\].function.arguments"):
+        load_conversations(bad)
+    bad.write_text(json.dumps({"messages": [{"role": "robot", "content": "x"}]}) + "\n")
+    with pytest.raises(InvalidInput, match=r"data.jsonl:1: messages\[0\]"):
+        load_conversations(bad)
+
+
+# --- the losses -----------------------------------------------------------------------------------------------
+def test_sft_loss_and_opd_advantages_equal_hand_computations():
+    logp = torch.tensor([[-1.0, -2.0, -0.5], [-0.1, -3.0, -4.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [0.0, 1.0, 1.0]])
+    assert alg.sft_loss(logp, mask).item() == pytest.approx((1 + 2 + 3 + 4) / 4)
+    assert alg.sft_loss(logp, mask, "seq_mean_token_mean").item() == pytest.approx((1.5 + 3.5) / 2)
+    teacher = torch.tensor([[-0.5, -2.5, -9.0], [-1.0, -1.0, -1.0]])
+    adv = torch.tensor([[0.3, 0.3, 0.0], [0.0, -0.2, -0.2]])
+    new, kl = alg.opd_advantages(adv, logp, teacher, mask, coef=2.0)
+    want_kl = torch.tensor([[-0.5, 0.5, 0.0], [0.0, -2.0, -3.0]])
+    assert torch.allclose(kl, want_kl)
+    assert torch.allclose(new, adv - 2.0 * want_kl)
+
+
+def test_sft_step_is_the_mean_nll_of_the_masked_tokens_and_lowers_it(smollm2_tok):
+    model = tiny("llama", seed=3)
+    trainer = TorchTrainer(model, TrainerConfig(lr=1e-6, micro_batch_size=3), pad_id=0)
+    trajs = trajectories(6, seed=5)
+    batch = pack(trajs, group_size=1, pad_id=0)
+    with torch.no_grad():
+        lp = trainer.logprobs(model, batch)
+    want = float(-(lp * batch.loss_mask).sum() / batch.loss_mask.sum())
+    before = [g["lr"] for g in trainer.optimizer.param_groups]
+    first = trainer.sft_step(trajs, lr=3e-3)
+    assert first["sft/loss"] == pytest.approx(want, rel=1e-4)  # micro-batches of 3 reduce exactly to the mean
+    assert trainer.step_count == 0 and [g["lr"] for g in trainer.optimizer.param_groups] == before
+    losses = [trainer.sft_step(trajs, lr=3e-3)["sft/loss"] for _ in range(15)]
+    assert losses[-1] < 0.7 * first["sft/loss"]
+    assert trainer.config.loss == "rl" and trainer.sft_steps == 16
+
+
+def test_opd_moves_the_student_toward_the_teacher_on_its_own_tokens():
+    student, teacher = tiny("llama", seed=1), tiny("llama", seed=2)
+    # one outcome for all: the env's advantages vanish, distillation is the only signal
+    trajs = [replace(t, reward=1.0) for t in trajectories(8, seed=9)]
+    tb = pack(trajs, group_size=1, pad_id=0)
+    with torch.no_grad():
+        t_lp = TorchTrainer(teacher, TrainerConfig(), pad_id=0).logprobs(teacher, tb)
+    distilled = [replace(t, metadata={"teacher_logprobs": t_lp[row, -len(t.response_ids):].tolist()})
+                 for row, t in enumerate(trajs)]
+    trainer = TorchTrainer(student, TrainerConfig(lr=2e-3, opd_coef=1.0, micro_batch_size=8), pad_id=0)
+
+    def reverse_kl() -> float:
+        with torch.no_grad():
+            s = trainer.logprobs(student, tb)
+        return float(((s - t_lp) * tb.loss_mask).sum() / tb.loss_mask.sum())
+
+    start = reverse_kl()
+    m = trainer.step(distilled, 1)
+    assert m["train/opd/reverse_kl"] == pytest.approx(start, rel=1e-4)  # reported on the pre-update policy
+    for _ in range(20):
+        trainer.step(distilled, 1)
+    assert abs(reverse_kl()) < 0.5 * abs(start)
+    with pytest.raises(ValueError, match="teacher's log-probs"):
+        trainer.step(trajs, 1)
+
+
+# --- teachers -------------------------------------------------------------------------------------------------
+def test_a_served_teacher_scores_like_the_model_it_serves_and_a_mismatched_one_is_refused(tmp_path, smollm2_tok,
+                                                                                           qwen25_tok):
+    from agents.default_model import default_model_path
+    from agents.transformers_policy import sequence_logprobs
+    from transformers import AutoModelForCausalLM
+
+    from trainers.teacher import ServerTeacher, annotate
+
+    ids = smollm2_tok.encode("The calculator says 12 * 7 + 5 = 89.", add_special_tokens=False)
+    model = AutoModelForCausalLM.from_pretrained(str(default_model_path()), dtype=torch.float32)
+    want = sequence_logprobs(model, ids)
+    traj = trajectories(1)[0]
+    with serve_engine() as url:
+        async def go():
+            teacher = ServerTeacher(url)
+            try:
+                got = await teacher.logprobs(ids)
+                await teacher.check_tokenizer(smollm2_tok)
+                with pytest.raises(InvalidInput, match="tokenizes differently"):
+                    await teacher.check_tokenizer(qwen25_tok)
+                bad = replace(traj, prompt_ids=[10 ** 9])
+                scored = await annotate(teacher, [traj, bad])
+                return got, scored
+            finally:
+                await teacher.close()
+
+        got, scored = asyncio.run(go())
+    assert got == pytest.approx(want, abs=2e-3)
+    assert len(scored[0].metadata["teacher_logprobs"]) == len(traj.response_ids)
+    assert scored[1].status == "failed" and scored[1].reason.startswith("teacher:")  # recorded, not lost
+
+
+def test_train_configs_for_sft_and_opd_are_checked_by_field(tmp_path):
+    from trainers.train_loop import TrainConfig
+
+    base = {"env": "Calculator-v0", "train_data": {"generator": "sft_support:calculator_tasks", "n": 4, "seed": 0}}
+    with pytest.raises(InvalidInput, match="opd_coef > 0 and a teacher"):
+        TrainConfig.from_dict({**base, "trainer": {"opd_coef": 1.0}})
+    with pytest.raises(InvalidInput, match="exactly one of 'url'"):
+        TrainConfig.from_dict({**base, "trainer": {"opd_coef": 1.0}, "teacher": {"url": "http://x", "model": "m"}})
+    with pytest.raises(InvalidInput, match=r"warmup: unknown field\(s\) \['epochs'\]"):
+        TrainConfig.from_dict({**base, "warmup": {"steps": 2, "epochs": 1, "data": {"path": "x.jsonl"}}})
+    with pytest.raises(InvalidInput, match="warmup.data: give 'path'"):
+        TrainConfig.from_dict({**base, "warmup": {"steps": 2, "data": {}}})
+    with pytest.raises(InvalidInput, match="needs 'policy'"):
+        TrainConfig.from_dict({**base, "warmup": {"steps": 2, "data": {"rollouts": {"n_samples": 2}}}})
+    with pytest.raises(InvalidInput, match="loss 'dpo'"):
+        TrainConfig.from_dict({**base, "trainer": {"loss": "dpo"}})
+
+
+# --- end to end on the real SmolLM2 ---------------------------------------------------------------------------
+CALC = {"model": "default", "env": "Calculator-v0",
+        "train_data": {"generator": "sft_support:calculator_tasks", "n": 32, "seed": 1},
+        "eval_data": {"generator": "sft_support:calculator_tasks", "n": 6, "seed": 2},
+        "steps": 1, "prompts_per_step": 2, "n_samples_per_prompt": 2, "max_turns": 3, "max_new_tokens": 40,
+        "max_concurrency": 16, "trainer": {"lr": 1e-6, "micro_batch_size": 8},
+        "warmup": {"steps": 4, "lr": 1e-4, "batch_size": 8,
+                   "data": {"rollouts": {"policy": "envs.calculator:teacher_reply", "max_tasks": 16}}}}
+
+
+def test_a_cold_start_warm_up_teaches_the_tool_format_before_rl(tmp_path):
+    """SmolLM2 never writes a calculator call by itself (held-out 0); four SFT steps on a scripted teacher's
+    successful episodes (no held-out problem among them) and it calls the tool and answers."""
+    from trainers.train_loop import TrainConfig, train
+
+    cfg = TrainConfig.from_dict({**CALC, "run_dir": str(tmp_path / "run")})
+    logs: list[str] = []
+    summary = asyncio.run(train(cfg, log=logs.append))
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    warm = next(r for r in rows if "warmup/steps" in r)
+    assert warm["warmup/examples"] == 16 and warm["warmup/steps"] == 4
+    assert warm["warmup/loss_last"] < warm["warmup/loss_first"]
+    sft_rows = [json.loads(line) for line in (tmp_path / "run" / "sft_metrics.jsonl").read_text().splitlines()]
+    assert [r["sft_step"] for r in sft_rows] == [1, 2, 3, 4]
+    assert summary["first_accuracy"] <= 1 / 6
+    assert summary["after_warmup_accuracy"] >= summary["first_accuracy"] + 0.5
+    assert warm["eval/tool_calls_per_episode"] >= 0.5
+    assert rows[-1]["step"] == 1 and "train/loss" in rows[-1]  # RL went on from the warmed-up weights
+
+
+def test_slime_env_sft_saves_a_model_folder_a_later_run_loads(tmp_path, smollm2_tok):
+    import yaml
+
+    cfg = {**CALC, "run_dir": str(tmp_path / "sft"), "eval_data": {}, "warmup": {**CALC["warmup"], "steps": 2}}
+    (tmp_path / "sft.yaml").write_text(yaml.safe_dump(cfg))
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent)}
+    out = subprocess.run([sys.executable, "-m", "slime_env", "sft", "--config", str(tmp_path / "sft.yaml")],
+                         capture_output=True, text=True, timeout=900, env=env)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    model_dir = tmp_path / "sft" / "checkpoints" / "sft" / "model"
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir))
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    assert tok.get_vocab() == smollm2_tok.get_vocab() and tok.chat_template == smollm2_tok.chat_template
+    assert not math.isnan(float(next(model.parameters()).sum()))
+    bad = {k: v for k, v in cfg.items() if k != "warmup"}
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(bad))
+    out = subprocess.run([sys.executable, "-m", "slime_env", "sft", "--config", str(tmp_path / "bad.yaml")],
+                         capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 1 and "needs a warmup section" in out.stderr

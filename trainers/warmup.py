@@ -1,0 +1,121 @@
+"""SFT warm-up (`warmup:` in the run config; `slime-env sft`): supervised steps before RL, so a model that cannot
+yet use a tool's format learns it first (the cold start of ReTool and most agentic RL recipes).
+
+Data, one of:
+- `data: {path: FILE}` — conversations (`{"messages": [...], "tools": [...]}` JSONL/Parquet), rendered with the
+  model's chat template, loss on the assistant turns only (`slime_env.conversations`);
+- `data: {rollouts: {policy: ..., ...}}` — trajectories of the run's env played by a teacher through our own
+  rollout manager, kept only when they succeed (rejection sampling: status completed, reward >= `min_reward`).
+  `policy` is `"module:function"` (a scripted teacher: `fn(context_text) -> reply`, see
+  `envs.calculator.teacher_reply`) or `"engine"` (the run's own engine: rejection-sampling fine-tuning on the
+  model's own successes). `tasks` (a split spec like `train_data`; default: the run's `train_data`), `n_samples`
+  per task, `temperature`, `max_tasks`.
+
+Then `steps` optimizer steps of `batch_size` trajectories (reshuffled each pass) at learning rate `lr`, each
+`trainer.sft_step` (not counted as an RL step). Metrics go to `sft_metrics.jsonl`.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from slime_env.errors import InvalidInput
+
+
+@dataclass
+class WarmupConfig:
+    """The `warmup:` section (see the module docstring)."""
+
+    steps: int = 0
+    lr: float = 1e-5
+    batch_size: int = 32
+    data: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, raw: Any, where: str = "warmup") -> WarmupConfig:
+        if not raw:
+            return cls()
+        if not isinstance(raw, dict):
+            raise InvalidInput(f"{where}: expected a mapping")
+        unknown = sorted(set(raw) - {"steps", "lr", "batch_size", "data"})
+        if unknown:
+            raise InvalidInput(f"{where}: unknown field(s) {unknown}; known: ['batch_size', 'data', 'lr', 'steps']")
+        wc = cls(**raw)
+        if wc.steps < 1 or wc.batch_size < 1 or not wc.lr > 0:
+            raise InvalidInput(f"{where}: steps ({wc.steps}) and batch_size ({wc.batch_size}) must be >= 1, lr > 0")
+        data = wc.data
+        if not isinstance(data, dict) or len(set(data) & {"path", "rollouts"}) != 1:
+            raise InvalidInput(f"{where}.data: give 'path' (conversations) or 'rollouts' (a teacher playing the env)")
+        if "rollouts" in data:
+            ro = data["rollouts"]
+            known = {"policy", "tasks", "n_samples", "temperature", "min_reward", "max_tasks"}
+            if not isinstance(ro, dict) or "policy" not in ro or set(ro) - known:
+                raise InvalidInput(f"{where}.data.rollouts: needs 'policy' ('module:function' or 'engine') and takes "
+                                   f"{sorted(known - {'policy'})}; got {sorted(ro) if isinstance(ro, dict) else ro}")
+        return wc
+
+
+async def warmup_trajectories(wc: WarmupConfig, cfg: Any, policy: Any, renderer: Any, train_tasks: list[Any],
+                              log: Callable[[str], None] = print) -> tuple[list[Any], dict[str, float]]:
+    """The SFT trajectories of `wc.data` and what making them measured (`warmup/*`)."""
+    data = wc.data
+    if "path" in data:
+        from slime_env.conversations import conversation_trajectory, load_conversations
+
+        trajs = [conversation_trajectory(c, renderer) for c in load_conversations(data["path"])]
+        return trajs, {"warmup/examples": float(len(trajs))}
+    from slime_env import RolloutManager, ScriptedPolicy
+    from slime_env.loading import load_object
+    from trainers.train_loop import load_split
+
+    ro = data["rollouts"]
+    tasks = load_split(ro["tasks"], "warmup.data.rollouts.tasks") if "tasks" in ro else list(train_tasks)
+    tasks = tasks[:int(ro["max_tasks"])] if "max_tasks" in ro else tasks
+    teacher = policy if ro["policy"] == "engine" else ScriptedPolicy(renderer.tokenizer, load_object(ro["policy"]))
+    n = int(ro.get("n_samples", 1))
+    manager = RolloutManager(tasks, env_id=cfg.env, env_kwargs=cfg.env_kwargs, policy=teacher, renderer=renderer,
+                             sampling_params={"temperature": float(ro.get("temperature", cfg.temperature))},
+                             n_samples_per_prompt=n, max_concurrency=max(cfg.max_concurrency, n),
+                             max_turns=cfg.max_turns, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed)
+    try:
+        played = [t for g in (await manager.generate_batch(len(tasks))).groups for t in g.trajectories]
+    finally:
+        await manager.close()
+    floor = float(ro.get("min_reward", 1.0))
+    kept = [t for t in played if t.status == "completed" and t.reward >= floor]
+    log(f"warm-up data: {len(kept)} of {len(played)} teacher episodes succeeded (reward >= {floor}) and are kept")
+    if not kept:
+        raise InvalidInput(f"warmup.data.rollouts: none of {len(played)} teacher episodes reached reward {floor}: "
+                           "nothing to fine-tune on")
+    return kept, {"warmup/episodes": float(len(played)), "warmup/examples": float(len(kept)),
+                  "warmup/acceptance": len(kept) / max(len(played), 1)}
+
+
+async def run_warmup(wc: WarmupConfig, trainer: Any, trajectories: list[Any], run: Path, seed: int,
+                     log: Callable[[str], None] = print) -> list[dict[str, Any]]:
+    """`wc.steps` SFT steps over `trajectories` (shuffled passes); rows appended to `run/sft_metrics.jsonl`."""
+    rng = random.Random(seed)
+    order: list[Any] = []
+    rows = []
+    path = run / "sft_metrics.jsonl"
+    path.unlink(missing_ok=True)
+    for step in range(1, wc.steps + 1):
+        batch = []
+        while len(batch) < min(wc.batch_size, len(trajectories)):
+            if not order:
+                order = list(trajectories)
+                rng.shuffle(order)
+            batch.append(order.pop())
+        metrics = await trainer.sft_step(batch, wc.lr)
+        row = {"sft_step": step, **metrics}
+        rows.append(row)
+        with path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        if step == 1 or step == wc.steps or step % 10 == 0:
+            log(f"sft step {step}/{wc.steps}: loss {metrics.get('sft/loss', float('nan')):.4f}, "
+                f"grad {metrics.get('sft/grad_norm', 0):.3f}")
+    return rows
