@@ -95,3 +95,10 @@ def teacher_reply(context: str) -> str:
         return '<tool_call>{"name": "calculator", "arguments": {"expression": "%s"}}</tool_call>' % expr
     result = re.search(r"-?\d+(?:\.\d+)?", after[after.rfind("</tool_call>") + len("</tool_call>"):])
     return f"<answer>{result.group(0) if result else evaluate(expr)}</answer>"
+
+
+def calculator_tasks(n: int, seed: int = 0) -> list[Task]:
+    """`n` tasks of `random_task` from `seed` (a `train_data: {generator: envs.calculator:calculator_tasks}` split;
+    different seeds give disjoint-in-practice train and held-out sets)."""
+    rng = random.Random(seed)
+    return [random_task(rng) for _ in range(n)]

@@ -12,9 +12,11 @@ Core API (this package never imports `envs`, `agents`, `tools_sandbox` or `train
 - `RemoteEnv`, `EnvServer`: an env served over HTTP (`slime-env serve-env`) and its client.
 - `ToolEnv`, `StatefulToolEnv`, `tool`, `Rubric`: tool-use envs from typed Python functions (and MCP servers,
   `slime_env.integrations.mcp`).
+- `Conversation`, `load_conversations`, `conversation_trajectory`: SFT data (chat conversations) as trajectories.
 """
 
 from slime_env.agent_env import AgentEnv
+from slime_env.conversations import Conversation, conversation_trajectory, load_conversations
 from slime_env.env import Env, Wrapper
 from slime_env.errors import InvalidInput, RegistryError, RenderError, RenderMismatch, SlimeEnvError
 from slime_env.ledger import Span, TokenLedger
@@ -40,7 +42,7 @@ from slime_env.registry import register_entry_points as _register_entry_points  
 _register_entry_points()
 
 __all__ = [
-    "Action", "AgentEnv", "Batch", "Env", "EnvServer", "Episode", "Group", "RemoteEnv", "RolloutManager", "close_shared_clients",
+    "Action", "AgentEnv", "Batch", "Conversation", "conversation_trajectory", "load_conversations", "Env", "EnvServer", "Episode", "Group", "RemoteEnv", "RolloutManager", "close_shared_clients",
     "load_tasks", "EnvSpec", "Gateway", "Generation", "InvalidInput", "Message", "MultiAgentEnv", "ParseError", "ParseResult", "Policy",
     "RegistryError", "RenderError", "RenderMismatch", "STATUSES", "ScriptedPolicy", "SlimeEnvError", "Span",
     "SyncEnv", "Task", "TemplateRenderer", "TokenLedger", "ToolCall", "Trajectory", "Wrapper", "from_sync",

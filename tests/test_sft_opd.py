@@ -190,7 +190,7 @@ def test_a_served_teacher_scores_like_the_model_it_serves_and_a_mismatched_one_i
 def test_train_configs_for_sft_and_opd_are_checked_by_field(tmp_path):
     from trainers.train_loop import TrainConfig
 
-    base = {"env": "Calculator-v0", "train_data": {"generator": "sft_support:calculator_tasks", "n": 4, "seed": 0}}
+    base = {"env": "Calculator-v0", "train_data": {"generator": "envs.calculator:calculator_tasks", "n": 4, "seed": 0}}
     with pytest.raises(InvalidInput, match="opd_coef > 0 and a teacher"):
         TrainConfig.from_dict({**base, "trainer": {"opd_coef": 1.0}})
     with pytest.raises(InvalidInput, match="exactly one of 'url'"):
@@ -206,21 +206,24 @@ def test_train_configs_for_sft_and_opd_are_checked_by_field(tmp_path):
 
 
 # --- end to end on the real SmolLM2 ---------------------------------------------------------------------------
-CALC = {"model": "default", "env": "Calculator-v0",
-        "train_data": {"generator": "sft_support:calculator_tasks", "n": 32, "seed": 1},
-        "eval_data": {"generator": "sft_support:calculator_tasks", "n": 6, "seed": 2},
-        "steps": 1, "prompts_per_step": 2, "n_samples_per_prompt": 2, "max_turns": 3, "max_new_tokens": 40,
-        "max_concurrency": 16, "trainer": {"lr": 1e-6, "micro_batch_size": 8},
-        "warmup": {"steps": 4, "lr": 1e-4, "batch_size": 8,
-                   "data": {"rollouts": {"policy": "envs.calculator:teacher_reply", "max_tasks": 16}}}}
+def _calc_config(**over) -> dict:
+    """examples/calculator_sft_grpo.yaml, shrunk for CI: one RL step, 6 held-out problems, a 4-step warm-up."""
+    import yaml
+
+    cfg = yaml.safe_load((Path(__file__).parents[1] / "examples" / "calculator_sft_grpo.yaml").read_text())
+    cfg["eval_data"] = {**cfg["eval_data"], "n": 6}
+    cfg["warmup"] = {**cfg["warmup"], "steps": 4, "batch_size": 8}
+    cfg["warmup"]["data"]["rollouts"]["max_tasks"] = 16
+    return {**cfg, "steps": 1, "prompts_per_step": 2, "n_samples_per_prompt": 2, **over}
 
 
 def test_a_cold_start_warm_up_teaches_the_tool_format_before_rl(tmp_path):
-    """SmolLM2 never writes a calculator call by itself (held-out 0); four SFT steps on a scripted teacher's
-    successful episodes (no held-out problem among them) and it calls the tool and answers."""
+    """examples/calculator_sft_grpo.yaml (shrunk): SmolLM2 never writes a calculator call by itself (held-out 0);
+    four SFT steps on a scripted teacher's successful episodes (no held-out problem among them) and it calls the
+    tool and answers."""
     from trainers.train_loop import TrainConfig, train
 
-    cfg = TrainConfig.from_dict({**CALC, "run_dir": str(tmp_path / "run")})
+    cfg = TrainConfig.from_dict(_calc_config(run_dir=str(tmp_path / "run")))
     logs: list[str] = []
     summary = asyncio.run(train(cfg, log=logs.append))
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -238,9 +241,10 @@ def test_a_cold_start_warm_up_teaches_the_tool_format_before_rl(tmp_path):
 def test_slime_env_sft_saves_a_model_folder_a_later_run_loads(tmp_path, smollm2_tok):
     import yaml
 
-    cfg = {**CALC, "run_dir": str(tmp_path / "sft"), "eval_data": {}, "warmup": {**CALC["warmup"], "steps": 2}}
+    cfg = _calc_config(run_dir=str(tmp_path / "sft"), eval_data={})
+    cfg["warmup"]["steps"] = 2
     (tmp_path / "sft.yaml").write_text(yaml.safe_dump(cfg))
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent)}
+    env = dict(os.environ)
     out = subprocess.run([sys.executable, "-m", "slime_env", "sft", "--config", str(tmp_path / "sft.yaml")],
                          capture_output=True, text=True, timeout=900, env=env)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
@@ -250,7 +254,7 @@ def test_slime_env_sft_saves_a_model_folder_a_later_run_loads(tmp_path, smollm2_
     model = AutoModelForCausalLM.from_pretrained(str(model_dir))
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     assert tok.get_vocab() == smollm2_tok.get_vocab() and tok.chat_template == smollm2_tok.chat_template
-    assert not math.isnan(float(next(model.parameters()).sum()))
+    assert not math.isnan(float(next(model.parameters()).detach().sum()))
     bad = {k: v for k, v in cfg.items() if k != "warmup"}
     (tmp_path / "bad.yaml").write_text(yaml.safe_dump(bad))
     out = subprocess.run([sys.executable, "-m", "slime_env", "sft", "--config", str(tmp_path / "bad.yaml")],

@@ -8,6 +8,8 @@
 - `FSDPTrainer`: the same RL step on any Hugging Face causal LM sharded with FSDP2 (no conversion).
 - `OpponentPool`, `snapshot`: frozen past policies as opponents (league self-play in multi-agent envs).
 - `TrainConfig`, `train`: `slime-env train`; `AsyncConfig`: its `async:` section (overlap / fully asynchronous).
+- `WarmupConfig`: the SFT warm-up before RL (`warmup:`; `slime-env sft`); `ServerTeacher`, `LocalTeacher`,
+  `make_teacher`: on-policy distillation's teachers (`teacher:`, `trainer.opd_coef`).
 
 Imports `slime_env`, never the reverse.
 """
@@ -20,6 +22,8 @@ _EXPORTS = {
     "TrainConfig": "trainers.train_loop", "train": "trainers.train_loop",
     "OpponentPool": "trainers.opponent_pool", "snapshot": "trainers.opponent_pool",
     "AsyncConfig": "trainers.asynchrony",
+    "WarmupConfig": "trainers.warmup",
+    "ServerTeacher": "trainers.teacher", "LocalTeacher": "trainers.teacher", "make_teacher": "trainers.teacher",
 }
 
 __all__ = sorted(_EXPORTS)
