@@ -205,6 +205,58 @@ def test_train_configs_for_sft_and_opd_are_checked_by_field(tmp_path):
         TrainConfig.from_dict({**base, "trainer": {"loss": "dpo"}})
 
 
+# --- evaluation ---------------------------------------------------------------------------------------------
+def test_pass_at_k_equals_counting_the_k_subsets_that_hold_a_correct_sample():
+    from itertools import combinations
+
+    from trainers.evaluation import pass_at_k
+
+    for n in range(1, 7):
+        for c in range(n + 1):
+            samples = [True] * c + [False] * (n - c)
+            for k in range(1, n + 1):
+                subsets = list(combinations(samples, k))
+                assert pass_at_k(n, c, k) == pytest.approx(sum(any(s) for s in subsets) / len(subsets))
+    with pytest.raises(ValueError, match="pass@5 needs at least 5"):
+        pass_at_k(4, 1, 5)
+
+
+def test_set_metrics_count_pass_at_k_majority_votes_and_tool_use():
+    from trainers.evaluation import set_metrics
+
+    base = trajectories(1)[0]
+
+    def ep(answer, ok, calls=0, status="completed"):
+        return replace(base, status=status, reward=float(ok),
+                       info={"answer": answer, "correct": ok, "tool_stats": {"calculator": {"calls": calls}}})
+
+    groups = [[ep("89", True, 1), ep("88", False), ep("89", True, 1), ep("7", False)],  # majority 89: right
+              [ep("5", False), ep("5", False), ep("6", True, 2), ep("x", False, status="failed")],  # majority 5: wrong
+              [ep("1", False), ep("2", False), ep("3", False), ep("4", True)]]  # tie: first seen (1) wins: wrong
+    m = set_metrics(groups, "eval/s/")
+    assert m["eval/s/accuracy"] == pytest.approx(4 / 12)
+    assert m["eval/s/pass@1"] == pytest.approx((2 / 4 + 1 / 4 + 1 / 4) / 3)
+    assert m["eval/s/pass@4"] == 1.0 and m["eval/s/maj@4"] == pytest.approx(1 / 3)
+    assert m["eval/s/pass@2"] == pytest.approx(((1 - 1 / 6) + 0.5 + 0.5) / 3)
+    assert m["eval/s/tool_calls_per_episode"] == pytest.approx(4 / 12)
+    assert m["eval/s/solved_with_tool"] == pytest.approx(3 / 4) and m["eval/s/failed"] == 1
+
+
+def test_eval_sets_are_checked_by_field():
+    from trainers.train_loop import TrainConfig
+
+    base = {"env": "Calculator-v0", "train_data": {"generator": "envs.calculator:calculator_tasks", "n": 4}}
+    data = {"generator": "envs.calculator:calculator_tasks", "n": 4}
+    for bad, match in [({"sets": {"a": {"n_samples": 4}}}, r"eval.sets.a: needs 'data'"),
+                       ({"sets": {"a": {"data": data, "samples": 4}}}, r"unknown key\(s\) \['samples'\]"),
+                       ({"sets": {"a": {"data": data, "n_samples": 4}}}, "at temperature 0 are one greedy answer"),
+                       ({"sets": {"a": {"data": data, "env": "Nope-v9"}}}, r"eval.sets.a.env"),
+                       ({"sets": {"a": {"data": data}}, "every": 0}, r"eval.every must be an integer >= 1"),
+                       ({"held_out": {}}, r"eval: expected \{sets")]:
+        with pytest.raises(InvalidInput, match=match):
+            TrainConfig.from_dict({**base, "eval": bad})
+
+
 # --- end to end on the real SmolLM2 ---------------------------------------------------------------------------
 def _calc_config(**over) -> dict:
     """examples/calculator_sft_grpo.yaml, shrunk for CI: one RL step, 6 held-out problems, a 4-step warm-up."""
@@ -223,7 +275,9 @@ def test_a_cold_start_warm_up_teaches_the_tool_format_before_rl(tmp_path):
     tool and answers."""
     from trainers.train_loop import TrainConfig, train
 
-    cfg = TrainConfig.from_dict(_calc_config(run_dir=str(tmp_path / "run")))
+    sampled = {"data": {"generator": "envs.calculator:calculator_tasks", "n": 3, "seed": 3}, "n_samples": 4,
+               "temperature": 1.0}
+    cfg = TrainConfig.from_dict(_calc_config(run_dir=str(tmp_path / "run"), eval={"sets": {"sampled": sampled}}))
     logs: list[str] = []
     summary = asyncio.run(train(cfg, log=logs.append))
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -236,6 +290,13 @@ def test_a_cold_start_warm_up_teaches_the_tool_format_before_rl(tmp_path):
     assert summary["after_warmup_accuracy"] >= summary["first_accuracy"] + 0.5
     assert warm["eval/tool_calls_per_episode"] >= 0.5
     assert rows[-1]["step"] == 1 and "train/loss" in rows[-1]  # RL went on from the warmed-up weights
+    for row in (rows[0], warm, rows[-1]):  # the named set at step 0, after the warm-up and at the last step
+        assert {"eval/sampled/pass@1", "eval/sampled/pass@2", "eval/sampled/pass@4",
+                "eval/sampled/tool_calls_per_episode"} <= set(row)
+        assert row["eval/sampled/pass@1"] == pytest.approx(row["eval/sampled/accuracy"])
+        assert row["eval/sampled/pass@1"] <= row["eval/sampled/pass@2"] <= row["eval/sampled/pass@4"]
+    assert "eval/sampled/maj@4" in warm  # answers once it answers: the majority vote is counted
+    assert any("sampled " in line and "pass@4" in line for line in logs)
 
 
 def test_slime_env_sft_saves_a_model_folder_a_later_run_loads(tmp_path, smollm2_tok):

@@ -25,6 +25,7 @@ from slime_env import Task
 from slime_env.errors import InvalidInput
 from slime_env.rollout.metrics import tool_metrics
 from trainers.engines import EngineConfig, Engines, resolve_model_path
+from trainers.evaluation import eval_sets, evaluate, evaluate_set
 from trainers.placement import ClusterConfig, Placement, make_trainer  # noqa: F401 - make_trainer re-exported
 from trainers.torch_trainer import TrainerConfig
 
@@ -80,6 +81,8 @@ class TrainConfig:
     # On-policy distillation's teacher (trainers.teacher: {url} of an engine server or {model} loaded here); its
     # weight in the loss is trainer.opd_coef.
     teacher: dict[str, Any] = field(default_factory=dict)
+    # Named eval sets beside the held-out split (trainers.evaluation: several samples per task, pass@k, maj@k).
+    eval: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> TrainConfig:
@@ -142,6 +145,14 @@ class TrainConfig:
         from trainers.warmup import WarmupConfig
 
         WarmupConfig.from_dict(cfg.warmup, f"{where}: warmup")
+        for s in eval_sets(cfg.eval, f"{where}: eval")[0]:
+            if s.env is not None:
+                from slime_env.registry import spec as env_spec
+
+                try:
+                    env_spec(s.env)
+                except Exception as e:  # noqa: BLE001 - an unknown env id is a config error, named here
+                    raise InvalidInput(f"{where}: eval.sets.{s.name}.env: {e}") from None
         opd = TrainerConfig(**cfg.trainer).opd_coef > 0
         if opd != bool(cfg.teacher):
             raise InvalidInput(f"{where}: on-policy distillation needs both trainer.opd_coef > 0 and a teacher "
@@ -189,77 +200,6 @@ def load_split(spec: Mapping[str, Any], where: str) -> list[Task]:
     raise InvalidInput(f"{where}: give 'path', 'reasoning_gym' or 'generator'")
 
 
-async def evaluate(tasks: list[Task], policy: Any, renderer: Any, cfg: TrainConfig) -> dict[str, float]:
-    """Greedy episodes on the held-out tasks: accuracy (info['correct'], else reward >= 1) and mean reward.
-    A multi-agent env is played with `eval_env_kwargs`: accuracy is then the win rate (reward > 0) of its
-    agents, with draw and illegal-move rates."""
-    from slime_env import make, run_episode, spec
-
-    if spec(cfg.env).multi_agent:
-        return await _evaluate_games(tasks, policy, renderer, cfg)
-    from slime_env import AgentEnv
-    from slime_env.agent_env import GatewayPool
-
-    sem = asyncio.Semaphore(cfg.max_concurrency)
-    max_new = cfg.eval_max_new_tokens or cfg.max_new_tokens
-    gateways = GatewayPool(policy, renderer, max_new_tokens=max_new, overrides={"temperature": 0.0})
-
-    async def one(task: Task):
-        async with sem:
-            env = make(cfg.env, **cfg.env_kwargs)
-            try:
-                if isinstance(env, AgentEnv):  # the agent program against a greedy gateway; its main trajectory
-                    return (await env.run(await gateways.get(env), task))[0]
-                return await run_episode(env, policy, task, renderer=renderer, max_turns=cfg.max_turns,
-                                         max_new_tokens=max_new, sampling_params={"temperature": 0.0})
-            finally:
-                await env.close()
-
-    try:
-        trajs = await asyncio.gather(*(one(t) for t in tasks))
-    finally:
-        await gateways.close()
-    correct = [bool(t.info.get("correct", t.reward >= 1.0)) if t.status != "failed" else False for t in trajs]
-    calls = [tool_calls(t) for t in trajs]
-    solved = [c for c, ok in zip(calls, correct) if ok]
-    return {"eval/accuracy": sum(correct) / len(trajs), "eval/reward_mean": sum(t.reward for t in trajs) / len(trajs),
-            "eval/failed": sum(t.status == "failed" for t in trajs),
-            "eval/tool_calls_per_episode": sum(calls) / len(trajs),
-            # of the solved episodes, how many used a tool: learning the tool, not memorising answers
-            "eval/solved_with_tool": sum(c > 0 for c in solved) / len(solved) if solved else 0.0}
-
-
-def tool_calls(t: Any) -> int:
-    """The tool calls an episode made (its env's `tool_stats`: a ToolEnv's calls, valid or not)."""
-    stats = (t.info or {}).get("tool_stats")
-    return int(sum(s.get("calls", 0) for s in stats.values() if isinstance(s, dict))) if isinstance(stats, dict) else 0
-
-
-async def _evaluate_games(tasks: list[Task], policy: Any, renderer: Any, cfg: TrainConfig) -> dict[str, float]:
-    from slime_env import make, run_multi_agent_episode
-
-    sem = asyncio.Semaphore(cfg.max_concurrency)
-    kwargs = {**cfg.env_kwargs, **(cfg.eval_env_kwargs or {})}
-
-    async def one(i: int, task: Task):
-        async with sem:
-            env = make(cfg.env, **kwargs)
-            try:
-                return await run_multi_agent_episode(
-                    env, policy, task, renderer=renderer, max_turns=cfg.max_turns, seed=10_000 + i,
-                    max_new_tokens=cfg.eval_max_new_tokens or cfg.max_new_tokens, sampling_params={"temperature": 0.0})
-            finally:
-                await env.close()
-
-    games = await asyncio.gather(*(one(i, t) for i, t in enumerate(tasks)))
-    trajs = [t for game in games for a, t in game.items() if cfg.train_agents is None or a in cfg.train_agents]
-    n = max(len(trajs), 1)
-    return {"eval/accuracy": sum(t.reward > 0 for t in trajs) / n, "eval/draw_rate": sum(t.reward == 0 for t in trajs) / n,
-            "eval/illegal_rate": sum(bool(t.info.get("illegal")) and t.info.get("loser") == t.agent_id
-                                     for t in trajs) / n,
-            "eval/reward_mean": sum(t.reward for t in trajs) / n, "eval/failed": sum(t.status == "failed" for t in trajs)}
-
-
 def plot_curves(rows: list[dict[str, Any]], path: Path, title: str,
                 eval_label: str = "held-out accuracy (greedy)") -> Path:
     import matplotlib
@@ -299,7 +239,9 @@ async def train(cfg: TrainConfig, *, log: Callable[[str], None] = print,
     run.mkdir(parents=True, exist_ok=True)
     (run / "config.json").write_text(json.dumps(cfg.__dict__, indent=1, default=str))
     train_tasks = load_split(cfg.train_data, "train_data")
-    eval_tasks = load_split(cfg.eval_data, "eval_data") if cfg.eval_data else []
+    evals = Evals(cfg, load_split(cfg.eval_data, "eval_data") if cfg.eval_data else [], *eval_sets(cfg.eval))
+    for s in evals.sets:
+        s.tasks = load_split(s.data, f"eval.sets.{s.name}.data")
     # The three roles: engines (embedded or servers), the trainer group (this process or Ray actors) and, below, the
     # rollout manager between them; weights go trainer -> engines through one channel.
     engine_cfg = EngineConfig.from_dict(cfg.engine)
@@ -327,9 +269,34 @@ async def train(cfg: TrainConfig, *, log: Callable[[str], None] = print,
             stack.push_async_callback(teacher.close)
             await teacher.check_tokenizer(tok)  # before any training: a mismatched teacher is a config error
         if sft_only:
-            return await _sft_only(cfg, run, engines, trainer, channel, train_tasks, eval_tasks, log)
-        return await _train(cfg, run, engines, trainer, channel, stack, train_tasks, eval_tasks, log, on_step,
-                            teacher)
+            return await _sft_only(cfg, run, engines, trainer, channel, train_tasks, evals, log)
+        return await _train(cfg, run, engines, trainer, channel, stack, train_tasks, evals, log, on_step, teacher)
+
+
+@dataclass
+class Evals:
+    """The run's evaluations: the held-out split (`eval/*`, every `eval_every` steps) and the named sets
+    (`eval/<name>/*`, every `every` steps, default `eval_every`); all of them at step 0 and at the last step."""
+
+    cfg: TrainConfig
+    tasks: list[Task]
+    sets: list[Any]
+    every: int | None = None
+    seconds: float = 0.0
+
+    def __bool__(self) -> bool:
+        return bool(self.tasks or self.sets)
+
+    async def run(self, policy: Any, renderer: Any, step: int, final: bool = False) -> dict[str, float]:
+        t0, out = time.perf_counter(), {}
+        due = final or step == 0
+        if self.tasks and (due or step % max(self.cfg.eval_every, 1) == 0):
+            out.update(await evaluate(self.tasks, policy, renderer, self.cfg))
+        for s in self.sets:
+            if due or step % (self.every or max(self.cfg.eval_every, 1)) == 0:
+                out.update(await evaluate_set(s, policy, renderer, self.cfg))
+        self.seconds += time.perf_counter() - t0
+        return out
 
 
 async def _warmup(cfg: TrainConfig, run: Path, engines: Any, trainer: Any, channel: Any, train_tasks: list[Task],
@@ -350,7 +317,7 @@ async def _warmup(cfg: TrainConfig, run: Path, engines: Any, trainer: Any, chann
 
 
 async def _sft_only(cfg: TrainConfig, run: Path, engines: Any, trainer: Any, channel: Any, train_tasks: list[Task],
-                    eval_tasks: list[Task], log: Callable[[str], None]) -> dict[str, Any]:
+                    evals: Evals, log: Callable[[str], None]) -> dict[str, Any]:
     from slime_env import get_renderer
 
     if not cfg.warmup:
@@ -359,13 +326,13 @@ async def _sft_only(cfg: TrainConfig, run: Path, engines: Any, trainer: Any, cha
     await trainer.sync(channel, "0")
     engines.synced()
     summary: dict[str, Any] = {"run_dir": str(run)}
-    if eval_tasks:
-        summary["accuracy_before"] = (await evaluate(eval_tasks, engines.policy, renderer, cfg))["eval/accuracy"]
-        log(f"before SFT: held-out accuracy {summary['accuracy_before']:.3f}")
+    if evals:
+        summary["before"] = await evals.run(engines.policy, renderer, 0)
+        log(f"before SFT: {_eval_line(summary['before'])}")
     summary.update(await _warmup(cfg, run, engines, trainer, channel, train_tasks, log))
-    if eval_tasks:
-        summary["accuracy_after"] = (await evaluate(eval_tasks, engines.policy, renderer, cfg))["eval/accuracy"]
-        log(f"after SFT: held-out accuracy {summary['accuracy_after']:.3f}")
+    if evals:
+        summary["after"] = await evals.run(engines.policy, renderer, 0)
+        log(f"after SFT: {_eval_line(summary['after'])}")
     where = run / "checkpoints" / "sft"
     trainer.save(where)
     engines.tokenizer.save_pretrained(str(where / "model"))  # a model folder `model:` and every engine can load
@@ -376,7 +343,7 @@ async def _sft_only(cfg: TrainConfig, run: Path, engines: Any, trainer: Any, cha
 
 
 async def _train(cfg: TrainConfig, run: Path, engines: Any, trainer: Any, channel: Any,
-                 stack: contextlib.AsyncExitStack, train_tasks: list[Task], eval_tasks: list[Task],
+                 stack: contextlib.AsyncExitStack, train_tasks: list[Task], evals: Evals,
                  log: Callable[[str], None], on_step: Callable[[int, Any, Any], Any] | None,
                  teacher: Any = None) -> dict[str, Any]:
     from slime_env import RolloutManager, get_renderer
@@ -442,20 +409,15 @@ async def _train(cfg: TrainConfig, run: Path, engines: Any, trainer: Any, channe
         metrics_path.unlink(missing_ok=True)
         samples_path.unlink(missing_ok=True)
     t_start = time.perf_counter()
-    eval_s = 0.0
-    if eval_tasks and start == 0:
-        t_eval = time.perf_counter()
-        first = await evaluate(eval_tasks, policy, renderer, cfg)
-        eval_s += time.perf_counter() - t_eval
+    if evals and start == 0:
+        first = await evals.run(policy, renderer, 0)
         rows.append(_record(metrics_path, writer, 0, first))
-        log(f"step 0: held-out accuracy {first['eval/accuracy']:.3f}")
+        log(f"step 0: {_eval_line(first)}")
     if cfg.warmup and start == 0:  # a resumed run's checkpoint already holds the warm-up
         warm = await _warmup(cfg, run, engines, trainer, channel, train_tasks, log)
-        if eval_tasks:
-            t_eval = time.perf_counter()
-            warm.update(await evaluate(eval_tasks, policy, renderer, cfg))
-            eval_s += time.perf_counter() - t_eval
-            log(f"after the SFT warm-up: held-out accuracy {warm['eval/accuracy']:.3f}")
+        if evals:
+            warm.update(await evals.run(policy, renderer, 0))
+            log(f"after the SFT warm-up: {_eval_line(warm)}")
         rows.append(_record(metrics_path, writer, 0, warm))
     t_prev, busy_prev, tokens_prev = time.perf_counter(), meter.busy(), meter.tokens
     step = start
@@ -515,17 +477,13 @@ async def _train(cfg: TrainConfig, run: Path, engines: Any, trainer: Any, channe
                 metrics["engines/failovers"] = float(engines.pool.failovers)
                 metrics["engines/up"] = float(len(engines.pool.up()))
             out_of_time = cfg.time_budget_s is not None and time.perf_counter() - t_start > cfg.time_budget_s
-            if eval_tasks and (step % max(cfg.eval_every, 1) == 0 or step == cfg.steps or out_of_time):
-                t_eval = time.perf_counter()
-                metrics.update(await evaluate(eval_tasks, policy, renderer, cfg))
-                eval_s += time.perf_counter() - t_eval
-            metrics["time/eval_s"] = eval_s
+            metrics.update(await evals.run(policy, renderer, step, final=step == cfg.steps or out_of_time))
+            metrics["time/eval_s"] = evals.seconds
             rows.append(_record(metrics_path, writer, step, metrics))
             t_prev, busy_prev, tokens_prev = time.perf_counter(), meter.busy(), meter.tokens
             log(f"step {step}: reward {metrics['train/reward_mean']:.3f}, loss {metrics.get('train/loss', 0):+.4f}, "
                 f"grad {metrics.get('train/grad_norm', 0):.3f}, rollout {rollout_s:.1f}s, train "
-                f"{metrics['train/step_s']:.1f}s" + (f", held-out accuracy {metrics['eval/accuracy']:.3f}"
-                                                       if "eval/accuracy" in metrics else ""))
+                f"{metrics['train/step_s']:.1f}s" + (f", {_eval_line(metrics)}" if "eval/" in "".join(metrics) else ""))
             if cfg.save_every and (step % cfg.save_every == 0 or step == cfg.steps):
                 _checkpoint(run, trainer, f"step_{step}", trained if asynchrony.mode == "full" else None)
             if out_of_time:
@@ -566,6 +524,17 @@ async def _train(cfg: TrainConfig, run: Path, engines: Any, trainer: Any, channe
 
 class _RunEnded(Exception):
     """The run cannot go on (its reason is the message)."""
+
+
+def _eval_line(metrics: Mapping[str, Any]) -> str:
+    """The log line's evaluation part: held-out accuracy, and each named set's accuracy and largest pass@k."""
+    parts = [f"held-out accuracy {metrics['eval/accuracy']:.3f}"] if "eval/accuracy" in metrics else []
+    for key in sorted(k for k in metrics if k.endswith("/accuracy") and k.count("/") == 2):
+        name = key.split("/")[1]
+        passes = sorted((int(k.rsplit("@", 1)[1]), k) for k in metrics if k.startswith(f"eval/{name}/pass@"))
+        parts.append(f"{name} {metrics[key]:.3f}" + (f" (pass@{passes[-1][0]} {metrics[passes[-1][1]]:.3f})"
+                                                      if passes else ""))
+    return ", ".join(parts)
 
 
 def _checkpoint(run: Path, trainer: Any, name: str, trained: list[int] | None) -> Path:
