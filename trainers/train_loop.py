@@ -81,6 +81,9 @@ class TrainConfig:
     # On-policy distillation's teacher (trainers.teacher: {url} of an engine server or {model} loaded here); its
     # weight in the loss is trainer.opd_coef.
     teacher: dict[str, Any] = field(default_factory=dict)
+    # A learned reward (trainers.reward_models: a classifier RM, slime's remote_rm protocol, or an LLM judge) combined
+    # with the env's: env_weight * env reward + weight * score.
+    reward: dict[str, Any] = field(default_factory=dict)
     # Named eval sets beside the held-out split (trainers.evaluation: several samples per task, pass@k, maj@k).
     eval: dict[str, Any] = field(default_factory=dict)
 
@@ -162,6 +165,10 @@ class TrainConfig:
             from trainers.teacher import check_spec
 
             check_spec(cfg.teacher, f"{where}: teacher")
+        if cfg.reward:
+            from trainers import reward_models
+
+            reward_models.check_spec(cfg.reward, f"{where}: reward")
         if engine.kind == "openai":
             raise InvalidInput(f"{where}: engine.kind openai serves a frozen policy (no weight-update route): it "
                                "can evaluate, not train; use kind: sglang or serve")
@@ -268,9 +275,50 @@ async def train(cfg: TrainConfig, *, log: Callable[[str], None] = print,
             teacher = make_teacher(cfg.teacher)
             stack.push_async_callback(teacher.close)
             await teacher.check_tokenizer(tok)  # before any training: a mismatched teacher is a config error
+        rm = None
+        if cfg.reward:
+            from slime_env import get_renderer
+            from trainers.reward_models import make_reward_model
+
+            rm = make_reward_model(cfg.reward, policy=engines.policy, renderer=get_renderer(tok))
+            stack.push_async_callback(rm.close)
         if sft_only:
             return await _sft_only(cfg, run, engines, trainer, channel, train_tasks, evals, log)
-        return await _train(cfg, run, engines, trainer, channel, stack, train_tasks, evals, log, on_step, teacher)
+        return await _train(cfg, run, engines, trainer, channel, stack, train_tasks, evals, log, on_step,
+                            _Scorers(rm, cfg.reward, teacher))
+
+
+@dataclass
+class _Scorers:
+    """What scores a batch after its rollouts: a reward model (its score combined with the env's reward) and on-policy
+    distillation's teacher (its log-probs of every sampled token). Each group's trajectories are replaced in place, so
+    samples.jsonl and the trainer see the same rewards."""
+
+    rm: Any = None
+    reward: Mapping[str, Any] = field(default_factory=dict)
+    teacher: Any = None
+
+    async def __call__(self, groups: list[Any]) -> dict[str, float]:
+        from trainers.reward_models import apply_rewards
+        from trainers.teacher import annotate
+    
+        out: dict[str, float] = {}
+        if self.rm is not None:
+            t0 = time.perf_counter()
+            for g, new in zip(groups, await asyncio.gather(*(apply_rewards(
+                    self.rm, g.trajectories, weight=float(self.reward.get("weight", 1.0)),
+                    env_weight=float(self.reward.get("env_weight", 1.0))) for g in groups))):
+                g.trajectories = new
+            scored = [t for g in groups for t in g.trajectories if "rm_score" in t.info]
+            out.update({"time/reward_s": time.perf_counter() - t0, "reward/scored": float(len(scored)),
+                        "reward/rm_score_mean": sum(t.info["rm_score"] for t in scored) / max(len(scored), 1),
+                        "reward/env_reward_mean": sum(t.metadata["env_reward"] for t in scored) / max(len(scored), 1)})
+        if self.teacher is not None:
+            t0 = time.perf_counter()
+            for g, new in zip(groups, await asyncio.gather(*(annotate(self.teacher, g.trajectories) for g in groups))):
+                g.trajectories = new
+            out["time/teacher_s"] = time.perf_counter() - t0
+        return out
 
 
 @dataclass
@@ -345,10 +393,9 @@ async def _sft_only(cfg: TrainConfig, run: Path, engines: Any, trainer: Any, cha
 async def _train(cfg: TrainConfig, run: Path, engines: Any, trainer: Any, channel: Any,
                  stack: contextlib.AsyncExitStack, train_tasks: list[Task], evals: Evals,
                  log: Callable[[str], None], on_step: Callable[[int, Any, Any], Any] | None,
-                 teacher: Any = None) -> dict[str, Any]:
+                 scorers: _Scorers | None = None) -> dict[str, Any]:
     from slime_env import RolloutManager, get_renderer
     from trainers.asynchrony import AsyncConfig, BusyMeter, make_source, staleness_metrics
-    from trainers.teacher import annotate
 
     asynchrony = AsyncConfig.from_dict(cfg.async_)
     policy, tok = engines.policy, engines.tokenizer
@@ -425,6 +472,7 @@ async def _train(cfg: TrainConfig, run: Path, engines: Any, trainer: Any, channe
         for step in range(start + 1, cfg.steps + 1):
             t0 = time.perf_counter()
             batch = await source.next(step, last=step == cfg.steps)
+            scored = await scorers(batch.groups) if scorers is not None else {}  # reward model, OPD teacher
             trajs = [t for g in batch.groups for t in g.trajectories]
             if not trajs:
                 raise RuntimeError("the rollout manager returned no groups")
@@ -433,17 +481,11 @@ async def _train(cfg: TrainConfig, run: Path, engines: Any, trainer: Any, channe
                 reasons = "; ".join(sorted({f"{u}: {r}" for u, state, r in engines.pool.events if state == "down"}))
                 raise _RunEnded(f"every engine is gone ({reasons})")
             rollout_s = time.perf_counter() - t0  # the trainer's wait for its batch
-            teacher_s = None
-            if teacher is not None:  # on-policy distillation: the teacher's log-prob of every sampled token
-                t_teacher = time.perf_counter()
-                trajs = await annotate(teacher, trajs)
-                teacher_s = time.perf_counter() - t_teacher
             _save_samples(samples_path, step, batch.groups[:max(cfg.sample_groups, 0)])
             if release_kv:  # colocated with `offload: true`: the engine's K/V pool leaves the GPU while it trains
                 policy.release_memory()
             metrics = await trainer.step(trajs, cfg.n_samples_per_prompt)
-            if teacher_s is not None:
-                metrics["time/teacher_s"] = teacher_s
+            metrics.update(scored)
             trained.extend(g.group_index for g in batch.groups)  # in the weights now, synced or not
             t_sync = time.perf_counter()
             await source.before_sync()

@@ -1,0 +1,239 @@
+"""Learned rewards: reward models and LLM judges that score finished episodes (`reward:` in the run config).
+
+`reward: {kind: ..., weight: 1.0, env_weight: 1.0, ...}` — an episode's reward becomes
+`env_weight * env_reward + weight * score` (the score is added to its last turn's reward too; the env's own reward
+is kept in `metadata["env_reward"]`, the score in `info["rm_score"]`). Kinds:
+- `classifier`: `model: PATH` — a Hugging Face sequence-classification model with one label (e.g.
+  `AutoModelForSequenceClassification`, Skywork / ArmoRM-style RMs), loaded here (`device`), scoring the episode's
+  conversation rendered with the RM's own chat template. Concurrent requests are batched (`batch_size`).
+- `remote`: `url: http://...` — slime's `remote_rm` protocol: POST `{"prompt", "response", "label"}`, the answer is a
+  number (or `{"reward": x}` / `{"score": x}`). Concurrency `max_concurrency`, `timeout_s`, `retries` on 5xx and
+  connection errors.
+- `judge`: a generative judge — an engine (`url` of an SGLang-compatible server, or the run's own engine when
+  omitted) answers `prompt` (a template over `{question}`, `{response}`, `{label}`), `pattern` (a regex with one
+  group) finds the verdict in its answer, divided by `scale` (e.g. a 0-10 rubric score with scale 10). Greedy,
+  `max_new_tokens`.
+An episode whose scoring fails — the RM raised, timed out after its retries, or the judge's answer held no verdict —
+is marked failed with the reason (no loss on it), never scored 0 silently. Failed episodes are not scored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from slime_env.errors import InvalidInput
+from slime_env.trajectory import Trajectory
+
+_COMMON = {"kind", "weight", "env_weight"}
+_KEYS = {"classifier": {"model", "device", "batch_size", "max_length"},
+         "remote": {"url", "max_concurrency", "timeout_s", "retries"},
+         "judge": {"url", "prompt", "pattern", "scale", "max_new_tokens", "max_concurrency"}}
+
+
+def check_spec(spec: Any, where: str = "reward") -> None:
+    """InvalidInput naming `where` and the field unless `spec` is a valid `reward:` section."""
+    if not isinstance(spec, Mapping) or spec.get("kind") not in _KEYS:
+        raise InvalidInput(f"{where}.kind: one of {sorted(_KEYS)}")
+    kind = spec["kind"]
+    unknown = sorted(set(spec) - _COMMON - _KEYS[kind])
+    if unknown:
+        raise InvalidInput(f"{where}: unknown field(s) {unknown} for kind {kind!r}; known: "
+                           f"{sorted(_COMMON | _KEYS[kind])}")
+    need = {"classifier": ["model"], "remote": ["url"], "judge": ["prompt", "pattern"]}[kind]
+    missing = [k for k in need if k not in spec]
+    if missing:
+        raise InvalidInput(f"{where}: kind {kind!r} needs {missing}")
+    if kind == "judge":
+        try:
+            if re.compile(spec["pattern"]).groups != 1:
+                raise InvalidInput(f"{where}.pattern: needs exactly one group (the verdict), got {spec['pattern']!r}")
+        except re.error as e:
+            raise InvalidInput(f"{where}.pattern: not a regular expression ({e})") from None
+        try:
+            spec["prompt"].format(question="q", response="r", label="l")
+        except (KeyError, IndexError, ValueError) as e:
+            raise InvalidInput(f"{where}.prompt: a template over {{question}}, {{response}}, {{label}} only ({e!r})"
+                               ) from None
+
+
+class ClassifierRM:
+    """A one-label sequence-classification model loaded here (see the module docstring)."""
+
+    def __init__(self, path: str, *, device: str = "auto", batch_size: int = 16, max_length: int = 4096):
+        import torch
+        from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+
+        from agents.default_model import resolve_device
+
+        config = AutoConfig.from_pretrained(path)
+        archs = [a for a in (config.architectures or []) if a.endswith("ForSequenceClassification")]
+        if not archs or getattr(config, "num_labels", 1) != 1:
+            raise InvalidInput(f"reward.model {path}: not a one-label sequence-classification reward model "
+                               f"(architectures {config.architectures}, num_labels {getattr(config, 'num_labels', None)})")
+        self.device = resolve_device(device)[0]
+        dtype = torch.bfloat16 if str(self.device).startswith("cuda") else torch.float32
+        self.model = AutoModelForSequenceClassification.from_pretrained(path, dtype=dtype).to(self.device).eval()
+        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        if self.tokenizer.pad_token_id is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        self.model.config.pad_token_id = self.tokenizer.pad_token_id
+        self.batch_size, self.max_length = batch_size, max_length
+        self._pending: list[tuple[str, asyncio.Future]] = []
+        self._worker: asyncio.Task | None = None
+        self.forwards = 0  # batched forward passes run (for tests and metrics)
+
+    def text(self, t: Trajectory) -> str:
+        """The episode as the RM reads it: its conversation in the RM's chat template (plain turns without one)."""
+        messages = [m.to_dict() for m in t.messages]
+        if getattr(self.tokenizer, "chat_template", None):
+            return self.tokenizer.apply_chat_template(messages, tokenize=False)
+        return "\n\n".join(f"{m['role']}: {m['content']}" for m in messages)
+
+    async def score(self, t: Trajectory) -> float:
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        self._pending.append((self.text(t), fut))
+        if self._worker is None or self._worker.done():
+            self._worker = asyncio.create_task(self._drain())
+        return await fut
+
+    async def _drain(self) -> None:
+        # Everything that arrived while the last batch ran forms the next one: concurrent episodes share forwards.
+        while self._pending:
+            await asyncio.sleep(0)
+            batch, self._pending = self._pending[:self.batch_size], self._pending[self.batch_size:]
+            try:
+                scores = await asyncio.to_thread(self._forward, [text for text, _ in batch])
+            except Exception as e:  # noqa: BLE001 - every waiting episode gets the reason
+                for _, fut in batch:
+                    if not fut.done():
+                        fut.set_exception(e)
+                continue
+            for (_, fut), s in zip(batch, scores):
+                if not fut.done():
+                    fut.set_result(s)
+
+    def _forward(self, texts: list[str]) -> list[float]:
+        import torch
+
+        enc = self.tokenizer(texts, return_tensors="pt", padding=True, truncation=True, max_length=self.max_length,
+                             add_special_tokens=False)
+        with torch.inference_mode():
+            logits = self.model(**{k: v.to(self.device) for k, v in enc.items()}).logits
+        self.forwards += 1
+        return logits[:, 0].float().tolist()
+
+    async def close(self) -> None:
+        if self._worker is not None:
+            self._worker.cancel()
+        self.model = None
+
+
+class RemoteRM:
+    """slime's `remote_rm` protocol over HTTP (see the module docstring)."""
+
+    def __init__(self, url: str, *, max_concurrency: int = 64, timeout_s: float = 120.0, retries: int = 3):
+        from slime_env.http import HttpClient
+
+        self.url = url.rstrip("/")
+        self.client = HttpClient(self.url, timeout_s=timeout_s, max_retries=retries)
+        self._sem = asyncio.Semaphore(max_concurrency)
+
+    async def score(self, t: Trajectory) -> float:
+        prompt = t.task.prompt if isinstance(t.task.prompt, str) else [m.to_dict() for m in t.task.prompt]
+        async with self._sem:
+            out = await self.client.request("POST", "", {"prompt": prompt, "response": t.response_text,
+                                                         "label": _jsonable(t.task.label)})
+        value = out.get("reward", out.get("score")) if isinstance(out, Mapping) else out
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"{self.url} answered {out!r}: expected a number, or {{'reward': x}} / {{'score': x}}")
+        return float(value)
+
+    async def close(self) -> None:
+        await self.client.close()
+
+
+class JudgeRM:
+    """A generative judge on an engine (see the module docstring)."""
+
+    def __init__(self, policy: Any, renderer: Any, *, prompt: str, pattern: str, scale: float = 1.0,
+                 max_new_tokens: int = 64, max_concurrency: int = 64, owned: bool = False):
+        self.policy, self.renderer, self.prompt = policy, renderer, prompt
+        self.pattern, self.scale, self.max_new_tokens = re.compile(pattern), float(scale), max_new_tokens
+        self._sem = asyncio.Semaphore(max_concurrency)
+        self._owned = owned
+
+    async def score(self, t: Trajectory) -> float:
+        from slime_env.types import Message
+
+        question = t.task.prompt if isinstance(t.task.prompt, str) else t.task.prompt[-1].content
+        text = self.prompt.format(question=question, response=t.response_text, label=t.task.label)
+        ids = self.renderer.render_prompt([Message("user", text)])
+        async with self._sem:
+            gen = await self.policy.generate(ids, {"temperature": 0.0, "max_new_tokens": self.max_new_tokens,
+                                                   "stop_token_ids": list(self.renderer.stop_token_ids)})
+        verdict = self.renderer.assistant_text(gen.token_ids)
+        found = self.pattern.search(verdict)
+        if not found:
+            raise ValueError(f"no verdict matching {self.pattern.pattern!r} in the judge's answer {verdict[:200]!r}")
+        return float(found.group(1)) / self.scale
+
+    async def close(self) -> None:
+        if self._owned and hasattr(self.policy, "close"):
+            result = self.policy.close()
+            if asyncio.iscoroutine(result):
+                await result
+
+
+def make_reward_model(spec: Mapping[str, Any], *, policy: Any = None, renderer: Any = None,
+                      where: str = "reward") -> Any:
+    """The scorer of a `reward:` section; a judge without `url` runs on `policy` (the run's engine)."""
+    check_spec(spec, where)
+    kind = spec["kind"]
+    if kind == "classifier":
+        return ClassifierRM(str(spec["model"]), device=str(spec.get("device", "auto")),
+                            batch_size=int(spec.get("batch_size", 16)), max_length=int(spec.get("max_length", 4096)))
+    if kind == "remote":
+        return RemoteRM(str(spec["url"]), max_concurrency=int(spec.get("max_concurrency", 64)),
+                        timeout_s=float(spec.get("timeout_s", 120.0)), retries=int(spec.get("retries", 3)))
+    owned = "url" in spec
+    if owned:
+        from agents.sglang_policy import SGLangPolicy
+
+        policy = SGLangPolicy(str(spec["url"]))
+    if policy is None or renderer is None:
+        raise InvalidInput(f"{where}: a judge without 'url' needs the run's engine")
+    return JudgeRM(policy, renderer, prompt=spec["prompt"], pattern=spec["pattern"],
+                   scale=float(spec.get("scale", 1.0)), max_new_tokens=int(spec.get("max_new_tokens", 64)),
+                   max_concurrency=int(spec.get("max_concurrency", 64)), owned=owned)
+
+
+async def apply_rewards(rm: Any, trajectories: Sequence[Trajectory], *, weight: float = 1.0,
+                        env_weight: float = 1.0) -> list[Trajectory]:
+    """`trajectories` with the combined reward (see the module docstring); a scoring failure marks its episode
+    failed with the reason."""
+
+    async def one(t: Trajectory) -> Trajectory:
+        if t.status == "failed":
+            return t
+        try:
+            score = await rm.score(t)
+        except Exception as e:  # noqa: BLE001 - one episode's scoring failure is its status, not the batch's
+            return dataclasses.replace(t, status="failed", reason=f"reward model: {type(e).__name__}: {e}")
+        turns = [env_weight * r for r in t.turn_rewards] or [0.0]
+        turns[-1] += weight * score
+        return dataclasses.replace(t, reward=env_weight * t.reward + weight * score, turn_rewards=turns,
+                                   info={**t.info, "rm_score": score},
+                                   metadata={**t.metadata, "env_reward": t.reward})
+
+    return list(await asyncio.gather(*(one(t) for t in trajectories)))
+
+
+def _jsonable(value: Any) -> Any:
+    from slime_env.types import _jsonable as convert
+
+    return convert(value)
