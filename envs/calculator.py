@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import random
 import re
+import zlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -97,8 +98,16 @@ def teacher_reply(context: str) -> str:
     return f"<answer>{result.group(0) if result else evaluate(expr)}</answer>"
 
 
-def calculator_tasks(n: int, seed: int = 0) -> list[Task]:
-    """`n` tasks of `random_task` from `seed` (a `train_data: {generator: envs.calculator:calculator_tasks}` split;
-    different seeds give disjoint-in-practice train and held-out sets)."""
+def calculator_tasks(n: int, seed: int = 0, split: str | None = None) -> list[Task]:
+    """`n` tasks of `random_task` from `seed` (a `train_data: {generator: envs.calculator:calculator_tasks}` split).
+    `split="train"` / `"test"` keeps only problems of that side of a fixed partition (a hash of the expression: one
+    in five is a test problem), so a held-out split never shares a problem with a training split or SFT data."""
+    if split not in (None, "train", "test"):
+        raise ValueError(f"split must be 'train', 'test' or None, got {split!r}")
     rng = random.Random(seed)
-    return [random_task(rng) for _ in range(n)]
+    out: list[Task] = []
+    while len(out) < n:
+        task = random_task(rng)
+        if split is None or (zlib.crc32(task.metadata["expression"].encode()) % 5 == 0) == (split == "test"):
+            out.append(task)
+    return out

@@ -168,7 +168,7 @@ def test_a_grpo_step_trains_on_classifier_rm_rewards(tmp_path, smollm2_tok):
     from trainers.train_loop import TrainConfig, train
 
     base = {"model": "default", "env": "Calculator-v0",
-            "train_data": {"generator": "envs.calculator:calculator_tasks", "n": 8, "seed": 1},
+            "train_data": {"generator": "envs.calculator:calculator_tasks", "n": 8, "seed": 1, "split": "train"},
             "steps": 1, "prompts_per_step": 2, "n_samples_per_prompt": 2, "max_turns": 1, "max_new_tokens": 12,
             "trainer": {"lr": 1e-6, "micro_batch_size": 8}}
     rm = {"kind": "classifier", "model": _classifier(tmp_path, smollm2_tok), "device": "cpu", "weight": 1.0,

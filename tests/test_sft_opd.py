@@ -275,7 +275,7 @@ def test_a_cold_start_warm_up_teaches_the_tool_format_before_rl(tmp_path):
     tool and answers."""
     from trainers.train_loop import TrainConfig, train
 
-    sampled = {"data": {"generator": "envs.calculator:calculator_tasks", "n": 3, "seed": 3}, "n_samples": 4,
+    sampled = {"data": {"generator": "envs.calculator:calculator_tasks", "n": 3, "seed": 3, "split": "test"}, "n_samples": 4,
                "temperature": 1.0}
     cfg = TrainConfig.from_dict(_calc_config(run_dir=str(tmp_path / "run"), eval={"sets": {"sampled": sampled}}))
     logs: list[str] = []

@@ -355,8 +355,9 @@ async def _warmup(cfg: TrainConfig, run: Path, engines: Any, trainer: Any, chann
 
     wc = WarmupConfig.from_dict(cfg.warmup)
     t0 = time.perf_counter()
-    trajs, stats = await warmup_trajectories(wc, cfg, engines.policy, get_renderer(engines.tokenizer), train_tasks,
-                                             log)
+    ro = wc.data.get("rollouts") or {}
+    tasks = load_split(ro["tasks"], "warmup.data.rollouts.tasks") if "tasks" in ro else train_tasks
+    trajs, stats = await warmup_trajectories(wc, cfg, engines.policy, get_renderer(engines.tokenizer), tasks, log)
     rows = await run_warmup(wc, trainer, trajs, run, cfg.seed, log)
     await trainer.sync(channel, "0")  # still weight version 0: RL steps count from there
     engines.synced()
@@ -526,7 +527,7 @@ async def _train(cfg: TrainConfig, run: Path, engines: Any, trainer: Any, channe
             log(f"step {step}: reward {metrics['train/reward_mean']:.3f}, loss {metrics.get('train/loss', 0):+.4f}, "
                 f"grad {metrics.get('train/grad_norm', 0):.3f}, rollout {rollout_s:.1f}s, train "
                 f"{metrics['train/step_s']:.1f}s" + (f", {_eval_line(metrics)}" if "eval/" in "".join(metrics) else ""))
-            if cfg.save_every and (step % cfg.save_every == 0 or step == cfg.steps):
+            if cfg.save_every and (step % cfg.save_every == 0 or step == cfg.steps or out_of_time):
                 _checkpoint(run, trainer, f"step_{step}", trained if asynchrony.mode == "full" else None)
             if out_of_time:
                 log(f"time budget of {cfg.time_budget_s:.0f}s used: stopping after step {step}")

@@ -62,7 +62,8 @@ class WarmupConfig:
 
 async def warmup_trajectories(wc: WarmupConfig, cfg: Any, policy: Any, renderer: Any, train_tasks: list[Any],
                               log: Callable[[str], None] = print) -> tuple[list[Any], dict[str, float]]:
-    """The SFT trajectories of `wc.data` and what making them measured (`warmup/*`)."""
+    """The SFT trajectories of `wc.data` and what making them measured (`warmup/*`); a teacher plays `train_tasks`
+    (the run's train split, or the tasks of `rollouts.tasks`, loaded by the caller)."""
     data = wc.data
     if "path" in data:
         from slime_env.conversations import conversation_trajectory, load_conversations
@@ -71,11 +72,9 @@ async def warmup_trajectories(wc: WarmupConfig, cfg: Any, policy: Any, renderer:
         return trajs, {"warmup/examples": float(len(trajs))}
     from slime_env import RolloutManager, ScriptedPolicy
     from slime_env.loading import load_object
-    from trainers.train_loop import load_split
 
     ro = data["rollouts"]
-    tasks = load_split(ro["tasks"], "warmup.data.rollouts.tasks") if "tasks" in ro else list(train_tasks)
-    tasks = tasks[:int(ro["max_tasks"])] if "max_tasks" in ro else tasks
+    tasks = list(train_tasks)[:int(ro["max_tasks"])] if "max_tasks" in ro else list(train_tasks)
     teacher = policy if ro["policy"] == "engine" else ScriptedPolicy(renderer.tokenizer, load_object(ro["policy"]))
     n = int(ro.get("n_samples", 1))
     manager = RolloutManager(tasks, env_id=cfg.env, env_kwargs=cfg.env_kwargs, policy=teacher, renderer=renderer,
