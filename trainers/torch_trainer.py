@@ -156,6 +156,8 @@ class TrainerConfig:
 class TorchTrainer:
     """RL updates of `model` (a transformers causal LM) from trajectories (see the module docstring)."""
 
+    sft_steps = 0  # supervised steps taken (`sft_step`), apart from the RL steps of `step_count`
+
     def __init__(self, model: torch.nn.Module, config: TrainerConfig | None = None, *, pad_id: int,
                  ref_model: torch.nn.Module | None = None):
         self.model, self.config, self.pad_id = model, config or TrainerConfig(), pad_id
@@ -259,7 +261,7 @@ class TorchTrainer:
             self.config, self.step_count = saved, steps
             for g, v in zip(groups, lrs):
                 g["lr"] = v
-        self.sft_steps = getattr(self, "sft_steps", 0) + 1
+        self.sft_steps += 1
         keep = ("loss", "entropy", "grad_norm", "tokens", "response_len", "step_s")
         out = {f"sft/{k}": metrics[f"train/{k}"] for k in keep if f"train/{k}" in metrics}
         out["sft/step"] = float(self.sft_steps)

@@ -145,34 +145,39 @@ class TrainConfig:
         if asynchrony.mode == "full" and asynchrony.in_flight < cfg.n_samples_per_prompt:
             raise InvalidInput(f"{where}: async.in_flight ({asynchrony.in_flight}) cannot hold one group of "
                                f"n_samples_per_prompt={cfg.n_samples_per_prompt}")
-        from trainers.warmup import WarmupConfig
-
-        WarmupConfig.from_dict(cfg.warmup, f"{where}: warmup")
-        for s in eval_sets(cfg.eval, f"{where}: eval")[0]:
-            if s.env is not None:
-                from slime_env.registry import spec as env_spec
-
-                try:
-                    env_spec(s.env)
-                except Exception as e:  # noqa: BLE001 - an unknown env id is a config error, named here
-                    raise InvalidInput(f"{where}: eval.sets.{s.name}.env: {e}") from None
-        opd = TrainerConfig(**cfg.trainer).opd_coef > 0
-        if opd != bool(cfg.teacher):
-            raise InvalidInput(f"{where}: on-policy distillation needs both trainer.opd_coef > 0 and a teacher "
-                               f"section; got opd_coef={TrainerConfig(**cfg.trainer).opd_coef}, "
-                               f"teacher={cfg.teacher or None}")
-        if cfg.teacher:
-            from trainers.teacher import check_spec
-
-            check_spec(cfg.teacher, f"{where}: teacher")
-        if cfg.reward:
-            from trainers import reward_models
-
-            reward_models.check_spec(cfg.reward, f"{where}: reward")
+        _check_learning_sections(cfg, where)
         if engine.kind == "openai":
             raise InvalidInput(f"{where}: engine.kind openai serves a frozen policy (no weight-update route): it "
                                "can evaluate, not train; use kind: sglang or serve")
         return cfg
+
+
+def _check_learning_sections(cfg: TrainConfig, where: str) -> None:
+    """The warmup, eval, teacher and reward sections, checked by field before anything starts."""
+    from trainers.warmup import WarmupConfig
+
+    WarmupConfig.from_dict(cfg.warmup, f"{where}: warmup")
+    for s in eval_sets(cfg.eval, f"{where}: eval")[0]:
+        if s.env is not None:
+            from slime_env.registry import spec as env_spec
+
+            try:
+                env_spec(s.env)
+            except Exception as e:  # noqa: BLE001 - an unknown env id is a config error, named here
+                raise InvalidInput(f"{where}: eval.sets.{s.name}.env: {e}") from None
+    opd = TrainerConfig(**cfg.trainer).opd_coef > 0
+    if opd != bool(cfg.teacher):
+        raise InvalidInput(f"{where}: on-policy distillation needs both trainer.opd_coef > 0 and a teacher "
+                           f"section; got opd_coef={TrainerConfig(**cfg.trainer).opd_coef}, "
+                           f"teacher={cfg.teacher or None}")
+    if cfg.teacher:
+        from trainers.teacher import check_spec
+
+        check_spec(cfg.teacher, f"{where}: teacher")
+    if cfg.reward:
+        from trainers import reward_models
+
+        reward_models.check_spec(cfg.reward, f"{where}: reward")
 
 
 def trainer_config(cfg: TrainConfig) -> TrainerConfig:
