@@ -9,7 +9,7 @@
    reward. Held-out: 200 problems of another seed, greedy, scored by the env with answers taken from <answer> tags
    only — so the accuracy rises only if the policy learns the format the RM rewards (and keeps the sums right).
 
-Usage: python bench/learn_rm.py [--budget-min 10]; writes runs/learn_rm/ and docs/learn_rm.png.
+Usage: python bench/learn_rm.py [--budget-min 10]; writes runs/learn_rm/. Needs reasoning-gym (the `math` extra).
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import json
 import os
 import random
 import re
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -150,7 +149,6 @@ def main() -> None:
     gain = summary["last_accuracy"] - summary["first_accuracy"]
     print(f"\nheld-out accuracy {summary['first_accuracy']:.3f} -> {summary['last_accuracy']:.3f} "
           f"({gain * 100:+.1f} points) in {summary['elapsed_s'] / 60:.1f} min, rewards from the RM alone")
-    shutil.copy(summary["curves"], Path(__file__).resolve().parents[1] / "docs" / "learn_rm.png")
 
 
 if __name__ == "__main__":

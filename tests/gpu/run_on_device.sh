@@ -3,7 +3,7 @@
 # the numbers in docs/benchmarks.md with it.
 #
 #   tests/gpu/run_on_device.sh STEP...     steps: tests, paged-tests, engine-bench, engine-bench-random,
-#                                                 learn, learn-tools, learn-opd, learn-rm, megatron-bench, pipeline-bench, async-tests,
+#                                                 learn, learn-tools, learn-opd, megatron-bench, pipeline-bench, async-tests,
 #                                                 async-bench [ASYNC_ARGS], scale-tests,
 #                                                 scale-bench [SCALE_ARGS], scale-bench-2gpu
 #
@@ -42,8 +42,6 @@ for step in "$@"; do
             | tee "$OUT/learn_tools.log" | grep -v "^Loading\|^Writing" | tail -40 || rc=1 ;;
         learn-opd) python3 bench/learn_tools_gpu.py --phase opd --teacher "$(ls -d runs/learn_tools_gpu_cold-start/checkpoints/step_*/model | sort -t_ -k2 -n | tail -1)" \
             ${LEARN_ARGS:-} --copy-to "$OUT" 2>&1 | tee "$OUT/learn_opd.log" | grep -v "^Loading\|^Writing" | tail -40 || rc=1 ;;
-        learn-rm) python3 bench/learn_rm.py --device cuda ${LEARN_ARGS:-} 2>&1 | tee "$OUT/learn_rm.log" \
-            | grep -v "^Loading\|^Writing" | tail -40; cp docs/learn_rm.png "$OUT/" 2>/dev/null || rc=1 ;;
         megatron-bench) python3 bench/megatron_mfu.py 2>&1 | tee "$OUT/megatron_mfu.log" | tail -20 || rc=1 ;;
         async-bench) python3 bench/async_train.py ${ASYNC_ARGS:-} --out "$OUT/async" 2>&1 | tee -a "$OUT/async.log" \
             | grep -v "^Loading\|^Writing" | tail -30 || rc=1 ;;
