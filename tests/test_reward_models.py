@@ -17,7 +17,15 @@ from aiohttp import web  # noqa: E402
 from helpers import trajectories  # noqa: E402
 from slime_env import Message, ScriptedPolicy, get_renderer  # noqa: E402
 from slime_env.errors import InvalidInput  # noqa: E402
-from trainers.reward_models import ClassifierRM, JudgeRM, RemoteRM, apply_rewards, check_spec  # noqa: E402
+from trainers.reward_models import (  # noqa: E402
+    ClassifierRM,
+    JudgeRM,
+    RemoteRM,
+    RewardInput,
+    apply_rewards,
+    check_spec,
+    slime_reward,
+)
 
 
 def _episodes(n: int) -> list:
@@ -46,23 +54,25 @@ def test_a_classifier_rm_batches_concurrent_episodes_and_scores_as_one_at_a_time
     rm = ClassifierRM(_classifier(tmp_path, smollm2_tok), device="cpu", batch_size=4)
     eps = _episodes(10)
 
+    xs = [RewardInput.of_trajectory(t) for t in eps]
+
     async def go():
-        return await asyncio.gather(*(rm.score(t) for t in eps))
+        return await asyncio.gather(*(rm.score(x) for x in xs))
 
     batched = asyncio.run(go())
     assert rm.forwards == 3  # 10 concurrent episodes in batches of 4
-    alone = [rm._forward([rm.text(t)])[0] for t in eps]
+    alone = [rm._forward([rm.text(x)])[0] for x in xs]
     assert batched == pytest.approx(alone, abs=1e-4)
     assert len(set(round(s, 5) for s in batched)) > 1  # different conversations, different scores
-    assert "<answer>7</answer>" in rm.text(eps[1]) and "<|im_start|>user" in rm.text(eps[1])  # the RM's template
+    assert "<answer>7</answer>" in rm.text(xs[1]) and "<|im_start|>user" in rm.text(xs[1])  # the RM's template
     with pytest.raises(InvalidInput, match="not a one-label sequence-classification"):
         ClassifierRM(_classifier(tmp_path, smollm2_tok, seq_cls=False), device="cpu")
 
 
 def test_rewards_combine_with_the_env_and_failures_are_recorded(tmp_path):
     class Fixed:
-        async def score(self, t):
-            if "know" in t.response_text:
+        async def score(self, x):
+            if "know" in x.response:
                 raise TimeoutError("scorer timed out")
             return 0.25
 
@@ -149,6 +159,44 @@ def test_a_judge_reads_its_verdict_and_a_missing_verdict_fails_the_episode(smoll
     assert out[1].info["rm_score"] == pytest.approx(0.7) and out[1].reward == pytest.approx(1.7)
     assert out[0].status == "failed" and "no verdict" in out[0].reason
     assert any("Q: p\nA: <answer>7</answer>" in c for c in seen)
+
+
+def test_slime_reward_combines_the_plugin_reward_with_the_rm_and_removes_what_it_cannot_score():
+    class Args:
+        slime_env_reward = {"kind": "judge", "url": "http://127.0.0.1:1", "prompt": "{question}|{response}",
+                            "pattern": r"(\d+)", "weight": 0.5, "env_weight": 2.0}
+
+    class Sample:
+        def __init__(self, response, reward):
+            self.prompt, self.label, self.response, self.reward = "What is 2 + 2?", 4, response, reward
+            self.metadata, self.remove_sample, self.loss_mask = {"slime_env": {"reward": reward}}, False, [1, 1, 0]
+
+    import trainers.reward_models as rms
+
+    class Judge:  # the judge server's verdicts, as JudgeRM parses them; the plug-in path is what is tested here
+        async def score(self, x):
+            if "no idea" in x.response:
+                raise ValueError("no verdict")
+            assert x.question == "What is 2 + 2?" and x.messages[-1] == {"role": "assistant", "content": x.response}
+            return 6.0
+
+    key = json.dumps(Args.slime_env_reward, sort_keys=True)
+    rms._SLIME_RMS[key] = Judge()
+    try:
+        good, bad = Sample("<answer>4</answer>", 1.0), Sample("no idea", 0.0)
+        got = asyncio.run(slime_reward(Args(), [good, bad]))
+    finally:
+        rms._SLIME_RMS.pop(key)
+    assert got == [2.0 * 1.0 + 0.5 * 6.0, 0.0]
+    assert good.metadata["slime_env"]["rm_score"] == 6.0 and good.metadata["slime_env"]["env_reward"] == 1.0
+    assert bad.remove_sample and bad.loss_mask == [0, 0, 0] and bad.reward == 0.0
+    assert bad.metadata["slime_env"]["status_reason"] == "reward model: ValueError: no verdict"
+
+    class NoUrl:
+        slime_env_reward = {"kind": "judge", "prompt": "{question}", "pattern": r"(\d+)"}
+
+    with pytest.raises(InvalidInput, match="a judge in slime needs its 'url'"):
+        asyncio.run(slime_reward(NoUrl(), Sample("x", 0.0)))
 
 
 @pytest.mark.parametrize("spec, match", [

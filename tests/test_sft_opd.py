@@ -299,6 +299,21 @@ def test_a_cold_start_warm_up_teaches_the_tool_format_before_rl(tmp_path):
     assert any("sampled " in line and "pass@4" in line for line in logs)
 
 
+def test_a_served_teacher_plays_the_warm_up_and_only_successes_are_kept(tmp_path):
+    """`policy: {url}`: episodes played by a model behind a real SGLang-protocol server (serve-engine); SmolLM2 never
+    solves Calculator-v0 by itself, so rejection sampling keeps nothing and says so, with the statuses it saw."""
+    from trainers.train_loop import TrainConfig, train
+
+    with serve_engine() as url:
+        cfg = _calc_config(run_dir=str(tmp_path / "run"), eval_data={})
+        cfg["warmup"]["data"]["rollouts"] = {"policy": {"url": url}, "max_tasks": 3}
+        with pytest.raises(InvalidInput, match=r"none of 3 teacher episodes completed with reward >= 1.0") as e:
+            asyncio.run(train(TrainConfig.from_dict(cfg), log=lambda _: None))
+    assert "'failed'" not in str(e.value)  # they were played by the server, not lost on the way
+    with pytest.raises(InvalidInput, match=r"rollouts.policy: 'module:function', 'engine' or \{url: ...\}"):
+        TrainConfig.from_dict({**cfg, "warmup": {**cfg["warmup"], "data": {"rollouts": {"policy": {"host": "x"}}}}})
+
+
 def test_slime_env_sft_saves_a_model_folder_a_later_run_loads(tmp_path, smollm2_tok):
     import yaml
 

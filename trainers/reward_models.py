@@ -15,20 +15,55 @@ is kept in `metadata["env_reward"]`, the score in `info["rm_score"]`). Kinds:
   `max_new_tokens`.
 An episode whose scoring fails — the RM raised, timed out after its retries, or the judge's answer held no verdict —
 is marked failed with the reason (no loss on it), never scored 0 silently. Failed episodes are not scored.
+In slime: `--custom-rm-path trainers.reward_models.slime_reward` with the same mapping as `slime_env_reward`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from slime_env.errors import InvalidInput
 from slime_env.trajectory import Trajectory
 
 _COMMON = {"kind", "weight", "env_weight"}
+
+
+@dataclass(frozen=True)
+class RewardInput:
+    """What a reward model reads of an episode: the task's `prompt` (text or chat messages, as given), the
+    `response` (everything generated after it, as text), the `label`, and the whole conversation as `messages`."""
+
+    prompt: str | list[dict[str, Any]]
+    response: str
+    label: Any = None
+    messages: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def question(self) -> str:
+        """The prompt's text (its last user message, for a chat prompt)."""
+        if isinstance(self.prompt, str):
+            return self.prompt
+        users = [m.get("content", "") for m in self.prompt if m.get("role") == "user"]
+        return users[-1] if users else ""
+
+    @classmethod
+    def of_trajectory(cls, t: Trajectory) -> RewardInput:
+        prompt = t.task.prompt if isinstance(t.task.prompt, str) else [m.to_dict() for m in t.task.prompt]
+        return cls(prompt, t.response_text, t.task.label, [m.to_dict() for m in t.messages])
+
+    @classmethod
+    def of_slime_sample(cls, sample: Any) -> RewardInput:
+        """From a slime `Sample` after generation (its prompt, response and label)."""
+        prompt = sample.prompt if isinstance(sample.prompt, str) else [dict(m) for m in sample.prompt]
+        start = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+        return cls(prompt, sample.response or "", sample.label,
+                   start + [{"role": "assistant", "content": sample.response or ""}])
 _KEYS = {"classifier": {"model", "device", "batch_size", "max_length"},
          "remote": {"url", "max_concurrency", "timeout_s", "retries"},
          "judge": {"url", "prompt", "pattern", "scale", "max_new_tokens", "max_concurrency"}}
@@ -86,17 +121,17 @@ class ClassifierRM:
         self._worker: asyncio.Task | None = None
         self.forwards = 0  # batched forward passes run (for tests and metrics)
 
-    def text(self, t: Trajectory) -> str:
+    def text(self, x: RewardInput) -> str:
         """The episode as the RM reads it: its conversation in the RM's chat template (plain turns without one)."""
-        messages = [m.to_dict() for m in t.messages]
+        messages = x.messages
         if getattr(self.tokenizer, "chat_template", None):
             return self.tokenizer.apply_chat_template(messages, tokenize=False)
         return "\n\n".join(f"{m['role']}: {m['content']}" for m in messages)
 
-    async def score(self, t: Trajectory) -> float:
+    async def score(self, x: RewardInput) -> float:
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
-        self._pending.append((self.text(t), fut))
+        self._pending.append((self.text(x), fut))
         if self._worker is None or self._worker.done():
             self._worker = asyncio.create_task(self._drain())
         return await fut
@@ -143,11 +178,10 @@ class RemoteRM:
         self.client = HttpClient(self.url, timeout_s=timeout_s, max_retries=retries)
         self._sem = asyncio.Semaphore(max_concurrency)
 
-    async def score(self, t: Trajectory) -> float:
-        prompt = t.task.prompt if isinstance(t.task.prompt, str) else [m.to_dict() for m in t.task.prompt]
+    async def score(self, x: RewardInput) -> float:
         async with self._sem:
-            out = await self.client.request("POST", "", {"prompt": prompt, "response": t.response_text,
-                                                         "label": _jsonable(t.task.label)})
+            out = await self.client.request("POST", "", {"prompt": x.prompt, "response": x.response,
+                                                         "label": _jsonable(x.label)})
         value = out.get("reward", out.get("score")) if isinstance(out, Mapping) else out
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ValueError(f"{self.url} answered {out!r}: expected a number, or {{'reward': x}} / {{'score': x}}")
@@ -167,11 +201,10 @@ class JudgeRM:
         self._sem = asyncio.Semaphore(max_concurrency)
         self._owned = owned
 
-    async def score(self, t: Trajectory) -> float:
+    async def score(self, x: RewardInput) -> float:
         from slime_env.types import Message
 
-        question = t.task.prompt if isinstance(t.task.prompt, str) else t.task.prompt[-1].content
-        text = self.prompt.format(question=question, response=t.response_text, label=t.task.label)
+        text = self.prompt.format(question=x.question, response=x.response, label=x.label)
         ids = self.renderer.render_prompt([Message("user", text)])
         async with self._sem:
             gen = await self.policy.generate(ids, {"temperature": 0.0, "max_new_tokens": self.max_new_tokens,
@@ -221,7 +254,7 @@ async def apply_rewards(rm: Any, trajectories: Sequence[Trajectory], *, weight: 
         if t.status == "failed":
             return t
         try:
-            score = await rm.score(t)
+            score = await rm.score(RewardInput.of_trajectory(t))
         except Exception as e:  # noqa: BLE001 - one episode's scoring failure is its status, not the batch's
             return dataclasses.replace(t, status="failed", reason=f"reward model: {type(e).__name__}: {e}")
         turns = [env_weight * r for r in t.turn_rewards] or [0.0]
@@ -231,6 +264,44 @@ async def apply_rewards(rm: Any, trajectories: Sequence[Trajectory], *, weight: 
                                    metadata={**t.metadata, "env_reward": t.reward})
 
     return list(await asyncio.gather(*(one(t) for t in trajectories)))
+
+
+_SLIME_RMS: dict[str, Any] = {}
+
+
+async def slime_reward(args: Any, sample: Any, **kwargs: Any) -> float | list[float]:
+    """`--custom-rm-path trainers.reward_models.slime_reward` in slime: the env's reward (the slime_env plug-in's
+    `reward`) combined with the reward model of `slime_env_reward` in `--custom-config-path` (the same mapping as
+    the `reward:` section; a judge needs its `url`). A sample the RM fails to score comes back in slime's safe form
+    (`remove_sample`, reward 0.0, a mask of zeros) with the reason in `metadata["slime_env"]`."""
+    from slime_env.integrations import slime as plugin
+
+    if isinstance(sample, (list, tuple)):
+        return list(await asyncio.gather(*(slime_reward(args, s, **kwargs) for s in sample)))
+    spec = getattr(args, "slime_env_reward", None)
+    check_spec(spec, "slime_env_reward")
+    if spec["kind"] == "judge" and "url" not in spec:
+        raise InvalidInput("slime_env_reward: a judge in slime needs its 'url' (an SGLang-compatible server)")
+    key = json.dumps(spec, sort_keys=True)
+    if key not in _SLIME_RMS:
+        _SLIME_RMS[key] = make_reward_model(spec, where="slime_env_reward")
+    env_reward = await plugin.reward(args, sample)
+    if getattr(sample, "remove_sample", False):
+        return env_reward
+    meta = dict(sample.metadata or {}) if isinstance(sample.metadata, Mapping) else {}
+    record = dict(meta.get("slime_env") or {})
+    try:
+        score = await _SLIME_RMS[key].score(RewardInput.of_slime_sample(sample))
+    except Exception as e:  # noqa: BLE001 - the sample leaves the loss with the reason, the batch goes on
+        sample.remove_sample, sample.reward = True, 0.0
+        sample.loss_mask = [0] * len(sample.loss_mask or [])
+        meta["slime_env"] = {**record, "status_reason": f"reward model: {type(e).__name__}: {e}", "reward": 0.0}
+        sample.metadata = meta
+        return 0.0
+    total = float(spec.get("env_weight", 1.0)) * env_reward + float(spec.get("weight", 1.0)) * score
+    meta["slime_env"] = {**record, "env_reward": env_reward, "rm_score": score, "reward": total}
+    sample.metadata = meta
+    return total
 
 
 def _jsonable(value: Any) -> Any:

@@ -7,8 +7,9 @@ Data, one of:
 - `data: {rollouts: {policy: ..., ...}}` — trajectories of the run's env played by a teacher through our own
   rollout manager, kept only when they succeed (rejection sampling: status completed, reward >= `min_reward`).
   `policy` is `"module:function"` (a scripted teacher: `fn(context_text) -> reply`, see
-  `envs.calculator.teacher_reply`) or `"engine"` (the run's own engine: rejection-sampling fine-tuning on the
-  model's own successes). `tasks` (a split spec like `train_data`; default: the run's `train_data`), `n_samples`
+  `envs.calculator.teacher_reply`), `"engine"` (the run's own engine: rejection-sampling fine-tuning on the
+  model's own successes) or `{url: ...}` (a stronger model behind an SGLang-compatible server sharing the
+  student's tokenizer: its tokens are what the student is trained on). `tasks` (a split spec like `train_data`; default: the run's `train_data`), `n_samples`
   per task, `temperature`, `max_tasks`.
 
 Then `steps` optimizer steps of `batch_size` trajectories (reshuffled each pass) at learning rate `lr`, each
@@ -55,8 +56,13 @@ class WarmupConfig:
             ro = data["rollouts"]
             known = {"policy", "tasks", "n_samples", "temperature", "min_reward", "max_tasks"}
             if not isinstance(ro, dict) or "policy" not in ro or set(ro) - known:
-                raise InvalidInput(f"{where}.data.rollouts: needs 'policy' ('module:function' or 'engine') and takes "
-                                   f"{sorted(known - {'policy'})}; got {sorted(ro) if isinstance(ro, dict) else ro}")
+                raise InvalidInput(f"{where}.data.rollouts: needs 'policy' ('module:function', 'engine' or {{url}}) "
+                                   f"and takes {sorted(known - {'policy'})}; got "
+                                   f"{sorted(ro) if isinstance(ro, dict) else ro}")
+            policy = ro["policy"]
+            if not (isinstance(policy, str) or (isinstance(policy, dict) and set(policy) == {"url"})):
+                raise InvalidInput(f"{where}.data.rollouts.policy: 'module:function', 'engine' or {{url: ...}}, "
+                                   f"got {policy!r}")
         return wc
 
 
@@ -75,7 +81,15 @@ async def warmup_trajectories(wc: WarmupConfig, cfg: Any, policy: Any, renderer:
 
     ro = data["rollouts"]
     tasks = list(train_tasks)[:int(ro["max_tasks"])] if "max_tasks" in ro else list(train_tasks)
-    teacher = policy if ro["policy"] == "engine" else ScriptedPolicy(renderer.tokenizer, load_object(ro["policy"]))
+    owned = None
+    if ro["policy"] == "engine":
+        teacher = policy
+    elif isinstance(ro["policy"], dict):
+        from agents.sglang_policy import SGLangPolicy
+
+        teacher = owned = SGLangPolicy(ro["policy"]["url"])
+    else:
+        teacher = ScriptedPolicy(renderer.tokenizer, load_object(ro["policy"]))
     n = int(ro.get("n_samples", 1))
     manager = RolloutManager(tasks, env_id=cfg.env, env_kwargs=cfg.env_kwargs, policy=teacher, renderer=renderer,
                              sampling_params={"temperature": float(ro.get("temperature", cfg.temperature))},
@@ -85,12 +99,15 @@ async def warmup_trajectories(wc: WarmupConfig, cfg: Any, policy: Any, renderer:
         played = [t for g in (await manager.generate_batch(len(tasks))).groups for t in g.trajectories]
     finally:
         await manager.close()
+        if owned is not None:
+            await owned.close()
     floor = float(ro.get("min_reward", 1.0))
     kept = [t for t in played if t.status == "completed" and t.reward >= floor]
     log(f"warm-up data: {len(kept)} of {len(played)} teacher episodes succeeded (reward >= {floor}) and are kept")
     if not kept:
-        raise InvalidInput(f"warmup.data.rollouts: none of {len(played)} teacher episodes reached reward {floor}: "
-                           "nothing to fine-tune on")
+        statuses = sorted({t.status for t in played})
+        raise InvalidInput(f"warmup.data.rollouts: none of {len(played)} teacher episodes completed with reward >= "
+                           f"{floor} (statuses: {statuses}): nothing to fine-tune on")
     return kept, {"warmup/episodes": float(len(played)), "warmup/examples": float(len(kept)),
                   "warmup/acceptance": len(kept) / max(len(played), 1)}
 
