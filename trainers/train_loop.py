@@ -306,7 +306,7 @@ class _Scorers:
     async def __call__(self, groups: list[Any]) -> dict[str, float]:
         from trainers.reward_models import apply_rewards
         from trainers.teacher import annotate
-    
+
         out: dict[str, float] = {}
         if self.rm is not None:
             t0 = time.perf_counter()
