@@ -8,13 +8,20 @@ the budget. Held-out: 200 test-side problems (never in the SFT data or training)
 problems x 8 samples: pass@k, maj@8). Target: >= +30 points in <= 15 minutes, with the tool used in most solved
 episodes (`eval/solved_with_tool`). Saves the final weights (checkpoints/) and its tokenizer: the OPD teacher.
 
+`--task search` (with `--phase cold-start`): the same protocol on Search-v0 (Search-R1) over the offline demo corpus
+(a BM25 retriever; "Which section of the Python language reference says: "…"", exact match on the section's title).
+The scripted teacher (`envs.search:teacher_reply`) searches for the quoted sentence and answers with the title of the
+passage that contains it; it never sees the gold answer. Held-out: 200 questions of reference topics no training
+question has as its answer (the split is by topic), so they are solved only by reading the search's results.
+Target: >= +20 points of exact match in <= 15 minutes, with searches issued in most solved episodes.
+
 `--phase opd --teacher PATH`: the base SmolLM2 as the student, the cold-start run's model as the teacher (loaded
 next to the trainer), `opd_coef` 1 on top of GRPO. The student starts at reward 0 everywhere, so GRPO's groups have
 no variance and the teacher's per-token signal is what it learns from. Reported: `opd/reverse_kl` falling and
 held-out accuracy rising over steps.
 
-Usage: python bench/learn_tools_gpu.py --phase cold-start [--budget-min 8]; python bench/learn_tools_gpu.py
---phase opd --teacher runs/learn_tools_gpu/checkpoints/step_N/model
+Usage: python bench/learn_tools_gpu.py --phase cold-start [--task search] [--budget-min 8];
+python bench/learn_tools_gpu.py --phase opd --teacher runs/learn_tools_gpu/checkpoints/step_N/model
 """
 
 from __future__ import annotations
@@ -31,25 +38,31 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from trainers.train_loop import TrainConfig, train  # noqa: E402
 
-CALC = "envs.calculator:calculator_tasks"
+# task -> (env, its task generator, training tasks, max_turns, max_new_tokens, the scripted teacher)
+TASKS = {"calculator": ("Calculator-v0", "envs.calculator:calculator_tasks", 20000, 3, 64,
+                        "envs.calculator:teacher_reply"),
+         "search": ("Search-v0", "envs.search:search_tasks", 800, 4, 128, "envs.search:teacher_reply")}
+TARGETS = {"calculator": " (target: >= +30 points within 15 min on one H100)",
+           "search": " (target: >= +20 points of exact match within 15 min on one H100)"}
 
 
 def config(args) -> TrainConfig:
+    env, gen, n_train, max_turns, max_new, teacher = TASKS[args.task]
     cfg = {
-        "run_dir": args.run_dir, "model": "default", "env": "Calculator-v0",
-        "train_data": {"generator": CALC, "n": 20000, "seed": 1, "split": "train"},
-        "eval_data": {"generator": CALC, "n": args.eval_size, "seed": 2, "split": "test"},
-        "eval": {"sets": {"sampled": {"data": {"generator": CALC, "n": args.sampled_size, "seed": 3, "split": "test"},
+        "run_dir": args.run_dir, "model": "default", "env": env,
+        "train_data": {"generator": gen, "n": n_train, "seed": 1, "split": "train"},
+        "eval_data": {"generator": gen, "n": args.eval_size, "seed": 2, "split": "test"},
+        "eval": {"sets": {"sampled": {"data": {"generator": gen, "n": args.sampled_size, "seed": 3, "split": "test"},
                                       "n_samples": 8, "temperature": 1.0}}, "every": args.eval_every},
-        "steps": args.steps, "prompts_per_step": args.prompts, "n_samples_per_prompt": args.n, "max_turns": 3,
-        "max_new_tokens": 64, "temperature": 1.0, "eval_every": args.eval_every, "max_concurrency": 512,
+        "steps": args.steps, "prompts_per_step": args.prompts, "n_samples_per_prompt": args.n, "max_turns": max_turns,
+        "max_new_tokens": max_new, "temperature": 1.0, "eval_every": args.eval_every, "max_concurrency": 512,
         "time_budget_s": args.budget_min * 60, "seed": 0, "device": "auto", "save_every": 10_000,
         "trainer": {"backend": args.backend, "estimator": "grpo", "lr": args.lr, "micro_batch_size": args.micro_batch,
                     "max_tokens_per_micro_batch": 16384, "max_grad_norm": 1.0},
     }
     if args.phase == "cold-start":
         cfg["warmup"] = {"steps": args.sft_steps, "lr": args.sft_lr, "batch_size": 64,
-                         "data": {"rollouts": {"policy": "envs.calculator:teacher_reply", "max_tasks": 1024,
+                         "data": {"rollouts": {"policy": teacher, "max_tasks": min(n_train, 1024),
                                                "min_reward": 1.0}}}
     else:
         cfg["trainer"]["opd_coef"] = args.opd_coef
@@ -86,6 +99,7 @@ def plot_opd(rows: list[dict], path: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--phase", choices=["cold-start", "opd"], default="cold-start")
+    ap.add_argument("--task", choices=sorted(TASKS), default="calculator")
     ap.add_argument("--teacher", default=None, help="opd: the teacher model folder (the cold-start run's)")
     ap.add_argument("--steps", type=int, default=400, help="upper bound; the time budget usually ends the run")
     ap.add_argument("--budget-min", type=float, default=8.0)
@@ -106,7 +120,11 @@ def main() -> None:
     args = ap.parse_args()
     if args.phase == "opd" and not args.teacher:
         ap.error("--phase opd needs --teacher")
-    args.run_dir = args.run_dir or f"runs/learn_tools_gpu_{args.phase}"
+    if args.phase == "opd" and args.task != "calculator":
+        ap.error("--phase opd is the calculator's (its teacher is the calculator cold-start run)")
+    # the calculator's file names predate --task
+    name = args.phase if args.task == "calculator" else f"{args.task}_{args.phase}"
+    args.run_dir = args.run_dir or f"runs/learn_tools_gpu_{name}"
     cold = args.phase == "cold-start"
     args.lr = args.lr if args.lr is not None else (2e-6 if cold else 3e-5)
     args.prompts = args.prompts if args.prompts is not None else (32 if cold else 16)
@@ -127,14 +145,14 @@ def main() -> None:
           + (f"{summary['after_warmup_accuracy']:.3f} after SFT -> " if "after_warmup_accuracy" in summary else "")
           + f"{summary['last_accuracy']:.3f} ({gain * 100:+.1f} points) in {summary['elapsed_s'] / 60:.1f} min on "
           f"{device}, {args.backend} trainer"
-          + (" (target: >= +30 points within 15 min on one H100)" if args.phase == "cold-start" else ""))
+          + (TARGETS[args.task] if cold else ""))
     ckpts = sorted(Path(args.run_dir, "checkpoints").glob("step_*"), key=lambda p: int(p.name.split("_")[1]))
     if ckpts:
         from slime_env.offline_tokenizers import smollm2
 
         smollm2().save_pretrained(str(ckpts[-1] / "model"))  # the folder loads as a model (an OPD teacher)
         print(f"model: {ckpts[-1] / 'model'}")
-    docs = Path(__file__).resolve().parents[1] / "docs" / f"learn_tools_gpu_{args.phase}.png"
+    docs = Path(__file__).resolve().parents[1] / "docs" / f"learn_tools_gpu_{name}.png"
     if cold:
         shutil.copy(summary["curves"], docs)
     else:  # the reverse KL to the teacher beside the held-out accuracy
@@ -142,7 +160,7 @@ def main() -> None:
     if args.copy_to:
         os.makedirs(args.copy_to, exist_ok=True)
         shutil.copy(docs, os.path.join(args.copy_to, docs.name))
-        shutil.copy(summary["metrics"], os.path.join(args.copy_to, f"learn_tools_gpu_{args.phase}_metrics.jsonl"))
+        shutil.copy(summary["metrics"], os.path.join(args.copy_to, f"learn_tools_gpu_{name}_metrics.jsonl"))
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 
@@ -199,3 +200,74 @@ def test_cli_builds_an_index(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "slime_env", "search", "build-index", "--corpus", str(tmp_path / "no"),
                           "--out", str(tmp_path / "x")], capture_output=True, text=True, timeout=300)
     assert bad.returncode == 1 and "does not exist" in bad.stderr
+
+
+# --- the demo tasks' topic split and the scripted searcher (the Search-R1 cold-start check's data) ------------------
+def test_search_tasks_split_by_topic_so_no_held_out_answer_is_ever_trained_on():
+    from envs.search import search_tasks
+
+    train, test = search_tasks(split="train"), search_tasks(split="test")
+    assert len(train) + len(test) == len(search_tasks()) and len(test) >= 200
+    train_topics, test_topics = {t.metadata["topic"] for t in train}, {t.metadata["topic"] for t in test}
+    assert train_topics and test_topics and not train_topics & test_topics
+    assert not {a for t in train for a in t.label} & {a for t in test for a in t.label}
+    assert [t.id for t in search_tasks(20, seed=3, split="test")] == [t.id for t in search_tasks(20, seed=3,
+                                                                                            split="test")]
+    assert [t.id for t in search_tasks(20, seed=3, split="test")] != [t.id for t in search_tasks(20, seed=4,
+                                                                                            split="test")]
+    with pytest.raises(InvalidInput, match=r"n=100000 but .* questions on the test side"):
+        search_tasks(100_000, split="test")
+    with pytest.raises(InvalidInput, match="split must be"):
+        search_tasks(5, split="dev")
+
+
+def test_the_scripted_searcher_answers_from_the_passage_that_holds_the_sentence():
+    from envs.search import teacher_reply
+
+    question = ('Question: Which section of the Python language reference says: "The "pass" statement is a null '
+                'operation."\n<|im_end|>\n<|im_start|>assistant\n')
+    first = teacher_reply(question)
+    assert first.endswith('<search> The "pass" statement is a null operation. </search>')
+    info = ('\n\n<information>Doc 1(Title: "Simple statements") Something else entirely, about pass and null.\n'
+            'Doc 2(Title: "The "pass" statement") pass_stmt ::= "pass" The "pass" statement is a null operation. '
+            'Nothing happens.\nDoc 3(Title: "Identifiers (Names)") Names.</information>\n\n')
+    # Doc 2 holds the sentence: its title, not the first hit's, is the answer (a title with quotes in it kept whole)
+    assert teacher_reply(question + first + info).endswith('<answer> The "pass" statement </answer>')
+    assert "Doc 2" in teacher_reply(question + first + info)
+    assert teacher_reply("no question here") == "<answer> unknown </answer>"
+
+
+def test_the_scripted_searcher_solves_demo_questions_through_the_env(runner, smollm2_tok):
+    """It sees only the context (never the label), yet with BM25 over the demo corpus it solves most questions,
+    each with one search; the env counts that search in `tool_stats` (evaluation's `solved_with_tool`)."""
+    from envs.search import search_tasks, teacher_reply
+
+    async def play(task):
+        return await run_episode(slime_env.make("Search-v0"), ScriptedPolicy(smollm2_tok, teacher_reply), task,
+                                 renderer=get_renderer(smollm2_tok, strict=True), max_turns=4)
+
+    async def play_all(tasks):
+        return await asyncio.gather(*(play(t) for t in tasks))
+
+    trajs = runner.run(play_all(search_tasks(24, seed=5, split="test")))
+    solved = [t for t in trajs if t.reward == 1.0]
+    assert len(solved) >= 18
+    assert all(t.status == "completed" and t.num_turns == 2 for t in solved)
+    assert all(t.info["tool_stats"] == {"search": {"calls": 1}} and len(t.info["searches"]) == 1 for t in solved)
+
+
+def test_bm25s_is_imported_with_jax_kept_off_the_gpu(tmp_path):
+    """bm25s runs a JAX top-k when it is imported; JAX's first use takes 75% of a GPU. A stand-in `jax` package (JAX
+    itself is not installed here) records the JAX_PLATFORMS it was imported under; afterwards the process's
+    environment is as it was."""
+    fake = tmp_path / "jax"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("import os\nSEEN = os.environ.get('JAX_PLATFORMS')\n")
+    (fake / "lax.py").write_text("def top_k(x, k):\n    return x[:k]\n")
+    code = ("import os\nfrom envs.search.retrievers import _bm25s\n_bm25s()\nimport jax\n"
+            "print(jax.SEEN, os.environ.get('JAX_PLATFORMS'))\n")
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}:{os.getcwd()}"}
+    env.pop("JAX_PLATFORMS", None)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["cpu", "None"]

@@ -336,3 +336,28 @@ def test_slime_env_sft_saves_a_model_folder_a_later_run_loads(tmp_path, smollm2_
     out = subprocess.run([sys.executable, "-m", "slime_env", "sft", "--config", str(tmp_path / "bad.yaml")],
                          capture_output=True, text=True, timeout=300, env=env)
     assert out.returncode == 1 and "needs a warmup section" in out.stderr
+
+
+def test_a_cold_start_warm_up_teaches_search_r1_on_topics_never_trained_on(tmp_path):
+    """examples/search_sft_grpo.yaml (shrunk): SmolLM2 does not search-then-answer by itself; a few SFT steps on the
+    scripted searcher's successful episodes and it searches and answers held-out questions whose answers (reference
+    topics) no training question has — read from the retrieved passages, not remembered."""
+    import yaml
+
+    from trainers.train_loop import TrainConfig, train
+
+    cfg = yaml.safe_load((Path(__file__).parents[1] / "examples" / "search_sft_grpo.yaml").read_text())
+    cfg["eval_data"] = {**cfg["eval_data"], "n": 6}
+    cfg["warmup"] = {**cfg["warmup"], "steps": 5, "batch_size": 8}
+    cfg["warmup"]["data"]["rollouts"]["max_tasks"] = 24
+    # two turns are all a search-then-answer takes; two rows per micro-batch keep the CPU run's memory small
+    cfg.update(run_dir=str(tmp_path / "run"), steps=1, prompts_per_step=2, n_samples_per_prompt=2, max_turns=2,
+               trainer={**cfg["trainer"], "micro_batch_size": 2})
+    summary = asyncio.run(train(TrainConfig.from_dict(cfg), log=lambda _: None))
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    warm = next(r for r in rows if "warmup/steps" in r)
+    assert warm["warmup/examples"] >= 16  # the teacher's misses are dropped, not trained on
+    assert summary["first_accuracy"] <= 1 / 6
+    assert summary["after_warmup_accuracy"] >= summary["first_accuracy"] + 0.5
+    assert warm["eval/tool_calls_per_episode"] >= 0.8 and warm["eval/solved_with_tool"] == 1.0
+    assert rows[-1]["step"] == 1 and "train/loss" in rows[-1]

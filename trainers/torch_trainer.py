@@ -192,8 +192,9 @@ class TorchTrainer:
                            position_ids=batch.position_ids.to(self.device), logits_to_keep=r + 1,
                            use_cache=False).logits  # no KV cache: nothing generates, and a checkpointed layer replays
             lp[:, L - r:] = alg.token_logprobs(logits[:, :-1], ids[:, L - r:])
-            if with_entropy:
-                ent[:, L - r:] = alg.entropy_from_logits(logits[:, :-1])
+            if with_entropy:  # its graph (a softmax over the vocabulary per token) is kept only for an entropy bonus
+                with torch.set_grad_enabled(torch.is_grad_enabled() and bool(self.config.entropy_coef)):
+                    ent[:, L - r:] = alg.entropy_from_logits(logits[:, :-1])
         return (lp, ent) if with_entropy else lp
 
     @torch.no_grad()

@@ -2,12 +2,13 @@
 Search-R1's remote API), the Search-R1-compatible retrieval server, rewards, corpora and task loaders."""
 
 from envs.search.corpus import Passage, demo_corpus, demo_questions, format_passages, read_corpus, write_corpus
-from envs.search.data import load_search_tasks, search_row_to_task
+from envs.search.data import load_search_tasks, search_row_to_task, search_tasks
 from envs.search.retrievers import (BM25Retriever, DenseRetriever, RemoteRetriever, Retriever, default_dense_model,
                                     load_retriever)
 from envs.search.rewards import SearchReward, exact_match, f1_score, normalize_answer, substring_exact_match
+from envs.search.teacher import teacher_reply
 
 __all__ = ["BM25Retriever", "DenseRetriever", "Passage", "RemoteRetriever", "Retriever", "SearchReward",
            "default_dense_model", "demo_corpus", "demo_questions", "exact_match", "f1_score", "format_passages",
            "load_retriever", "load_search_tasks", "normalize_answer", "read_corpus", "search_row_to_task",
-           "substring_exact_match", "write_corpus"]
+           "search_tasks", "substring_exact_match", "teacher_reply", "write_corpus"]

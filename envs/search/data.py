@@ -45,3 +45,29 @@ def search_row_to_task(row: Any, where: str, n: int) -> Task:
 def load_search_tasks(path: str | Path) -> list[Task]:
     """Every row of a Search-R1 parquet or a question/answers JSONL file as a task; errors name the row."""
     return [search_row_to_task(row, where, n) for where, n, row in read_rows(path)]
+
+
+def search_tasks(n: int | None = None, seed: int = 0, split: str | None = None) -> list[Task]:
+    """The demo corpus's questions (`demo_questions`) as Search-v0 tasks, shuffled by `seed`, at most `n` (a
+    `train_data: {generator: envs.search:search_tasks}` split). `split="train"` / `"test"` keeps one side of a fixed
+    partition by *topic* (a hash of the reference topic: about one in five is a test topic), so a held-out question's
+    answer never appears as the answer of a training question or of SFT data: solving it needs the search."""
+    import random
+    import zlib
+
+    from envs.search.corpus import demo_questions
+
+    if split not in (None, "train", "test"):
+        raise InvalidInput(f"split must be 'train', 'test' or None, got {split!r}")
+    rows = demo_questions(n=10**9)
+    tasks = []
+    for i, row in enumerate(rows):
+        topic = row["passage_id"].rsplit("-", 1)[0]
+        if split is None or (zlib.crc32(topic.encode()) % 5 == 0) == (split == "test"):
+            tasks.append(Task(prompt=row["question"], label=row["answers"], id=f"demo-{i}",
+                              metadata={"topic": topic, "passage_id": row["passage_id"]}))
+    random.Random(seed).shuffle(tasks)
+    if n is not None and n > len(tasks):
+        raise InvalidInput(f"search_tasks: n={n} but the demo corpus has {len(tasks)} questions"
+                           + (f" on the {split} side" if split else ""))
+    return tasks if n is None else tasks[:n]

@@ -128,18 +128,21 @@ class SearchEnv(Env):
         if call is not None and call.name == "answer":
             answer = call.arguments["answer"]
             score = self.reward(answer, self._golds)
-            return [], score, True, False, {"answer": answer, "golds": self._golds, "searches": self.searches,
-                                            "correct": score >= 1.0}
+            return [], score, True, False, self._info(answer=answer, golds=self._golds, correct=score >= 1.0)
         if call is not None and call.name == "search":
             self.searches.append(call.arguments["query"])
         if self._turns >= self.max_turns:  # out of turns: nothing follows, so nothing is retrieved
-            return [], 0.0, False, True, {"searches": self.searches}
+            return [], 0.0, False, True, self._info()
         if call is not None and call.name == "search":
             hits = (await self.retriever.search([call.arguments["query"]], self.topk))[0]
             text = self._information([p for p, _ in hits])
         else:
             text = INVALID_ACTION
-        return [Message("assistant", text)], 0.0, False, False, {"searches": self.searches}
+        return [Message("assistant", text)], 0.0, False, False, self._info()
+
+    def _info(self, **extra: Any) -> dict[str, Any]:
+        # tool_stats in ToolEnv's shape, so evaluation counts searches as tool calls (`solved_with_tool`)
+        return {**extra, "searches": list(self.searches), "tool_stats": {"search": {"calls": len(self.searches)}}}
 
     def _information(self, passages: Sequence[Passage]) -> str:
         body = format_passages(passages).strip()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import sys
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -112,8 +113,7 @@ class BM25Retriever(_Batched):
 
     def __init__(self, index_dir: str | Path, *, max_batch: int = 1024, n_threads: int | None = None):
         super().__init__(max_batch)
-        import bm25s
-
+        bm25s = _bm25s()
         self.path = Path(index_dir)
         manifest = _manifest(self.path)
         if manifest.get("kind") != "bm25":
@@ -130,7 +130,7 @@ class BM25Retriever(_Batched):
     def build(passages: Iterable[Passage], out_dir: str | Path, *, k1: float = 1.5, b: float = 0.75,
               log: Callable[[str], None] = lambda _: None) -> Path:
         """Index `passages` (title and text) into `out_dir` (corpus.jsonl, bm25/, manifest.json)."""
-        import bm25s
+        bm25s = _bm25s()
 
         out, passages = _start_build(passages, out_dir)
         log(f"tokenizing {len(passages)} passages")
@@ -145,7 +145,7 @@ class BM25Retriever(_Batched):
         return out
 
     def _search_sync(self, queries: list[str], topk: int) -> list[list[Hit]]:
-        import bm25s
+        bm25s = _bm25s()
 
         k = min(topk, len(self.passages))
         tokens = bm25s.tokenize(queries, stopwords="en", stemmer=self.stemmer, show_progress=False,
@@ -257,6 +257,23 @@ def _faiss_index(embeddings: np.ndarray):
     index = faiss.IndexFlatIP(embeddings.shape[1])
     index.add(embeddings)
     return index
+
+
+def _bm25s() -> Any:
+    """bm25s, imported without letting JAX take the GPU. Where JAX is installed, bm25s runs a JAX top-k when it is
+    imported, and JAX's first use preallocates 75% of a GPU's memory: on a training machine, the engine's and the
+    trainer's memory (an H100 run died of it). BM25's scores are host arrays, so its top-k runs on the CPU anyway;
+    a process that set up JAX itself (imported it, or set JAX_PLATFORMS) is left as it is."""
+    if "bm25s" in sys.modules or "jax" in sys.modules or "JAX_PLATFORMS" in os.environ:
+        import bm25s
+
+        return bm25s
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    try:
+        import bm25s
+    finally:
+        del os.environ["JAX_PLATFORMS"]
+    return bm25s
 
 
 def _stemmer():

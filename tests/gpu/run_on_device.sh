@@ -3,7 +3,8 @@
 # the numbers in docs/benchmarks.md with it.
 #
 #   tests/gpu/run_on_device.sh STEP...     steps: tests, paged-tests, engine-bench, engine-bench-random,
-#                                                 learn, learn-tools, learn-opd, megatron-bench, pipeline-bench, async-tests,
+#                                                 learn, learn-tools, learn-opd, learn-search, megatron-bench,
+#                                                 pipeline-bench, async-tests,
 #                                                 async-bench [ASYNC_ARGS], scale-tests,
 #                                                 scale-bench [SCALE_ARGS], scale-bench-2gpu
 #
@@ -40,6 +41,8 @@ for step in "$@"; do
         learn) python3 bench/learn_gpu.py ${LEARN_ARGS:-} --copy-to "$OUT" 2>&1 | tee "$OUT/learn_gpu.log" | tail -30 || rc=1 ;;
         learn-tools) python3 bench/learn_tools_gpu.py --phase cold-start ${LEARN_ARGS:-} --copy-to "$OUT" 2>&1 \
             | tee "$OUT/learn_tools.log" | grep -v "^Loading\|^Writing" | tail -40 || rc=1 ;;
+        learn-search) python3 bench/learn_tools_gpu.py --phase cold-start --task search ${LEARN_ARGS:-} --copy-to "$OUT" 2>&1 \
+            | tee "$OUT/learn_search.log" | grep -v "^Loading\|^Writing" | tail -40 || rc=1 ;;
         learn-opd) python3 bench/learn_tools_gpu.py --phase opd --teacher "$(ls -d runs/learn_tools_gpu_cold-start/checkpoints/step_*/model | sort -t_ -k2 -n | tail -1)" \
             ${LEARN_ARGS:-} --copy-to "$OUT" 2>&1 | tee "$OUT/learn_opd.log" | grep -v "^Loading\|^Writing" | tail -40 || rc=1 ;;
         megatron-bench) python3 bench/megatron_mfu.py 2>&1 | tee "$OUT/megatron_mfu.log" | tail -20 || rc=1 ;;
