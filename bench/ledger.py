@@ -7,6 +7,10 @@ conversation and re-tokenize it every turn), in the same run and process.
 "Excl. tokenize" subtracts the time the tokenizer spends on the new observation's text (the same
 string, encoded alone), which no approach can avoid.
 
+Strict mode (every id checked against a full render of the chat template) is measured apart, at 32, 128 and 512
+turns: one turn's checks with the prefix earlier turns proved (`VerifiedPrefix`: only the new turn is encoded),
+beside re-encoding the whole render (what strict mode did before), in the same run.
+
     python bench/ledger.py [--family smollm2|qwen2.5|llama3.1] [--iters 300]
 """
 
@@ -20,6 +24,7 @@ import time
 from slime_env import Action, Env, Message, get_parser, get_renderer
 from slime_env import offline_tokenizers as ot
 from slime_env.ledger import TokenLedger
+from slime_env.renderers import VerifiedPrefix
 
 REPLY = ('Let me look that up.\n<tool_call>{"name": "search", "arguments": {"query": "population of the '
          'largest city in France, turn %d"}}</tool_call>')
@@ -109,6 +114,37 @@ def measure(renderer, history_turns: int, iters: int) -> dict[str, float]:
             "history_tokens": sizes[3]}
 
 
+def measure_strict(renderer, history_turns: int, iters: int) -> dict[str, float]:
+    """One turn's strict checks after `history_turns` turns: with the proved prefix (as the runner keeps it) and
+    by encoding the whole render; both must agree (None: the ledger equals the render)."""
+    messages = [Message("user", "How many people live in Paris?")]
+    ids = renderer.render_prompt(messages)
+    eot = renderer.end_of_turn_id
+    verified = VerifiedPrefix()
+    for k in range(history_turns + 1):
+        gen = renderer.encode(REPLY % k) + [eot]
+        messages.append(Message("assistant", REPLY % k))
+        obs = [Message("tool", OBSERVATION % k)]
+        bridge = renderer.bridge(gen, obs, messages)
+        ids = ids + gen + bridge
+        history, messages = list(messages), messages + obs
+        if k < history_turns:  # the earlier turns' checks (untimed) leave the state the last turn starts from
+            renderer.check_full(messages, ids, verified=verified)
+    incremental, whole = [], []
+    for _ in range(iters):
+        v = VerifiedPrefix(verified.text, verified.ids)
+        t0 = time.perf_counter()  # agreement proves the bridge too (the runner checks it apart only on a note)
+        assert renderer.check_full(messages, ids, verified=v) is None
+        incremental.append(time.perf_counter() - t0)
+    for _ in range(max(5, iters // 10)):
+        t0 = time.perf_counter()
+        renderer.check_bridge(history, gen, obs, bridge)
+        assert renderer.check_full(messages, ids) is None
+        whole.append(time.perf_counter() - t0)
+    med = lambda xs: statistics.median(xs) * 1e6  # noqa: E731
+    return {"incremental_us": med(incremental), "whole_us": med(whole), "tokens": len(ids)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--family", default="smollm2", choices=["smollm2", "qwen2.5", "llama3.1"])
@@ -124,6 +160,12 @@ def main() -> None:
         excl = r["ours_us"] - r["tokenize_us"]
         print(f"{h:>13} {r['history_tokens']:>7} {r['ours_us']:>9.1f} {r['tokenize_us']:>13.1f} {excl:>11.1f} "
               f"{r['naive_us']:>10.1f} {r['naive_us'] / r['ours_us']:>10.1f}x")
+    print("\nstrict mode, one turn's checks (median microseconds)")
+    print(f"{'history turns':>13} {'tokens':>7} {'proved prefix':>14} {'whole render':>13} {'whole/prefix':>13}")
+    for h in (32, 128, 512):
+        r = measure_strict(renderer, h, max(20, args.iters // 3))
+        print(f"{h:>13} {r['tokens']:>7} {r['incremental_us']:>14.1f} {r['whole_us']:>13.1f} "
+              f"{r['whole_us'] / r['incremental_us']:>12.1f}x")
 
 
 if __name__ == "__main__":

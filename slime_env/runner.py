@@ -16,7 +16,7 @@ from slime_env.errors import InvalidInput
 from slime_env.ledger import TokenLedger
 from slime_env.parsers import get_parser
 from slime_env.policy import Policy
-from slime_env.renderers.template import TemplateRenderer
+from slime_env.renderers.template import TemplateRenderer, VerifiedPrefix
 from slime_env.trajectory import Trajectory
 from slime_env.types import Action, Generation, Message, Task, coerce_messages, coerce_reward
 
@@ -227,6 +227,7 @@ class _Episode:
         self.env, self.policy, self.task, self.renderer = env, policy, task, renderer
         self.agent_id, self.strict, self.metadata = agent_id, strict, metadata
         self.ledger = TokenLedger(())
+        self.verified = VerifiedPrefix()  # strict mode: what full renders have proved of the ledger so far
         self.messages: list[Message] = []
         self.turn_rewards: list[float] = []
         self.turn = 0
@@ -359,16 +360,20 @@ class _Episode:
 
     def insert(self, gen_ids: list[int], obs: list[Message], bridge: list[int]) -> None:
         self.phase = "render observation"
-        if self.strict:
-            self.renderer.check_bridge(self.messages, gen_ids, obs, bridge, tools=self.env.tools)
-        self.ledger.add_inserted(bridge, self.turn - 1)
         self.continuing = len(obs) == 1 and obs[0].role == "assistant"
+        before = len(self.messages)  # the history the bridge follows, for its own check below
+        self.ledger.add_inserted(bridge, self.turn - 1)
         if self.continuing:
             self.messages[-1] = Message("assistant", self.messages[-1].content + obs[0].content)
         else:
             self.messages.extend(obs)
             if self.strict:
-                note = self.renderer.check_full(self.messages, self.ledger.ids, tools=self.env.tools)
+                note = self.renderer.check_full(self.messages, self.ledger.ids, tools=self.env.tools,
+                                                verified=self.verified)
+                # Agreement proves the bridge's ids too; where a template's known rewrite of history made the full
+                # render differ, the bridge is checked on its own against the real history.
+                if note is not None:
+                    self.renderer.check_bridge(self.messages[:before], gen_ids, obs, bridge, tools=self.env.tools)
                 if note is not None:
                     self.metadata.setdefault("history_rewrites", []).append(note)
         self.phase = "framework"

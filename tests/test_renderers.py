@@ -12,6 +12,7 @@ from slime_env.renderers import (
     Llama3Renderer,
     Qwen3Renderer,
     TemplateRenderer,
+    VerifiedPrefix,
     detect_family,
 )
 
@@ -200,3 +201,91 @@ def test_bad_templates_get_clear_errors(smollm2_tok):
         r.bridge([], [Message("tool", "x")])
     with pytest.raises(InvalidInput, match="unknown renderer family"):
         get_renderer(smollm2_tok, family="nope")
+
+
+# --- strict mode at a flat per-turn cost ------------------------------------------------------------------------
+def _long_episode(r, turns: int, *, role: str = "tool", canonical: bool = True):
+    """Yield (messages, ledger ids) after each of `turns` tool turns, built the way the runner builds them."""
+    msgs = [Message("user", "How many people live in Paris?")]
+    ids = r.render_prompt(msgs)
+    for t in range(turns):
+        reply = f'Turn {t}: <tool_call>{{"name": "search", "arguments": {{"q": "paris {t}"}}}}</tool_call>'
+        body = r.encode(reply) if canonical or t % 3 else [i for ch in reply for i in r.encode(ch)]
+        gen = body + [r.end_of_turn_id]
+        msgs.append(Message("assistant", reply))
+        obs = [Message(role, f"Doc {t}: Paris has 2,102,650 residents (result {t}).")]
+        ids = ids + gen + r.bridge(gen, obs, msgs)
+        msgs = msgs + obs
+        yield msgs, ids
+
+
+@pytest.mark.parametrize("family", ["smollm2", "qwen2.5", "qwen3", "llama3.1", "deepseek_r1"])
+def test_incremental_full_checks_agree_with_whole_renders_and_encode_one_turn(family, tokenizers):
+    """Every shipped template: with a VerifiedPrefix, each turn's full check encodes only what follows the proved
+    prefix (about one turn of text, however long the episode) and answers exactly as encoding the whole render."""
+    r = get_renderer(tokenizers[family])
+    v = VerifiedPrefix()
+    encoded: list[int] = []
+    encode = r.encode
+    r.encode = lambda text: (encoded.append(len(text)), encode(text))[1]  # type: ignore[method-assign]
+    role = "user" if family == "deepseek_r1" else "tool"
+    for turn, (msgs, ids) in enumerate(_long_episode(r, 40, role=role)):
+        encoded.clear()
+        fast = r.check_full(msgs, ids, verified=v)
+        cost = sum(encoded)
+        assert fast == r.check_full(msgs, ids)  # None, or the same history-rewrite note
+        if turn >= 2:
+            assert 0 < v.ids <= len(ids) and r.decode(ids[:v.ids]) == v.text
+            assert cost < 800, f"turn {turn} encoded {cost} characters: the whole render, not one turn"
+
+
+def test_an_incremental_check_catches_what_a_whole_check_catches(smollm2_tok):
+    r = get_renderer(smollm2_tok)
+    v = before = VerifiedPrefix()
+    for msgs, ids in _long_episode(r, 12):
+        before = VerifiedPrefix(v.text, v.ids)  # what the last turn's check started from
+        r.check_full(msgs, ids, verified=v)
+    v = before
+    assert 0 < v.ids < len(ids) - 40
+    wrong = r.encode("Z")[0]
+    for at in (v.ids, len(ids) - 1, len(ids) - 20):  # corrupt the last turn: the part its check had not proved
+        tampered = list(ids)
+        tampered[at] = wrong if tampered[at] != wrong else wrong + 1
+        with pytest.raises(RenderMismatch) as fast:
+            r.check_full(msgs, tampered, verified=VerifiedPrefix(v.text, v.ids))
+        with pytest.raises(RenderMismatch) as whole:
+            r.check_full(msgs, tampered)
+        assert str(fast.value) == str(whole.value) and fast.value.index == at
+    shorter = msgs + [Message("assistant", "extra"), Message("tool", "more")]
+    with pytest.raises(RenderMismatch):  # a render the ledger does not reach yet
+        r.check_full(shorter, ids, verified=VerifiedPrefix(v.text, v.ids))
+
+
+def test_non_canonical_turns_pass_incrementally_and_the_prefix_still_advances(smollm2_tok):
+    r = get_renderer(smollm2_tok)
+    v = VerifiedPrefix()
+    seen = []
+    for msgs, ids in _long_episode(r, 9, canonical=False):  # every third turn one id per character
+        assert r.check_full(msgs, ids, verified=v) is None
+        seen.append(v.ids)
+    assert seen == sorted(seen) and seen[-1] > seen[2] > 0
+
+
+def test_strict_episodes_through_the_runner_and_the_gateway_use_the_proved_prefix(runner, smollm2_tok):
+    """A 30-turn strict episode: the runner's full checks stay one turn long (they would raise on any difference)."""
+    from slime_env import ScriptedPolicy, ToolEnv, run_episode, tool
+
+    @tool
+    def lookup(q: str) -> str:
+        """Look q up."""
+        return f"{q}: 2,102,650 residents"
+
+    r = get_renderer(smollm2_tok, strict=True)
+    lengths: list[int] = []
+    encode = r.encode
+    r.encode = lambda text: (lengths.append(len(text)), encode(text))[1]  # type: ignore[method-assign]
+    reply = '<tool_call>{"name": "lookup", "arguments": {"q": "paris"}}</tool_call>'
+    traj = runner.run(run_episode(ToolEnv([lookup]), ScriptedPolicy(smollm2_tok, [reply]), "Paris?", renderer=r,
+                                  max_turns=30))
+    assert traj.status == "truncated" and traj.num_turns == 30 and traj.metadata.get("history_rewrites") is None
+    assert max(lengths[len(lengths) // 2:]) < 1500 < len(r.decode(traj.prompt_ids + traj.response_ids))

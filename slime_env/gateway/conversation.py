@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slime_env.ledger import TokenLedger
+from slime_env.renderers.template import VerifiedPrefix
 from slime_env.types import Generation, Message
 
 
@@ -134,6 +135,7 @@ class Branch:
     calls: list[dict[str, Any]] = field(default_factory=list)
     busy: bool = False
     history_rewrites: list[str] = field(default_factory=list)
+    verified: VerifiedPrefix = field(default_factory=VerifiedPrefix)  # strict mode's proved prefix of the ledger
 
 
 @dataclass
@@ -148,6 +150,7 @@ class Call:
     bridge: list[int]
     created: bool = False
     rewrite: str | None = None  # strict mode: a known history rewrite of the template, noted on the branch
+    verified: VerifiedPrefix | None = None  # strict mode: the branch's proved prefix once this call is recorded
 
 
 class Conversation:
@@ -171,12 +174,13 @@ class Conversation:
                 obs = [_as_message(m, calls) for m in new]
                 bridge = self.renderer.bridge(b.last_ids, obs, b.history)
                 ids = b.ledger.ids + bridge
-                note = None
-                if self.strict:  # both checks before the engine is called: a mismatch records nothing
-                    self.renderer.check_bridge(b.history, b.last_ids, obs, bridge, tools=b.tools)
-                    note = self.renderer.check_full(b.history + obs, ids, tools=b.tools)
+                note, verified = None, VerifiedPrefix(b.verified.text, b.verified.ids)
+                if self.strict:  # the checks run before the engine is called: a mismatch records nothing
+                    note = self.renderer.check_full(b.history + obs, ids, tools=b.tools, verified=verified)
+                    if note is not None:  # a known rewrite of history: the bridge is checked on its own
+                        self.renderer.check_bridge(b.history, b.last_ids, obs, bridge, tools=b.tools)
                 b.busy = True
-                return Call(b, ids, new, obs, bridge, rewrite=note)
+                return Call(b, ids, new, obs, bridge, rewrite=note, verified=verified)
         parent, shared, reason = self._closest(messages, tools)
         r = self.renderer
         ids = r.encode(r.render_text([template_dict(m) for m in messages], tools=tools, add_generation_prompt=True))
@@ -197,6 +201,8 @@ class Conversation:
             b.messages.extend(call.new)
             if call.rewrite is not None:
                 b.history_rewrites.append(call.rewrite)
+            if call.verified is not None:
+                b.verified = call.verified
         turn = len(b.calls)
         b.ledger.add_generated(gen.token_ids, gen.logprobs, turn)
         text = self.renderer.assistant_text(gen.token_ids)

@@ -12,7 +12,7 @@ from typing import Any
 from slime_env.errors import InvalidInput
 from slime_env.loading import load_object
 from slime_env.renderers.families import ChatMLRenderer, DeepSeekR1Renderer, Llama3Renderer, Qwen3Renderer
-from slime_env.renderers.template import TemplateRenderer
+from slime_env.renderers.template import TemplateRenderer, VerifiedPrefix
 
 _FAMILIES: dict[str, type[TemplateRenderer]] = {
     "template": TemplateRenderer,
@@ -54,5 +54,5 @@ def get_renderer(tokenizer: Any, family: str = "auto", **kwargs: Any) -> Templat
     return cls(tokenizer, **kwargs)
 
 
-__all__ = ["ChatMLRenderer", "DeepSeekR1Renderer", "Llama3Renderer", "Qwen3Renderer", "TemplateRenderer",
+__all__ = ["ChatMLRenderer", "DeepSeekR1Renderer", "Llama3Renderer", "Qwen3Renderer", "TemplateRenderer", "VerifiedPrefix",
            "detect_family", "get_renderer", "register_renderer"]

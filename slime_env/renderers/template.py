@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import jinja2
@@ -29,6 +30,18 @@ SENTINEL = "\ue000slime_env_assistant\ue001"
 _BASE = (("system", "S"), ("user", "U"))
 
 HistoryPolicy = Literal["keep", "error"]
+
+
+@dataclass
+class VerifiedPrefix:
+    """What strict mode has proved of one ledger: `text`, a prefix of its last full render that ends right before a
+    special token, encodes to the ledger's first `ids` ids (or decodes from them, for a non-canonical tokenization
+    the policy sampled). The ledger only grows, so a later full render that starts with `text` needs only its rest
+    encoded and compared: Hugging Face tokenizers cut the text at added tokens before anything else, so no id spans
+    such a cut. This keeps strict mode's per-turn cost flat in the episode's length (one state per ledger)."""
+
+    text: str = ""
+    ids: int = 0
 
 
 class TemplateRenderer:
@@ -173,23 +186,64 @@ class TemplateRenderer:
             raise self._mismatch("bridge", i, expected, bridge_ids)
 
     def check_full(self, messages: Sequence[Message], ledger_ids: Sequence[int], *,
-                   tools: Sequence[Mapping] | None = None) -> str | None:
+                   tools: Sequence[Mapping] | None = None, verified: VerifiedPrefix | None = None) -> str | None:
         """Compare the whole ledger with a full render of `messages` (ending at a generation prompt).
 
         Returns None when they agree, a note when they differ by one of this template's known
-        history rewrites (policy "keep"); raises `RenderMismatch` otherwise.
+        history rewrites (policy "keep"); raises `RenderMismatch` otherwise. With `verified` (one per ledger,
+        updated on agreement) only the part of the render after what earlier checks proved is encoded and
+        compared; the answer is the same as without it.
         """
         text = self.render_text(messages, tools=tools, add_generation_prompt=True)
+        v = verified
+        if v is not None and v.ids and len(ledger_ids) >= v.ids and text.startswith(v.text):
+            tail = self.encode(text[len(v.text):])
+            if len(tail) == len(ledger_ids) - v.ids and all(a == b for a, b in zip(tail, ledger_ids[v.ids:])):
+                self._advance(v, text, ledger_ids)
+                return None
         expected = self.encode(text)
-        if list(expected) == list(ledger_ids):
+        if list(expected) == list(ledger_ids) or self.decode(ledger_ids) == text:
+            # (same text: the policy sampled a non-canonical tokenization, which is its right)
+            if v is not None:
+                self._advance(v, text, ledger_ids)
             return None
-        if self.decode(ledger_ids) == text:
-            return None  # same text; the policy sampled a non-canonical tokenization, which is its right
         i = _first_difference(expected, ledger_ids)
         if self.rewrites_history and self.on_history_rewrite == "keep":
             return f"{self.family} template re-renders history ({'; '.join(self.rewrites_history)}); " \
                    f"ledger kept the generated tokens (first difference at token {i})"
         raise self._mismatch("full render", i, expected, ledger_ids)
+
+    def _advance(self, v: VerifiedPrefix, text: str, ledger_ids: Sequence[int]) -> None:
+        """Move `v` to the last cut of `text` (just before the last of the template's own special tokens) whose
+        rest encodes to the ledger's tail exactly; `text` agreed with the whole ledger."""
+        start = len(v.text) if text.startswith(v.text) else 0
+        best = max(((text.rfind(s, start), s, i) for s, i in self._cut_tokens().items()), default=(-1, "", 0))
+        cut, _, token = best
+        if cut <= start:
+            return
+        j = next((k for k in range(len(ledger_ids) - 1, v.ids - 1, -1) if ledger_ids[k] == token), -1)
+        if j > v.ids and self.encode(text[cut:]) == list(ledger_ids[j:]):
+            v.text, v.ids = text[:cut], j
+
+    def _cut_tokens(self) -> dict[str, int]:
+        """The special tokens this template writes between turns that a cut may sit before: atomic added tokens
+        that strip no whitespace beside them and are matched before normalisation (so the text on either side
+        encodes on its own). Empty for tokenizers without that guarantee: strict mode then encodes whole renders."""
+        cached = self.__dict__.get("_cuts")
+        if cached is not None:
+            return cached
+        cuts: dict[str, int] = {}
+        added = getattr(self.tokenizer, "added_tokens_decoder", None)
+        if isinstance(added, Mapping) and getattr(self._codec, "_backend", None) is not None \
+                and not getattr(self.tokenizer, "split_special_tokens", False):
+            between = self._after_sentinel([{"role": "user", "content": "U"}])
+            for i, tok in added.items():
+                content = getattr(tok, "content", None)
+                if (content and content in between and getattr(tok, "special", False)
+                        and not (tok.lstrip or tok.rstrip or tok.normalized) and self.encode(content) == [i]):
+                    cuts[content] = i
+        self.__dict__["_cuts"] = cuts
+        return cuts
 
     # --- internals -------------------------------------------------------------------------------
     def _render(self, dicts: list[dict], *, tools, add_generation_prompt: bool) -> str:
