@@ -25,13 +25,13 @@ from slime_env.multi_agent import MultiAgentEnv, run_multi_agent_episode
 from slime_env.parsers import ParseResult, get_parser, parser_names, register_parser
 from slime_env.policy import Policy, ScriptedPolicy
 from slime_env.registry import EnvSpec, make, register, registry_ids, spec
-from slime_env.renderers import TemplateRenderer, get_renderer, register_renderer
+from slime_env.renderers import TemplateRenderer, VerifiedPrefix, get_renderer, register_renderer
 from slime_env.rollout import Batch, Group, RolloutManager, load_tasks
 from slime_env.rollout.env_server import EnvServer, RemoteEnv, close_shared_clients
 from slime_env.runner import Episode, run_episode
 from slime_env.sync_env import SyncEnv, from_sync
 from slime_env.tool_env import Rubric, StatefulToolEnv, ToolEnv, ToolRecord
-from slime_env.tools import Tool, ToolArgumentError, ToolError, tool
+from slime_env.tools import Tool, ToolArgumentError, ToolError, ToolOutput, tool
 from slime_env.trajectory import STATUSES, Trajectory
 from slime_env.types import Action, Generation, Message, ParseError, Task, ToolCall
 
@@ -42,11 +42,12 @@ from slime_env.registry import register_entry_points as _register_entry_points  
 _register_entry_points()
 
 __all__ = [
-    "Action", "AgentEnv", "Batch", "Conversation", "conversation_trajectory", "load_conversations", "Env", "EnvServer", "Episode", "Group", "RemoteEnv", "RolloutManager", "close_shared_clients",
-    "load_tasks", "EnvSpec", "Gateway", "Generation", "InvalidInput", "Message", "MultiAgentEnv", "ParseError", "ParseResult", "Policy",
-    "RegistryError", "RenderError", "RenderMismatch", "STATUSES", "ScriptedPolicy", "SlimeEnvError", "Span",
-    "SyncEnv", "Task", "TemplateRenderer", "TokenLedger", "ToolCall", "Trajectory", "Wrapper", "from_sync",
-    "get_parser", "get_renderer", "make", "parser_names", "register", "register_parser", "register_renderer",
-    "registry_ids", "run_episode", "run_multi_agent_episode", "spec",
-    "Rubric", "StatefulToolEnv", "Tool", "ToolArgumentError", "ToolEnv", "ToolError", "ToolRecord", "tool",
+    "Action", "AgentEnv", "Batch", "close_shared_clients", "Conversation", "conversation_trajectory", "Env",
+    "EnvServer", "EnvSpec", "Episode", "from_sync", "Gateway", "Generation", "get_parser", "get_renderer", "Group",
+    "InvalidInput", "load_conversations", "load_tasks", "make", "Message", "MultiAgentEnv", "ParseError",
+    "parser_names", "ParseResult", "Policy", "register", "register_parser", "register_renderer", "registry_ids",
+    "RegistryError", "RemoteEnv", "RenderError", "RenderMismatch", "RolloutManager", "Rubric", "run_episode",
+    "run_multi_agent_episode", "ScriptedPolicy", "SlimeEnvError", "Span", "spec", "StatefulToolEnv", "STATUSES",
+    "SyncEnv", "Task", "TemplateRenderer", "TokenLedger", "tool", "Tool", "ToolArgumentError", "ToolCall", "ToolEnv",
+    "ToolError", "ToolOutput", "ToolRecord", "Trajectory", "VerifiedPrefix", "Wrapper",
 ]

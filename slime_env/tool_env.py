@@ -21,7 +21,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from slime_env.env import Env, StepResult
 from slime_env.errors import InvalidInput
-from slime_env.tools import Tool, ToolArgumentError, ToolError, as_tool
+from slime_env.tools import Tool, ToolArgumentError, ToolError, ToolOutput, as_tool
 from slime_env.types import Action, Message, ParseError, Task, ToolCall, coerce_reward
 
 DEFAULT_SYSTEM_PROMPT = ("You can call tools to help you. When you have the final answer, reply without a tool "
@@ -45,7 +45,7 @@ class ToolRecord:
     """One tool call of an episode: what was asked, what came back, how it ended.
 
     `status`: "ok", "error" (the tool raised), "timeout", "invalid" (arguments did not match the
-    schema) or "unknown" (no such tool).
+    schema) or "unknown" (no such tool). `data`: what the tool kept beside its text (`ToolOutput.data`).
     """
 
     turn: int
@@ -55,10 +55,14 @@ class ToolRecord:
     status: str
     output: str
     latency_s: float
+    data: Any = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"turn": self.turn, "id": self.id, "name": self.name, "arguments": self.arguments,
-                "status": self.status, "output": self.output, "latency_s": self.latency_s}
+        d = {"turn": self.turn, "id": self.id, "name": self.name, "arguments": self.arguments,
+             "status": self.status, "output": self.output, "latency_s": self.latency_s}
+        if self.data is not None:
+            d["data"] = self.data
+        return d
 
 
 class Rubric:
@@ -192,6 +196,7 @@ class ToolEnv(Env):
         await self._release()
         self.task = self.task_from(options, seed)
         self.turn, self.tool_history, self._stats = 0, [], {}
+        info: dict[str, Any] = {}
         if self._sources:
             tools = list(self._local)
             for source in self._sources:
@@ -199,11 +204,13 @@ class ToolEnv(Env):
                 if release is not None:
                     self._releases.append(release)
                 tools += listed
+                # tools a source lists but cannot offer (an MCP tool that needs task-augmented calls): name -> why
+                info.setdefault("skipped_tools", {}).update(getattr(source, "skipped_tools", None) or {})
             self._set_tools(tools)
         self.state = dict(await self.setup_state(self.task) or {})
         self._state_open = True
         self.history = self.task.messages(system=self.system_prompt)
-        return list(self.history), {}
+        return list(self.history), {k: v for k, v in info.items() if v}
 
     async def step(self, action: Action) -> StepResult:
         if self.task is None:
@@ -306,12 +313,16 @@ class ToolEnv(Env):
         except ToolArgumentError as e:
             return self._record(call, call_id, "invalid", f"error: {e}", 0.0)
         timeout = tool.timeout_s if tool.timeout_s is not None else self.tool_timeout_s
+        data = None
         async with gate:
             t0 = time.perf_counter()
             try:
                 async with asyncio.timeout(timeout):
                     result = await tool.call(arguments, self.state)
-                status, text = "ok", self.format_result(result)
+                if isinstance(result, ToolOutput):
+                    status, text, data = "ok", result.text, result.data
+                else:
+                    status, text = "ok", self.format_result(result)
             except TimeoutError:
                 status, text = "timeout", f"error: {call.name} timed out after {timeout:g}s"
             except ToolError as e:
@@ -319,9 +330,10 @@ class ToolEnv(Env):
             except Exception as e:  # noqa: BLE001 - a tool's failure is the model's observation
                 status, text = "error", f"error: {call.name} raised {type(e).__name__}: {e}"
             latency = time.perf_counter() - t0
-        return self._record(call, call_id, status, text, latency)
+        return self._record(call, call_id, status, text, latency, data)
 
-    def _record(self, call: ToolCall, call_id: str, status: str, text: str, latency: float) -> ToolRecord:
+    def _record(self, call: ToolCall, call_id: str, status: str, text: str, latency: float,
+                data: Any = None) -> ToolRecord:
         if len(text) > self.max_output_chars:
             cut = len(text) - self.max_output_chars
             text = text[:self.max_output_chars] + f"\n[... {cut} characters cut]"
@@ -332,7 +344,7 @@ class ToolEnv(Env):
         s["timeouts"] += status == "timeout"
         s["invalid"] += status == "invalid"
         s["latency_s"] += latency
-        return ToolRecord(self.turn, call_id, call.name, call.arguments, status, text, latency)
+        return ToolRecord(self.turn, call_id, call.name, call.arguments, status, text, latency, data)
 
     def _set_tools(self, tools: Sequence[Tool]) -> None:
         by_name: dict[str, Tool] = {}

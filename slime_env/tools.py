@@ -274,4 +274,14 @@ def _pool() -> ThreadPoolExecutor:
         return _POOL
 
 
-__all__ = ["Tool", "ToolArgumentError", "ToolError", "as_tool", "set_tool_threads", "tool"]
+@dataclass(frozen=True, slots=True)
+class ToolOutput:
+    """What a tool may return besides a plain value: `text` is what the model reads; `data` is kept on the call's
+    `ToolRecord` (its `data`) for the env, its rubric and the trajectory's record, and is never shown to the model
+    (an MCP server's raw content blocks, say)."""
+
+    text: str
+    data: Any = None
+
+
+__all__ = ["Tool", "ToolArgumentError", "ToolError", "ToolOutput", "as_tool", "set_tool_threads", "tool"]

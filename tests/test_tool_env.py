@@ -12,6 +12,7 @@ import pytest
 
 from slime_env import (InvalidInput, Rubric, ScriptedPolicy, StatefulToolEnv, Task, ToolArgumentError, ToolEnv,
                        get_renderer, run_episode, tool)
+from slime_env import ToolOutput
 from slime_env.rollout.metrics import batch_metrics
 from slime_env.tool_env import answer_format, exact_answer, final_answer
 from slime_env.types import Action, ParseError, ToolCall
@@ -411,3 +412,19 @@ def test_tool_stats_reach_rollout_metrics(smollm2_tok):
     assert m["rollout/tools/weather/calls"] == 2 and m["rollout/tools/weather/invalid"] == 1
     assert m["rollout/tools/weather/errors"] == 0 and m["rollout/tools/weather/latency_mean_s"] >= 0
     assert json.loads(json.dumps(traj.info))["tool_stats"]["weather"]["calls"] == 2
+
+
+def test_a_tool_output_shows_its_text_and_keeps_its_data_on_the_record():
+    def fetch(url: str) -> ToolOutput:
+        """Fetch url."""
+        return ToolOutput(f"fetched {url} (3 bytes)", {"bytes": "YWJj", "url": url})
+
+    async def main():
+        env = ToolEnv([fetch])
+        await _start(env)
+        obs, *_ = await env.step(Action("..", tool_calls=(ToolCall("fetch", {"url": "file:///a"}),)))
+        return obs, env.tool_history[-1]
+
+    obs, record = _run(main())
+    assert obs[0].content == "fetched file:///a (3 bytes)" and "YWJj" not in obs[0].content  # never shown
+    assert record.data == {"bytes": "YWJj", "url": "file:///a"} and record.to_dict()["data"] == record.data

@@ -272,7 +272,13 @@ class _Connection:
         text = _result_text(result)
         if result.is_error:
             raise MCPToolError(text)
-        return text
+        from slime_env.tools import ToolOutput
+
+        # the raw blocks (URIs, blobs, images as the server sent them) stay on the call's ToolRecord for the env
+        raw = {"content": [b.model_dump(mode="json", by_alias=True, exclude_none=True) for b in result.content or ()]}
+        if result.structured_content is not None:
+            raw["structured_content"] = result.structured_content
+        return ToolOutput(text, raw)
 
     async def close(self) -> None:
         self._stop.set()
