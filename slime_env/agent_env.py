@@ -28,10 +28,16 @@ class AgentEnv:
     plain function, run in a thread; or an import path "pkg.mod:fn" / "path/to/file.py:fn"); `reward`: `(task,
     result, trajectories) -> float` (or async; default: 0.0); `parser`: the model family's tool-call parser
     (`slime_env.parsers` name; default "hermes"); `deadline_s`: the episode's wall-clock limit; `strict`: the
-    gateway checks every rendered bridge against the chat template's full render (a mismatch fails the call)."""
+    gateway checks every rendered bridge against the chat template's full render (a mismatch fails the call);
+    `api`: the `base_url` the agent gets — "openai" (`.../v1`, for OpenAI clients) or "anthropic" (the session root:
+    Anthropic clients add `/v1/messages`)."""
 
     def __init__(self, agent: Callable[..., Any] | str, reward: Callable[..., Any] | str | None = None, *,
-                 parser: str | None = "hermes", deadline_s: float | None = None, strict: bool = True):
+                 parser: str | None = "hermes", deadline_s: float | None = None, strict: bool = True,
+                 api: str = "openai"):
+        if api not in ("openai", "anthropic"):
+            raise InvalidInput(f"AgentEnv api must be 'openai' or 'anthropic', got {api!r}")
+        self.api = api
         self.agent = load_object(agent) if isinstance(agent, str) else agent
         self.reward = load_object(reward) if isinstance(reward, str) else reward
         if not callable(self.agent):
@@ -48,7 +54,7 @@ class AgentEnv:
         """One episode: a private session on `gateway`, the agent run against it (within the deadline), the session's
         branches scored. Returns the main trajectory first, then the side branches."""
         session = gateway.open_session(task)
-        url = gateway.session_url(session)
+        url = gateway.session_url(session, api=self.api)
         status, reason, result = "completed", "", None
         limit = deadline_s if deadline_s is not None else self.deadline_s
         try:

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -100,6 +102,26 @@ def test_an_openai_sdk_agent_trains_unchanged_from_its_example(tmp_path):
     trained = [r for r in rows if r["step"] == 1][0]
     assert trained["train/tokens"] > 0 and trained["rollout/statuses"] == {"completed": 8}
     assert trained["eval/failed"] == 0 and 0.0 <= trained["eval/accuracy"] <= 1.0
+
+
+@pytest.mark.parametrize("example", ["anthropic_agent", "langgraph_agent"])
+def test_anthropic_and_langgraph_agents_train_unchanged_from_their_examples(example, tmp_path):
+    """The same run with `--env` swapped: an Anthropic-SDK agent (the Messages route, `api="anthropic"`) and
+    LangGraph's prebuilt ReAct agent on langchain-openai train one GRPO step; every episode completes with a strict
+    ledger and the held-out evaluation runs the same agent."""
+    pytest.importorskip("anthropic" if example == "anthropic_agent" else "langgraph")
+    out = subprocess.run([sys.executable, "-m", "slime_env", "train", "--config", "examples/agent_train.yaml",
+                          "--env", f"examples/{example}.py:make_env", "--steps", "1", "--run-dir",
+                          str(tmp_path / "run")], capture_output=True, text=True, timeout=900, cwd=ROOT)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert f"training examples/{example}.py:make_env" in out.stdout
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    trained = [r for r in rows if r["step"] == 1][0]
+    assert trained["train/tokens"] > 0 and trained["rollout/statuses"] == {"completed": 8}
+    assert trained["eval/failed"] == 0 and 0.0 <= trained["eval/accuracy"] <= 1.0
+    groups = [json.loads(line) for line in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]
+    trajs = [t for g in groups for t in g["trajectories"]]
+    assert trajs and all(sum(t["loss_mask"]) > 0 and t["metadata"]["calls"] for t in trajs)
 
 
 def test_rollout_workers_example():

@@ -502,3 +502,29 @@ def test_a_langgraph_react_agent_trains_through_the_gateway_unchanged(qwen3_tok)
     t.check()
     text = gw.renderer.decode(t.prompt_ids + t.response_ids)
     assert '"name": "add"' in text and "<tool_response>\n5\n</tool_response>" in text
+
+
+def test_agent_env_hands_anthropic_clients_the_session_root_and_refuses_other_apis():
+    from slime_env import AgentEnv, InvalidInput, Task
+
+    seen = []
+
+    async def agent(base_url, api_key, task):
+        seen.append((base_url, api_key))
+
+    class Gw:  # the calls AgentEnv makes around the agent (the real gateway's URLs are tested above)
+        def open_session(self, task):
+            return type("S", (), {"id": "s1", "key": "sk-1"})()
+
+        def session_url(self, session, api="openai"):
+            return f"http://gw/sessions/{session.id}" + ("/v1" if api == "openai" else "")
+
+        def close_session(self, session_id, **kw):
+            return []
+
+    for api in ("openai", "anthropic"):
+        t = asyncio.run(AgentEnv(agent, api=api).run(Gw(), Task.coerce({"prompt": "q"}, "t")))[0]
+        assert t.status == "failed" and "never called the model" in t.reason
+    assert seen == [("http://gw/sessions/s1/v1", "sk-1"), ("http://gw/sessions/s1", "sk-1")]
+    with pytest.raises(InvalidInput, match="api must be 'openai' or 'anthropic'"):
+        AgentEnv(agent, api="gemini")

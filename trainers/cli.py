@@ -15,7 +15,9 @@ def register(app: typer.Typer) -> None:
 def train(config: str = typer.Option(None, help="run config (YAML); default: the embedded demo run "
                                                 "(trainers/configs/demo.yaml)"),
           steps: int = typer.Option(None, min=1, help="override the config's steps"),
-          run_dir: str = typer.Option(None, help="override the config's run_dir")) -> None:
+          run_dir: str = typer.Option(None, help="override the config's run_dir"),
+          env: str = typer.Option(None, help="override the config's env (an id, or path/to/file.py:make_env)")
+          ) -> None:
     """RL training: rollouts -> TorchTrainer or MegatronTrainer -> weight sync -> held-out eval (metrics, curves)."""
     import asyncio
     from importlib.resources import files
@@ -26,7 +28,7 @@ def train(config: str = typer.Option(None, help="run config (YAML); default: the
 
     path = config or str(files("trainers") / "configs" / "demo.yaml")
     try:
-        cfg = TrainConfig.from_yaml(path)
+        cfg = TrainConfig.from_yaml(path, **({"env": env} if env else {}))
     except InvalidInput as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(1) from None

@@ -88,7 +88,8 @@ class TrainConfig:
     eval: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def from_yaml(cls, path: str | Path) -> TrainConfig:
+    def from_yaml(cls, path: str | Path, **overrides: Any) -> TrainConfig:
+        """The run config in a YAML file, with top-level `overrides` (e.g. `env=`) applied before it is checked."""
         import yaml
 
         try:
@@ -97,7 +98,9 @@ class TrainConfig:
             raise InvalidInput(f"config file {path} does not exist") from None
         except yaml.YAMLError as e:
             raise InvalidInput(f"{path}: not valid YAML: {e}") from None
-        return cls.from_dict(raw, str(path))
+        if not isinstance(raw, Mapping):
+            raise InvalidInput(f"{path}: expected a mapping of run settings, got {type(raw).__name__}")
+        return cls.from_dict({**raw, **overrides}, str(path))
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any], where: str = "config") -> TrainConfig:
