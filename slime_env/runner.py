@@ -374,7 +374,6 @@ class _Episode:
                 # render differ, the bridge is checked on its own against the real history.
                 if note is not None:
                     self.renderer.check_bridge(self.messages[:before], gen_ids, obs, bridge, tools=self.env.tools)
-                if note is not None:
                     self.metadata.setdefault("history_rewrites", []).append(note)
         self.phase = "framework"
 
