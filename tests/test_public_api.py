@@ -44,13 +44,19 @@ def _imports(source: str) -> list[tuple[str, list[str]]]:
             if isinstance(node, ast.ImportFrom) and node.module and node.level == 0]
 
 
+# Files whose imports of a name like ours mean another package: the OpenAI Agents SDK imports as `agents`, and this
+# example runs it in its own process, away from our `agents`.
+FOREIGN = {"examples/openai_agents_sdk.py": {"agents"}}
+
+
 def test_imports_written_in_docs_and_examples_resolve():
     files = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "examples").glob("*.py"))]
     checked, broken = 0, []
     for path in files:
+        foreign = FOREIGN.get(str(path.relative_to(ROOT)), set())
         for block in _code_of(path):
             for module_name, names in _imports(block):
-                if module_name.split(".")[0] not in PACKAGES:
+                if module_name.split(".")[0] not in PACKAGES or module_name.split(".")[0] in foreign:
                     continue
                 module = importlib.import_module(module_name)
                 for name in names:
