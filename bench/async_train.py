@@ -7,11 +7,16 @@ again in the same episode):
   longtail  up to 8 attempts: a weak policy's episodes run 1 to 8 turns, so their lengths vary by >= 4x and a
             synchronous step waits for its slowest episode.
 Wall-clock excludes the held-out evaluations (the same number in every mode). On a GPU the defaults are the learning
-check's (Megatron trainer, 32 prompts x 8 samples); `--cpu-small` runs a CPU-sized version. Writes
-OUT/<task>_<mode>_s<seed>/ (each run's metrics.jsonl), OUT/<task>_summary.json and OUT/<task>_accuracy.png.
+check's (Megatron trainer, 32 prompts x 8 samples); `--cpu-small` runs a CPU-sized version. Engines: `embedded` (in
+the trainer's process), `serve` (a serve-engine process on the trainer's GPU, weights by CUDA IPC), `apart` (a
+serve-engine on GPU 1, the trainer on GPU 0, weights over NCCL: `engine.gpus: [1]`). Every engine runs every mode, or
+`--runs ENGINE:MODE ...` names the runs; each seed's first `off` run is the baseline of the side-by-side table.
+Writes OUT/<task>_<mode>_s<seed>[_<engine>]/ (each run's metrics.jsonl), OUT/<task>_summary.json and
+OUT/<task>_accuracy.png.
 
   python bench/async_train.py --task longtail --steps 100 --seeds 0 1
   python bench/async_train.py --task retry --cpu-small --steps 8 --seeds 0
+  python bench/async_train.py --task longtail --steps 30 --seeds 0 --runs serve:off apart:off apart:overlap apart:full
 """
 
 from __future__ import annotations
@@ -32,7 +37,10 @@ TASKS = {"generator": "envs.math.retry_env:arithmetic_tasks", "digits": [2, 1], 
 ATTEMPTS = {"retry": 3, "longtail": 8}
 
 
-def config(args, mode: str, seed: int, run_dir: Path) -> TrainConfig:
+ENGINES = {"embedded": {}, "serve": {"kind": "serve", "count": 1}, "apart": {"kind": "serve", "count": 1, "gpus": [1]}}
+
+
+def config(args, engine: str, mode: str, seed: int, run_dir: Path) -> TrainConfig:
     attempts = ATTEMPTS[args.task]
     small = args.cpu_small
     prompts, n = args.prompts or (4 if small else 32), args.n or (4 if small else 8)
@@ -47,7 +55,7 @@ def config(args, mode: str, seed: int, run_dir: Path) -> TrainConfig:
         "trainer": {"backend": "torch" if small else args.backend, "estimator": "grpo", "lr": args.lr,
                     "micro_batch_size": 4 if small else 64, "max_tokens_per_micro_batch": 16384,
                     "clip_low": 0.2, "clip_high": 0.28, "max_grad_norm": 1.0},
-        "engine": {"kind": "serve", "count": 1} if args.engine == "serve" else {},
+        "engine": ENGINES[engine],
         "async": {"mode": mode, "max_staleness": args.max_staleness,
                   "in_flight": args.in_flight or 2 * prompts * n, "interrupt": args.interrupt},
     }, "bench/async_train.py")
@@ -97,38 +105,47 @@ def main() -> None:
     ap.add_argument("--in-flight", type=int, default=0, help="full mode's episodes in flight (default 2 steps' worth)")
     ap.add_argument("--interrupt", default="finish", choices=["finish", "resume"])
     ap.add_argument("--backend", default="megatron", choices=["megatron", "torch"])
-    ap.add_argument("--engine", default="embedded", choices=["embedded", "serve"],
-                    help="serve: the engine in a serve-engine process on the same device (weights by CUDA IPC there)")
+    ap.add_argument("--engine", nargs="+", default=["embedded"], choices=sorted(ENGINES),
+                    help="serve: a serve-engine process on the same GPU (CUDA IPC); apart: on GPU 1 (NCCL)")
+    ap.add_argument("--runs", nargs="+", default=None, metavar="ENGINE:MODE",
+                    help="the runs, instead of every --engine with every --modes")
     ap.add_argument("--cpu-small", action="store_true", help="a CPU-sized run: 4 prompts x 4 samples, torch trainer")
     ap.add_argument("--out", default="runs/async_bench")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    runs = [tuple(r.split(":", 1)) for r in args.runs] if args.runs else \
+        [(e, m) for e in args.engine for m in args.modes]
+    for engine, mode in runs:
+        if engine not in ENGINES or mode not in ("off", "overlap", "full"):
+            raise SystemExit(f"--runs {engine}:{mode}: ENGINE is one of {sorted(ENGINES)}, MODE off, overlap or full")
     results: dict[str, dict] = {}
     for seed in args.seeds:
-        for mode in args.modes:
-            name = f"{args.task}_{mode}_s{seed}" + ("_serve" if args.engine == "serve" else "")
-            summary = asyncio.run(train(config(args, mode, seed, out / name), log=lambda line: None))
+        for engine, mode in runs:
+            name = f"{args.task}_{mode}_s{seed}" + ("" if engine == "embedded" else f"_{engine}")
+            summary = asyncio.run(train(config(args, engine, mode, seed, out / name), log=lambda line: None))
             rows = [json.loads(line) for line in open(summary["metrics"])]
-            results[name] = {"mode": mode, "seed": seed, **summarize(rows)}
+            results[name] = {"engine": engine, "mode": mode, "seed": seed, **summarize(rows)}
             r = results[name]
             with (out / f"{args.task}_runs.jsonl").open("a") as f:  # kept even if a later run is cut short
                 f.write(json.dumps({"name": name, **r}) + "\n")
-            print(f"{name:24s} {r['steps']:4d} steps  {r['step_s_mean']:.3f} s/step  {r['tokens_per_s']:8.0f} tok/s  "
+            print(f"{name:30s} {r['steps']:4d} steps  {r['step_s_mean']:.3f} s/step  {r['tokens_per_s']:8.0f} tok/s  "
                   f"trainer idle {r['trainer_idle']:.2f}  engine idle {r['engine_idle']:.2f}  "
                   f"acc {r['first_accuracy']:.3f} -> {r['last_accuracy']:.3f}  stale dropped {r['stale_dropped']:.0f}  "
                   f"staleness {r['staleness_hist']}", flush=True)
-    # Side by side: each mode against `off` of the same seed; accuracy at the wall-clock the fastest run needed.
-    print(f"\n{args.task}: mode      steps/h   vs off   tok/s    trainer idle  engine idle  acc@steps  acc@equal-wall")
+    # Side by side: each run against the seed's first `off` run; accuracy at the wall-clock the fastest run needed.
+    print(f"\n{args.task}: engine/mode       steps/h   vs base  tok/s    trainer idle  engine idle  acc@steps  "
+          "acc@equal-wall")
     for seed in args.seeds:
-        runs = {r["mode"]: r for r in results.values() if r["seed"] == seed}
-        wall = min(r["train_wall_s"] for r in runs.values())
-        base = runs.get("off")
-        for mode, r in runs.items():
+        mine = [r for r in results.values() if r["seed"] == seed]
+        wall = min(r["train_wall_s"] for r in mine)
+        base = next((r for r in mine if r["mode"] == "off"), None)
+        for r in mine:
             per_h = 3600.0 / max(r["step_s_mean"], 1e-9)
             ratio = base["step_s_mean"] / r["step_s_mean"] if base else float("nan")
-            r["steps_per_hour"], r["vs_off"], r["accuracy_at_equal_wall"] = per_h, ratio, accuracy_at(r["evals"], wall)
-            print(f"  s{seed} {mode:8s} {per_h:8.0f}  {ratio:6.2f}x  {r['tokens_per_s']:7.0f}  {r['trainer_idle']:12.2f}"
+            r["steps_per_hour"], r["vs_base"], r["accuracy_at_equal_wall"] = per_h, ratio, accuracy_at(r["evals"], wall)
+            label = f"{r['engine']}/{r['mode']}"
+            print(f"  s{seed} {label:16s} {per_h:8.0f}  {ratio:6.2f}x  {r['tokens_per_s']:7.0f}  {r['trainer_idle']:12.2f}"
                   f"  {r['engine_idle']:11.2f}  {r['last_accuracy']:9.3f}  {r['accuracy_at_equal_wall'] or 0:14.3f}"
                   f"  (equal wall = {wall:.0f} s)")
     (out / f"{args.task}_summary.json").write_text(json.dumps(results, indent=1))
@@ -147,9 +164,10 @@ def plot(results: dict[str, dict], path: Path, task: str) -> None:
     for name, r in results.items():
         ts = [t for t, _, _ in r["evals"]]
         accs = [a for _, _, a in r["evals"]]
-        ax.plot(ts, accs, marker="o", ms=3, color=colors.get(r["mode"], "black"), alpha=0.85,
-                linestyle="-" if r["seed"] == min(x["seed"] for x in results.values()) else "--",
-                label=f"{r['mode']} (seed {r['seed']})")
+        first_seed = r["seed"] == min(x["seed"] for x in results.values())
+        ax.plot(ts, accs, marker="o" if first_seed else "s", ms=3, color=colors.get(r["mode"], "black"), alpha=0.85,
+                linestyle={"embedded": "-", "serve": "--", "apart": ":"}[r["engine"]],
+                label=f"{r['engine']}/{r['mode']} (seed {r['seed']})")
     ax.set_xlabel("training wall-clock (s, evaluations excluded)")
     ax.set_ylabel("held-out accuracy (greedy)")
     ax.set_title(f"async modes — ArithmeticRetry-v0, {task}")

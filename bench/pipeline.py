@@ -8,9 +8,10 @@
 `distributed` (SGLang's `update_weights_from_distributed`: a torch.distributed group, NCCL on a GPU, gloo on CPUs),
 `tensor` (CUDA IPC / shared memory, `update_weights_from_tensor`; same host) and `disk` (save a Hugging Face folder,
 then `update_weights_from_disk`). Random weights of a Llama shape, bfloat16 on the wire and in the engines; every
-push is checked (a parameter's checksum on every engine equals the sender's). On a GPU machine (one GPU) the
-engine shares the GPU: `tensor` (CUDA IPC) and `disk` are timed (NCCL needs a GPU per rank), with `--train-step`
-also one `MegatronTrainer` step on the same shape for the "≤ 5% of a step" comparison.
+push is checked (a parameter's checksum on every engine equals the sender's). On a GPU machine with one GPU the
+engine shares the GPU: `tensor` (CUDA IPC) and `disk` are timed (NCCL needs a GPU per rank); with two or more, the
+engines run on GPU 1 (`--engine-gpu`) and `distributed` goes over NCCL, GPU to GPU. `--train-step` also times one
+`MegatronTrainer` step on the same shape (on GPU 0) for the "≤ 5% of a step" comparison.
 
 `throughput`: the same multi-turn run (`ArithmeticRetry-v0`, seeded sampling so the rollouts are the same tokens)
 with the embedded engine and with two `serve-engine` servers (`engine: {kind: serve, count: 2}`): episodes/s,
@@ -69,10 +70,11 @@ def digest(t: torch.Tensor) -> str:
 
 
 async def time_channels(state: dict[str, torch.Tensor], folder: Path, n: int, kinds: list[str], logs: Path,
-                        repeats: int) -> dict[str, float]:
+                        repeats: int, engine_gpu: int | None = None) -> dict[str, float]:
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    env = {"CUDA_VISIBLE_DEVICES": str(engine_gpu)} if engine_gpu is not None else {}  # what engine.gpus does
     procs = [ServeProcess(model=str(folder), args=["--dtype", "bfloat16", "--device", device, "--max-batch-size", "4"],
-                          log_path=logs / f"engine_{n}_{i}.log") for i in range(n)]
+                          log_path=logs / f"engine_{n}_{i}.log", env=env) for i in range(n)]
     urls = await asyncio.gather(*(p.start() for p in procs))
     engines = [SGLangPolicy(u, timeout_s=3600) for u in urls]
     out: dict[str, float] = {}
@@ -149,14 +151,19 @@ def cmd_sync(args) -> None:
     _, state = make_model_folder(args.hidden, args.layers, folder)
     params = sum(v.numel() for v in state.values())
     gpu = torch.cuda.is_available()
-    kinds = args.kinds or (["tensor", "disk"] if gpu else ["distributed", "tensor", "disk"])
+    engine_gpu = args.engine_gpu if args.engine_gpu is not None else (1 if torch.cuda.device_count() > 1 else None)
+    # CUDA IPC reaches only an engine that sees the sender's GPU; NCCL only one on another GPU.
+    kinds = args.kinds or (["distributed", "disk"] if engine_gpu is not None else
+                           ["tensor", "disk"] if gpu else ["distributed", "tensor", "disk"])
     rows = []
     for n in args.engines:
-        times = asyncio.run(time_channels(state, folder, n, kinds, logs, args.repeats))
+        times = asyncio.run(time_channels(state, folder, n, kinds, logs, args.repeats, engine_gpu))
         rows.append({"engines": n, **times})
         print(json.dumps(rows[-1]), flush=True)
     step = train_step_seconds(folder) if args.train_step and gpu else None
     where = torch.cuda.get_device_name() if gpu else f"CPU ({os.cpu_count()} cores)"
+    if engine_gpu is not None:
+        where += f"; sender on GPU 0, engines on GPU {engine_gpu}"
     print(f"\nweight sync of a {params / 1e9:.2f}B-parameter Llama ({params * 2 / 1e9:.2f} GB in bf16), {where}; "
           f"seconds, median of {args.repeats}")
     print(f"{'engines':>7} " + " ".join(f"{k:>12}" for k in kinds) + "   disk / fastest")
@@ -237,6 +244,8 @@ def main() -> None:
     s.add_argument("--kinds", nargs="+", default=None, choices=["distributed", "tensor", "disk"])
     s.add_argument("--repeats", type=int, default=3)
     s.add_argument("--train-step", action="store_true", help="GPU: also time one MegatronTrainer step")
+    s.add_argument("--engine-gpu", type=int, default=None,
+                   help="the engines' GPU (default: 1 where there are two or more, else the sender's)")
     s.add_argument("--out-dir", default="runs/bench_pipeline")
     t = sub.add_parser("throughput")
     t.add_argument("--steps", type=int, default=3)

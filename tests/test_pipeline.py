@@ -142,8 +142,54 @@ def test_bad_engine_and_cluster_configs_are_refused_by_field(tmp_path):
     with pytest.raises(InvalidInput, match=r"trainer\.tp x cp x pp 4 does not divide the 2 trainer ranks"):
         _config(tmp_path, engine={"kind": "serve"}, trainer={"backend": "megatron", "cp": 2, "pp": 2},
                 cluster={"backend": "ray", "trainer": {"gpus_per_node": 2}})
+    with pytest.raises(InvalidInput, match=r"engine\.gpus places engines on this host; cluster\.backend ray"):
+        _config(tmp_path, engine={"kind": "serve", "gpus": [1]}, cluster={"backend": "ray"})
     with pytest.raises(InvalidInput, match=r"cluster\.trainer\.nodes: expected an integer"):
         _config(tmp_path, cluster={"trainer": {"nodes": 0}})
+
+
+def test_engines_on_gpus_of_their_own_see_only_their_gpu_and_get_weights_over_nccl(tmp_path, monkeypatch):
+    """`engine.gpus` places the engines this run starts: each sees only its GPU (CUDA_VISIBLE_DEVICES, mapped
+    through this process's own list), and `weight_sync: auto` is NCCL when no engine shares the trainer's GPU, CUDA
+    IPC when one does. GPUs are faked here (CI has none); the placement runs for real in
+    tests/gpu/test_pipeline_gpu.py on two GPUs."""
+    from types import SimpleNamespace
+
+    from trainers.engines import EngineConfig, Engines
+
+    with pytest.raises(InvalidInput, match=r"engine\.gpus: only engines this run starts"):
+        EngineConfig.from_dict({"kind": "sglang", "urls": ["http://x"], "gpus": [1]})
+    with pytest.raises(InvalidInput, match=r"engine\.gpus: GPU indices"):
+        EngineConfig.from_dict({"kind": "serve", "gpus": [-1]})
+    with pytest.raises(InvalidInput, match=r"engine\.device: 'cuda:x'"):
+        EngineConfig.from_dict({"kind": "serve", "device": "cuda:x"})
+    assert EngineConfig.from_dict({"kind": "serve", "device": "cuda:1"}).gpus == [1]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3,5,7")
+
+    def engines(**cfg) -> Engines:
+        e = Engines(EngineConfig.from_dict({"kind": "serve", **cfg}), model_path="m", max_concurrency=4,
+                    run_dir=tmp_path, seed=0, device="cuda", dtype="bfloat16")
+        e.pool = SimpleNamespace(targets=lambda: [])
+        return e
+
+    apart = engines(count=3, gpus=[1, 3])
+    assert [apart._gpu_env(i) for i in range(3)] == [{"CUDA_VISIBLE_DEVICES": v} for v in ("3", "7", "3")]
+    channel = apart.channel()
+    assert type(channel).__name__ == "Distributed" and channel.backend == "nccl"
+    with pytest.raises(InvalidInput, match=r"engine\.gpus: \[0, 1\] puts some engine\(s\) on the trainer's GPU 0"):
+        engines(count=2, gpus=[0, 1]).channel()  # no one channel reaches both
+    assert type(engines(count=1).channel()).__name__ == "FromTensor"
+    assert engines(count=1)._gpu_env(0) == {}
+    with pytest.raises(InvalidInput, match=r"engine\.gpus: GPU 4 is not there \(this process sees 4"):
+        engines(gpus=[4])._gpu_env(0)
+    with pytest.raises(InvalidInput, match=r"engine\.gpus: \[0, 1\] puts some engine\(s\) on the trainer's GPU 0"):
+        engines(count=2, gpus=[0, 1], weight_sync="distributed").channel()
+    with pytest.raises(InvalidInput, match=r"engine\.gpus: \[1\] puts the engine\(s\) off the trainer's GPU 0"):
+        engines(gpus=[1], weight_sync="tensor").channel()
+    assert type(engines(gpus=[1], weight_sync="disk").channel(save=lambda p: p)).__name__ == "FromDisk"
 
 
 def test_an_unreachable_engine_url_is_refused_before_training(tmp_path):

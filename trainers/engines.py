@@ -6,6 +6,7 @@ engine:
                         # sglang (SGLang servers or one router) | openai (an OpenAI-compatible server, e.g. vLLM)
   urls: []              # sglang / openai: the servers; serve: the servers, or empty to start `count` of them here
   count: 2              # serve without urls: engine processes this run starts (and restarts when they die)
+  gpus: [1]             # serve without urls: engine i runs on GPU gpus[i % len(gpus)] (default: the trainer's GPU)
   weight_sync: auto     # auto | distributed | tensor | disk | none
 ```
 
@@ -15,8 +16,8 @@ an `agents.EnginePool`), `tokenizer`, `channel(trainer)` (`trainers.weight_sync`
 `InvalidInput` naming the config field. Engines this run started are watched: one that dies is restarted and
 rejoins once the next weight sync has reached it (`agents.engine_pool`).
 
-`weight_sync: auto` picks: embedded → in place; `serve` on this host → `tensor` (CUDA IPC) on GPUs, `distributed` over
-gloo on CPUs; `sglang` → `distributed` over NCCL; `openai` → `none` (an OpenAI-compatible server has no weight-update
+`weight_sync: auto` picks: embedded → in place; `serve` on this host → `tensor` (CUDA IPC) where an engine shares the
+trainer's GPU, `distributed` over NCCL where every engine has a GPU of its own (`gpus`), over gloo on CPUs; `sglang` → `distributed` over NCCL; `openai` → `none` (an OpenAI-compatible server has no weight-update
 route: such engines serve frozen policies, e.g. evaluation or a distillation teacher; training through one is refused).
 """
 
@@ -50,6 +51,7 @@ class EngineConfig:
     health_timeout_s: float = 60.0
     wait_for_engine_s: float = 600.0   # a request with no engine up waits this long for one to come back
     device: str = "auto"               # serve engines started here
+    gpus: list[int] = field(default_factory=list)  # serve engines started here: their GPUs (see the docstring)
     dtype: str = "auto"
     max_batch_size: int | None = None  # serve engines started here (default: the run's max_concurrency)
     model_name: str | None = None      # openai: the served model's name (default: its first model)
@@ -76,6 +78,19 @@ class EngineConfig:
             raise InvalidInput(f"{where}.weight_sync: the embedded engine is updated in place (leave it auto)")
         if cfg.backend not in ("auto", "nccl", "gloo"):
             raise InvalidInput(f"{where}.backend: {cfg.backend!r} is not auto, nccl or gloo")
+        if isinstance(cfg.gpus, int):
+            cfg.gpus = [cfg.gpus]
+        if cfg.device.startswith("cuda:"):  # one GPU named the torch way: the same placement as gpus: [N]
+            if cfg.gpus or not cfg.device[5:].isdigit():
+                raise InvalidInput(f"{where}.device: {cfg.device!r}: give the engines' GPUs as gpus: [N] "
+                                   "and device: cuda")
+            cfg.gpus, cfg.device = [int(cfg.device[5:])], "cuda"
+        if cfg.gpus and (cfg.kind != "serve" or cfg.urls):
+            raise InvalidInput(f"{where}.gpus: only engines this run starts (kind: serve without urls) are placed")
+        if cfg.gpus and cfg.device == "cpu":
+            raise InvalidInput(f"{where}.gpus: device is cpu")
+        if any(not isinstance(g, int) or isinstance(g, bool) or g < 0 for g in cfg.gpus):
+            raise InvalidInput(f"{where}.gpus: GPU indices (integers >= 0), got {cfg.gpus!r}")
         for name in ("count", "bucket_mb"):
             if getattr(cfg, name) < 1:
                 raise InvalidInput(f"{where}.{name} must be >= 1, got {getattr(cfg, name)}")
@@ -139,14 +154,34 @@ class Engines:
 
             args += ["--threads", str(max(1, (os.cpu_count() or 1) // self.cfg.count))]
         spawn = self.spawn or (lambda i, **kw: ServeProcess(**kw))
-        self.processes = [spawn(i, model=self.model_path, args=args, log_path=logs / f"engine_{i}.log")
-                          for i in range(self.cfg.count)]
+        self.processes = [spawn(i, model=self.model_path, args=args, log_path=logs / f"engine_{i}.log",
+                                env=self._gpu_env(i)) for i in range(self.cfg.count)]
         try:
             return list(await asyncio.gather(*(p.start() for p in self.processes)))
         except Exception:
             for p in self.processes:
                 p.stop()
             raise
+
+    def _gpu_env(self, i: int) -> dict[str, str]:
+        """Engine i's own GPU, as its only visible device: its kernels and CUDA graphs then run on that device's
+        context without any device index in the engine (`--device cuda` there)."""
+        if not self.cfg.gpus:
+            return {}
+        import os
+
+        import torch
+
+        gpu = self.cfg.gpus[i % len(self.cfg.gpus)]
+        if gpu >= torch.cuda.device_count():
+            raise InvalidInput(f"engine.gpus: GPU {gpu} is not there (this process sees "
+                               f"{torch.cuda.device_count()} GPU(s))")
+        visible = [v for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+        return {"CUDA_VISIBLE_DEVICES": visible[gpu] if visible else str(gpu)}
+
+    def engine_gpus(self) -> set[int]:
+        """The GPUs (this process's indices) of the engines this run starts; empty where they share the trainer's."""
+        return {self.cfg.gpus[i % len(self.cfg.gpus)] for i in range(self.cfg.count)} if self.cfg.gpus else set()
 
     async def _check(self, engines: list[Any]) -> None:
         """Every engine answers, and serves the weights of the trainer's model (compared on the first values of
@@ -185,7 +220,12 @@ class Engines:
         if kind == "auto":
             kind = "none" if self.cfg.kind == "openai" else "distributed"
             if self.cfg.kind == "serve" and not self.cfg.urls and _cuda():
-                kind = "tensor"  # same host, same GPUs: CUDA IPC (NCCL refuses two ranks on one GPU)
+                import torch
+
+                # An engine on the trainer's GPU: CUDA IPC (NCCL refuses two ranks on one GPU). Every engine on a
+                # GPU of its own: NCCL, GPU to GPU.
+                kind = "distributed" if self.engine_gpus() - {torch.cuda.current_device()} else "tensor"
+        self._check_reach(kind)
         if kind == "none":
             return ws.Frozen()
         if kind == "tensor":
@@ -197,6 +237,20 @@ class Engines:
         backend = self.cfg.backend if self.cfg.backend != "auto" else ("nccl" if _cuda() else "gloo")
         return ws.Distributed(self.pool.targets, backend=backend, master_address=self.cfg.master_address,
                               bucket_bytes=self.cfg.bucket_mb << 20)
+
+    def _check_reach(self, kind: str) -> None:
+        """CUDA IPC reaches only engines that see the trainer's GPU; NCCL only engines on other GPUs."""
+        gpus = self.engine_gpus()
+        if not gpus or kind not in ("tensor", "distributed") or kind == "distributed" and self.cfg.backend == "gloo":
+            return
+        import torch
+
+        mine = torch.cuda.current_device()
+        if kind == "tensor" and gpus - {mine} or kind == "distributed" and mine in gpus:
+            raise InvalidInput(f"engine.gpus: {sorted(gpus)} puts {'some' if len(gpus) > 1 else 'the'} engine(s) "
+                               f"{'off' if kind == 'tensor' else 'on'} the trainer's GPU {mine}, which "
+                               f"weight_sync {kind} cannot reach (CUDA IPC needs the trainer's GPU, NCCL a GPU per "
+                               "rank); place them all apart or all on it, or use weight_sync: disk")
 
     def synced(self) -> None:
         """A weight sync reached every target: stale engines rejoin the rotation."""

@@ -83,6 +83,9 @@ class ClusterConfig:
                 raise InvalidInput(f"{where}: cluster.trainer asks for {self.ranks} trainer ranks; backend 'local' "
                                    "runs one (use backend: ray)")
             return
+        if engine.gpus:
+            raise InvalidInput(f"{where}: engine.gpus places engines on this host; cluster.backend ray places them "
+                               "on its bundles (cluster.rollout)")
         if engine.kind == "embedded":
             raise InvalidInput(f"{where}: cluster.backend ray places engine servers; engine.kind 'embedded' runs in "
                                "the trainer's process (use kind: serve)")

