@@ -81,9 +81,16 @@ def open_update_group(master_address: str, master_port: int, rank: int, world_si
     return group
 
 
-def close_update_group(group: Any) -> None:
+def close_update_group(group: Any, abort: bool = False) -> None:
+    """Tear the group down (with every other rank at once: see `trainers.weight_sync.Distributed`); `abort` it
+    first where a rank is gone. Either way its name leaves this process's registry."""
     import torch.distributed as dist
 
+    if abort:
+        try:
+            group.abort()
+        except (AttributeError, RuntimeError):  # a backend without abort (gloo): the destroy below is local
+            pass
     try:
         dist.destroy_process_group(group)
     except (AssertionError, RuntimeError, ValueError):  # never registered with the default world: drop it

@@ -22,7 +22,9 @@ restarted), `Distributed` forms a new group with the engines there are. Returns 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import socket
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -76,6 +78,9 @@ class _Servers:
         return None
 
 
+_GROUP_IDS = itertools.count(1)
+
+
 class Distributed(_Servers):
     """SGLang's disaggregated update: see the module docstring. `backend` "nccl" (GPUs) or "gloo" (CPUs);
     `master_address` is this host as the engines reach it; `bucket_bytes` bounds one update call."""
@@ -105,7 +110,7 @@ class Distributed(_Servers):
             ranks.append(int(info.get("tp_size", 1) or 1))
         world = 1 + sum(ranks)
         self.generation += 1
-        name = f"{self.base_name}_{self.generation}"
+        name = f"{self.base_name}_{next(_GROUP_IDS)}"  # unique in this process: an aborted group may linger
         port = _free_port()
         offsets = [1 + sum(ranks[:i]) for i in range(len(engines))]
         joins = [asyncio.ensure_future(e.init_weights_update_group(self.master_address, port, off, world, name,
@@ -127,11 +132,18 @@ class Distributed(_Servers):
 
         if self.group is None:
             return
-        live = {e.url: e for e in engines}
-        await asyncio.gather(*(live[u].destroy_weights_update_group(self.name) for u in self.member_urls
-                               if u in live), return_exceptions=True)  # a restarted engine never had it
-        await asyncio.to_thread(close_update_group, self.group)
-        self.group = None
+        group, self.group = self.group, None
+        live = {id(e): e for e in engines}
+        if set(self.members) <= set(live):
+            # Every rank tears down at once: NCCL's teardown waits for the group's other ranks (a collective in
+            # some NCCL versions), so this rank must not wait for the engines' answers first.
+            await asyncio.gather(*(live[m].destroy_weights_update_group(self.name) for m in self.members),
+                                 asyncio.to_thread(close_update_group, group), return_exceptions=True)
+        else:  # a member is gone (an engine restarted: a new client): no teardown can complete; abort ours aside
+            threading.Thread(target=close_update_group, args=(group, True), daemon=True).start()
+            calls = [live[m].destroy_weights_update_group(self.name) for m in self.members if m in live]
+            if calls:  # the live ones drop theirs (bounded: their teardown may wait on the gone rank too)
+                await asyncio.wait([asyncio.ensure_future(c) for c in calls], timeout=30)
 
     async def push(self, weights: Mapping[str, torch.Tensor], version: str) -> dict[str, float]:
         from agents.weight_transfer import broadcast, bucketed
