@@ -143,6 +143,17 @@ def test_pipeline_example_trains_against_two_engine_servers(tmp_path):
     assert len(list((tmp_path / "run" / "engines").glob("engine_*.log"))) == 2
 
 
+def test_two_gpu_async_example_places_the_engine_on_gpu_1():
+    """examples/async_two_gpu.yaml (a GPU run: on two H100s in docs/benchmarks.md) is a valid config that puts the
+    engine on GPU 1 and trains asynchronously."""
+    from trainers.engines import EngineConfig
+    from trainers.train_loop import TrainConfig
+
+    cfg = TrainConfig.from_yaml(ROOT / "examples" / "async_two_gpu.yaml")
+    engine = EngineConfig.from_dict(cfg.engine)
+    assert engine.kind == "serve" and engine.gpus == [1] and cfg.async_["mode"] == "overlap"
+
+
 def test_async_example_trains_fully_asynchronously(tmp_path):
     """examples/async_train.yaml as a user runs it (two steps, no evaluation): every batch at most one version old."""
     out = subprocess.run([sys.executable, "-m", "slime_env", "train", "--config", "examples/async_train.yaml",
