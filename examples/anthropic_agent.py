@@ -4,8 +4,8 @@ tool loop, no slime_env inside `run` — trained unchanged, like examples/openai
     slime-env train --config examples/agent_train.yaml --env examples/anthropic_agent.py:make_env
 
 `AgentEnv(..., api="anthropic")` hands `run` the session's root URL (the SDK adds `/v1/messages`); the gateway renders
-the Messages request with the model's own chat template and records the calls as exact token ledgers. The tasks and
-the score are examples/openai_agent.py's.
+the Messages request with the model's own chat template and records the calls as exact token ledgers. The score is
+examples/openai_agent.py's; the tasks are agent_train.yaml's (openai_agent.py's).
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from slime_env.loading import load_object
 
 _CALC = Path(__file__).with_name("openai_agent.py")
 score = load_object(f"{_CALC}:score")
-tasks = load_object(f"{_CALC}:tasks")
 
 SYSTEM = "You are a careful calculator. Use the add tool, then answer with <answer>N</answer>."
 TOOLS = [{"name": "add", "description": "Add two integers.",

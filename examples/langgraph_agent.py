@@ -4,7 +4,7 @@ node untouched — trained unchanged, like examples/openai_agent.py:
     slime-env train --config examples/agent_train.yaml --env examples/langgraph_agent.py:make_env
 
 The only thing pointed at slime_env is ChatOpenAI's `base_url` / `api_key` (the episode's private gateway session).
-The tasks and the score are examples/openai_agent.py's.
+The score is examples/openai_agent.py's; the tasks are agent_train.yaml's (openai_agent.py's).
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from slime_env.loading import load_object
 
 _CALC = Path(__file__).with_name("openai_agent.py")
 score = load_object(f"{_CALC}:score")
-tasks = load_object(f"{_CALC}:tasks")
 
 SYSTEM = "You are a careful calculator. Use the add tool, then answer with <answer>N</answer>."
 

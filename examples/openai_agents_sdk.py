@@ -7,7 +7,7 @@ it into `.venv/openai-agents`; elsewhere `pip install --target DIR openai-agents
 
 Run as a script (`python -S -P examples/openai_agents_sdk.py BASE_URL API_KEY PROMPT`, the SDK on PYTHONPATH) it is
 the agent: it prints its final output as JSON. Loaded by slime_env, `run` starts that process for each episode.
-The tasks and the score are examples/openai_agent.py's.
+The score is examples/openai_agent.py's; the tasks are agent_train.yaml's (openai_agent.py's).
 """
 
 from __future__ import annotations
@@ -74,12 +74,6 @@ def make_env(deadline_s: float = 120.0):
 
     score = load_object(f"{Path(__file__).with_name('openai_agent.py')}:score")
     return AgentEnv(run, score, parser="hermes", deadline_s=deadline_s)
-
-
-def tasks(n: int = 64, seed: int = 0) -> list[dict]:
-    from slime_env.loading import load_object
-
-    return load_object(f"{Path(__file__).with_name('openai_agent.py')}:tasks")(n, seed)
 
 
 if __name__ == "__main__":

@@ -135,7 +135,11 @@ def test_thousand_runs_leave_nothing_behind(runner, sb):
                 return await one(i)
 
         tasks = [asyncio.ensure_future(limited(i)) for i in range(1000)]
-        done, pending = await asyncio.wait(tasks, timeout=240)
+        pending: set = set(tasks)
+        while pending:  # a slow machine may take long; no run finishing for 60 s is a hang
+            done, pending = await asyncio.wait(pending, timeout=60)
+            if not done:
+                break
         if pending:  # a hang here is a bug: fail with the state of every task, not a CI timeout
             import io
 
@@ -153,7 +157,7 @@ def test_thousand_runs_leave_nothing_behind(runner, sb):
                 print("--", file=stacks)
             for t in pending:
                 t.cancel()
-            pytest.fail(f"1,000 runs did not finish in 240 s on {sb.backend}: {state}\n{stacks.getvalue()}")
+            pytest.fail(f"no run of the 1,000 finished in 60 s on {sb.backend}: {state}\n{stacks.getvalue()}")
         results = [t.result() for t in tasks]
         await asyncio.sleep(0.5 if sb.backend != "docker" else 3.5)  # docker: cancelled runs are recovered
         await stop_fork_servers()
