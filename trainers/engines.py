@@ -17,8 +17,9 @@ an `agents.EnginePool`), `tokenizer`, `channel(trainer)` (`trainers.weight_sync`
 rejoins once the next weight sync has reached it (`agents.engine_pool`).
 
 `weight_sync: auto` picks: embedded → in place; `serve` on this host → `tensor` (CUDA IPC) where an engine shares the
-trainer's GPU, `distributed` over NCCL where every engine has a GPU of its own (`gpus`), over gloo on CPUs; `sglang` → `distributed` over NCCL; `openai` → `none` (an OpenAI-compatible server has no weight-update
-route: such engines serve frozen policies, e.g. evaluation or a distillation teacher; training through one is refused).
+trainer's GPU, `distributed` over NCCL where every engine has a GPU of its own (`gpus`), over gloo on CPUs; `sglang` →
+`distributed` over NCCL; `openai` → `none` (an OpenAI-compatible server has no weight-update route: such engines serve
+frozen policies, e.g. evaluation or a distillation teacher; training through one is refused).
 """
 
 from __future__ import annotations

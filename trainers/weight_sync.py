@@ -96,8 +96,6 @@ class Distributed(_Servers):
         # The engine clients of the group (by identity: a restarted engine is a new client at the same URL, and its
         # old rank is gone from the group).
         self.members: tuple[int, ...] = ()
-        self.member_urls: tuple[str, ...] = ()
-        self.generation = 0
 
     async def _form(self, engines: Sequence[Any]) -> None:
         """A group of this process (rank 0) and every engine rank; the old one (other members) is dissolved."""
@@ -109,7 +107,6 @@ class Distributed(_Servers):
             info = await e.get_server_info() if hasattr(e, "get_server_info") else {}
             ranks.append(int(info.get("tp_size", 1) or 1))
         world = 1 + sum(ranks)
-        self.generation += 1
         name = f"{self.base_name}_{next(_GROUP_IDS)}"  # unique in this process: an aborted group may linger
         port = _free_port()
         offsets = [1 + sum(ranks[:i]) for i in range(len(engines))]
@@ -125,7 +122,7 @@ class Distributed(_Servers):
                 j.cancel()
             raise
         self.group, self.name = group, name
-        self.members, self.member_urls = tuple(id(e) for e in engines), tuple(e.url for e in engines)
+        self.members = tuple(id(e) for e in engines)
 
     async def _dissolve(self, engines: Sequence[Any]) -> None:
         from agents.weight_transfer import close_update_group

@@ -178,8 +178,8 @@ def test_pp2_cp2_ep2_on_two_gpus_equal_one_gpu_on_the_same_batch(tmp_path):
         base = one[ref]
         diffs = {k: (torch.tensor(run[k]) - torch.tensor(base[k])).abs() for k in ("logprobs", "logprobs_after")}
         print(f"{name}: log-prob mean |diff| before {diffs['logprobs'].mean():.2e}, after "
-              f"{diffs['logprobs_after'].mean():.2e}; grad norm {run['grad_norm']:.5f} vs one GPU {base['grad_norm']:.5f}; "
-              f"loss {run['loss']:.6f} vs {base['loss']:.6f}")
+              f"{diffs['logprobs_after'].mean():.2e}; grad norm {run['grad_norm']:.5f} vs one GPU "
+              f"{base['grad_norm']:.5f}; loss {run['loss']:.6f} vs {base['loss']:.6f}")
         assert diffs["logprobs"].mean() < 2e-2 and diffs["logprobs_after"].mean() < 2e-2, name
         assert run["grad_norm"] == pytest.approx(base["grad_norm"], rel=5e-2), name
         assert run["loss"] == pytest.approx(base["loss"], rel=5e-2, abs=1e-3), name
