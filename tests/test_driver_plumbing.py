@@ -77,7 +77,9 @@ def test_quiet_gc_keeps_a_freeze_it_did_not_make(default_gc):
     try:
         with quiet_gc():
             assert gc.get_threshold()[0] == YOUNG_THRESHOLD
-        assert gc.get_freeze_count() == frozen and gc.get_threshold() == (700, 10, 10)
+        # Kept frozen: an unfreeze would empty the permanent generation. Not `== frozen`: a frozen object that
+        # another thread of the process frees meanwhile (a reader thread's last line, say) leaves it.
+        assert frozen * 0.99 <= gc.get_freeze_count() <= frozen and gc.get_threshold() == (700, 10, 10)
     finally:
         gc.unfreeze()
 
