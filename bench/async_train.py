@@ -146,7 +146,8 @@ def main() -> None:
             r["steps_per_hour"], r["vs_base"], r["accuracy_at_equal_wall"] = per_h, ratio, accuracy_at(r["evals"], wall)
             label = f"{r['engine']}/{r['mode']}"
             print(f"  s{seed} {label:16s} {per_h:8.0f}  {ratio:6.2f}x  {r['tokens_per_s']:7.0f}"
-                  f"  {r['trainer_idle']:12.2f}  {r['engine_idle']:11.2f}  {r['last_accuracy']:9.3f}  {r['accuracy_at_equal_wall'] or 0:14.3f}"
+                  f"  {r['trainer_idle']:12.2f}  {r['engine_idle']:11.2f}  {r['last_accuracy']:9.3f}"
+                  f"  {r['accuracy_at_equal_wall'] or 0:14.3f}"
                   f"  (equal wall = {wall:.0f} s)")
     (out / f"{args.task}_summary.json").write_text(json.dumps(results, indent=1))
     plot(results, out / f"{args.task}_accuracy.png", args.task)

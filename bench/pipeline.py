@@ -41,6 +41,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from agents.launcher import ServeProcess  # noqa: E402
 from agents.sglang_policy import SGLangPolicy  # noqa: E402
 from trainers import weight_sync as ws  # noqa: E402
+from trainers.engines import gpu_env  # noqa: E402
 
 
 def make_model_folder(hidden: int, layers: int, folder: Path) -> tuple[Path, dict[str, torch.Tensor]]:
@@ -72,7 +73,7 @@ def digest(t: torch.Tensor) -> str:
 async def time_channels(state: dict[str, torch.Tensor], folder: Path, n: int, kinds: list[str], logs: Path,
                         repeats: int, engine_gpu: int | None = None) -> dict[str, float]:
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    env = {"CUDA_VISIBLE_DEVICES": str(engine_gpu)} if engine_gpu is not None else {}  # what engine.gpus does
+    env = gpu_env(engine_gpu) if engine_gpu is not None else {}  # what engine.gpus does
     procs = [ServeProcess(model=str(folder), args=["--dtype", "bfloat16", "--device", device, "--max-batch-size", "4"],
                           log_path=logs / f"engine_{n}_{i}.log", env=env) for i in range(n)]
     urls = await asyncio.gather(*(p.start() for p in procs))
@@ -151,8 +152,13 @@ def cmd_sync(args) -> None:
     _, state = make_model_folder(args.hidden, args.layers, folder)
     params = sum(v.numel() for v in state.values())
     gpu = torch.cuda.is_available()
-    engine_gpu = args.engine_gpu if args.engine_gpu is not None else (1 if torch.cuda.device_count() > 1 else None)
-    # CUDA IPC reaches only an engine that sees the sender's GPU; NCCL only one on another GPU.
+    # CUDA IPC reaches only an engine that sees the sender's GPU; NCCL only one on another GPU. So the engines go to
+    # GPU 1 by default only where there is one and `tensor` is not asked for.
+    engine_gpu = args.engine_gpu
+    if engine_gpu is None and torch.cuda.device_count() > 1 and "tensor" not in (args.kinds or []):
+        engine_gpu = 1
+    if engine_gpu is not None and "tensor" in (args.kinds or []):
+        raise SystemExit(f"--kinds tensor: CUDA IPC cannot reach engines on GPU {engine_gpu} (drop --engine-gpu)")
     kinds = args.kinds or (["distributed", "disk"] if engine_gpu is not None else
                            ["tensor", "disk"] if gpu else ["distributed", "tensor", "disk"])
     rows = []
@@ -245,7 +251,8 @@ def main() -> None:
     s.add_argument("--repeats", type=int, default=3)
     s.add_argument("--train-step", action="store_true", help="GPU: also time one MegatronTrainer step")
     s.add_argument("--engine-gpu", type=int, default=None,
-                   help="the engines' GPU (default: 1 where there are two or more, else the sender's)")
+                   help="the engines' GPU (default: 1 where there are two or more and --kinds has no tensor, "
+                        "else the sender's)")
     s.add_argument("--out-dir", default="runs/bench_pipeline")
     t = sub.add_parser("throughput")
     t.add_argument("--steps", type=int, default=3)

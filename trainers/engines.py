@@ -165,20 +165,8 @@ class Engines:
             raise
 
     def _gpu_env(self, i: int) -> dict[str, str]:
-        """Engine i's own GPU, as its only visible device: its kernels and CUDA graphs then run on that device's
-        context without any device index in the engine (`--device cuda` there)."""
-        if not self.cfg.gpus:
-            return {}
-        import os
-
-        import torch
-
-        gpu = self.cfg.gpus[i % len(self.cfg.gpus)]
-        if gpu >= torch.cuda.device_count():
-            raise InvalidInput(f"engine.gpus: GPU {gpu} is not there (this process sees "
-                               f"{torch.cuda.device_count()} GPU(s))")
-        visible = [v for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
-        return {"CUDA_VISIBLE_DEVICES": visible[gpu] if visible else str(gpu)}
+        """Engine i's environment: only its GPU visible (`gpu_env`), or nothing where engines share the trainer's."""
+        return gpu_env(self.cfg.gpus[i % len(self.cfg.gpus)]) if self.cfg.gpus else {}
 
     def engine_gpus(self) -> set[int]:
         """The GPUs (this process's indices) of the engines this run starts; empty where they share the trainer's."""
@@ -317,6 +305,21 @@ def _first_values(model_path: str, n: int = 8) -> list[float]:
             if "model.embed_tokens.weight" in st.keys():
                 return st.get_slice("model.embed_tokens.weight")[0, :n].float().tolist()
     raise InvalidInput(f"model: {model_path} has no model.embed_tokens.weight in its safetensors files")
+
+
+def gpu_env(gpu: int) -> dict[str, str]:
+    """The environment that makes this process's GPU `gpu` a child process's only visible device (mapped through
+    this process's own CUDA_VISIBLE_DEVICES): the child's kernels and CUDA graphs then run on that device's context
+    without any device index in it (`--device cuda` there)."""
+    import os
+
+    import torch
+
+    if gpu >= torch.cuda.device_count():
+        raise InvalidInput(f"engine.gpus: GPU {gpu} is not there (this process sees "
+                           f"{torch.cuda.device_count()} GPU(s))")
+    visible = [v for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    return {"CUDA_VISIBLE_DEVICES": visible[gpu] if visible else str(gpu)}
 
 
 def _cuda() -> bool:
