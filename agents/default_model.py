@@ -58,9 +58,8 @@ def load_policy(model: str, *, max_batch_size: int = 16, batch_window_s: float =
     """(`TransformersPolicy`, model folder) for `model`: "default" (the embedded SmolLM2) or a Hugging Face
     model folder, on `device` in `dtype` ("auto": bfloat16 on CUDA, float32 on CPU). The one place where
     the engine server and the train loop load a model."""
+    from slime_env.agents.transformers_policy import TransformersPolicy
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from agents.transformers_policy import TransformersPolicy
 
     device, torch_dtype = resolve_device(device, dtype)
     if model == "default":

@@ -2,7 +2,7 @@
 
 One worker thread runs steps. Each step admits waiting requests into the running batch and decodes one
 token for every live row; a request never waits for others to finish. For Llama / Qwen2 / Qwen3 models that
-is one packed forward (`agents.packed_forward`): the live rows' next tokens and the admitted requests' new
+is one packed forward (`slime_env.agents.packed_forward`): the live rows' next tokens and the admitted requests' new
 tokens (a prompt that extends a cached prefix of its session: only what is new) together. Other models take
 two passes: a prefill of the admitted requests (fresh prompts together, left-padded; extensions of cached
 prefixes together), then the decoding pass through the model's own forward.
@@ -27,15 +27,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-
-from agents import packed_forward
+from slime_env.agents import packed_forward
 
 GROW = 256  # columns of room the batch's K/V buffers get when they are (re)allocated
 
 
 @dataclass
 class _Row:
-    req: Any            # agents.transformers_policy._Request
+    req: Any            # slime_env.agents.transformers_policy._Request
     length: int         # tokens of this row in the cache (all fed tokens)
     fed: list[int]      # the ids those tokens are
 
@@ -109,7 +108,7 @@ class ContinuousEngine:
         self.mask: torch.Tensor | None = None
         self.rows: list[_Row | None] = []
         self.steps = 0
-        # Llama / Qwen2 / Qwen3 run as one packed forward per step (agents.packed_forward); other models as a
+        # Llama / Qwen2 / Qwen3 run as one packed forward per step (slime_env.agents.packed_forward); other models as a
         # prefill pass per admission wave plus a decoding pass through the model's own forward.
         self.packed = packed_forward.packable(policy.model) if packed is None else packed
         # A two-pass prefill needs the logits of each row's last position only: the LM head over every prompt

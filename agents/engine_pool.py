@@ -20,7 +20,8 @@ import zlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from agents.session import EpisodeSession
+from slime_env.agents.session import EpisodeSession
+
 from slime_env import Generation
 from slime_env.http import RemoteError
 

@@ -16,9 +16,9 @@ import uuid
 from typing import Any
 
 from aiohttp import web
+from slime_env.agents.default_model import load_policy
+from slime_env.agents.transformers_policy import TransformersPolicy
 
-from agents.default_model import load_policy
-from agents.transformers_policy import TransformersPolicy
 from slime_env.errors import InvalidInput
 from slime_env.http import serve_forever
 
@@ -216,8 +216,8 @@ class EngineServer:
 
     async def update_weights_from_tensor(self, request: web.Request) -> web.Response:
         """SGLang's route: `serialized_named_tensors` (one payload per engine TP rank; one here) of
-        `agents.weight_transfer`: CUDA IPC handles or shared memory from a process on this host."""
-        from agents.weight_transfer import deserialize_named_tensors
+        `slime_env.agents.weight_transfer`: CUDA IPC handles or shared memory from a process on this host."""
+        from slime_env.agents.weight_transfer import deserialize_named_tensors
 
         body = await _json(request)
         if isinstance(body, web.Response):
@@ -241,7 +241,7 @@ class EngineServer:
     # --- weights over a torch.distributed group (SGLang's disaggregated update) -------------------------------
     async def init_weights_update_group(self, request: web.Request) -> web.Response:
         """Join the trainer's weight-update group at rank `rank_offset` (returns once every rank has joined)."""
-        from agents.weight_transfer import open_update_group
+        from slime_env.agents.weight_transfer import open_update_group
 
         body = await _json(request)
         if isinstance(body, web.Response):
@@ -271,8 +271,7 @@ class EngineServer:
     async def update_weights_from_distributed(self, request: web.Request) -> web.Response:
         """Receive `names` (with `dtypes`, `shapes`) by broadcast from rank 0 of the group, in order, and load them."""
         import torch
-
-        from agents.weight_transfer import broadcast
+        from slime_env.agents.weight_transfer import broadcast
 
         body = await _json(request)
         if isinstance(body, web.Response):
@@ -318,7 +317,7 @@ class EngineServer:
                                   "weight_version": self.policy.weight_version})
 
     async def destroy_weights_update_group(self, request: web.Request) -> web.Response:
-        from agents.weight_transfer import close_update_group
+        from slime_env.agents.weight_transfer import close_update_group
 
         body = await _json(request)
         if isinstance(body, web.Response):

@@ -1,6 +1,6 @@
 """The paged engine's K/V block pool: fixed-size blocks, reference counts, and a prefix cache by block content.
 
-A sequence's K/V lives in blocks of `block_size` tokens anywhere in one preallocated pool (`agents.model_runner`);
+A sequence's K/V lives in blocks of `block_size` tokens anywhere in one preallocated pool (`slime_env.agents.model_runner`);
 its block table lists them in order. A block that is full holds the K/V of a known run of tokens after a known
 prefix, so it is named by a chain digest — blake2b(digest of the previous block ‖ this block's token ids) — and
 any later sequence whose ids start with the same tokens reuses it instead of recomputing: the next turn of an

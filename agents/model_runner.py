@@ -4,7 +4,7 @@ The model's own modules do the arithmetic (embedding, norms, projections, MLP, L
 the model's rotary embedding evaluated once for every position), so the weights stay the model's parameters:
 an in-place weight update is seen by the next replay. A step's tokens are packed (T, hidden): one per decoding
 sequence, then the new tokens of sequences being prefilled (`Step`). Attention reads and writes the pool through
-`agents.paged_attention`, whose kernels have grids fixed by T alone.
+`slime_env.agents.paged_attention`, whose kernels have grids fixed by T alone.
 
 So a step of T tokens is shape-static once T is padded up to a size of the ladder `STEP_SIZES`: each size is
 captured once into a CUDA graph (when first needed) whose inputs are views of one device buffer, filled by one
@@ -21,10 +21,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-
-from agents import paged_attention as pa
-from agents.kv_blocks import SCRATCH
-from agents.packed_forward import _rope
+from slime_env.agents import paged_attention as pa
+from slime_env.agents.kv_blocks import SCRATCH
+from slime_env.agents.packed_forward import _rope
 
 
 def _ladder(top: int) -> tuple[int, ...]:
@@ -86,7 +85,7 @@ class ModelRunner:
         self.max_blocks = -(-max_model_len // block_size)
         self.num_blocks = num_blocks
         self.use_triton = use_triton
-        # The fused elementwise kernels (agents.fused_ops) go with the Triton attention, for SiLU-gated MLPs in 16-bit
+        # The fused elementwise kernels (slime_env.agents.fused_ops) go with the Triton attention, for SiLU-gated MLPs in 16-bit
         # dtypes. Not in float32: there the engine equals the model's forward exactly with the modules, while with
         # the fused kernels SmolLM2's real weights showed greedy log-probs up to 0.1 away on an H100 (the attention
         # kernels alone: exact) — see bench/fused_ops_precision.py; in bf16 the modules' own rounding dominates.
@@ -235,9 +234,9 @@ class ModelRunner:
         return self.model.lm_head(inner.norm(x[v["last"]])).float()
 
     def _forward_fused(self, x, cos, sin, v, meta) -> torch.Tensor:
-        """The same layers with `agents.fused_ops`: each norm fused with the residual add before it, the q/k norms
+        """The same layers with `slime_env.agents.fused_ops`: each norm fused with the residual add before it, the q/k norms
         and rotary embedding fused with the K/V store, SiLU fused with the gate's product."""
-        from agents import fused_ops as fo
+        from slime_env.agents import fused_ops as fo
 
         layers, tokens = self.model.model.layers, x.shape[0]
         norms = [layer.input_layernorm for layer in layers]

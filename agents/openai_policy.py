@@ -16,7 +16,8 @@ import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from agents.session import Usage
+from slime_env.agents.session import Usage
+
 from slime_env import Generation
 from slime_env.http import HttpClient, ProtocolError
 

@@ -5,14 +5,14 @@ One thread runs steps. A step is either
   graph captured for that batch size; or
 - a **mixed step** (eager): the running sequences' decode tokens plus the new tokens of sequences joining the
   batch, packed into one forward. Joining sequences first take what the block pool already holds for them
-  (`agents.kv_blocks`: the earlier turns of their episode, the prompt their GRPO group shares), so a resumed turn
+  (`slime_env.agents.kv_blocks`: the earlier turns of their episode, the prompt their GRPO group shares), so a resumed turn
   computes only its new tokens. A prompt longer than the step's token budget is prefilled over several steps.
 
-Every step ends with one batched draw on the GPU (`agents.sampler`) and one copy of (token, log-prob) per row to
+Every step ends with one batched draw on the GPU (`slime_env.agents.sampler`) and one copy of (token, log-prob) per row to
 the host. K/V blocks are allocated as sequences grow; when the pool runs out, the most recently admitted sequence
 is preempted — its blocks released (its full ones stay cached and are usually matched again), its tokens kept —
 and resumed later by recomputation. Requests, stop rules and results are `TransformersPolicy`'s: this class only
-replaces `agents.engine.ContinuousEngine` for Llama / Qwen2 / Qwen3 models on CUDA (`agents.model_runner`).
+replaces `slime_env.agents.engine.ContinuousEngine` for Llama / Qwen2 / Qwen3 models on CUDA (`slime_env.agents.model_runner`).
 """
 
 from __future__ import annotations
@@ -26,16 +26,15 @@ from typing import Any
 
 import numpy as np
 import torch
-
-from agents.kv_blocks import BlockPool, chain_digest
-from agents.model_runner import ModelRunner, Step, pool_blocks
-from agents.paged_attention import triton_usable
-from agents.sampler import SamplingBatch, sample
+from slime_env.agents.kv_blocks import BlockPool, chain_digest
+from slime_env.agents.model_runner import ModelRunner, Step, pool_blocks
+from slime_env.agents.paged_attention import triton_usable
+from slime_env.agents.sampler import SamplingBatch, sample
 
 
 @dataclass(eq=False)  # identity: `list.remove(seq)` must not compare token lists field by field
 class _Seq:
-    req: Any                 # agents.transformers_policy._Request
+    req: Any                 # slime_env.agents.transformers_policy._Request
     ids: list[int]           # prompt + generated tokens; the K/V of ids[:computed] is in `blocks`
     order: int               # admission order (the youngest is preempted first)
     blocks: list[int] = field(default_factory=list)

@@ -1,6 +1,6 @@
 """`TransformersPolicy`: a local engine on a Hugging Face causal LM, batching concurrent requests.
 
-By default (`batching="continuous"`, `agents.engine`) requests join the running batch at the next
+By default (`batching="continuous"`, `slime_env.agents.engine`) requests join the running batch at the next
 decoding step — none waits for another to finish — and each episode session keeps the KV cache of what
 it has fed so far, so its next turn encodes only the new tokens. `batching="static"` is the older loop:
 requests that arrive within `batch_window_s` of each other are generated as one left-padded batch (at most
@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from slime_env.agents.session import EpisodeSession
 
-from agents.session import EpisodeSession
 from slime_env import Generation
 from slime_env.errors import InvalidInput
 
@@ -109,11 +109,11 @@ class TransformersPolicy:
         self._engine = None
         self.paged = batching == "continuous" and (paged_usable(model) if paged is None else paged)
         if self.paged:
-            from agents.paged_engine import PagedEngine
+            from slime_env.agents.paged_engine import PagedEngine
 
             self._engine = PagedEngine(self, max_batch_size=max_batch_size, **dict(paged_options or {}))
         elif batching == "continuous":
-            from agents.engine import ContinuousEngine
+            from slime_env.agents.engine import ContinuousEngine
 
             self._engine = ContinuousEngine(self, max_batch_size=max_batch_size,
                                             prefix_cache_tokens=prefix_cache_tokens)
@@ -486,10 +486,10 @@ def sequence_logprobs(model: Any, ids: Sequence[int]) -> list[float]:
 
 
 def paged_usable(model: Any) -> bool:
-    """Whether the paged GPU engine (`agents.paged_engine`) runs `model`: a Llama / Qwen2 / Qwen3 model on CUDA with
-    Triton importable and a power-of-two head dim. Elsewhere continuous batching uses `agents.engine`."""
-    from agents import paged_attention
-    from agents.packed_forward import packable
+    """Whether the paged GPU engine (`slime_env.agents.paged_engine`) runs `model`: a Llama / Qwen2 / Qwen3 model on CUDA with
+    Triton importable and a power-of-two head dim. Elsewhere continuous batching uses `slime_env.agents.engine`."""
+    from slime_env.agents import paged_attention
+    from slime_env.agents.packed_forward import packable
 
     device = next(model.parameters()).device
     if not packable(model) or not paged_attention.triton_usable(device) or device.type != "cuda":

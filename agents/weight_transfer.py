@@ -82,7 +82,7 @@ def open_update_group(master_address: str, master_port: int, rank: int, world_si
 
 
 def close_update_group(group: Any, abort: bool = False) -> None:
-    """Tear the group down (with every other rank at once: see `trainers.weight_sync.Distributed`); `abort` it
+    """Tear the group down (with every other rank at once: see `slime_env.trainers.weight_sync.Distributed`); `abort` it
     first where a rank is gone. Either way its name leaves this process's registry."""
     import torch.distributed as dist
 

@@ -23,7 +23,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from envs.code import Grader, load_humaneval, parse_tests  # noqa: E402
+from slime_env.envs.code import Grader, load_humaneval, parse_tests  # noqa: E402
 
 
 def naive(tasks) -> tuple[float, int]:
@@ -56,14 +56,14 @@ async def ours(tasks, sandbox, concurrency: int) -> tuple[float, int]:
 
 def make(backend: str, concurrency: int):
     if backend == "docker":
-        from tools_sandbox.docker_pool import DockerSandbox
+        from slime_env.tools_sandbox.docker_pool import DockerSandbox
 
         return DockerSandbox(pool_size=concurrency)
     if backend == "bwrap":
-        from tools_sandbox.bwrap import BwrapSandbox
+        from slime_env.tools_sandbox.bwrap import BwrapSandbox
 
         return BwrapSandbox(max_concurrency=concurrency)
-    from tools_sandbox.process import ProcessSandbox
+    from slime_env.tools_sandbox.process import ProcessSandbox
 
     return ProcessSandbox(max_concurrency=concurrency)
 

@@ -27,8 +27,9 @@ import sys
 import threading
 import time
 
-from agents import SGLangPolicy, TransformersPolicy, load_default_model
-from agents.default_model import default_model_path
+from slime_env.agents import SGLangPolicy, TransformersPolicy, load_default_model
+from slime_env.agents.default_model import default_model_path
+
 from slime_env import Message, get_renderer
 
 QUESTIONS = ["What is the capital of France?", "Explain gravity in one sentence.", "Write a haiku about rain.",

@@ -2,13 +2,13 @@
 
 Three engines on the same model (SmolLM2-135M-Instruct in bfloat16; `--random` gives the same shapes with random
 weights, which generate at the same speed — every turn's length is fixed, `ignore_eos`):
-- `old`: `TransformersPolicy(paged=False)`, the continuous engine of `agents.engine` (left-padded K/V buffers,
+- `old`: `TransformersPolicy(paged=False)`, the continuous engine of `slime_env.agents.engine` (left-padded K/V buffers,
   packed eager steps, per-session prefix cache);
 - `hf`: Hugging Face `generate` with a static cache (`cache_implementation="static"`, which transformers compiles
   with `torch.compile(mode="reduce-overhead")`), one batch per turn — what a user would write instead; each turn
   runs to the longest turn's length and keeps each row's own length (the same tokens go into the next turn);
   timed on a second pass, after a first pass that compiled it (compile time reported apart);
-- `paged`: `TransformersPolicy()` on CUDA, the paged engine (`agents.paged_engine`), timed after a first pass that
+- `paged`: `TransformersPolicy()` on CUDA, the paged engine (`slime_env.agents.paged_engine`), timed after a first pass that
   captured its CUDA graphs (warm-up time reported apart, like HF's compile).
 
 Workloads: **multi-turn** — `--episodes` (256) concurrent episodes of `--turns` (4) turns, each turn's length drawn
@@ -34,7 +34,8 @@ import torch
 
 sys.path.insert(0, __file__.rsplit("/bench/", 1)[0])
 
-from agents.transformers_policy import TransformersPolicy  # noqa: E402
+from slime_env.agents.transformers_policy import TransformersPolicy  # noqa: E402
+
 from slime_env import Message, get_renderer  # noqa: E402
 
 TOPICS = ["the tides", "prime numbers", "a haiku about rain", "the French revolution", "photosynthesis",
@@ -45,7 +46,7 @@ def load(random_weights: bool):
     """(model, tokenizer): SmolLM2-135M-Instruct in bf16 on CUDA, or random weights of its exact configuration
     (then the tokenizer comes from $SLIME_ENV_GPU_TOKENIZER when set: no model package needed)."""
     if not random_weights:
-        from agents.default_model import load_default_model
+        from slime_env.agents.default_model import load_default_model
 
         return load_default_model("cuda", torch.bfloat16)
     import os

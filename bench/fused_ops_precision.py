@@ -2,7 +2,7 @@
 
 SmolLM2-135M-Instruct in float32 on CUDA, 24 prompts x 40 greedy tokens through the paged engine; each generated
 token's log-prob against a teacher-forced forward of the whole sequence. Rows: no fused kernel (the model's
-modules: exact), then each of the three fused kernels (`agents.fused_ops`) alone, then all three, the others
+modules: exact), then each of the three fused kernels (`slime_env.agents.fused_ops`) alone, then all three, the others
 replaced by torch functions of the modules' arithmetic. Measured 2026-11-24 on an H100 (all three fused: max 0.10,
 p99 0.03; the Triton attention kernels alone: exact) — the reason the engine fuses only 16-bit models. Which
 kernel drifts is what this script answers.
@@ -21,10 +21,11 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import agents.fused_ops as fo  # noqa: E402
-import agents.paged_attention as pa  # noqa: E402
-from agents.default_model import load_default_model  # noqa: E402
-from agents.transformers_policy import TransformersPolicy  # noqa: E402
+import slime_env.agents.fused_ops as fo  # noqa: E402
+import slime_env.agents.paged_attention as pa  # noqa: E402
+from slime_env.agents.default_model import load_default_model  # noqa: E402
+from slime_env.agents.transformers_policy import TransformersPolicy  # noqa: E402
+
 from slime_env import Message, get_renderer  # noqa: E402
 
 NAMES = {"norm": "add_rms_norm", "rope": "rope_store", "silu": "silu_mul"}

@@ -21,9 +21,9 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from trainers.train_loop import TrainConfig, train  # noqa: E402
+from slime_env.trainers.train_loop import TrainConfig, train  # noqa: E402
 
-TASKS = {"generator": "envs.math.retry_env:arithmetic_tasks", "digits": [2, 1], "ops": "+-"}
+TASKS = {"generator": "slime_env.envs.math.retry_env:arithmetic_tasks", "digits": [2, 1], "ops": "+-"}
 
 
 def config(args) -> TrainConfig:

@@ -21,7 +21,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from trainers.train_loop import TrainConfig, train  # noqa: E402
+from slime_env.trainers.train_loop import TrainConfig, train  # noqa: E402
 
 
 def config(args) -> TrainConfig:
@@ -30,8 +30,8 @@ def config(args) -> TrainConfig:
         "env_kwargs": {"move_format": "tag_or_digit"},
         "eval_env_kwargs": {"bot": {"o": "random"}},
         "train_agents": ["x", "o"],
-        "train_data": {"generator": "envs.games.tictactoe:play_tasks", "size": 4096},
-        "eval_data": {"generator": "envs.games.tictactoe:play_tasks", "size": args.eval_games},
+        "train_data": {"generator": "slime_env.envs.games.tictactoe:play_tasks", "size": 4096},
+        "eval_data": {"generator": "slime_env.envs.games.tictactoe:play_tasks", "size": args.eval_games},
         "steps": args.steps, "prompts_per_step": args.prompts, "n_samples_per_prompt": args.n,
         "max_turns": 5, "max_new_tokens": 10, "temperature": 1.0, "eval_every": args.eval_every,
         "max_concurrency": 64, "time_budget_s": args.budget_min * 60, "seed": 0,

@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from trainers.train_loop import TrainConfig, train  # noqa: E402
+from slime_env.trainers.train_loop import TrainConfig, train  # noqa: E402
 
 TASK = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}
 SYSTEM = "Answer the question. Put only the final number inside <answer></answer>."
@@ -35,8 +35,9 @@ RULE = re.compile(r"<answer>\s*-?\d+\s*</answer>")
 
 async def sample_replies(n_prompts: int, n: int, device: str = "cpu") -> list[tuple[list[dict], str]]:
     """(conversation, reply) pairs of the base model at temperature 1 on train-seed prompts."""
-    from agents.default_model import load_policy
-    from envs.math.reasoning_gym_env import reasoning_gym_tasks
+    from slime_env.agents.default_model import load_policy
+    from slime_env.envs.math.reasoning_gym_env import reasoning_gym_tasks
+
     from slime_env import Message, get_renderer
 
     policy, _ = load_policy("default", device=device, max_batch_size=64)
@@ -58,9 +59,9 @@ async def sample_replies(n_prompts: int, n: int, device: str = "cpu") -> list[tu
 def build_rm(pairs: list[tuple[list[dict], str]], folder: Path, seed: int = 0) -> dict[str, float]:
     """Fit the score head of a one-label classifier on the frozen SmolLM2 backbone; save it to `folder`."""
     import torch
+    from slime_env.agents.default_model import default_model_path
     from transformers import LlamaForSequenceClassification
 
-    from agents.default_model import default_model_path
     from slime_env.offline_tokenizers import smollm2
 
     rng = random.Random(seed)

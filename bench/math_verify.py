@@ -25,7 +25,7 @@ import time
 # This file's name would shadow the math_verify package: put the repository root where bench/ was.
 sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-from envs.math.verifier import MathVerifier  # noqa: E402
+from slime_env.envs.math.verifier import MathVerifier  # noqa: E402
 
 
 def integers(rng: random.Random) -> tuple[str, str]:

@@ -81,8 +81,7 @@ def trajectories(lengths: list[int], vocab: int, seed: int = 0):
 
 def megatron_rows(cfg, lengths, iters, report) -> None:
     from megatron.core.packed_seq_params import PackedSeqParams
-
-    from trainers.megatron import build_gpt, init_parallel
+    from slime_env.trainers.megatron import build_gpt, init_parallel
 
     init_parallel(1)
     model = build_gpt(cfg, dtype=torch.bfloat16)
@@ -113,10 +112,9 @@ def megatron_rows(cfg, lengths, iters, report) -> None:
 
 
 def full_step_row(cfg, lengths, iters, report, label="megatron full RL step (MegatronTrainer.step)") -> float:
+    from slime_env.trainers.megatron_trainer import MegatronTrainer
+    from slime_env.trainers.torch_trainer import TrainerConfig
     from transformers import LlamaForCausalLM
-
-    from trainers.megatron_trainer import MegatronTrainer
-    from trainers.torch_trainer import TrainerConfig
 
     torch.manual_seed(0)
     hf = LlamaForCausalLM(cfg)
@@ -192,8 +190,7 @@ def main() -> None:
 def dp_scaling(cfg, lengths, iters) -> None:
     """Under torchrun: tokens/s of the full step with DP = world size, against one GPU's in a single process."""
     import torch.distributed as dist
-
-    from trainers.megatron import init_parallel
+    from slime_env.trainers.megatron import init_parallel
 
     info = init_parallel(1)
     rows = []

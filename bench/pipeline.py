@@ -38,10 +38,10 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from agents.launcher import ServeProcess  # noqa: E402
-from agents.sglang_policy import SGLangPolicy  # noqa: E402
-from trainers import weight_sync as ws  # noqa: E402
-from trainers.engines import gpu_env  # noqa: E402
+from slime_env.agents.launcher import ServeProcess  # noqa: E402
+from slime_env.agents.sglang_policy import SGLangPolicy  # noqa: E402
+from slime_env.trainers import weight_sync as ws  # noqa: E402
+from slime_env.trainers.engines import gpu_env  # noqa: E402
 
 
 def make_model_folder(hidden: int, layers: int, folder: Path) -> tuple[Path, dict[str, torch.Tensor]]:
@@ -125,11 +125,11 @@ def train_step_seconds(folder: Path) -> float:
     sequences of 256-2,048 tokens."""
     import random
 
+    from slime_env.trainers.megatron_trainer import MegatronTrainer
+    from slime_env.trainers.torch_trainer import TrainerConfig
     from transformers import AutoModelForCausalLM
 
     from bench.megatron_mfu import trajectories
-    from trainers.megatron_trainer import MegatronTrainer
-    from trainers.torch_trainer import TrainerConfig
 
     hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     trainer = MegatronTrainer(hf, TrainerConfig(backend="megatron", lr=1e-6, max_tokens_per_micro_batch=16384),
@@ -183,9 +183,9 @@ def cmd_sync(args) -> None:
 
 
 def run_config(run_dir: str, engine: dict, steps: int, on_step=None) -> list[dict]:
-    from trainers.train_loop import TrainConfig, train
+    from slime_env.trainers.train_loop import TrainConfig, train
 
-    tasks = {"generator": "envs.math.retry_env:arithmetic_tasks", "digits": [2, 1], "ops": "+-"}
+    tasks = {"generator": "slime_env.envs.math.retry_env:arithmetic_tasks", "digits": [2, 1], "ops": "+-"}
     cfg = TrainConfig.from_dict({
         "run_dir": run_dir, "model": "default", "env": "ArithmeticRetry-v0",
         "env_kwargs": {"digits": [2, 1], "ops": "+-", "max_attempts": 3},

@@ -26,8 +26,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from envs.search.corpus import Passage  # noqa: E402
-from envs.search.retrievers import BM25Retriever  # noqa: E402
+from slime_env.envs.search.corpus import Passage  # noqa: E402
+from slime_env.envs.search.retrievers import BM25Retriever  # noqa: E402
 
 VOCAB = 50_000
 

@@ -204,7 +204,7 @@ def _at_revision(rev: str, concurrency: int, turns: int, latency_ms: float, engi
 
 
 async def _with_http(url, c, renderer, turns, env_factory=None, backend="local"):
-    from agents import SGLangPolicy
+    from slime_env.agents import SGLangPolicy
 
     policy = SGLangPolicy(url, max_connections=c, timeout_s=600)
     from slime_env.rollout.env_server import close_shared_clients

@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tools_sandbox.docker_pool import DEFAULT_IMAGE  # noqa: E402
+from slime_env.tools_sandbox.docker_pool import DEFAULT_IMAGE  # noqa: E402
 
 
 def calibrate_snippet(target_s: float = 0.05) -> str:
@@ -108,9 +108,9 @@ def main() -> None:
                                                             remove=True, network_mode="none"), runs, c)))
 
     async def ours():
-        from tools_sandbox.bwrap import BwrapSandbox
-        from tools_sandbox.docker_pool import DockerSandbox
-        from tools_sandbox.process import ProcessSandbox
+        from slime_env.tools_sandbox.bwrap import BwrapSandbox
+        from slime_env.tools_sandbox.docker_pool import DockerSandbox
+        from slime_env.tools_sandbox.process import ProcessSandbox
 
         makers = {"process": lambda: ProcessSandbox(max_concurrency=16),
                   "bwrap": lambda: BwrapSandbox(max_concurrency=16),

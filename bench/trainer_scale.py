@@ -101,8 +101,8 @@ def measure(make, c, lengths: list[int], iters: int) -> dict:
 
 
 def megatron(c, **kw):
-    from trainers.megatron_trainer import MegatronTrainer
-    from trainers.torch_trainer import TrainerConfig
+    from slime_env.trainers.megatron_trainer import MegatronTrainer
+    from slime_env.trainers.torch_trainer import TrainerConfig
 
     def make():
         hf = model(c)
@@ -111,8 +111,8 @@ def megatron(c, **kw):
 
 
 def fsdp(c, **kw):
-    from trainers.fsdp_trainer import FSDPTrainer
-    from trainers.torch_trainer import TrainerConfig
+    from slime_env.trainers.fsdp_trainer import FSDPTrainer
+    from slime_env.trainers.torch_trainer import TrainerConfig
 
     return lambda: FSDPTrainer(model(c, fresh=True), TrainerConfig(backend="fsdp", lr=1e-6, **kw), pad_id=0)
 

@@ -1,4 +1,5 @@
-"""mkdocs hook: links from the docs to files of the repository (examples, tests, bench) keep working.
+"""mkdocs hooks: links from the docs to files of the repository (examples, tests, bench) keep working, and the API
+reference finds `slime_env.envs`, `slime_env.agents`, ... where the repository keeps them (top-level folders).
 
 The pages link to `../examples/tool_env.py` and the like, which are outside `docs/`. The hook copies each
 linked file into the site under `_src/` and points the link there, so the built site (which may be opened
@@ -14,6 +15,24 @@ from pathlib import Path
 from mkdocs.structure.files import File
 
 ROOT = Path(__file__).resolve().parents[1]
+# The import layout of the installed package, as symlinks: mkdocstrings reads the sources statically from `paths`
+# (mkdocs.yml), and the folders envs/, agents/, ... install as slime_env.envs, slime_env.agents, ...
+API_SRC = ROOT / "build" / "api-src"
+
+
+def _package_view() -> None:
+    view = API_SRC / "slime_env"
+    if view.is_dir() and not view.is_symlink():
+        for entry in view.iterdir():
+            entry.unlink()
+    view.mkdir(parents=True, exist_ok=True)
+    for entry in (ROOT / "slime_env").iterdir():
+        (view / entry.name).symlink_to(entry)
+    for folder in ("envs", "agents", "tools_sandbox", "trainers"):
+        (view / folder).symlink_to(ROOT / folder)
+
+
+_package_view()  # at import, before mkdocstrings reads its first page
 _LINK = re.compile(r"\]\((\.\./[^)#\s]+)(#[^)\s]*)?\)")
 
 

@@ -16,8 +16,9 @@ import zlib
 from collections.abc import Mapping
 from typing import Any
 
-from envs.arithmetic import CalculatorError, evaluate  # noqa: F401 - re-exported: envs.calculator.evaluate
-from envs.tools import calculator_tool
+from slime_env.envs.arithmetic import CalculatorError, evaluate  # noqa: F401 - re-exported: slime_env.envs.calculator.evaluate
+from slime_env.envs.tools import calculator_tool
+
 from slime_env import Action, Message, Task, ToolEnv
 
 SYSTEM_PROMPT = (
@@ -45,7 +46,7 @@ def random_task(rng: random.Random) -> Task:
 class CalculatorEnv(ToolEnv):
     """Arithmetic with a calculator tool (hermes tool calls), reward 1/0 on the <answer>.
 
-    A `ToolEnv` with one tool (`envs.tools.calculator_tool`): a turn with an <answer> and no tool call
+    A `ToolEnv` with one tool (`slime_env.envs.tools.calculator_tool`): a turn with an <answer> and no tool call
     ends the episode; `max_steps` bounds the env's own turns (then `truncated`); see the module docstring.
     """
 
@@ -85,7 +86,7 @@ _QUESTION = re.compile(r"What is (.+?)\?")
 
 
 def teacher_reply(context: str) -> str:
-    """A scripted teacher for SFT warm-up data (`warmup.data.rollouts.policy: envs.calculator:teacher_reply`): it
+    """A scripted teacher for SFT warm-up data (`warmup.data.rollouts.policy: slime_env.envs.calculator:teacher_reply`): it
     calls the calculator on the question's expression, then answers with the number the tool returned."""
     questions = _QUESTION.findall(context)
     if not questions:
@@ -99,7 +100,7 @@ def teacher_reply(context: str) -> str:
 
 
 def calculator_tasks(n: int, seed: int = 0, split: str | None = None) -> list[Task]:
-    """`n` tasks of `random_task` from `seed` (a `train_data: {generator: envs.calculator:calculator_tasks}` split).
+    """`n` tasks of `random_task` from `seed` (a `train_data: {generator: slime_env.envs.calculator:calculator_tasks}` split).
     `split="train"` / `"test"` keeps only problems of that side of a fixed partition (a hash of the expression: one
     in five is a test problem), so a held-out split never shares a problem with a training split or SFT data."""
     if split not in (None, "train", "test"):

@@ -9,13 +9,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from envs.budget import truncate_to_budget
+from slime_env.envs.budget import truncate_to_budget
+
 from slime_env import Tool, ToolError, tool
 
 
 def calculator_tool(name: str = "calculator") -> Tool:
-    """Safe arithmetic (`envs.calculator.evaluate`); a refused expression is an error observation."""
-    from envs.arithmetic import CalculatorError, evaluate
+    """Safe arithmetic (`slime_env.envs.calculator.evaluate`); a refused expression is an error observation."""
+    from slime_env.envs.arithmetic import CalculatorError, evaluate
 
     def calculator(expression: str) -> str:
         """Evaluate an arithmetic expression (+ - * / // % ** and parentheses).
@@ -34,7 +35,7 @@ def calculator_tool(name: str = "calculator") -> Tool:
 def python_tool(sandbox: Any = None, *, timeout_s: float = 5.0, memory_mb: int = 512, output_budget_tokens: int = 256,
                 count_tokens: Callable[[str], int] | None = None, on_run: Callable[[Any], None] | None = None,
                 name: str = "python") -> Tool:
-    """Run Python in a `tools_sandbox` sandbox (a sandbox, a function returning one, or None: `tools_sandbox.auto()`).
+    """Run Python in a `tools_sandbox` sandbox (a sandbox, a function returning one, or None: `slime_env.tools_sandbox.auto()`).
 
     The model reads stdout and stderr cut to `output_budget_tokens`, with `[timed out after ...]` or the
     sandbox's status appended: a failing run is an observation, not an error. `on_run(result)` sees every
@@ -46,7 +47,7 @@ def python_tool(sandbox: Any = None, *, timeout_s: float = 5.0, memory_mb: int =
             return sandbox()
         if sandbox is not None:
             return sandbox
-        import tools_sandbox
+        from slime_env import tools_sandbox
 
         return tools_sandbox.auto()
 
@@ -76,10 +77,10 @@ def format_run(result: Any, timeout_s: float, budget_tokens: int, count_tokens: 
 
 def search_tool(retriever: Any = None, *, topk: int = 3, budget_tokens: int = 512,
                 count_tokens: Callable[[str], int] | None = None, name: str = "search") -> Tool:
-    """Search a corpus with an `envs.search` retriever (an object, an index folder / URL, or None: the
+    """Search a corpus with an `slime_env.envs.search` retriever (an object, an index folder / URL, or None: the
     shared default, the offline demo index); returns the top passages as `Doc i(Title: ...) text` lines."""
-    from envs.search.corpus import format_passages
-    from envs.search.env import shared_retriever
+    from slime_env.envs.search.corpus import format_passages
+    from slime_env.envs.search.env import shared_retriever
 
     chosen: list[Any] = []
 

@@ -7,8 +7,9 @@ and a solution that forges the grader's reports (it earns nothing: no verdict co
 import asyncio
 import json
 
+from slime_env.envs.code import Grader, load_humaneval, parse_tests
+
 import slime_env
-from envs.code import Grader, load_humaneval, parse_tests
 from slime_env import ScriptedPolicy, get_renderer, run_episode
 from slime_env.offline_tokenizers import smollm2
 
@@ -26,7 +27,7 @@ async def main() -> None:
     print(f"Code-v0: status={traj.status} reward={traj.reward} turn_rewards={traj.turn_rewards}")
     print("feedback the model saw (masked in the trajectory):\n  " + feedback.replace("\n", "\n  "))
 
-    grader = Grader()  # tools_sandbox.auto()
+    grader = Grader()  # slime_env.tools_sandbox.auto()
     tasks = load_humaneval(limit=10)
     results = await asyncio.gather(*(grader.grade(t.metadata["prompt_code"] + t.metadata["canonical_solution"],
                                                   parse_tests(t.label)) for t in tasks))

@@ -6,8 +6,9 @@
 import asyncio
 import tempfile
 
+from slime_env.envs.math.reasoning_gym_env import write_tasks_jsonl
+
 import slime_env
-from envs.math.reasoning_gym_env import write_tasks_jsonl
 from slime_env import ScriptedPolicy, get_renderer, load_tasks, run_episode
 from slime_env.offline_tokenizers import smollm2
 

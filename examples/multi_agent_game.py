@@ -7,7 +7,8 @@ simultaneous moves, and a seat played by the env's own bot.
 import asyncio
 import re
 
-from envs.games import RockPaperScissorsEnv, TicTacToeEnv
+from slime_env.envs.games import RockPaperScissorsEnv, TicTacToeEnv
+
 from slime_env import ScriptedPolicy, get_renderer, run_multi_agent_episode
 from slime_env.offline_tokenizers import smollm2
 

@@ -5,7 +5,7 @@
 
 import asyncio
 
-import tools_sandbox
+from slime_env import tools_sandbox
 
 
 async def main() -> None:

@@ -7,9 +7,10 @@ scripted episode (search -> information -> answer) against it.
 import asyncio
 import tempfile
 
+from slime_env.envs.search import BM25Retriever, RemoteRetriever, demo_corpus, demo_questions
+from slime_env.envs.search.server import make_app
+
 import slime_env
-from envs.search import BM25Retriever, RemoteRetriever, demo_corpus, demo_questions
-from envs.search.server import make_app
 from slime_env import ScriptedPolicy, get_renderer, run_episode
 from slime_env.offline_tokenizers import smollm2
 

@@ -36,7 +36,7 @@ def demo(episodes: int = typer.Option(4, min=1, help="episodes to run (concurren
 
     policy = tokenizer = None
     if not scripted:
-        from agents import TransformersPolicy, load_default_model  # lazy: the core never imports agents
+        from slime_env.agents import TransformersPolicy, load_default_model  # lazy: the core never imports agents
 
         model, tokenizer = load_default_model()
         policy = TransformersPolicy(model, tokenizer, seed=seed)
@@ -79,7 +79,7 @@ def _policy_and_tokenizer(spec: str, tokenizer: str, seed: int):
 
         tok = AutoTokenizer.from_pretrained(tokenizer)
     if spec == "default":
-        from agents import TransformersPolicy, load_default_model  # lazy: the core never imports agents
+        from slime_env.agents import TransformersPolicy, load_default_model  # lazy: the core never imports agents
 
         model, default_tok = load_default_model()
         return TransformersPolicy(model, default_tok, seed=seed), tok or default_tok
@@ -87,11 +87,11 @@ def _policy_and_tokenizer(spec: str, tokenizer: str, seed: int):
 
     parts = urlsplit(spec)
     if parts.scheme == "sglang":
-        from agents import SGLangPolicy
+        from slime_env.agents import SGLangPolicy
 
         return SGLangPolicy(f"http://{parts.netloc}"), tok or smollm2()
     if parts.scheme == "openai":
-        from agents import OpenAIPolicy
+        from slime_env.agents import OpenAIPolicy
 
         model = (parse_qs(parts.query).get("model") or [""])[0]
         return OpenAIPolicy(f"http://{parts.netloc}{parts.path}", model), tok or smollm2()

@@ -1,6 +1,6 @@
 """The README demo: episodes of a built-in env, printed with their loss masks visible.
 
-`slime-env demo` drives the real SmolLM2-135M-Instruct (agents.TransformersPolicy, built by the CLI);
+`slime-env demo` drives the real SmolLM2-135M-Instruct (slime_env.agents.TransformersPolicy, built by the CLI);
 `--scripted` uses `ScriptedPolicy` instead (no model, for a quick look at the ledger).
 """
 

@@ -42,12 +42,12 @@ def main() -> None:
                     "micro-batches are idle on the rank that holds them")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
+    from slime_env.trainers.batch import pack
+    from slime_env.trainers.megatron_trainer import MegatronTrainer
+    from slime_env.trainers.torch_trainer import TrainerConfig
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     from tests.helpers import trajectories
-    from trainers.batch import pack
-    from trainers.megatron_trainer import MegatronTrainer
-    from trainers.torch_trainer import TrainerConfig
 
     torch.manual_seed(0)
     shape = dict(SHAPE, tie_word_embeddings=args.tied, num_hidden_layers=args.layers)
@@ -59,12 +59,12 @@ def main() -> None:
                                                     max_tokens_per_micro_batch=64,
                                                     sequence_parallel=args.sp, **common), pad_id=0)
     elif args.backend == "fsdp":
-        from trainers.fsdp_trainer import FSDPTrainer
+        from slime_env.trainers.fsdp_trainer import FSDPTrainer
 
         trainer = FSDPTrainer(hf, TrainerConfig(backend="fsdp", **common), pad_id=0)
     else:
-        from trainers.distributed import init_process_group
-        from trainers.torch_trainer import TorchTrainer
+        from slime_env.trainers.distributed import init_process_group
+        from slime_env.trainers.torch_trainer import TorchTrainer
 
         init_process_group()
         trainer = TorchTrainer(hf, TrainerConfig(**common), pad_id=0)

@@ -110,7 +110,7 @@ class LocalServer:
 @contextlib.contextmanager
 def serve_engine(*args: str, timeout_s: float = 180.0) -> Iterator[str]:
     """`slime-env serve-engine` (the real SmolLM2 model, SGLang's HTTP API) in a subprocess; yields its URL."""
-    from agents.default_model import default_model_path
+    from slime_env.agents.default_model import default_model_path
 
     default_model_path()  # convert once here, not inside the server's start-up wait
     proc = subprocess.Popen([sys.executable, "-m", "slime_env", "serve-engine", "--port", "0", *args],

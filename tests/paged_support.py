@@ -5,8 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import torch
-
-from agents.transformers_policy import TransformersPolicy
+from slime_env.agents.transformers_policy import TransformersPolicy
 
 GREEDY = {"temperature": 0.0}
 

@@ -9,8 +9,7 @@ from __future__ import annotations
 import os
 
 import pytest
-
-from tools_sandbox.types import SandboxError
+from slime_env.tools_sandbox.types import SandboxError
 
 IMAGE = "slime-env-sandbox:py3"
 _image_checked: dict[str, str | None] = {}
@@ -26,8 +25,8 @@ def ensure_image() -> None:
     """Build the sandbox image once per session if it is missing (mmdebstrap here: no registry)."""
     if "error" not in _image_checked:
         try:
-            from tools_sandbox.docker_pool import docker_client
-            from tools_sandbox.image import build_image
+            from slime_env.tools_sandbox.docker_pool import docker_client
+            from slime_env.tools_sandbox.image import build_image
 
             client = docker_client()
             try:
@@ -47,16 +46,16 @@ def make_sandbox(backend: str, **kw):
     try:
         if backend == "docker":
             ensure_image()
-            from tools_sandbox.docker_pool import DockerSandbox
+            from slime_env.tools_sandbox.docker_pool import DockerSandbox
 
             return DockerSandbox(IMAGE, **{"pool_size": 2, **kw})
         if backend in ("bwrap", "bwrap_fork"):
-            from tools_sandbox.auto import probe_bwrap
-            from tools_sandbox.bwrap import BwrapSandbox
+            from slime_env.tools_sandbox.auto import probe_bwrap
+            from slime_env.tools_sandbox.bwrap import BwrapSandbox
 
             probe_bwrap()
             return BwrapSandbox(fork_server=backend == "bwrap_fork", **kw)
-        from tools_sandbox.process import ProcessSandbox
+        from slime_env.tools_sandbox.process import ProcessSandbox
 
         return ProcessSandbox(**kw)
     except SandboxError as e:

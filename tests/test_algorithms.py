@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from trainers import algorithms as alg
+from slime_env.trainers import algorithms as alg
 
 R = torch.tensor([1.0, 0.0, 0.0, 1.0])
 S = 1 / math.sqrt(2)
@@ -129,7 +129,7 @@ def test_masked_tokens_change_neither_loss_nor_gradient(reduction, kind):
 
 
 def test_role_baselines_follow_each_game_and_role_separately():
-    from trainers.algorithms import RoleBaselines
+    from slime_env.trainers.algorithms import RoleBaselines
 
     rae = RoleBaselines(decay=0.5)
     adv = rae.advantages(torch.tensor([1.0, -1.0, 1.0, 0.0]),
@@ -144,9 +144,9 @@ def test_role_baselines_follow_each_game_and_role_separately():
 
 def test_rae_in_pack_is_keyed_by_env_and_role(smollm2_tok):
     from slime_env import ScriptedPolicy, get_renderer, run_multi_agent_episode
-    from envs.games import TicTacToeEnv
-    from trainers.algorithms import RoleBaselines
-    from trainers.batch import pack
+    from slime_env.envs.games import TicTacToeEnv
+    from slime_env.trainers.algorithms import RoleBaselines
+    from slime_env.trainers.batch import pack
     import asyncio
 
     trajs = asyncio.run(run_multi_agent_episode(TicTacToeEnv(), ScriptedPolicy(smollm2_tok, ["<move>5</move>"]),

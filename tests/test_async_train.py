@@ -24,11 +24,11 @@ torch = pytest.importorskip("torch")
 
 import async_support  # noqa: E402
 from async_support import GATE, tiny_model_dir, write_tasks  # noqa: E402
+from slime_env.trainers import algorithms as alg  # noqa: E402
+from slime_env.trainers.torch_trainer import TorchTrainer  # noqa: E402
+from slime_env.trainers.train_loop import TrainConfig, train  # noqa: E402
 
 from slime_env.errors import InvalidInput  # noqa: E402
-from trainers import algorithms as alg  # noqa: E402
-from trainers.torch_trainer import TorchTrainer  # noqa: E402
-from trainers.train_loop import TrainConfig, train  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -138,10 +138,11 @@ def test_off_equals_the_synchronous_loop_written_by_hand(tmp_path, model_dir, mo
     async def by_hand() -> list[dict]:
         import random
 
-        from agents.default_model import load_policy
+        from slime_env.agents.default_model import load_policy
+        from slime_env.trainers.engines import load_tokenizer
+        from slime_env.trainers.train_loop import load_split, make_trainer, trainer_config
+
         from slime_env import RolloutManager, get_renderer
-        from trainers.engines import load_tokenizer
-        from trainers.train_loop import load_split, make_trainer, trainer_config
 
         random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
@@ -240,7 +241,7 @@ def test_a_trainer_exception_mid_overlapped_step_ends_the_run_with_the_reason_an
 
 
 def test_an_engine_error_during_a_weight_sync_in_full_mode_ends_the_run_with_a_checkpoint(tmp_path, model_dir, monkeypatch):
-    from agents.transformers_policy import TransformersPolicy
+    from slime_env.agents.transformers_policy import TransformersPolicy
 
     original = TransformersPolicy.update_weights
     calls = {"n": 0}
@@ -264,7 +265,7 @@ import asyncio, json, sys
 sys.path.insert(0, {tests!r})
 import async_support
 async_support.GATE["open"] = True
-from trainers.train_loop import TrainConfig, train
+from slime_env.trainers.train_loop import TrainConfig, train
 cfg = TrainConfig.from_dict(json.loads({raw!r}))
 asyncio.run(train(cfg, log=print))
 """

@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from slime_env.envs.calculator import CalculatorError, evaluate
 
-from envs.calculator import CalculatorError, evaluate
 from slime_env import Action, ToolCall, make
 
 ROOT = Path(__file__).resolve().parents[1]

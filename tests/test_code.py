@@ -10,9 +10,9 @@ import pickle
 import zlib
 
 import pytest
+from slime_env.envs.code import Grader, load_code_tasks, load_humaneval, parse_tests
 
 import slime_env
-from envs.code import Grader, load_code_tasks, load_humaneval, parse_tests
 from slime_env import ScriptedPolicy, get_renderer, run_episode
 from slime_env.errors import InvalidInput
 from tests.sandbox_support import make_sandbox
@@ -170,7 +170,7 @@ def test_expected_outputs_never_enter_the_sandbox(runner, grader):
 
 
 def test_a_sandbox_failure_fails_every_case_with_the_reason(runner):
-    from tools_sandbox.remote import RemoteSandbox
+    from slime_env.tools_sandbox.remote import RemoteSandbox
 
     broken = Grader(RemoteSandbox("http://127.0.0.1:9", max_retries=0))
     result = runner.run(broken.grade("print(1)", parse_tests(APPS_STDIO)))

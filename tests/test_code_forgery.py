@@ -11,8 +11,8 @@ import asyncio
 import json
 
 import pytest
+from slime_env.envs.code import Grader, load_humaneval, parse_tests
 
-from envs.code import Grader, load_humaneval, parse_tests
 from tests.sandbox_support import ISOLATING, make_sandbox, per_backend_fixtures
 
 sandboxes, sb = per_backend_fixtures(max_concurrency=4, pool_size=2)

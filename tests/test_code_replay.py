@@ -10,12 +10,12 @@ import asyncio
 import math
 
 import pytest
+from slime_env.envs.code import Grader, parse_tests
+from slime_env.envs.code.checks import Failed, Lost, evaluate, split
+from slime_env.envs.code.harness import parse_event
+from slime_env.envs.code.replay import run as replay
+from slime_env.envs.code.values import NotPlain, tag, untag
 
-from envs.code import Grader, parse_tests
-from envs.code.checks import Failed, Lost, evaluate, split
-from envs.code.harness import parse_event
-from envs.code.replay import run as replay
-from envs.code.values import NotPlain, tag, untag
 from tests.sandbox_support import make_sandbox
 
 # --- tagged values ---------------------------------------------------------------------------------------
@@ -289,8 +289,8 @@ def test_leetcode_style_entry_points(runner, grader):
 def test_checks_and_replay_agree_on_every_humaneval_case(runner, monkeypatch):
     """The two assert paths are the same judge: every HumanEval problem's canonical solution and a broken
     one (`return None`), graded case by case through the grader's own checks and through the replay."""
-    from envs.code import grader as grader_module
-    from envs.code import load_humaneval
+    from slime_env.envs.code import grader as grader_module
+    from slime_env.envs.code import load_humaneval
 
     tasks = load_humaneval()
     sandbox = make_sandbox("process", max_concurrency=4)

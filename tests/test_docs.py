@@ -33,8 +33,8 @@ def test_every_training_config_field_is_documented():
     """The config reference (docs/trainers.md, with megatron.md for the GPU backend) names every field."""
     import dataclasses
 
-    from trainers.torch_trainer import TrainerConfig
-    from trainers.train_loop import TrainConfig
+    from slime_env.trainers.torch_trainer import TrainerConfig
+    from slime_env.trainers.train_loop import TrainConfig
 
     text = (ROOT / "docs" / "trainers.md").read_text() + (ROOT / "docs" / "megatron.md").read_text()
     fields = [f.name.rstrip("_") for f in dataclasses.fields(TrainConfig) + dataclasses.fields(TrainerConfig)]

@@ -8,8 +8,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from agents.default_model import load_default_model  # noqa: E402
-from agents.transformers_policy import TransformersPolicy  # noqa: E402
+from slime_env.agents.default_model import load_default_model  # noqa: E402
+from slime_env.agents.transformers_policy import TransformersPolicy  # noqa: E402
+
 from slime_env import Message, Task, get_renderer, make, run_episode  # noqa: E402
 
 GREEDY = {"temperature": 0.0}

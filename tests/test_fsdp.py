@@ -6,8 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from helpers import run_dist_check, same_weights, tiny, trajectories
-
-from trainers.torch_trainer import TorchTrainer, TrainerConfig
+from slime_env.trainers.torch_trainer import TorchTrainer, TrainerConfig
 
 
 def test_fsdp2_over_two_ranks_equals_the_single_process_torch_trainer(tmp_path):
@@ -30,7 +29,7 @@ def test_fsdp2_over_two_ranks_equals_the_single_process_torch_trainer(tmp_path):
 def test_fsdp_trainer_in_one_process_steps_saves_loads_and_any_hf_model_works(tmp_path):
     """One process (no launcher): a step with a KL term moves the weights; save -> load into a fresh trainer gives
     the same weights, optimizer moments and step; a Qwen3-MoE (no Megatron conversion involved) trains too."""
-    from trainers.fsdp_trainer import FSDPTrainer
+    from slime_env.trainers.fsdp_trainer import FSDPTrainer
 
     hf = tiny("qwen3")
     before = {k: v.clone() for k, v in hf.state_dict().items()}
@@ -55,7 +54,7 @@ def test_fsdp_trainer_in_one_process_steps_saves_loads_and_any_hf_model_works(tm
 
 
 def test_fsdp_refusals_name_what_is_wrong():
-    from trainers.fsdp_trainer import FSDPTrainer
+    from slime_env.trainers.fsdp_trainer import FSDPTrainer
 
     with pytest.raises(ValueError, match="estimator ppo"):
         FSDPTrainer(tiny("llama"), TrainerConfig(backend="fsdp", estimator="ppo"), pad_id=0)
@@ -73,9 +72,8 @@ def test_train_loop_with_the_fsdp_backend_from_the_example_config(tmp_path):
     import os
 
     import yaml
+    from slime_env.trainers.train_loop import TrainConfig, train
     from transformers import AutoModelForCausalLM
-
-    from trainers.train_loop import TrainConfig, train
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     raw = yaml.safe_load(open(os.path.join(root, "examples", "fsdp_train.yaml")))
@@ -94,7 +92,7 @@ def test_train_loop_with_the_fsdp_backend_from_the_example_config(tmp_path):
 def test_fsdp_full_recompute_reruns_every_decoder_layer_in_the_backward():
     """`recompute: full` wraps each decoder layer in activation checkpointing: a layer's projections run twice per
     micro-batch (forward, then again in the backward) instead of once; the step's gradient norm is unchanged."""
-    from trainers.fsdp_trainer import FSDPTrainer
+    from slime_env.trainers.fsdp_trainer import FSDPTrainer
 
     runs = {}
     for recompute in ("none", "full"):

@@ -265,7 +265,7 @@ def test_the_real_model_behind_the_gateway_answers_the_openai_sdk_with_an_exact_
     """SmolLM2-135M-Instruct (the embedded engine) behind the gateway in strict mode (every bridge and full render
     checked as the calls come): three chat turns of the official SDK make one branch whose ledger is the chat
     template's full render of the conversation, with the engine's own log-probs."""
-    from agents import TransformersPolicy, load_default_model
+    from slime_env.agents import TransformersPolicy, load_default_model
 
     model, tok = load_default_model()
     policy = TransformersPolicy(model, tok, max_batch_size=2)
@@ -354,7 +354,7 @@ def test_agent_side_branches_follow_their_main_trajectory_and_share_its_advantag
     """An agent that summarises its context mid-way leaves two branches: the main trajectory (its last call's) first,
     the summarised-away one after it marked `branch_of`, both with the sample's reward; GRPO over two such samples
     gives both branches of a sample the same advantage, computed over the samples (not the branches)."""
-    from trainers.batch import pack
+    from slime_env.trainers.batch import pack
 
     async def summarising(url, key, task):
         client = openai.AsyncOpenAI(base_url=url, api_key=key, max_retries=0)
@@ -424,9 +424,9 @@ def test_serve_gateway_in_front_of_a_serve_engine_process(tmp_path):
     import time
 
     import httpx
+    from slime_env.agents.default_model import default_model_path
+    from slime_env.agents.launcher import ServeProcess
 
-    from agents.default_model import default_model_path
-    from agents.launcher import ServeProcess
     from slime_env import Trajectory
 
     engine = ServeProcess(model=str(default_model_path()), log_path=tmp_path / "engine.log")

@@ -12,10 +12,10 @@ from types import SimpleNamespace
 import pytest
 
 import slime_env
-from envs.math import MathReward, MathVerifier, extract_answer, load_math_tasks, slime_reward
-from envs.math.rewards import slime_group_reward
-from envs.math.reasoning_gym_env import reasoning_gym_tasks, write_tasks_jsonl
-from envs.math.verifier import fast_check
+from slime_env.envs.math import MathReward, MathVerifier, extract_answer, load_math_tasks, slime_reward
+from slime_env.envs.math.rewards import slime_group_reward
+from slime_env.envs.math.reasoning_gym_env import reasoning_gym_tasks, write_tasks_jsonl
+from slime_env.envs.math.verifier import fast_check
 from slime_env import ScriptedPolicy, get_renderer, load_tasks, run_episode
 from slime_env.errors import InvalidInput
 from tests.sandbox_support import make_sandbox

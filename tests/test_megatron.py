@@ -22,13 +22,13 @@ pytest.importorskip("megatron.core", reason="megatron-core is not installed (pip
 
 from helpers import SHAPE, run_dist_check, same_weights, tiny, trajectories  # noqa: E402
 
-from trainers.batch import pack  # noqa: E402
-from trainers.torch_trainer import TorchTrainer, TrainerConfig  # noqa: E402
+from slime_env.trainers.batch import pack  # noqa: E402
+from slime_env.trainers.torch_trainer import TorchTrainer, TrainerConfig  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def parallel():
-    from trainers.megatron import init_parallel
+    from slime_env.trainers.megatron import init_parallel
 
     return init_parallel(1)
 
@@ -38,7 +38,7 @@ def parallel():
 def test_converters_round_trip_exactly(family, grouped, parallel):
     """HF -> megatron -> HF is exact; the megatron names are the model's own (MoE: `GroupedExperts`' stacked
     weights, or `SequentialMLP`'s per-expert ones)."""
-    from trainers.megatron import build_gpt, hf_to_mcore, mcore_to_hf, moe
+    from slime_env.trainers.megatron import build_gpt, hf_to_mcore, mcore_to_hf, moe
 
     hf = tiny(family)
     state = hf.state_dict()
@@ -57,7 +57,7 @@ def test_converters_round_trip_exactly(family, grouped, parallel):
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
 def test_tp_shards_concatenate_back_to_the_full_weights(family):
-    from trainers.megatron import hf_to_mcore, mcore_to_hf
+    from slime_env.trainers.megatron import hf_to_mcore, mcore_to_hf
 
     hf = tiny(family)
     state = hf.state_dict()
@@ -77,7 +77,7 @@ def test_tp_shards_concatenate_back_to_the_full_weights(family):
 def test_tp_size_that_does_not_divide_the_heads_is_refused():
     from transformers import LlamaConfig
 
-    from trainers.megatron import transformer_config
+    from slime_env.trainers.megatron import transformer_config
 
     smollm2_shape = LlamaConfig(**{**SHAPE, "num_attention_heads": 9, "num_key_value_heads": 3, "hidden_size": 576})
     with pytest.raises(ValueError, match=r"tensor-parallel size 2 does not divide the attention heads \(9\)"):
@@ -89,7 +89,7 @@ def test_moe_experts_on_disk_layout_and_expert_parallel_shares(parallel, tmp_pat
     megatron weights as transformers' fused in-memory one; EP shares renumber the experts and put them back."""
     from safetensors.torch import load_file
 
-    from trainers.megatron import hf_to_mcore, moe
+    from slime_env.trainers.megatron import hf_to_mcore, moe
 
     hf = tiny("qwen3_moe")
     hf.save_pretrained(tmp_path)
@@ -110,7 +110,7 @@ def test_moe_experts_on_disk_layout_and_expert_parallel_shares(parallel, tmp_pat
 
 
 def test_parallel_sizes_that_do_not_fit_the_model_are_refused_before_anything_is_built():
-    from trainers.megatron import transformer_config
+    from slime_env.trainers.megatron import transformer_config
 
     moe_cfg, dense = tiny("qwen3_moe").config, tiny("llama").config
     with pytest.raises(ValueError, match=r"expert-parallel size 3 does not divide the 4 experts"):
@@ -141,7 +141,7 @@ def test_parallel_sizes_that_do_not_fit_the_model_are_refused_before_anything_is
 def test_activation_recompute_gives_the_same_step(family, parallel):
     """Selective recompute re-runs the core attention and full recompute every layer inside the backward (their
     forward counts double); the loss, the gradient norm and the weights after a step equal those without."""
-    from trainers.megatron_trainer import MegatronTrainer
+    from slime_env.trainers.megatron_trainer import MegatronTrainer
 
     hf = tiny(family)
     trajs = trajectories(8, seed=3)
@@ -171,7 +171,7 @@ def test_moe_trainer_log_probs_match_the_hf_model_and_its_checkpoint_loads_in_tr
     saved folder (experts per tensor, as HF writes them) loads in transformers with exactly the trainer's weights."""
     from transformers import AutoModelForCausalLM
 
-    from trainers.megatron_trainer import MegatronTrainer
+    from slime_env.trainers.megatron_trainer import MegatronTrainer
 
     hf = tiny("qwen3_moe")
     trajs = trajectories(8, seed=5)
@@ -195,7 +195,7 @@ def test_moe_trainer_log_probs_match_the_hf_model_and_its_checkpoint_loads_in_tr
 def test_unsupported_model_type_is_named():
     from transformers import GPT2Config
 
-    from trainers.megatron import model_family
+    from slime_env.trainers.megatron import model_family
 
     with pytest.raises(ValueError, match="'gpt2' is not supported"):
         model_family(GPT2Config())
@@ -211,8 +211,8 @@ def _packed_params(cu: torch.Tensor, longest: int):
 @pytest.mark.parametrize("family,grouped", [("llama", True), ("qwen2", True), ("qwen3", True), ("qwen3_moe", True),
                                             ("qwen3_moe", False), ("qwen3_moe_raw", True)])
 def test_fp32_logits_equal_the_hf_model_bshd_and_thd(family, grouped, parallel):
-    from trainers.megatron import build_gpt, hf_to_mcore, moe
-    from trainers.megatron_trainer import _copy_params
+    from slime_env.trainers.megatron import build_gpt, hf_to_mcore, moe
+    from slime_env.trainers.megatron_trainer import _copy_params
 
     hf = tiny(family)
     model = build_gpt(hf.config, grouped_experts=grouped)
@@ -234,7 +234,7 @@ def test_fp32_logits_equal_the_hf_model_bshd_and_thd(family, grouped, parallel):
 def test_vectorised_thd_rope_equals_megatrons_own():
     from megatron.core.models.common.embeddings import rope_utils
 
-    from trainers.megatron.rope import apply_rotary_pos_emb_thd, packed_positions
+    from slime_env.trainers.megatron.rope import apply_rotary_pos_emb_thd, packed_positions
 
     cu = torch.tensor([0, 3, 3, 10, 16], dtype=torch.int32)  # an empty sequence too
     assert packed_positions(cu, 16).tolist() == [0, 1, 2] + list(range(7)) + list(range(6))
@@ -246,7 +246,7 @@ def test_vectorised_thd_rope_equals_megatrons_own():
     ours = apply_rotary_pos_emb_thd(t, cu, freqs)
     assert torch.equal(ours, _megatron_thd_rope(t, cu, freqs, _FakeGroup(0, 1)))
     # and the patched entry point megatron's attention calls routes to ours
-    from trainers.megatron import install_rope_patch
+    from slime_env.trainers.megatron import install_rope_patch
 
     install_rope_patch()
     assert torch.equal(rope_utils._apply_rotary_pos_emb_thd(t, cu, freqs, cp_group=_FakeGroup(0, 1)), ours)
@@ -265,7 +265,7 @@ def _megatron_thd_rope(t, cu, freqs, group):
 
 
 def test_unpadded_batch_and_token_budget_micro_batches():
-    from trainers.distributed import balanced_ranges, token_budget_slices
+    from slime_env.trainers.distributed import balanced_ranges, token_budget_slices
 
     batch = pack(trajectories(4), group_size=2, pad_id=0)
     u = batch.unpadded()
@@ -283,8 +283,8 @@ def test_unpadded_batch_and_token_budget_micro_batches():
 
 
 def test_packed_logprobs_equal_torch_trainers_and_masked_gradients_match(parallel):
-    from trainers.megatron import mcore_to_hf
-    from trainers.megatron_trainer import MegatronTrainer
+    from slime_env.trainers.megatron import mcore_to_hf
+    from slime_env.trainers.megatron_trainer import MegatronTrainer
 
     hf = tiny("llama")
     trajs = trajectories(8, seed=3)
@@ -325,7 +325,7 @@ def test_megatron_step_save_load_and_sync_round_trip(parallel, tmp_path):
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    from trainers.megatron_trainer import MegatronTrainer
+    from slime_env.trainers.megatron_trainer import MegatronTrainer
 
     hf = tiny("qwen2")
     trainer = MegatronTrainer(hf, TrainerConfig(backend="megatron", lr=1e-2), pad_id=0)
@@ -358,7 +358,7 @@ def test_megatron_step_save_load_and_sync_round_trip(parallel, tmp_path):
 
 def test_yaml_backend_switch_and_its_errors():
     from slime_env.errors import InvalidInput
-    from trainers.train_loop import TrainConfig
+    from slime_env.trainers.train_loop import TrainConfig
 
     TrainConfig.from_dict({"trainer": {"backend": "megatron", "tp": 2}})
     with pytest.raises(InvalidInput, match="backend 'deepspeed'"):
@@ -438,8 +438,8 @@ def test_pipeline_parallel_2_on_cpu_equals_one_process(tmp_path):
 def test_pipeline_stage_weights_split_and_renumber_back():
     """Each stage gets its layers renumbered from 0, the embedding on the first stage and the norm and head on the
     last (a tied model's last stage: a copy of the embedding); renumbering the stages back gives the whole dict."""
-    from trainers.megatron import hf_to_mcore
-    from trainers.megatron.convert import renumber_layers, stage_weights
+    from slime_env.trainers.megatron import hf_to_mcore
+    from slime_env.trainers.megatron.convert import renumber_layers, stage_weights
 
     for family in ("llama", "qwen3"):
         hf = tiny(family)
@@ -462,8 +462,8 @@ def test_context_parallel_layout_attention_and_rope_equal_the_whole_sequence(par
     those tokens, and its RoPE equals megatron-core's own CP THD RoPE."""
     from megatron.core.transformer.enums import AttnMaskType
 
-    from trainers.megatron import SDPAttention, context_parallel as ctx, transformer_config
-    from trainers.megatron.rope import apply_rotary_pos_emb_thd
+    from slime_env.trainers.megatron import SDPAttention, context_parallel as ctx, transformer_config
+    from slime_env.trainers.megatron.rope import apply_rotary_pos_emb_thd
 
     ids, cu = torch.arange(1, 24), torch.tensor([0, 5, 6, 17, 23], dtype=torch.int32)
     padded, cu_p, where = ctx.pad_sequences(ids, cu, 2, pad_id=0)
@@ -528,8 +528,8 @@ def test_train_loop_with_the_megatron_backend_from_the_example_config(tmp_path):
 
     import yaml
 
-    from agents import load_default_model
-    from trainers.train_loop import TrainConfig, train
+    from slime_env.agents import load_default_model
+    from slime_env.trainers.train_loop import TrainConfig, train
 
     raw = yaml.safe_load(open(os.path.join(ROOT, "examples", "megatron_train.yaml")))
     raw.update(run_dir=str(tmp_path / "run"), steps=1, prompts_per_step=2, n_samples_per_prompt=2, eval_every=1,
@@ -558,8 +558,8 @@ def test_train_loop_trains_a_qwen3_moe_from_the_moe_example_config(tmp_path):
     import yaml
     from transformers import AutoModelForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-    from agents import load_default_model
-    from trainers.train_loop import TrainConfig, train
+    from slime_env.agents import load_default_model
+    from slime_env.trainers.train_loop import TrainConfig, train
 
     _, tokenizer = load_default_model()
     torch.manual_seed(0)
@@ -591,7 +591,7 @@ def test_moe_load_balancing_loss_reaches_the_gradient(parallel):
     """The routers' auxiliary loss is applied in the step (megatron adds it only for modules in training mode):
     its coefficient changes the router weights' update; with the loss off, routers still learn from the policy
     loss alone."""
-    from trainers.megatron_trainer import MegatronTrainer
+    from slime_env.trainers.megatron_trainer import MegatronTrainer
 
     trajs = trajectories(8, seed=9)
     routers = {}

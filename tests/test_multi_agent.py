@@ -7,8 +7,8 @@ from __future__ import annotations
 import re
 
 import pytest
+from slime_env.envs.games import RockPaperScissorsEnv, TicTacToeEnv
 
-from envs.games import RockPaperScissorsEnv, TicTacToeEnv
 from slime_env import Message, MultiAgentEnv, ScriptedPolicy, get_renderer, run_multi_agent_episode
 
 
@@ -221,7 +221,7 @@ def test_rollout_manager_groups_each_trained_agents_samples(runner, smollm2_tok)
 
 
 def test_cooperative_taboo_rewards_both_and_hides_the_word(runner, smollm2_tok):
-    from envs.games import TabooEnv
+    from slime_env.envs.games import TabooEnv
 
     describer = ScriptedPolicy(smollm2_tok, ["A red or green fruit that keeps doctors away."])
     guesser = ScriptedPolicy(smollm2_tok, ["<guess>cherry</guess>", "<guess>Apple</guess>"])
@@ -240,7 +240,7 @@ def test_cooperative_taboo_rewards_both_and_hides_the_word(runner, smollm2_tok):
 
 
 def test_negotiation_pays_each_side_its_private_values(runner, smollm2_tok):
-    from envs.games import SplitItemsEnv
+    from slime_env.envs.games import SplitItemsEnv
 
     env = SplitItemsEnv()
     a = ScriptedPolicy(smollm2_tok, ["<propose>books=0 hats=0 balls=0</propose>"])  # gives everything away
@@ -260,8 +260,9 @@ def test_negotiation_pays_each_side_its_private_values(runner, smollm2_tok):
 
 
 def test_opponent_pool_picks_one_opponent_per_episode_reproducibly(runner, smollm2_tok):
+    from slime_env.trainers import OpponentPool
+
     from slime_env import RolloutManager
-    from trainers import OpponentPool
 
     live = ScriptedPolicy(smollm2_tok, first_free_cell)
     old = [ScriptedPolicy(smollm2_tok, first_free_cell) for _ in range(3)]
@@ -285,9 +286,8 @@ def test_opponent_pool_picks_one_opponent_per_episode_reproducibly(runner, smoll
 
 def test_snapshots_are_frozen_copies_of_a_local_engine(runner):
     import torch
-
-    from agents.default_model import load_policy
-    from trainers import snapshot
+    from slime_env.agents.default_model import load_policy
+    from slime_env.trainers import snapshot
 
     engine, _ = load_policy("default", max_batch_size=2)
     copy = snapshot(engine, version="step-0")
@@ -302,8 +302,9 @@ def test_snapshots_are_frozen_copies_of_a_local_engine(runner):
 
 
 def test_train_config_names_a_bad_opponent_pool():
+    from slime_env.trainers import TrainConfig
+
     from slime_env.errors import InvalidInput
-    from trainers import TrainConfig
 
     with pytest.raises(InvalidInput, match="opponent_pool needs 'agents'"):
         TrainConfig.from_dict({"env": "TicTacToe-v0", "opponent_pool": {"size": 2}}, "cfg.yaml")
@@ -311,7 +312,7 @@ def test_train_config_names_a_bad_opponent_pool():
 
 
 def test_every_game_has_a_built_in_opponent_for_evaluation(runner, smollm2_tok):
-    from envs.games import SplitItemsEnv, TabooEnv
+    from slime_env.envs.games import SplitItemsEnv, TabooEnv
 
     rps = play(runner, RockPaperScissorsEnv(rounds=3, bot={"player_1": "cycle"}),
                ScriptedPolicy(smollm2_tok, ["<move>paper</move>"]), smollm2_tok)
@@ -341,7 +342,7 @@ def test_every_game_has_a_built_in_opponent_for_evaluation(runner, smollm2_tok):
 
 
 def test_every_negotiation_seed_has_a_pool_worth_ten(runner):
-    from envs.games import SplitItemsEnv
+    from slime_env.envs.games import SplitItemsEnv
 
     env = SplitItemsEnv()
     for seed in range(300):  # a pool of 3 of each item once made reset loop forever

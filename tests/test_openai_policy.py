@@ -13,8 +13,8 @@ import os
 import pytest
 from aiohttp import web
 from helpers import LocalServer
+from slime_env.agents.openai_policy import OpenAIPolicy, completion_request, parse_completion
 
-from agents.openai_policy import OpenAIPolicy, completion_request, parse_completion
 from slime_env.http import ProtocolError, RemoteError
 
 # A vLLM 0.11 answer to {"prompt": [...], "logprobs": 1, "return_token_ids": true,

@@ -16,10 +16,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from paged_support import paged_policy, sessions, tiny  # noqa: E402
-
-from agents.kv_blocks import SCRATCH, BlockPool, OutOfBlocks, chain_digest  # noqa: E402
-from agents.sampler import SamplingBatch, sample, uniforms  # noqa: E402
-from agents.transformers_policy import TransformersPolicy  # noqa: E402
+from slime_env.agents.kv_blocks import SCRATCH, BlockPool, OutOfBlocks, chain_digest  # noqa: E402
+from slime_env.agents.sampler import SamplingBatch, sample, uniforms  # noqa: E402
+from slime_env.agents.transformers_policy import TransformersPolicy  # noqa: E402
 
 GREEDY = {"temperature": 0.0}
 
@@ -271,7 +270,7 @@ def test_release_and_resume_memory_keep_generation_exact(tok):
 
 
 def test_pool_sizing_names_what_is_missing_on_a_cpu(tok):
-    from agents.model_runner import pool_blocks
+    from slime_env.agents.model_runner import pool_blocks
 
     model = tiny("llama", tok)
     with pytest.raises(ValueError, match="max_kv_tokens"):

@@ -16,8 +16,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from slime_env.trainers.train_loop import TrainConfig, train  # noqa: E402
+
 from slime_env.errors import InvalidInput  # noqa: E402
-from trainers.train_loop import TrainConfig, train  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -43,7 +44,7 @@ def _digests(weights) -> dict[str, str]:
 
 
 def test_two_serve_engines_get_the_trainers_weights_over_a_gloo_group_after_every_step(tmp_path, smollm2_tok):
-    from agents import TransformersPolicy, load_default_model
+    from slime_env.agents import TransformersPolicy, load_default_model
 
     seen = []
 
@@ -100,7 +101,7 @@ def test_an_engine_killed_mid_step_loses_no_episode_and_returns_with_the_new_wei
                 {"model.norm.weight": trainer.weights()["model.norm.weight"]})["model.norm.weight"]
             state["failovers"] = engines.pool.failovers
 
-    import trainers.train_loop as tl
+    import slime_env.trainers.train_loop as tl
 
     original = tl._save_samples
 
@@ -155,7 +156,7 @@ def test_engines_on_gpus_of_their_own_see_only_their_gpu_and_get_weights_over_nc
     tests/gpu/test_pipeline_gpu.py on two GPUs."""
     from types import SimpleNamespace
 
-    from trainers.engines import EngineConfig, Engines
+    from slime_env.trainers.engines import EngineConfig, Engines
 
     with pytest.raises(InvalidInput, match=r"engine\.gpus: only engines this run starts"):
         EngineConfig.from_dict({"kind": "sglang", "urls": ["http://x"], "gpus": [1]})
@@ -199,9 +200,8 @@ def test_an_unreachable_engine_url_is_refused_before_training(tmp_path):
 
 
 def test_an_engine_serving_another_model_is_refused_before_training(tmp_path, smollm2_tok):
+    from slime_env.agents.launcher import ServeProcess
     from transformers import AutoConfig, AutoModelForCausalLM
-
-    from agents.launcher import ServeProcess
 
     config = AutoConfig.for_model("llama", vocab_size=len(smollm2_tok), hidden_size=64, intermediate_size=128,
                                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -221,9 +221,10 @@ def test_an_engine_serving_another_model_is_refused_before_training(tmp_path, sm
 
 
 def test_a_weight_update_group_with_impossible_ranks_is_refused_by_the_engine(tmp_path):
-    from agents.default_model import default_model_path
-    from agents.launcher import ServeProcess
-    from agents.sglang_policy import SGLangPolicy
+    from slime_env.agents.default_model import default_model_path
+    from slime_env.agents.launcher import ServeProcess
+    from slime_env.agents.sglang_policy import SGLangPolicy
+
     from slime_env.http import RemoteError
 
     engine = ServeProcess(model=str(default_model_path()), log_path=tmp_path / "e.log")
@@ -289,8 +290,8 @@ _RAY2 = {"backend": "ray", "trainer": {"nodes": 1, "gpus_per_node": 2}, "num_cpu
 def test_a_run_whose_last_engine_is_gone_fails_with_the_reason_after_saving(tmp_path):
     """One SGLang-style engine given by URL (the run did not start it, so nobody restarts it) dies during step 2:
     its requests find no engine, the run ends with that reason, and the trainer after step 1 is saved."""
-    from agents.default_model import default_model_path
-    from agents.launcher import ServeProcess
+    from slime_env.agents.default_model import default_model_path
+    from slime_env.agents.launcher import ServeProcess
 
     engine = ServeProcess(model=str(default_model_path()), log_path=tmp_path / "engine.log")
     url = asyncio.run(engine.start())

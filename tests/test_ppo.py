@@ -6,10 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 from helpers import SHAPE, tiny, trajectories
-
-from trainers import algorithms as alg
-from trainers.batch import pack
-from trainers.torch_trainer import TorchTrainer, TrainerConfig
+from slime_env.trainers import algorithms as alg
+from slime_env.trainers.batch import pack
+from slime_env.trainers.torch_trainer import TorchTrainer, TrainerConfig
 
 
 def test_token_rewards_sit_on_each_turns_last_generated_token():
@@ -74,8 +73,8 @@ def test_ppo_config_errors_name_the_problem():
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
 def test_megatron_critic_equals_the_torch_critic_and_learns(family):
     pytest.importorskip("megatron.core", reason="megatron-core is not installed")
-    from trainers.megatron import init_parallel
-    from trainers.megatron_trainer import MegatronTrainer
+    from slime_env.trainers.megatron import init_parallel
+    from slime_env.trainers.megatron_trainer import MegatronTrainer
 
     init_parallel(1)
     model = tiny(family)
@@ -102,8 +101,8 @@ def test_megatron_critic_equals_the_torch_critic_and_learns(family):
 def test_ppo_checkpoints_resume_the_critic(backend, tmp_path):
     if backend == "megatron":
         pytest.importorskip("megatron.core", reason="megatron-core is not installed")
-        from trainers.megatron import init_parallel
-        from trainers.megatron_trainer import MegatronTrainer as Trainer
+        from slime_env.trainers.megatron import init_parallel
+        from slime_env.trainers.megatron_trainer import MegatronTrainer as Trainer
 
         init_parallel(1)
     else:

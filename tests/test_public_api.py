@@ -11,7 +11,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("slime_env", "envs", "agents", "tools_sandbox", "trainers")
+PACKAGES = ("slime_env", "slime_env.envs", "slime_env.agents", "slime_env.tools_sandbox", "slime_env.trainers")
+# The repository's folders of those packages: they install under `slime_env`, never as top-level names.
+FOLDERS = {"slime_env": "slime_env", "envs": "slime_env.envs", "agents": "slime_env.agents",
+           "tools_sandbox": "slime_env.tools_sandbox", "trainers": "slime_env.trainers"}
 
 
 @pytest.mark.parametrize("package", PACKAGES)
@@ -44,8 +47,7 @@ def _imports(source: str) -> list[tuple[str, list[str]]]:
             if isinstance(node, ast.ImportFrom) and node.module and node.level == 0]
 
 
-# Files whose imports of a name like ours mean another package: the OpenAI Agents SDK imports as `agents`, and this
-# example runs it in its own process, away from our `agents`.
+# Files whose imports of a name like one of our folders mean another package: the OpenAI Agents SDK imports as `agents`.
 FOREIGN = {"examples/openai_agents_sdk.py": {"agents"}}
 
 
@@ -56,7 +58,10 @@ def test_imports_written_in_docs_and_examples_resolve():
         foreign = FOREIGN.get(str(path.relative_to(ROOT)), set())
         for block in _code_of(path):
             for module_name, names in _imports(block):
-                if module_name.split(".")[0] not in PACKAGES or module_name.split(".")[0] in foreign:
+                top = module_name.split(".")[0]
+                if top in FOLDERS and top != "slime_env" and top not in foreign:  # the spelling before one name
+                    broken.append(f"{path.relative_to(ROOT)}: from {module_name} (write slime_env.{module_name})")
+                if top != "slime_env":
                     continue
                 module = importlib.import_module(module_name)
                 for name in names:
@@ -71,8 +76,9 @@ def test_imports_written_in_docs_and_examples_resolve():
 
 
 def test_the_names_users_write_import_from_the_package_tops():
+    from slime_env.trainers import MegatronTrainer, TorchTrainer, TrainerConfig  # noqa: F401
+
     from slime_env import RemoteEnv  # noqa: F401
-    from trainers import MegatronTrainer, TorchTrainer, TrainerConfig  # noqa: F401
 
 
 def test_no_two_modules_import_each_other():
@@ -83,9 +89,9 @@ def test_no_two_modules_import_each_other():
 
     root = Path(__file__).resolve().parent.parent
     mods = {}
-    for pkg in ("slime_env", "agents", "envs", "trainers", "tools_sandbox"):
-        for f in (root / pkg).rglob("*.py"):
-            name = ".".join(f.relative_to(root).with_suffix("").parts)
+    for folder, package in FOLDERS.items():
+        for f in (root / folder).rglob("*.py"):
+            name = ".".join((package, *f.relative_to(root / folder).with_suffix("").parts))
             mods[name.removesuffix(".__init__")] = f
     edges: dict[str, set[str]] = {}
     for name, f in mods.items():

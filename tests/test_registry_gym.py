@@ -41,7 +41,7 @@ def test_errors_name_the_problem():
 
 def test_builtin_env_comes_from_the_entry_point():
     assert "Calculator-v0" in registry_ids()
-    assert spec("Calculator-v0").entry_point == "envs.calculator:CalculatorEnv"
+    assert spec("Calculator-v0").entry_point == "slime_env.envs.calculator:CalculatorEnv"
 
 
 def test_gymnasium_make_and_check_env():
@@ -78,7 +78,8 @@ def test_core_does_not_import_the_other_packages():
     import sys
 
     code = ("import sys, slime_env; slime_env.registry_ids(); "
-            "bad = [m for m in ('envs', 'agents', 'tools_sandbox', 'trainers') if m in sys.modules]; "
+            "bad = [m for m in sys.modules if m.split('.')[0] in ('envs', 'agents', 'tools_sandbox', 'trainers') "
+            "or m.startswith(('slime_env.envs', 'slime_env.agents', 'slime_env.tools_sandbox', 'slime_env.trainers'))]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)
     assert slime_env.__version__
@@ -95,7 +96,7 @@ def test_every_builtin_env_has_a_one_line_description():
 
 def builtin_ids() -> list[str]:
     """The envs this package ships (declared as entry points into `envs`), not ones tests register."""
-    return [i for i in registry_ids() if isinstance(spec(i).entry_point, str) and spec(i).entry_point.startswith("envs.")
+    return [i for i in registry_ids() if isinstance(spec(i).entry_point, str) and spec(i).entry_point.startswith("slime_env.envs.")
             and not spec(i).multi_agent]
 
 

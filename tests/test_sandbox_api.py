@@ -15,10 +15,10 @@ import pytest
 from slime_env.errors import InvalidInput
 from tests.helpers import LocalServer
 from tests.sandbox_support import IMAGE, make_sandbox, per_backend_fixtures
-from tools_sandbox import ExecResult, auto
-from tools_sandbox.fusion import from_response, to_response
-from tools_sandbox.remote import RemoteSandbox
-from tools_sandbox.server import make_app
+from slime_env.tools_sandbox import ExecResult, auto
+from slime_env.tools_sandbox.fusion import from_response, to_response
+from slime_env.tools_sandbox.remote import RemoteSandbox
+from slime_env.tools_sandbox.server import make_app
 
 
 sandboxes, sb = per_backend_fixtures(max_concurrency=4, pool_size=4)
@@ -208,8 +208,8 @@ def test_docker_pool_replaces_a_stuck_container_and_cleans_up(runner):
 def test_cleanup_removes_containers_of_dead_owners():
     import docker
 
-    from tools_sandbox import cleanup
-    from tools_sandbox.docker_pool import LABEL, OWNER_LABEL
+    from slime_env.tools_sandbox import cleanup
+    from slime_env.tools_sandbox.docker_pool import LABEL, OWNER_LABEL
 
     make_sandbox("docker")  # ensures the engine and the image
     client = docker.from_env()
@@ -315,7 +315,7 @@ def test_sandbox_info_names_the_backend_auto_picks_and_times_each(tmp_path):
     import subprocess
     import sys
 
-    from tools_sandbox.auto import auto
+    from slime_env.tools_sandbox.auto import auto
 
     sandbox = auto(shared=False)
     want = sandbox.backend

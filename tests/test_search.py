@@ -13,11 +13,11 @@ import aiohttp
 import pytest
 
 import slime_env
-from envs.search import (BM25Retriever, DenseRetriever, Passage, RemoteRetriever, SearchReward, demo_corpus,
+from slime_env.envs.search import (BM25Retriever, DenseRetriever, Passage, RemoteRetriever, SearchReward, demo_corpus,
                          demo_questions, exact_match, f1_score, load_retriever, load_search_tasks, read_corpus,
                          substring_exact_match, write_corpus)
-from envs.search.env import INVALID_ACTION
-from envs.search.server import make_app
+from slime_env.envs.search.env import INVALID_ACTION
+from slime_env.envs.search.server import make_app
 from slime_env import ScriptedPolicy, get_renderer, run_episode
 from slime_env.errors import InvalidInput
 from tests.helpers import LocalServer
@@ -204,7 +204,7 @@ def test_cli_builds_an_index(tmp_path):
 
 # --- the demo tasks' topic split and the scripted searcher (the Search-R1 cold-start check's data) ------------------
 def test_search_tasks_split_by_topic_so_no_held_out_answer_is_ever_trained_on():
-    from envs.search import search_tasks
+    from slime_env.envs.search import search_tasks
 
     train, test = search_tasks(split="train"), search_tasks(split="test")
     assert len(train) + len(test) == len(search_tasks()) and len(test) >= 200
@@ -222,7 +222,7 @@ def test_search_tasks_split_by_topic_so_no_held_out_answer_is_ever_trained_on():
 
 
 def test_the_scripted_searcher_answers_from_the_passage_that_holds_the_sentence():
-    from envs.search import teacher_reply
+    from slime_env.envs.search import teacher_reply
 
     question = ('Question: Which section of the Python language reference says: "The "pass" statement is a null '
                 'operation."\n<|im_end|>\n<|im_start|>assistant\n')
@@ -240,7 +240,7 @@ def test_the_scripted_searcher_answers_from_the_passage_that_holds_the_sentence(
 def test_the_scripted_searcher_solves_demo_questions_through_the_env(runner, smollm2_tok):
     """It sees only the context (never the label), yet with BM25 over the demo corpus it solves most questions,
     each with one search; the env counts that search in `tool_stats` (evaluation's `solved_with_tool`)."""
-    from envs.search import search_tasks, teacher_reply
+    from slime_env.envs.search import search_tasks, teacher_reply
 
     async def play(task):
         return await run_episode(slime_env.make("Search-v0"), ScriptedPolicy(smollm2_tok, teacher_reply), task,
@@ -264,7 +264,7 @@ def test_bm25s_is_imported_with_jax_kept_off_the_gpu(tmp_path):
     fake.mkdir()
     (fake / "__init__.py").write_text("import os\nSEEN = os.environ.get('JAX_PLATFORMS')\n")
     (fake / "lax.py").write_text("def top_k(x, k):\n    return x[:k]\n")
-    code = ("import os\nfrom envs.search.retrievers import _bm25s\n_bm25s()\nimport jax\n"
+    code = ("import os\nfrom slime_env.envs.search.retrievers import _bm25s\n_bm25s()\nimport jax\n"
             "print(jax.SEEN, os.environ.get('JAX_PLATFORMS'))\n")
     env = {**os.environ, "PYTHONPATH": f"{tmp_path}:{os.getcwd()}"}
     env.pop("JAX_PLATFORMS", None)

@@ -8,11 +8,11 @@ import re
 
 import gymnasium
 import pytest
+from slime_env.envs.search.compute_env import count_word, numeric_facts, search_compute_tasks
+from slime_env.envs.search.corpus import demo_corpus
+from slime_env.envs.tools import calculator_tool, search_tool
 
 import slime_env
-from envs.search.compute_env import count_word, numeric_facts, search_compute_tasks
-from envs.search.corpus import demo_corpus
-from envs.tools import calculator_tool, search_tool
 from slime_env import ScriptedPolicy, ToolError, get_renderer, run_episode
 from tests.sandbox_support import make_sandbox
 

@@ -15,10 +15,10 @@ torch = pytest.importorskip("torch")
 
 from aiohttp import ClientSession, web  # noqa: E402
 from helpers import LocalServer, serve_engine  # noqa: E402
+from slime_env.agents.default_model import default_model_path, load_default_model  # noqa: E402
+from slime_env.agents.sglang_policy import SGLangPolicy, parse_generate_response  # noqa: E402
+from slime_env.agents.transformers_policy import TransformersPolicy  # noqa: E402
 
-from agents.default_model import default_model_path, load_default_model  # noqa: E402
-from agents.sglang_policy import SGLangPolicy, parse_generate_response  # noqa: E402
-from agents.transformers_policy import TransformersPolicy  # noqa: E402
 from slime_env import Message, Task, get_renderer, make, run_episode  # noqa: E402
 from slime_env.http import ProtocolError, RemoteError  # noqa: E402
 
@@ -267,7 +267,7 @@ def test_deadline_aborts_the_engine_request(engine_url, local):
 def test_update_weights_from_tensor_through_shared_memory_equals_the_in_process_engine(engine_url, local):
     """A trainer's `sync` with no path sends the weights from memory (SGLang's /update_weights_from_tensor; shared
     memory on CPU, CUDA IPC on a GPU); the server's next generation equals the in-process engine's on them."""
-    from trainers.torch_trainer import TorchTrainer, TrainerConfig
+    from slime_env.trainers.torch_trainer import TorchTrainer, TrainerConfig
 
     model, tok, policy_local = local
     original = {k: v.clone() for k, v in model.state_dict().items()}
@@ -308,7 +308,7 @@ def test_pooled_sessions_close_with_their_event_loop_without_close(engine_url):
 
     code = f"""
 import asyncio
-from agents import SGLangPolicy
+from slime_env.agents import SGLangPolicy
 keep = []
 async def main():
     policy = SGLangPolicy({engine_url!r})

@@ -14,8 +14,8 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from slime_env.agents.default_model import default_model_path
 
-from agents.default_model import default_model_path
 from slime_env.integrations import slime as plugin
 from tests.helpers import serve_engine
 
@@ -114,7 +114,7 @@ def test_reward_functions_have_slimes_parameter_names():
     one sample, `(args, samples)` with `--group-rm` (THUDM/slime tests/plugin_contracts)."""
     import inspect
 
-    from envs.math import rewards as math_rewards
+    from slime_env.envs.math import rewards as math_rewards
 
     for fn, names in ((plugin.reward, ["args", "sample"]), (plugin.group_reward, ["args", "samples"]),
                       (math_rewards.slime_reward, ["args", "sample"]),

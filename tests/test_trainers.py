@@ -10,10 +10,10 @@ import sys
 
 import pytest
 import torch
+from slime_env.trainers.batch import pack
+from slime_env.trainers.torch_trainer import TorchTrainer, TrainerConfig
 
 from slime_env import Env, ScriptedPolicy, get_renderer, run_episode
-from trainers.batch import pack
-from trainers.torch_trainer import TorchTrainer, TrainerConfig
 
 
 class ExactAnswer(Env):
@@ -43,7 +43,7 @@ class TwoTurns(Env):
 
 @pytest.fixture(scope="module")
 def model_and_tok():
-    from agents import load_default_model
+    from slime_env.agents import load_default_model
 
     return load_default_model()
 
@@ -97,7 +97,8 @@ def test_pack_per_turn_rewards_and_failed_trajectories(smollm2_tok):
 def test_trainer_logprobs_match_the_engine(model_and_tok):
     """The trainer's log-probs (left padding, position ids, logits for response columns only) equal the
     log-probs the engine sampled with, so the importance ratio starts at exactly 1."""
-    from agents import TransformersPolicy
+    from slime_env.agents import TransformersPolicy
+
     from slime_env import run_episode
 
     model, tok = model_and_tok
@@ -122,7 +123,7 @@ def test_trainer_logprobs_match_the_engine(model_and_tok):
 def test_training_moves_probability_toward_rewarded_answers_and_sync_reaches_the_engine(model_and_tok, tmp_path):
     import copy
 
-    from agents import TransformersPolicy
+    from slime_env.agents import TransformersPolicy
 
     base, tok = model_and_tok
     actor = copy.deepcopy(base)
@@ -161,8 +162,9 @@ def test_training_moves_probability_toward_rewarded_answers_and_sync_reaches_the
 
 
 def test_config_errors_name_the_field(tmp_path):
+    from slime_env.trainers.train_loop import TrainConfig
+
     from slime_env.errors import InvalidInput
-    from trainers.train_loop import TrainConfig
 
     bad = tmp_path / "bad.yaml"
     bad.write_text("steps: 3\nlearning_rate: 1\n")

@@ -9,8 +9,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from agents.default_model import load_default_model  # noqa: E402
-from agents.transformers_policy import TransformersPolicy  # noqa: E402
+from slime_env.agents.default_model import load_default_model  # noqa: E402
+from slime_env.agents.transformers_policy import TransformersPolicy  # noqa: E402
+
 from slime_env import Message, Task, get_renderer, make, run_episode  # noqa: E402
 
 QUESTIONS = ["What is 2+2?", "Name a color.", "Say hi", "Steps:\n\n1. list three fruits"]
@@ -165,7 +166,7 @@ def test_bad_prompt_ids_are_refused_at_the_boundary_naming_the_argument(engine):
 
 
 def test_the_batched_draw_samples_each_row_from_its_distribution_and_never_a_zero():
-    from agents.transformers_policy import _draw
+    from slime_env.agents.transformers_policy import _draw
 
     # Zeros at both ends and in the middle (what top-k / top-p masking leaves), two different rows.
     probs = torch.tensor([[0.0, 0.5, 0.0, 0.3, 0.2, 0.0], [0.0, 0.0, 0.0, 0.0, 1.0, 0.0]])

@@ -11,10 +11,10 @@ memory_mb=) -> ExecResult`, over four backends:
 Imports `slime_env` only; `slime_env` never imports this package.
 """
 
-from tools_sandbox.auto import auto
-from tools_sandbox.base import Sandbox
-from tools_sandbox.languages import Language, get_language, language_names, register_language
-from tools_sandbox.types import EXEC_STATUSES, ExecRequest, ExecResult, SandboxError
+from slime_env.tools_sandbox.auto import auto
+from slime_env.tools_sandbox.base import Sandbox
+from slime_env.tools_sandbox.languages import Language, get_language, language_names, register_language
+from slime_env.tools_sandbox.types import EXEC_STATUSES, ExecRequest, ExecResult, SandboxError
 
 __all__ = ["EXEC_STATUSES", "ExecRequest", "ExecResult", "Language", "Sandbox", "SandboxError", "auto",
            "cleanup", "get_language", "language_names", "register_language", "BwrapSandbox", "DockerSandbox",
@@ -23,7 +23,7 @@ __all__ = ["EXEC_STATUSES", "ExecRequest", "ExecResult", "Language", "Sandbox", 
 
 def cleanup(*, all_owners: bool = False) -> int:
     """Remove sandbox containers whose owner process is gone (all of them with `all_owners`)."""
-    from tools_sandbox.docker_pool import cleanup as _cleanup
+    from slime_env.tools_sandbox.docker_pool import cleanup as _cleanup
 
     return _cleanup(all_owners=all_owners)
 
@@ -31,19 +31,19 @@ def cleanup(*, all_owners: bool = False) -> int:
 def __getattr__(name: str):
     # Backends load on first use: the docker SDK and aiohttp stay out of processes that never need them.
     if name == "BwrapSandbox":
-        from tools_sandbox.bwrap import BwrapSandbox
+        from slime_env.tools_sandbox.bwrap import BwrapSandbox
 
         return BwrapSandbox
     if name == "DockerSandbox":
-        from tools_sandbox.docker_pool import DockerSandbox
+        from slime_env.tools_sandbox.docker_pool import DockerSandbox
 
         return DockerSandbox
     if name == "ProcessSandbox":
-        from tools_sandbox.process import ProcessSandbox
+        from slime_env.tools_sandbox.process import ProcessSandbox
 
         return ProcessSandbox
     if name == "RemoteSandbox":
-        from tools_sandbox.remote import RemoteSandbox
+        from slime_env.tools_sandbox.remote import RemoteSandbox
 
         return RemoteSandbox
     raise AttributeError(name)

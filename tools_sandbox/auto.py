@@ -9,11 +9,12 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from slime_env.errors import InvalidInput
-from tools_sandbox.base import Sandbox
-from tools_sandbox.types import SandboxError
+from slime_env.tools_sandbox.base import Sandbox
+from slime_env.tools_sandbox.types import SandboxError
 
-log = logging.getLogger("tools_sandbox")
+from slime_env.errors import InvalidInput
+
+log = logging.getLogger("slime_env.tools_sandbox")
 BACKENDS = ("docker", "bwrap", "process")
 _SHARED: dict[tuple, Sandbox] = {}
 
@@ -54,22 +55,22 @@ def auto(prefer: Sequence[str] | str | None = None, *, shared: bool = True,
 
 def _make(name: str, kwargs: dict[str, Any]) -> Sandbox:
     if name.startswith(("http://", "https://")):
-        from tools_sandbox.remote import RemoteSandbox
+        from slime_env.tools_sandbox.remote import RemoteSandbox
 
         return RemoteSandbox(name, **kwargs)
     if name == "docker":
-        from tools_sandbox.docker_pool import DockerSandbox
+        from slime_env.tools_sandbox.docker_pool import DockerSandbox
 
         return DockerSandbox(**kwargs)
     if name == "bwrap":
-        from tools_sandbox.bwrap import BwrapSandbox
+        from slime_env.tools_sandbox.bwrap import BwrapSandbox
 
         probe_bwrap()
         # The fork server: the same isolation between runs, a few ms a run (options={"bwrap": {"fork_server":
         # False}} starts one bubblewrap sandbox per run instead).
         return BwrapSandbox(**{"fork_server": True, **kwargs})
     if name == "process":
-        from tools_sandbox.process import ProcessSandbox
+        from slime_env.tools_sandbox.process import ProcessSandbox
 
         return ProcessSandbox(**kwargs)
     raise InvalidInput(f"unknown sandbox backend {name!r}: use one of {BACKENDS} or an http:// URL")

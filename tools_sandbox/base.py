@@ -9,8 +9,8 @@ import time
 from collections.abc import Mapping
 from typing import ClassVar
 
-from tools_sandbox.languages import get_language
-from tools_sandbox.types import ExecRequest, ExecResult
+from slime_env.tools_sandbox.languages import get_language
+from slime_env.tools_sandbox.types import ExecRequest, ExecResult
 
 
 class Sandbox:

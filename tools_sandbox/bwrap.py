@@ -21,13 +21,13 @@ import shutil
 import subprocess
 import sys
 
-from tools_sandbox.base import Sandbox
-from tools_sandbox.cgroups import CgroupParent, RunCgroup, join_cgroup
-from tools_sandbox.languages import get_language
-from tools_sandbox.local_exec import (Slots, clamp_limits, decode, memfd, nproc_limit, outcome_result,
+from slime_env.tools_sandbox.base import Sandbox
+from slime_env.tools_sandbox.cgroups import CgroupParent, RunCgroup, join_cgroup
+from slime_env.tools_sandbox.languages import get_language
+from slime_env.tools_sandbox.local_exec import (Slots, clamp_limits, decode, memfd, nproc_limit, outcome_result,
                                       prlimit_argv, spawn)
-from tools_sandbox.process import SAFE_ENV, default_python
-from tools_sandbox.types import ExecRequest, ExecResult, SandboxError
+from slime_env.tools_sandbox.process import SAFE_ENV, default_python
+from slime_env.tools_sandbox.types import ExecRequest, ExecResult, SandboxError
 
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 SYSTEM_FILES = ("/etc/ld.so.cache", "/etc/localtime")
@@ -38,7 +38,7 @@ class BwrapSandbox(Sandbox):
     """bubblewrap per run (~12 ms of overhead); see the module docstring for what is isolated.
 
     `fork_server=True`: one long-lived bubblewrap sandbox per slot whose pre-started interpreter forks a
-    fresh child per run (`tools_sandbox.bwrap_server`): the same isolation between runs, a few ms a run.
+    fresh child per run (`slime_env.tools_sandbox.bwrap_server`): the same isolation between runs, a few ms a run.
 
     `python` is the interpreter inside (default: /usr/bin/python3, else this one's base executable); its
     site-packages are hidden unless `host_packages=True`; `ro_binds` adds host paths visible read-only
@@ -73,7 +73,7 @@ class BwrapSandbox(Sandbox):
                 self._mounts += ["--tmpfs", path, "--remount-ro", path]
         self._fork = None
         if fork_server:
-            from tools_sandbox.bwrap_server import ForkServers
+            from slime_env.tools_sandbox.bwrap_server import ForkServers
 
             self._fork = ForkServers(self)
 
@@ -191,4 +191,4 @@ def _close(fd: int) -> None:
 
 
 if sys.platform != "linux":  # pragma: no cover
-    raise ImportError("tools_sandbox.bwrap needs Linux")
+    raise ImportError("slime_env.tools_sandbox.bwrap needs Linux")

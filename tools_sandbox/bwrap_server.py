@@ -1,6 +1,6 @@
 """The fork-server mode of `BwrapSandbox`: one long-lived bubblewrap sandbox per concurrency slot.
 
-Each slot's sandbox runs the sandbox agent (`tools_sandbox.agent`, the same code that runs inside the
+Each slot's sandbox runs the sandbox agent (`slime_env.tools_sandbox.agent`, the same code that runs inside the
 Docker backend's containers) as PID 1 of the sandbox's pid namespace, under the slot's uid and cgroup,
 started with the flags runs use (`python -s -u`, the sandbox environment). For every run it forks a
 fresh child that runs the code — Python in the pre-started interpreter itself, no new interpreter to
@@ -21,12 +21,12 @@ import os
 import time
 from typing import Any
 
-from tools_sandbox.agent import AGENT_SOURCE
-from tools_sandbox.cgroups import RunCgroup, join_cgroup
-from tools_sandbox.languages import get_language
-from tools_sandbox.local_exec import Outcome, clamp_limits, memfd, nproc_limit, outcome_result
-from tools_sandbox.process import SAFE_ENV
-from tools_sandbox.types import ExecRequest, ExecResult
+from slime_env.tools_sandbox.agent import AGENT_SOURCE
+from slime_env.tools_sandbox.cgroups import RunCgroup, join_cgroup
+from slime_env.tools_sandbox.languages import get_language
+from slime_env.tools_sandbox.local_exec import Outcome, clamp_limits, memfd, nproc_limit, outcome_result
+from slime_env.tools_sandbox.process import SAFE_ENV
+from slime_env.tools_sandbox.types import ExecRequest, ExecResult
 
 GRACE_S = 10.0  # beyond a run's own timeout, how long the agent may take to answer
 AGENT_MB = 48  # what the agent itself holds in the slot's cgroup, on top of the run's memory limit

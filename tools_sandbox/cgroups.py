@@ -15,7 +15,7 @@ import signal
 import time
 from pathlib import Path
 
-from tools_sandbox.local_exec import pid_alive
+from slime_env.tools_sandbox.local_exec import pid_alive
 
 ROOT = Path("/sys/fs/cgroup")
 PREFIX = "slime_env-sandbox-"

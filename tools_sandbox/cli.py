@@ -16,7 +16,7 @@ sandbox_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Sand
 
 
 def _sandbox(backend: str, max_concurrency: int | None):
-    from tools_sandbox import auto  # lazy: the core never imports tools_sandbox at import time
+    from slime_env.tools_sandbox import auto  # lazy: the core never imports tools_sandbox at import time
 
     common = {"max_concurrency": max_concurrency} if max_concurrency else {}
     return auto(None if backend == "auto" else backend, shared=False, **common)
@@ -28,8 +28,8 @@ def sandbox_build_image(tag: str = typer.Option("slime-env-sandbox:py3", help="i
                         suite: str = typer.Option("bookworm", help="Debian suite for mmdebstrap"),
                         mirror: str = typer.Option(None, help="Debian mirror URL for mmdebstrap")) -> None:
     """Build the local Python sandbox image (Dockerfile if a registry answers, else mmdebstrap + docker import)."""
-    from tools_sandbox.image import build_image
-    from tools_sandbox.types import SandboxError
+    from slime_env.tools_sandbox.image import build_image
+    from slime_env.tools_sandbox.types import SandboxError
 
     try:
         used = build_image(tag, method=method, suite=suite, mirror=mirror, log=typer.echo)
@@ -42,7 +42,7 @@ def sandbox_build_image(tag: str = typer.Option("slime-env-sandbox:py3", help="i
 @sandbox_app.command("cleanup")
 def sandbox_cleanup(all_owners: bool = typer.Option(False, "--all", help="also containers of live processes")) -> None:
     """Remove sandbox containers left behind by crashed processes."""
-    from tools_sandbox import cleanup
+    from slime_env.tools_sandbox import cleanup
 
     typer.echo(f"removed {cleanup(all_owners=all_owners)} container(s)")
 
@@ -50,13 +50,13 @@ def sandbox_cleanup(all_owners: bool = typer.Option(False, "--all", help="also c
 @sandbox_app.command("info")
 def sandbox_info(runs: int = typer.Option(5, help="timed runs of a one-line program per working backend (0: none)")
                  ) -> None:
-    """Which backend `tools_sandbox.auto()` picks here and why stronger ones were skipped; each backend's latency."""
+    """Which backend `slime_env.tools_sandbox.auto()` picks here and why stronger ones were skipped; each backend's latency."""
     import asyncio
     import statistics
     import time
 
-    from tools_sandbox.auto import BACKENDS, _make, auto
-    from tools_sandbox.types import SandboxError
+    from slime_env.tools_sandbox.auto import BACKENDS, _make, auto
+    from slime_env.tools_sandbox.types import SandboxError
 
     chosen = auto(shared=False)
     typer.echo(f"auto() picks: {chosen.backend} ({chosen.describe()})")
@@ -115,7 +115,7 @@ def serve_sandbox(host: str = typer.Option("127.0.0.1", help="address to bind"),
                   max_concurrency: int = typer.Option(None, help="runs executing at once (default: the backend's)"),
                   queue_timeout_s: float = typer.Option(30.0, help="503 after waiting this long for a slot")) -> None:
     """Serve a sandbox with SandboxFusion's POST /run_code API (plus GET /health)."""
-    from tools_sandbox.server import serve
+    from slime_env.tools_sandbox.server import serve
 
     serve(_sandbox(backend, max_concurrency), host=host, port=port, max_concurrency=max_concurrency,
           queue_timeout_s=queue_timeout_s)

@@ -1,7 +1,7 @@
 """`DockerSandbox`: a warm pool of locked-down containers, each running one run at a time.
 
 A container starts once (≈0.2–0.3 s) and then serves runs through a small agent that is its PID 1
-(`tools_sandbox.agent`): a run costs a fork/exec inside the container (≈20 ms for `print(1)`), not a
+(`slime_env.tools_sandbox.agent`): a run costs a fork/exec inside the container (≈20 ms for `print(1)`), not a
 `docker run` (≈300 ms) or a `docker exec` (≈60 ms). Every container: `--network none`, memory =
 memory+swap (hard), CPU quota, pids limit, read-only root, tmpfs /work and /tmp, uid 65534, all
 capabilities dropped, `no-new-privileges`. The agent wipes /work, /tmp and /dev/shm and kills every
@@ -24,11 +24,11 @@ import struct
 import time
 from typing import Any
 
-from tools_sandbox.agent import AGENT_SOURCE
-from tools_sandbox.base import Sandbox, classify
-from tools_sandbox.languages import get_language
-from tools_sandbox.local_exec import pid_alive
-from tools_sandbox.types import ExecRequest, ExecResult, SandboxError
+from slime_env.tools_sandbox.agent import AGENT_SOURCE
+from slime_env.tools_sandbox.base import Sandbox, classify
+from slime_env.tools_sandbox.languages import get_language
+from slime_env.tools_sandbox.local_exec import pid_alive
+from slime_env.tools_sandbox.types import ExecRequest, ExecResult, SandboxError
 
 LABEL = "slime_env.sandbox"
 OWNER_LABEL = "slime_env.owner"

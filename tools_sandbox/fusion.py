@@ -12,9 +12,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from slime_env.tools_sandbox.base import classify
+from slime_env.tools_sandbox.types import ExecResult, decode_files
+
 from slime_env.errors import InvalidInput
-from tools_sandbox.base import classify
-from tools_sandbox.types import ExecResult, decode_files
 
 # "bash" runs /bin/sh (dash in our image): SandboxFusion clients name shell code "bash".
 LANGUAGE_ALIASES = {"python": "python", "python3": "python", "shell": "shell", "sh": "shell", "bash": "shell"}

@@ -16,8 +16,8 @@ import subprocess
 import tempfile
 from collections.abc import Callable, Sequence
 
-from tools_sandbox.docker_pool import DEFAULT_IMAGE, docker_client
-from tools_sandbox.types import SandboxError
+from slime_env.tools_sandbox.docker_pool import DEFAULT_IMAGE, docker_client
+from slime_env.tools_sandbox.types import SandboxError
 
 IMAGE_LABEL = "slime_env.sandbox.image"
 PACKAGES = ("python3", "dash", "coreutils")

@@ -17,8 +17,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from tools_sandbox.base import classify
-from tools_sandbox.types import ExecRequest, ExecResult
+from slime_env.tools_sandbox.base import classify
+from slime_env.tools_sandbox.types import ExecRequest, ExecResult
 
 
 KILL_WAIT_S = 30.0

@@ -16,10 +16,18 @@ import shutil
 import sys
 import tempfile
 
-from tools_sandbox.base import Sandbox
-from tools_sandbox.languages import get_language
-from tools_sandbox.local_exec import Slots, clamp_limits, memfd, nproc_limit, outcome_result, prlimit_argv, spawn
-from tools_sandbox.types import ExecRequest, ExecResult
+from slime_env.tools_sandbox.base import Sandbox
+from slime_env.tools_sandbox.languages import get_language
+from slime_env.tools_sandbox.local_exec import (
+    Slots,
+    clamp_limits,
+    memfd,
+    nproc_limit,
+    outcome_result,
+    prlimit_argv,
+    spawn,
+)
+from slime_env.tools_sandbox.types import ExecRequest, ExecResult
 
 SLOT_UID_BASE = 62000  # as root, runs drop to uid 62000 + slot (bubblewrap uses 61000 + slot)
 SAFE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1",

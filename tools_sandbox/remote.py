@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import base64
 
+from slime_env.tools_sandbox.base import Sandbox
+from slime_env.tools_sandbox.fusion import from_response
+from slime_env.tools_sandbox.languages import get_language
+from slime_env.tools_sandbox.types import ExecRequest, ExecResult
+
 from slime_env.http import HttpClient, RemoteError
-from tools_sandbox.base import Sandbox
-from tools_sandbox.fusion import from_response
-from tools_sandbox.languages import get_language
-from tools_sandbox.types import ExecRequest, ExecResult
 
 REMOTE_LANGUAGE = {"python": "python", "shell": "bash"}  # SandboxFusion's names
 

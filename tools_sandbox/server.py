@@ -1,6 +1,6 @@
 """`slime-env serve-sandbox`: a sandbox over HTTP with SandboxFusion's `POST /run_code` API.
 
-Routes: `POST /run_code` (SandboxFusion request and response shapes, see `tools_sandbox.fusion`),
+Routes: `POST /run_code` (SandboxFusion request and response shapes, see `slime_env.tools_sandbox.fusion`),
 `GET /health` (backend, runs executing, runs queued), `GET /v1/ping` ("pong", as SandboxFusion).
 At most `max_concurrency` runs execute at once; a request that waits longer than `queue_timeout_s`
 for a slot gets 503 (retry-safe: its code never ran). Malformed requests get 400 naming the field.
@@ -12,10 +12,10 @@ import asyncio
 import json
 
 from aiohttp import web
+from slime_env.tools_sandbox.base import Sandbox
+from slime_env.tools_sandbox.fusion import parse_request, to_response
 
 from slime_env.errors import InvalidInput
-from tools_sandbox.base import Sandbox
-from tools_sandbox.fusion import parse_request, to_response
 
 SANDBOX_KEY = web.AppKey("sandbox", Sandbox)
 

@@ -54,7 +54,7 @@ class ExecResult:
 
 @dataclass(frozen=True, slots=True)
 class ExecRequest:
-    """One run: `code` in `language` (see `tools_sandbox.languages`), its `stdin`, extra `files`
+    """One run: `code` in `language` (see `slime_env.tools_sandbox.languages`), its `stdin`, extra `files`
     (relative path -> bytes or str) in the work dir, and limits. Validated on construction."""
 
     code: str

@@ -1,6 +1,6 @@
 """trainers: from trajectories to gradient steps.
 
-- `trainers.algorithms`: advantage estimators and policy losses as small pure tensor functions.
+- `slime_env.trainers.algorithms`: advantage estimators and policy losses as small pure tensor functions.
 - `pack`, `TrainBatch`: trajectories -> padded / packed tensors with per-token advantages.
 - `TorchTrainer`, `TrainerConfig`: the reference trainer on a Hugging Face causal LM (CPU or one GPU).
 - `MegatronTrainer`: the same RL step on megatron-core (GPUs, TP x DP x EP, MoE); imported on first use, since
@@ -17,14 +17,14 @@ Imports `slime_env`, never the reverse.
 from slime_env.loading import lazy_exports
 
 _EXPORTS = {
-    "TorchTrainer": "trainers.torch_trainer", "TrainerConfig": "trainers.torch_trainer",
-    "MegatronTrainer": "trainers.megatron_trainer", "FSDPTrainer": "trainers.fsdp_trainer", "TrainBatch": "trainers.batch", "pack": "trainers.batch",
-    "TrainConfig": "trainers.train_loop", "train": "trainers.train_loop",
-    "OpponentPool": "trainers.opponent_pool", "snapshot": "trainers.opponent_pool",
-    "AsyncConfig": "trainers.asynchrony",
-    "WarmupConfig": "trainers.warmup",
-    "ServerTeacher": "trainers.teacher", "LocalTeacher": "trainers.teacher", "make_teacher": "trainers.teacher",
+    "TorchTrainer": "slime_env.trainers.torch_trainer", "TrainerConfig": "slime_env.trainers.torch_trainer",
+    "MegatronTrainer": "slime_env.trainers.megatron_trainer", "FSDPTrainer": "slime_env.trainers.fsdp_trainer", "TrainBatch": "slime_env.trainers.batch", "pack": "slime_env.trainers.batch",
+    "TrainConfig": "slime_env.trainers.train_loop", "train": "slime_env.trainers.train_loop",
+    "OpponentPool": "slime_env.trainers.opponent_pool", "snapshot": "slime_env.trainers.opponent_pool",
+    "AsyncConfig": "slime_env.trainers.asynchrony",
+    "WarmupConfig": "slime_env.trainers.warmup",
+    "ServerTeacher": "slime_env.trainers.teacher", "LocalTeacher": "slime_env.trainers.teacher", "make_teacher": "slime_env.trainers.teacher",
 }
 
 __all__ = sorted(_EXPORTS)
-__getattr__ = lazy_exports("trainers", _EXPORTS)
+__getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -18,10 +18,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from slime_env.trainers.sections import parse_section
+
 from slime_env.errors import InvalidInput
 from slime_env.rollout.heap import quiet_gc
 from slime_env.rollout.stream import group_weight_version
-from trainers.sections import parse_section
 
 MODES = ("off", "overlap", "full")
 

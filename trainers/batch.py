@@ -17,9 +17,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 
 import torch
+from slime_env.trainers.algorithms import RoleBaselines, outcome_advantages, token_returns, token_rewards
 
 from slime_env.trajectory import Trajectory
-from trainers.algorithms import RoleBaselines, outcome_advantages, token_returns, token_rewards
 
 
 @dataclass(frozen=True)
@@ -98,7 +98,7 @@ def pack(trajectories: Sequence[Trajectory], *, group_size: int, pad_id: int, es
     """Tensors and advantages for `trajectories` (groups of `group_size`, consecutive, in sample order).
 
     A failed trajectory keeps its place (reward 0.0 in its group's statistics) but its loss mask is zeros,
-    as slime's `remove_sample` does. `estimator` is an outcome estimator of `trainers.algorithms`; "rae"
+    as slime's `remove_sample` does. `estimator` is an outcome estimator of `slime_env.trainers.algorithms`; "rae"
     takes `role_baselines` (keyed by each trajectory's env id and role) and updates them.
     """
     if reward_assignment not in ("sequence", "per_turn"):
@@ -123,7 +123,7 @@ def pack(trajectories: Sequence[Trajectory], *, group_size: int, pad_id: int, es
     turn_of = torch.zeros((B, L), dtype=torch.long)
     turn_rewards = torch.zeros((B, K), dtype=torch.float32)
     rewards = torch.zeros(B, dtype=torch.float32)
-    # On-policy distillation: a teacher's log-probs of the response tokens (trainers.teacher), when every row has them
+    # On-policy distillation: a teacher's log-probs of the response tokens (slime_env.trainers.teacher), when every row has them
     with_teacher = all("teacher_logprobs" in t.metadata or t.status == "failed" for t in trajectories) and \
         any("teacher_logprobs" in t.metadata for t in trajectories)
     teacher = torch.zeros((B, L), dtype=torch.float32) if with_teacher else None
@@ -147,7 +147,7 @@ def pack(trajectories: Sequence[Trajectory], *, group_size: int, pad_id: int, es
             turn_of[i, o + p + span.start:o + p + span.end] = span.turn
     if estimator == "rae":
         if role_baselines is None:
-            raise ValueError("estimator 'rae' needs role_baselines (trainers.algorithms.RoleBaselines)")
+            raise ValueError("estimator 'rae' needs role_baselines (slime_env.trainers.algorithms.RoleBaselines)")
         keys = [None if t.status == "failed" else (str(t.metadata.get("env_id", "")), str(t.metadata.get("role", t.agent_id)))
                 for t in trajectories]
         seq_adv = role_baselines.advantages(rewards, keys)

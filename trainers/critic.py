@@ -10,8 +10,7 @@ from __future__ import annotations
 import copy
 
 import torch
-
-from trainers.batch import TrainBatch
+from slime_env.trainers.batch import TrainBatch
 
 
 class ValueModel(torch.nn.Module):

@@ -11,10 +11,10 @@ engine:
 ```
 
 `Engines` is the role: `policy` (what the rollout manager and the evaluation generate with — the embedded policy or
-an `agents.EnginePool`), `tokenizer`, `channel(trainer)` (`trainers.weight_sync`) and the engines a sync must reach.
+an `slime_env.agents.EnginePool`), `tokenizer`, `channel(trainer)` (`slime_env.trainers.weight_sync`) and the engines a sync must reach.
 `start()` checks, before any training, that every engine answers and serves the trainer's model; a problem is an
 `InvalidInput` naming the config field. Engines this run started are watched: one that dies is restarted and
-rejoins once the next weight sync has reached it (`agents.engine_pool`).
+rejoins once the next weight sync has reached it (`slime_env.agents.engine_pool`).
 
 `weight_sync: auto` picks: embedded → in place; `serve` on this host → `tensor` (CUDA IPC) where an engine shares the
 trainer's GPU, `distributed` over NCCL where every engine has a GPU of its own (`gpus`), over gloo on CPUs; `sglang` →
@@ -31,8 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from slime_env.trainers.sections import parse_section
+
 from slime_env.errors import InvalidInput
-from trainers.sections import parse_section
 
 KINDS = ("embedded", "serve", "sglang", "openai")
 
@@ -116,7 +117,7 @@ class Engines:
     # --- start -------------------------------------------------------------------------------------------------
     async def start(self) -> None:
         if self.embedded:
-            from agents.default_model import load_policy
+            from slime_env.agents.default_model import load_policy
 
             self.policy, self.model_path = load_policy(self.model_path, max_batch_size=self.max_concurrency,
                                                        batch_window_s=0.005, device=self.device, dtype=self.dtype,
@@ -125,12 +126,12 @@ class Engines:
             return
         self.tokenizer = load_tokenizer(self.model_path)
         if self.cfg.kind == "openai":
-            from agents.openai_policy import OpenAIPolicy
+            from slime_env.agents.openai_policy import OpenAIPolicy
 
             self.policy = OpenAIPolicy(self.cfg.urls[0], self.cfg.model_name or "default")
             return
-        from agents.engine_pool import EnginePool
-        from agents.sglang_policy import SGLangPolicy
+        from slime_env.agents.engine_pool import EnginePool
+        from slime_env.agents.sglang_policy import SGLangPolicy
 
         urls = list(self.cfg.urls)
         if not urls:  # serve: this run starts its engines
@@ -144,7 +145,7 @@ class Engines:
         self.policy = self.pool
 
     async def _launch(self) -> list[str]:
-        from agents.launcher import ServeProcess
+        from slime_env.agents.launcher import ServeProcess
 
         logs = self.run_dir / "engines"
         logs.mkdir(parents=True, exist_ok=True)
@@ -201,7 +202,7 @@ class Engines:
     # --- weight sync -------------------------------------------------------------------------------------------
     def channel(self, save: Any = None) -> Any:
         """The weight-sync channel to these engines (`save(path)` writes the trainer's HF folder, for `disk`)."""
-        from trainers import weight_sync as ws
+        from slime_env.trainers import weight_sync as ws
 
         if self.embedded:
             return ws.InPlace(self.policy)
@@ -259,7 +260,7 @@ class Engines:
         if await asyncio.to_thread(process.alive):  # it answers no more but runs: stop it first (a hung engine)
             await asyncio.to_thread(process.stop)
         url = await process.start()
-        from agents.sglang_policy import SGLangPolicy
+        from slime_env.agents.sglang_policy import SGLangPolicy
 
         self.pool.replace(engine, SGLangPolicy(url, max_connections=max(256, self.max_concurrency)))
 
@@ -290,7 +291,7 @@ def load_tokenizer(model_path: str) -> Any:
 
 def resolve_model_path(model: str) -> str:
     if model == "default":
-        from agents.default_model import default_model_path
+        from slime_env.agents.default_model import default_model_path
 
         return str(default_model_path())
     return model

@@ -25,10 +25,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-
-from trainers.batch import TrainBatch
-from trainers.distributed import balanced_ranges, init_process_group, lockstep
-from trainers.torch_trainer import TorchTrainer, TrainerConfig, read_hf_weights
+from slime_env.trainers.batch import TrainBatch
+from slime_env.trainers.distributed import balanced_ranges, init_process_group, lockstep
+from slime_env.trainers.torch_trainer import TorchTrainer, TrainerConfig, read_hf_weights
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -168,7 +167,7 @@ class FSDPTrainer(TorchTrainer):
 
     async def sync(self, policy: Any, *, version: str | None = None, path: str | Path | None = None) -> str:
         """Push the full weights (HF names) to `policy` from rank 0, as `TorchTrainer.sync` does; every rank calls it."""
-        from trainers.torch_trainer import push_weights
+        from slime_env.trainers.torch_trainer import push_weights
 
         version = version or str(self.step_count)
         state = self.weights()

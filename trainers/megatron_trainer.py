@@ -1,7 +1,7 @@
 """`MegatronTrainer`: the RL trainer on megatron-core (GPUs, TP x DP x EP), same contract as `TorchTrainer`.
 
-It is a `TorchTrainer` whose model is a megatron `GPTModel` (`trainers.megatron`), so one RL step is the
-very same code: `pack()` / `TrainBatch`, the old and reference log-probs, `trainers.algorithms` for the
+It is a `TorchTrainer` whose model is a megatron `GPTModel` (`slime_env.trainers.megatron`), so one RL step is the
+very same code: `pack()` / `TrainBatch`, the old and reference log-probs, `slime_env.trainers.algorithms` for the
 loss, KL, entropy and TIS, the exact per-mini-batch reduction. What differs:
 - **Packed sequences.** A micro-batch is the rows that fit `max_tokens_per_micro_batch`, concatenated without
   padding (THD, `cu_seqlens`); log-probs are computed only where the loss mask is set, from
@@ -11,11 +11,11 @@ loss, KL, entropy and TIS, the exact per-mini-batch reduction. What differs:
   masked-token count and gradients are summed across ranks (`calculate_per_token_loss`), so the gradient
   equals the one-GPU gradient.
 - **Scale.** Sequence parallelism over the TP group (a packed micro-batch is padded to a multiple of TP with a
-  dummy sequence), context parallelism over packed sequences (`trainers.megatron.context_parallel`: each CP rank
+  dummy sequence), context parallelism over packed sequences (`slime_env.trainers.megatron.context_parallel`: each CP rank
   holds two balanced chunks of every sequence; log-probs summed over the CP group), pipeline parallelism (each
   stage holds a share of the layers; a mini-batch's packed micro-batches run on megatron's 1F1B schedule, the loss
   and log-probs on the last stage, which sends them to the others), megatron's activation recompute, and MoE models
-  (Qwen3-MoE) with experts split over the expert-parallel group (`trainers.megatron.moe`).
+  (Qwen3-MoE) with experts split over the expert-parallel group (`slime_env.trainers.megatron.moe`).
 - **Optimizer.** On CUDA: megatron DDP (fp32 gradient buffers) and megatron's distributed Adam with fp32
   master weights over bf16 parameters, gradient clipping inside. On CPU (tests, fp32): `torch.optim.AdamW`.
 - **Reference model.** Its weights stay on the CPU and are swapped into the model for the no-grad pass.
@@ -37,10 +37,10 @@ import torch
 import torch.distributed as dist
 
 from slime_env.trajectory import Trajectory
-from trainers import algorithms as alg
-from trainers.batch import TrainBatch
-from trainers.distributed import balanced_ranges, lockstep, token_budget_slices
-from trainers.torch_trainer import TorchTrainer, TrainerConfig, read_hf_weights
+from slime_env.trainers import algorithms as alg
+from slime_env.trainers.batch import TrainBatch
+from slime_env.trainers.distributed import balanced_ranges, lockstep, token_budget_slices
+from slime_env.trainers.torch_trainer import TorchTrainer, TrainerConfig, read_hf_weights
 
 
 class _RefWeights:
@@ -74,7 +74,7 @@ class MegatronTrainer(TorchTrainer):
     """
 
     def __init__(self, hf_model: torch.nn.Module, config: TrainerConfig | None = None, *, pad_id: int):
-        from trainers.megatron import build_gpt, init_parallel
+        from slime_env.trainers.megatron import build_gpt, init_parallel
 
         self.config = c = config or TrainerConfig(backend="megatron")
         self.pad_id = pad_id
@@ -85,14 +85,14 @@ class MegatronTrainer(TorchTrainer):
         if not self.cuda and self.dtype != torch.float32:
             raise ValueError("MegatronTrainer on CPU trains in float32 "
                              "(megatron's mixed-precision optimizer is CUDA-only)")
-        from trainers.megatron import moe
+        from slime_env.trainers.megatron import moe
 
         # Every size is checked against the model before the process group or any weight is allocated.
         self._options = dict(ep=c.ep, cp=c.cp, pp=c.pp, sequence_parallel=c.sequence_parallel, recompute=c.recompute,
                              recompute_layers=c.recompute_layers, recompute_modules=c.recompute_modules,
                              moe_options=dict(aux_loss_coeff=c.moe_aux_loss_coeff, load_balancing=c.moe_load_balancing,
                                               dispatcher=c.moe_token_dispatcher))
-        from trainers.megatron import transformer_config
+        from slime_env.trainers.megatron import transformer_config
 
         transformer_config(self.hf_config, tp=c.tp, dtype=self.dtype, **self._options)
         self.parallel = init_parallel(c.tp, ep=c.ep, cp=c.cp, pp=c.pp)
@@ -122,7 +122,7 @@ class MegatronTrainer(TorchTrainer):
         self.ref_model = _RefWeights(self._mcore_state()) if c.kl_coef > 0 else None
         self.critic = self.critic_ddp = None
         if c.estimator == "ppo":  # the critic: this architecture without the LM head, a value head on top
-            from trainers.megatron.value import MegatronValueModel
+            from slime_env.trainers.megatron.value import MegatronValueModel
 
             self.critic = MegatronValueModel(self.hf_config, tp=c.tp, dtype=self.dtype, grouped_experts=self.grouped,
                                              **self._options)
@@ -201,8 +201,8 @@ class MegatronTrainer(TorchTrainer):
     def _from_hf(self, hf: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """This rank's megatron weights (its TP shard, its EP share of the experts, stacked for `GroupedExperts`)
         from a full HF state dict."""
-        from trainers.megatron import hf_to_mcore, moe
-        from trainers.megatron.convert import stage_weights
+        from slime_env.trainers.megatron import hf_to_mcore, moe
+        from slime_env.trainers.megatron.convert import stage_weights
 
         state = hf_to_mcore(hf, self.hf_config, tp_rank=self.tp_rank, tp_size=self.config.tp)
         if self.pp > 1:
@@ -223,7 +223,7 @@ class MegatronTrainer(TorchTrainer):
         collective under TP or EP). MoE experts come in transformers' fused in-memory layout."""
         from megatron.core import parallel_state as ps
 
-        from trainers.megatron import mcore_to_hf, moe
+        from slime_env.trainers.megatron import mcore_to_hf, moe
 
         local = moe.from_grouped(self._mcore_state()) if self.grouped else self._mcore_state()
         experts = {k: v for k, v in local.items() if moe.is_expert_param(k)}
@@ -233,7 +233,7 @@ class MegatronTrainer(TorchTrainer):
             group = ps.get_expert_model_parallel_group() if self.config.ep > 1 else None
             shards[0] = shards[0] | moe.global_experts(_gather(experts, self.config.ep, group))
         if self.pp > 1:  # every stage's layers, numbered over the whole model
-            from trainers.megatron.convert import renumber_layers
+            from slime_env.trainers.megatron.convert import renumber_layers
 
             mine = [{k: v.detach().cpu() for k, v in renumber_layers(sh, self._stage["offset"]).items()}
                     for sh in shards]
@@ -276,7 +276,7 @@ class MegatronTrainer(TorchTrainer):
     def _scored_logprobs(self, batch: TrainBatch, p: _Packed, logits: torch.Tensor, with_entropy: bool
                          ) -> list[torch.Tensor]:
         """[log-probs] or [log-probs, entropies], each [B, L] in `batch`'s layout, from this rank's `logits`."""
-        from trainers.megatron import vocab_parallel_logprobs
+        from slime_env.trainers.megatron import vocab_parallel_logprobs
 
         def score(rows: torch.Tensor, targets: torch.Tensor):
             out = vocab_parallel_logprobs(rows, targets, with_entropy=with_entropy)
@@ -377,7 +377,7 @@ class MegatronTrainer(TorchTrainer):
         complete them (backward: each rank's own share)."""
         if self.cp == 1:
             return list(fn(local[p.src], p.targets))
-        from trainers.megatron.context_parallel import sum_over_cp
+        from slime_env.trainers.megatron.context_parallel import sum_over_cp
         from megatron.core import parallel_state as ps
 
         mine = (p.src >= 0).nonzero().squeeze(-1)
@@ -421,7 +421,7 @@ class MegatronTrainer(TorchTrainer):
 
         where = torch.arange(ids.numel())
         if self.cp > 1:
-            from trainers.megatron import context_parallel as ctx
+            from slime_env.trainers.megatron import context_parallel as ctx
 
             ids, cu, where = ctx.pad_sequences(ids, cu, self.cp, self.pad_id)
         ids, cu = self._padded(ids, cu)
@@ -462,7 +462,7 @@ class MegatronTrainer(TorchTrainer):
         """Sequence lengths as the model sees them: under CP each padded for the 2·CP split."""
         if self.cp == 1:
             return lengths
-        from trainers.megatron.context_parallel import padded_lengths
+        from slime_env.trainers.megatron.context_parallel import padded_lengths
 
         return padded_lengths(lengths, self.cp)
 
@@ -562,7 +562,7 @@ class MegatronTrainer(TorchTrainer):
         stage's embedding copy counted once), AdamW."""
         from megatron.core import parallel_state as ps
 
-        from trainers.megatron import moe
+        from slime_env.trainers.megatron import moe
 
         named = list(module.named_parameters())
         tp_group = ps.get_tensor_model_parallel_group() if self.config.tp > 1 else None
@@ -616,7 +616,7 @@ class MegatronTrainer(TorchTrainer):
 
     def _training_mode(self) -> None:
         # megatron recomputes activations and applies the routers' load-balancing loss only in training mode
-        from trainers.megatron.model import training_features_on
+        from slime_env.trainers.megatron.model import training_features_on
 
         training_features_on(self.model)
         if self.critic is not None:
@@ -677,12 +677,12 @@ class MegatronTrainer(TorchTrainer):
     async def sync(self, policy: Any, *, version: str | None = None, path: str | Path | None = None) -> str:
         """Push the weights (HF names) to `policy`, as `TorchTrainer.sync` does: in place, from memory
         (`update_weights_from_tensor`) or through `path`. Every rank must call it (TP gathers); rank 0 pushes."""
-        from trainers.torch_trainer import push_weights
+        from slime_env.trainers.torch_trainer import push_weights
 
         version = version or str(self.step_count)
         state = self.weights()
         if self.moe and not hasattr(policy, "update_weights"):  # an engine server loads checkpoint names
-            from trainers.megatron import moe
+            from slime_env.trainers.megatron import moe
 
             state = moe.per_expert_layout(state, self.hf_config)
         if dist.get_rank() == 0:
@@ -703,7 +703,7 @@ class MegatronTrainer(TorchTrainer):
     def _save_hf(self, path: str | Path, hf: dict[str, torch.Tensor]) -> None:
         from safetensors.torch import save_file
 
-        from trainers.megatron import moe
+        from slime_env.trainers.megatron import moe
 
         if self.moe:  # files hold one tensor per expert, as Hugging Face, SGLang and vLLM read them
             hf = moe.per_expert_layout(hf, self.hf_config)

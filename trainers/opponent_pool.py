@@ -20,7 +20,7 @@ from slime_env.errors import InvalidInput
 
 def snapshot(engine: Any, *, version: str | None = None) -> Any:
     """A frozen copy of a local `TransformersPolicy` (own weights, same tokenizer and batching)."""
-    from agents.transformers_policy import TransformersPolicy
+    from slime_env.agents.transformers_policy import TransformersPolicy
 
     if not isinstance(engine, TransformersPolicy):
         raise InvalidInput(f"an opponent snapshot needs a local TransformersPolicy, got {type(engine).__name__} "

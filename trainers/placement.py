@@ -31,11 +31,12 @@ import socket
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from slime_env.trainers.sections import parse_section
+
 from slime_env.errors import InvalidInput
-from trainers.sections import parse_section
 
 if TYPE_CHECKING:
-    from trainers.torch_trainer import TorchTrainer, TrainerConfig
+    from slime_env.trainers.torch_trainer import TorchTrainer, TrainerConfig
 
 
 @dataclass
@@ -141,9 +142,9 @@ class Placement:
 
     # --- engines ---------------------------------------------------------------------------------------------
     def spawn_engine(self, index: int, **kwargs: Any) -> Any:
-        """A process-like engine (`agents.launcher.ServeProcess`'s interface) for engine `index`."""
+        """A process-like engine (`slime_env.agents.launcher.ServeProcess`'s interface) for engine `index`."""
         if self.cfg.backend == "local":
-            from agents.launcher import ServeProcess
+            from slime_env.agents.launcher import ServeProcess
 
             return ServeProcess(**kwargs)
         return _RayServeProcess(self, index, kwargs)
@@ -223,7 +224,7 @@ class _TrainerRank:
               device: str) -> None:
         os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": "0",
                            "MASTER_ADDR": master[0], "MASTER_PORT": str(master[1])})
-        from trainers.torch_trainer import TrainerConfig
+        from slime_env.trainers.torch_trainer import TrainerConfig
 
         self.rank = rank
         self.trainer = make_trainer(TrainerConfig(**tc), model_path, None, pad_id, device)
@@ -244,8 +245,8 @@ class _TrainerRank:
         weights = self.trainer.weights()
         if self.rank != 0:
             return {}
-        from agents.sglang_policy import SGLangPolicy
-        from trainers import weight_sync as ws
+        from slime_env.agents.sglang_policy import SGLangPolicy
+        from slime_env.trainers import weight_sync as ws
 
         if self.channel is None:
             self.clients: dict[tuple[str, int], Any] = {}
@@ -357,8 +358,7 @@ class _EngineHost:
 
     def __init__(self, kwargs: dict[str, Any]):
         import ray
-
-        from agents.launcher import ServeProcess
+        from slime_env.agents.launcher import ServeProcess
 
         self.process = ServeProcess(**{**kwargs, "host": ray.util.get_node_ip_address()})
 
@@ -412,20 +412,19 @@ def make_trainer(tc: TrainerConfig, model_path: str, policy: Any, pad_id: int, d
     """`TorchTrainer`, `MegatronTrainer` or `FSDPTrainer` from float32 weights of `model_path`; next to an embedded `policy` it trains
     on the engine's device and reuses its float32 weights as the starting point (no second read)."""
     import torch
+    from slime_env.trainers.torch_trainer import TorchTrainer
     from transformers import AutoModelForCausalLM
-
-    from trainers.torch_trainer import TorchTrainer
 
     if policy is not None and getattr(policy, "model", None) is not None and policy.model.dtype == torch.float32:
         source = policy.model  # already the float32 weights: no second read
     else:
         source = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
     if tc.backend == "megatron":
-        from trainers.megatron_trainer import MegatronTrainer
+        from slime_env.trainers.megatron_trainer import MegatronTrainer
 
         return MegatronTrainer(source, tc, pad_id=pad_id)  # reads the weights; keeps no reference to `source`
     if tc.backend == "fsdp":
-        from trainers.fsdp_trainer import FSDPTrainer
+        from slime_env.trainers.fsdp_trainer import FSDPTrainer
 
         # FSDP shards its model in place: never the engine's
         return FSDPTrainer(copy.deepcopy(source) if source is getattr(policy, "model", None) else source, tc,
@@ -433,7 +432,7 @@ def make_trainer(tc: TrainerConfig, model_path: str, policy: Any, pad_id: int, d
     if policy is not None and getattr(policy, "device", None) is not None:
         target = policy.device
     else:
-        from agents.default_model import resolve_device
+        from slime_env.agents.default_model import resolve_device
 
         target = resolve_device(device)[0]
     # TorchTrainer updates its model in place: it must not be the engine's

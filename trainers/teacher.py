@@ -10,7 +10,7 @@ The run config's `teacher:` section picks one:
 Before training, `check_tokenizer` proves the teacher tokenizes like the student (a local teacher's vocabulary is
 compared; a server is asked to score a probe text and its ids are compared), since per-token log-probs of
 different tokenizations mean nothing. `annotate(teacher, trajectories)` puts each trajectory's response log-probs in
-`metadata["teacher_logprobs"]` (what `trainers.batch.pack` reads); a trajectory the teacher cannot score is
+`metadata["teacher_logprobs"]` (what `slime_env.trainers.batch.pack` reads); a trajectory the teacher cannot score is
 returned `failed` with the reason (no loss on it), never scored silently.
 """
 
@@ -86,10 +86,9 @@ class LocalTeacher:
 
     def __init__(self, path: str, *, device: str = "auto"):
         import torch
+        from slime_env.agents.default_model import resolve_device
+        from slime_env.trainers.engines import resolve_model_path
         from transformers import AutoModelForCausalLM
-
-        from agents.default_model import resolve_device
-        from trainers.engines import resolve_model_path
 
         self.path = resolve_model_path(path)
         self.device = resolve_device(device)[0]
@@ -98,7 +97,7 @@ class LocalTeacher:
         self._lock = asyncio.Lock()
 
     async def logprobs(self, ids: Sequence[int]) -> list[float]:
-        from agents.transformers_policy import sequence_logprobs
+        from slime_env.agents.transformers_policy import sequence_logprobs
 
         async with self._lock:
             return await asyncio.to_thread(sequence_logprobs, self.model, list(ids))

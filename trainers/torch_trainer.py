@@ -1,9 +1,9 @@
 """`TorchTrainer`: the reference RL trainer on a Hugging Face causal LM (CPU or one GPU).
 
-One `step(trajectories)` = pack the groups (`trainers.batch`), compute the old policy's log-probs (and the
+One `step(trajectories)` = pack the groups (`slime_env.trainers.batch`), compute the old policy's log-probs (and the
 reference model's, for a KL term) without gradient, then for `ppo_epochs` x `n_minibatches` optimizer
 steps: forward the actor micro-batch by micro-batch with the right shift (logits at position p score
-token p + 1), the clipped policy loss (+ KL, − entropy, TIS weights) from `trainers.algorithms`,
+token p + 1), the clipped policy loss (+ KL, − entropy, TIS weights) from `slime_env.trainers.algorithms`,
 gradient accumulation weighted so the reduction is exact over the whole mini-batch, gradient clipping,
 AdamW. `save`/`load` checkpoint model, optimizer and step; `sync` pushes the new weights to the engine
 (in place for a `TransformersPolicy`, `update_weights_from_disk` for SGLang or `serve-engine`).
@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from slime_env.trainers import algorithms as alg
+from slime_env.trainers.batch import TrainBatch, pack
 
 from slime_env.trajectory import Trajectory
-from trainers import algorithms as alg
-from trainers.batch import TrainBatch, pack
 
 
 @dataclass
@@ -36,7 +36,7 @@ class TrainerConfig:
     # (supervised fine-tuning on trajectories or rendered conversations; `sft_step` runs one without changing this).
     loss: str = "rl"
     # On-policy distillation (slime's --use-opd): the advantages get -opd_coef * (log p_student - log p_teacher) per
-    # token; the teacher's log-probs ride on each trajectory (metadata["teacher_logprobs"], trainers.teacher).
+    # token; the teacher's log-probs ride on each trajectory (metadata["teacher_logprobs"], slime_env.trainers.teacher).
     opd_coef: float = 0.0
     lr: float = 1e-6
     weight_decay: float = 0.0
@@ -53,7 +53,7 @@ class TrainerConfig:
     entropy_coef: float = 0.0
     use_tis: bool = False
     tis_cap: float = 2.0
-    # Off-policy correction against the engine's log-probs (trainers.algorithms.off_policy_weights): "auto" is "tis"
+    # Off-policy correction against the engine's log-probs (slime_env.trainers.algorithms.off_policy_weights): "auto" is "tis"
     # when the run is asynchronous (train_loop resolves it) and otherwise none (or the legacy `use_tis` above);
     # "none" | "tis" | "mis" | "decoupled" (AReaL's decoupled PPO: proximal = the step's recomputed log-probs).
     off_policy: str = "auto"
@@ -170,7 +170,7 @@ class TorchTrainer:
             self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)  # the initial policy
         self.critic = None
         if c.estimator == "ppo":
-            from trainers.critic import ValueModel
+            from slime_env.trainers.critic import ValueModel
 
             self.critic = ValueModel(model).to(self.device)
             self.critic_optimizer = torch.optim.AdamW(self.critic.parameters(), lr=c.critic_lr, betas=c.betas,
@@ -336,7 +336,7 @@ class TorchTrainer:
     def _sum_stats(self, stats: dict[str, float], group: Any) -> dict[str, float]:
         """Each rank's token-weighted partial `stats` summed over `group`; every rank sends the same keys: `_STATS`,
         and the off-policy ones when a correction is in effect."""
-        from trainers.distributed import reduce_stats
+        from slime_env.trainers.distributed import reduce_stats
 
         c = self.config
         keys = set(self._STATS) | (set(self._OFF_STATS) if c.correction() != "none" and c.loss == "rl" else set())

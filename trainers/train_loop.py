@@ -21,13 +21,14 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from slime_env.trainers.engines import EngineConfig, Engines, resolve_model_path
+from slime_env.trainers.evaluation import eval_sets, evaluate, evaluate_set
+from slime_env.trainers.placement import ClusterConfig, Placement, make_trainer  # noqa: F401 - make_trainer re-exported
+from slime_env.trainers.torch_trainer import TrainerConfig
+
 from slime_env import Task
 from slime_env.errors import InvalidInput
 from slime_env.rollout.metrics import tool_metrics
-from trainers.engines import EngineConfig, Engines, resolve_model_path
-from trainers.evaluation import eval_sets, evaluate, evaluate_set
-from trainers.placement import ClusterConfig, Placement, make_trainer  # noqa: F401 - make_trainer re-exported
-from trainers.torch_trainer import TrainerConfig
 
 
 @dataclass
@@ -69,22 +70,22 @@ class TrainConfig:
     # League self-play: the seats in `agents` are played by frozen snapshots of the trained policy taken
     # every `every` steps (the initial policy first), `size` kept, the live policy with probability `latest_p`.
     opponent_pool: dict[str, Any] | None = None
-    # The engines (trainers.engines: embedded, serve, sglang, openai; the weight-sync channel) and where the roles run
-    # (trainers.placement: this process, or Ray).
+    # The engines (slime_env.trainers.engines: embedded, serve, sglang, openai; the weight-sync channel) and where the roles run
+    # (slime_env.trainers.placement: this process, or Ray).
     engine: dict[str, Any] = field(default_factory=dict)
     cluster: dict[str, Any] = field(default_factory=dict)
-    # Asynchronous training (trainers.asynchrony; the YAML key is `async`): mode off | overlap | full, max_staleness,
+    # Asynchronous training (slime_env.trainers.asynchrony; the YAML key is `async`): mode off | overlap | full, max_staleness,
     # in_flight, interrupt.
     async_: dict[str, Any] = field(default_factory=dict)
-    # SFT warm-up before RL (trainers.warmup: steps, lr, batch_size, data: conversations or teacher rollouts).
+    # SFT warm-up before RL (slime_env.trainers.warmup: steps, lr, batch_size, data: conversations or teacher rollouts).
     warmup: dict[str, Any] = field(default_factory=dict)
-    # On-policy distillation's teacher (trainers.teacher: {url} of an engine server or {model} loaded here); its
+    # On-policy distillation's teacher (slime_env.trainers.teacher: {url} of an engine server or {model} loaded here); its
     # weight in the loss is trainer.opd_coef.
     teacher: dict[str, Any] = field(default_factory=dict)
-    # A learned reward (trainers.reward_models: a classifier RM, slime's remote_rm protocol, or an LLM judge) combined
+    # A learned reward (slime_env.trainers.reward_models: a classifier RM, slime's remote_rm protocol, or an LLM judge) combined
     # with the env's: env_weight * env reward + weight * score.
     reward: dict[str, Any] = field(default_factory=dict)
-    # Named eval sets beside the held-out split (trainers.evaluation: several samples per task, pass@k, maj@k).
+    # Named eval sets beside the held-out split (slime_env.trainers.evaluation: several samples per task, pass@k, maj@k).
     eval: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -130,8 +131,8 @@ class TrainConfig:
         for name in ("steps", "prompts_per_step", "n_samples_per_prompt", "max_turns", "max_new_tokens"):
             if getattr(cfg, name) < 1:
                 raise InvalidInput(f"{where}: {name} must be >= 1, got {getattr(cfg, name)}")
-        from trainers.engines import EngineConfig
-        from trainers.placement import ClusterConfig
+        from slime_env.trainers.engines import EngineConfig
+        from slime_env.trainers.placement import ClusterConfig
 
         engine = EngineConfig.from_dict(cfg.engine, f"{where}: engine")
         cluster = ClusterConfig.from_dict(cfg.cluster, f"{where}: cluster")
@@ -139,7 +140,7 @@ class TrainConfig:
         if cfg.opponent_pool and engine.kind != "embedded":
             raise InvalidInput(f"{where}: opponent_pool snapshots the embedded engine's model; it needs engine.kind "
                                f"embedded, not {engine.kind!r}")
-        from trainers.asynchrony import AsyncConfig
+        from slime_env.trainers.asynchrony import AsyncConfig
 
         asynchrony = AsyncConfig.from_dict(cfg.async_, f"{where}: async")
         if asynchrony.mode != "off" and TrainerConfig(**cfg.trainer).offload and engine.kind == "embedded":
@@ -157,7 +158,7 @@ class TrainConfig:
 
 def _check_learning_sections(cfg: TrainConfig, where: str) -> None:
     """The warmup, eval, teacher and reward sections, checked by field before anything starts."""
-    from trainers.warmup import WarmupConfig
+    from slime_env.trainers.warmup import WarmupConfig
 
     WarmupConfig.from_dict(cfg.warmup, f"{where}: warmup")
     for s in eval_sets(cfg.eval, f"{where}: eval")[0]:
@@ -174,18 +175,18 @@ def _check_learning_sections(cfg: TrainConfig, where: str) -> None:
                            f"section; got opd_coef={TrainerConfig(**cfg.trainer).opd_coef}, "
                            f"teacher={cfg.teacher or None}")
     if cfg.teacher:
-        from trainers.teacher import check_spec
+        from slime_env.trainers.teacher import check_spec
 
         check_spec(cfg.teacher, f"{where}: teacher")
     if cfg.reward:
-        from trainers import reward_models
+        from slime_env.trainers import reward_models
 
         reward_models.check_spec(cfg.reward, f"{where}: reward")
 
 
 def trainer_config(cfg: TrainConfig) -> TrainerConfig:
     """The run's `TrainerConfig`; `off_policy: auto` becomes token-level TIS when the run is asynchronous."""
-    from trainers.asynchrony import AsyncConfig
+    from slime_env.trainers.asynchrony import AsyncConfig
 
     tc = TrainerConfig(**cfg.trainer)
     if tc.off_policy == "auto" and not tc.legacy_tis and AsyncConfig.from_dict(cfg.async_).mode != "off":
@@ -196,7 +197,7 @@ def trainer_config(cfg: TrainConfig) -> TrainerConfig:
 def load_split(spec: Mapping[str, Any], where: str) -> list[Task]:
     """`{"path": file}` (JSONL/Parquet via load_tasks), `{"reasoning_gym": {dataset, size, seed, config}}`, or
     `{"generator": "package.module:function", **kwargs}` (a function returning tasks, e.g.
-    `envs.math.retry_env:arithmetic_tasks`)."""
+    `slime_env.envs.math.retry_env:arithmetic_tasks`)."""
     if "generator" in spec:
         from slime_env.loading import load_object
 
@@ -208,7 +209,7 @@ def load_split(spec: Mapping[str, Any], where: str) -> list[Task]:
 
         return load_tasks(spec["path"], **{k: v for k, v in spec.items() if k != "path"})
     if "reasoning_gym" in spec:
-        from envs.math.reasoning_gym_env import reasoning_gym_tasks
+        from slime_env.envs.math.reasoning_gym_env import reasoning_gym_tasks
 
         rg = dict(spec["reasoning_gym"])
         return reasoning_gym_tasks(rg.pop("dataset"), rg.pop("size", 100), rg.pop("seed", 0), rg.pop("config", {}))
@@ -278,15 +279,16 @@ async def train(cfg: TrainConfig, *, log: Callable[[str], None] = print,
         stack.push_async_callback(channel.close)
         teacher = None
         if cfg.teacher:
-            from trainers.teacher import make_teacher
+            from slime_env.trainers.teacher import make_teacher
 
             teacher = make_teacher(cfg.teacher)
             stack.push_async_callback(teacher.close)
             await teacher.check_tokenizer(tok)  # before any training: a mismatched teacher is a config error
         rm = None
         if cfg.reward:
+            from slime_env.trainers.reward_models import make_reward_model
+
             from slime_env import get_renderer
-            from trainers.reward_models import make_reward_model
 
             rm = make_reward_model(cfg.reward, policy=engines.policy, renderer=get_renderer(tok))
             stack.push_async_callback(rm.close)
@@ -307,8 +309,8 @@ class _Scorers:
     teacher: Any = None
 
     async def __call__(self, groups: list[Any]) -> dict[str, float]:
-        from trainers.reward_models import apply_rewards
-        from trainers.teacher import annotate
+        from slime_env.trainers.reward_models import apply_rewards
+        from slime_env.trainers.teacher import annotate
 
         out: dict[str, float] = {}
         if self.rm is not None:
@@ -357,9 +359,10 @@ class Evals:
 
 async def _warmup(cfg: TrainConfig, run: Path, engines: Any, trainer: Any, channel: Any, train_tasks: list[Task],
                   log: Callable[[str], None]) -> dict[str, float]:
-    """The SFT warm-up (trainers.warmup), its weights pushed to the engines; returns its `warmup/*` metrics."""
+    """The SFT warm-up (slime_env.trainers.warmup), its weights pushed to the engines; returns its `warmup/*` metrics."""
+    from slime_env.trainers.warmup import WarmupConfig, run_warmup, warmup_trajectories
+
     from slime_env import get_renderer
-    from trainers.warmup import WarmupConfig, run_warmup, warmup_trajectories
 
     wc = WarmupConfig.from_dict(cfg.warmup)
     t0 = time.perf_counter()
@@ -403,8 +406,9 @@ async def _train(cfg: TrainConfig, run: Path, engines: Any, trainer: Any, channe
                  stack: contextlib.AsyncExitStack, train_tasks: list[Task], evals: Evals,
                  log: Callable[[str], None], on_step: Callable[[int, Any, Any], Any] | None,
                  scorers: _Scorers | None = None) -> dict[str, Any]:
+    from slime_env.trainers.asynchrony import AsyncConfig, BusyMeter, make_source, staleness_metrics
+
     from slime_env import RolloutManager, get_renderer
-    from trainers.asynchrony import AsyncConfig, BusyMeter, make_source, staleness_metrics
 
     asynchrony = AsyncConfig.from_dict(cfg.async_)
     policy, tok = engines.policy, engines.tokenizer
@@ -435,7 +439,7 @@ async def _train(cfg: TrainConfig, run: Path, engines: Any, trainer: Any, channe
         order = [train_tasks[i % len(train_tasks)] for i in range(start * per_step, (cfg.steps + 1) * per_step)]
     pool, opponent_for = None, None
     if cfg.opponent_pool:
-        from trainers.opponent_pool import OpponentPool, snapshot
+        from slime_env.trainers.opponent_pool import OpponentPool, snapshot
 
         pool = OpponentPool(policy, size=int(cfg.opponent_pool.get("size", 4)),
                             latest_p=float(cfg.opponent_pool.get("latest_p", 0.0)), seed=cfg.seed)
@@ -565,7 +569,7 @@ async def _train(cfg: TrainConfig, run: Path, engines: Any, trainer: Any, channe
     if warm and "eval/accuracy" in warm[0]:
         summary["after_warmup_accuracy"] = warm[0]["eval/accuracy"]
     (run / "summary.json").write_text(json.dumps(summary, indent=1))
-    from trainers.report import write_report
+    from slime_env.trainers.report import write_report
 
     summary["report"] = str(write_report(run))
     (run / "summary.json").write_text(json.dumps(summary, indent=1))

@@ -7,7 +7,7 @@ Data, one of:
 - `data: {rollouts: {policy: ..., ...}}` — trajectories of the run's env played by a teacher through our own
   rollout manager, kept only when they succeed (rejection sampling: status completed, reward >= `min_reward`).
   `policy` is `"module:function"` (a scripted teacher: `fn(context_text) -> reply`, see
-  `envs.calculator.teacher_reply`), `"engine"` (the run's own engine: rejection-sampling fine-tuning on the
+  `slime_env.envs.calculator.teacher_reply`), `"engine"` (the run's own engine: rejection-sampling fine-tuning on the
   model's own successes) or `{url: ...}` (a stronger model behind an SGLang-compatible server sharing the
   student's tokenizer: its tokens are what the student is trained on). `tasks` (a split spec like `train_data`; default: the run's `train_data`), `n_samples`
   per task, `temperature`, `max_tasks`.
@@ -85,7 +85,7 @@ async def warmup_trajectories(wc: WarmupConfig, cfg: Any, policy: Any, renderer:
     if ro["policy"] == "engine":
         teacher = policy
     elif isinstance(ro["policy"], dict):
-        from agents.sglang_policy import SGLangPolicy
+        from slime_env.agents.sglang_policy import SGLangPolicy
 
         teacher = owned = SGLangPolicy(ro["policy"]["url"])
     else:

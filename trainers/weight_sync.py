@@ -99,7 +99,7 @@ class Distributed(_Servers):
 
     async def _form(self, engines: Sequence[Any]) -> None:
         """A group of this process (rank 0) and every engine rank; the old one (other members) is dissolved."""
-        from agents.weight_transfer import open_update_group
+        from slime_env.agents.weight_transfer import open_update_group
 
         await self._dissolve(engines)
         ranks = []
@@ -125,7 +125,7 @@ class Distributed(_Servers):
         self.members = tuple(id(e) for e in engines)
 
     async def _dissolve(self, engines: Sequence[Any]) -> None:
-        from agents.weight_transfer import close_update_group
+        from slime_env.agents.weight_transfer import close_update_group
 
         if self.group is None:
             return
@@ -143,7 +143,7 @@ class Distributed(_Servers):
                 await asyncio.wait([asyncio.ensure_future(c) for c in calls], timeout=30)
 
     async def push(self, weights: Mapping[str, torch.Tensor], version: str) -> dict[str, float]:
-        from agents.weight_transfer import broadcast, bucketed
+        from slime_env.agents.weight_transfer import broadcast, bucketed
 
         engines = list(self.engines())
         if not engines:

@@ -5,9 +5,9 @@ Pieces usable alone: `parse_tests` (APPS/TACO, CodeContests, LiveCodeBench, Huma
 assert-style tests checked or replayed, outside it), `load_code_tasks` and `load_humaneval`.
 """
 
-from envs.code.data import code_row_to_task, load_code_tasks, load_humaneval
-from envs.code.grader import CaseResult, GradeResult, Grader
-from envs.code.tests_format import TestSuite, parse_tests
+from slime_env.envs.code.data import code_row_to_task, load_code_tasks, load_humaneval
+from slime_env.envs.code.grader import CaseResult, GradeResult, Grader
+from slime_env.envs.code.tests_format import TestSuite, parse_tests
 
 __all__ = ["CaseResult", "GradeResult", "Grader", "TestSuite", "code_row_to_task", "load_code_tasks",
            "load_humaneval", "parse_tests"]

@@ -1,10 +1,10 @@
 """Code-v0: write a program, have it graded by unit tests in a sandbox, optionally fix it from feedback.
 
-The task's `label` holds its tests in any format `envs.code.tests_format` accepts (stdin/stdout,
+The task's `label` holds its tests in any format `slime_env.envs.code.tests_format` accepts (stdin/stdout,
 call-based, assert-style). The model answers with code: the last ```python block of its turn
 (`mode="fenced"`, default) or a `submit_solution` tool call (`mode="tool"`, hermes), where a
 `run_code` tool also lets it execute scratch code (with stdin) before submitting — scratch runs are
-not attempts. Each attempt is graded by `Grader` (default sandbox: `tools_sandbox.auto()`); the
+not attempts. Each attempt is graded by `Grader` (default sandbox: `slime_env.tools_sandbox.auto()`); the
 reward is the pass rate (or 1/0 with `reward="all_or_nothing"`), given when the episode ends.
 
 With `max_attempts > 1`, a failing attempt gets feedback as a user/tool message (the first
@@ -22,9 +22,9 @@ from typing import Any
 
 from slime_env import Action, Env, Message, Task
 from slime_env.errors import InvalidInput
-from envs.budget import truncate_to_budget
-from envs.code.grader import GradeResult, Grader
-from envs.code.tests_format import TestSuite, parse_tests
+from slime_env.envs.budget import truncate_to_budget
+from slime_env.envs.code.grader import GradeResult, Grader
+from slime_env.envs.code.tests_format import TestSuite, parse_tests
 
 SUBMIT_TOOL = {"type": "function", "function": {
     "name": "submit_solution", "description": "Submit your final Python 3 solution for grading.",
@@ -41,7 +41,7 @@ SYSTEM_TOOL = ("You are an expert Python programmer. You may test code with the 
 
 @functools.cache
 def _humaneval() -> list[Task]:
-    from envs.code.data import load_humaneval
+    from slime_env.envs.code.data import load_humaneval
 
     return load_humaneval()
 
@@ -85,7 +85,7 @@ class CodeEnv(Env):
         self._task = self.task_from(options, seed)
         tests = self._task.label if self._task.label is not None else self._task.metadata.get("tests")
         if tests is None:
-            raise InvalidInput("Code-v0 task has no tests: put them in 'label' (see envs.code.tests_format)")
+            raise InvalidInput("Code-v0 task has no tests: put them in 'label' (see slime_env.envs.code.tests_format)")
         self._suite = parse_tests(tests, "task.label")
         self._scores, self._runs = [], 0
         return self._task.messages(system=self.system_prompt), {"tests": len(self._suite)}

@@ -1,13 +1,13 @@
 """`Grader`: runs a submission against a `TestSuite` in a sandbox and scores it.
 
 No verdict comes from a process the solution controls, and no expected value enters its sandbox.
-The solution's sandbox run (`envs.code.harness`) only reports what the code printed or returned:
-- stdin/stdout and call-based tests: one run; outputs are compared here (`envs.code.compare`);
+The solution's sandbox run (`slime_env.envs.code.harness`) only reports what the code printed or returned:
+- stdin/stdout and call-based tests: one run; outputs are compared here (`slime_env.envs.code.compare`);
 - assert-style tests (HumanEval, MBPP, `{"test": ...}`): the solution's run sees only the arguments of
   the calls the tests make, never the assertions. When every case is a check the grader can evaluate
-  itself (`assert candidate(<literals>) == <literal>` and relatives, `envs.code.checks`: 158 of
+  itself (`assert candidate(<literals>) == <literal>` and relatives, `slime_env.envs.code.checks`: 158 of
   HumanEval's 164 problems), that is the only run. Otherwise the test code runs in sandbox runs that
-  hold no solution (`envs.code.replay`), on the return values the solution's run recorded: a first
+  hold no solution (`slime_env.envs.code.replay`), on the return values the solution's run recorded: a first
   replay, cached per suite, lists the calls; the solution's run makes them; a second replay gives the
   verdicts. Calls whose arguments depend on earlier results (`candidate(candidate(x))`) take another
   round, `max_rounds` at most.
@@ -28,9 +28,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from envs.code import checks, values
-from envs.code.compare import MODES, stdout_matches, value_matches
-from envs.code.tests_format import TestSuite
+from slime_env.envs.code import checks, values
+from slime_env.envs.code.compare import MODES, stdout_matches, value_matches
+from slime_env.envs.code.tests_format import TestSuite
+
 from slime_env.errors import InvalidInput
 
 _HERE = Path(__file__).parent
@@ -89,7 +90,7 @@ def _short(text: Any, n: int = 300) -> str:
 
 
 class Grader:
-    """Grades submissions in `sandbox` (default `tools_sandbox.auto()`).
+    """Grades submissions in `sandbox` (default `slime_env.tools_sandbox.auto()`).
 
     `case_timeout_s` per case, `total_timeout_s` per submission (cases left when it runs out fail as
     `not_run`), `memory_mb` for the whole run, `compare` one of `lines` / `exact` / `tokens`,
@@ -116,7 +117,7 @@ class Grader:
     @property
     def sandbox(self):
         if self._sandbox is None:
-            import tools_sandbox
+            from slime_env import tools_sandbox
 
             self._sandbox = tools_sandbox.auto()
         return self._sandbox

@@ -4,8 +4,8 @@ This file is the main script of the solution's sandbox run. Everything it report
 written by the solution instead (the solution can write to any file descriptor it can reach, fork,
 exit), so it reports **observations, never verdicts**: what each program printed, what each call
 returned. The grader decides outside, comparing printed output with expected output it never sent
-here (`envs.code.compare`), and replaying assert-style tests on the recorded return values in a
-separate sandbox run that holds no solution code (`envs.code.replay`). A forged report can
+here (`slime_env.envs.code.compare`), and replaying assert-style tests on the recorded return values in a
+separate sandbox run that holds no solution code (`slime_env.envs.code.replay`). A forged report can
 therefore claim only outputs or return values — no more than printing or returning them.
 
 Input, as JSON on stdin: `kind`, `case_timeout_s`, `total_timeout_s`, `output_cap`, and
@@ -13,7 +13,7 @@ Input, as JSON on stdin: `kind`, `case_timeout_s`, `total_timeout_s`, `output_ca
   Result per case: `status` (ok / error / timeout / output_limit / not_run), `exit_code`, `stdout`,
   `stderr`, `time_s`.
 - `calls`: `calls`, a list of `{"case", "fn", "args", "kwargs"}` (arguments tagged by
-  `envs.code.values`). A runner process (`envs.code.runner`) loads the solution and makes the calls in
+  `slime_env.envs.code.values`). A runner process (`slime_env.envs.code.runner`) loads the solution and makes the calls in
   order; `fn` is a top-level name or `Class().method`. Result: `{"loaded", "status", "error", "calls": [...]}` (status
   and error say why a solution did not load), per call
   `{"status": "ok", "value", "args_after"?}`, `{"status": "error", "type", "error"}`, or a case lost to

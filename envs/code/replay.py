@@ -4,7 +4,7 @@ This file is the main script of a sandbox run that holds no solution code, so it
 believed. It executes the test's support code (helpers the prompt defines, e.g. HumanEval's `poly`),
 prelude and statements with every solution name (`candidate`, MBPP's function names) bound to a
 stub. A stub looks its call up in the `table` of calls the solution's own run made
-(`envs.code.harness`) and returns the recorded value (plain values only), raises the recorded
+(`slime_env.envs.code.harness`) and returns the recorded value (plain values only), raises the recorded
 exception, or loses the case the way the call was lost (timeout, crash). A call not in the table
 returns an "unknown" value on which every operation gives another unknown, so the test runs on and
 shows every call it makes whose arguments are known; its statement, and every one after it, is then
@@ -32,7 +32,7 @@ import time
 try:
     from _grader_values import NotPlain, tag, untag  # in the sandbox, shipped beside this script
 except ImportError:  # imported on the host (tests, linting)
-    from envs.code.values import NotPlain, tag, untag
+    from slime_env.envs.code.values import NotPlain, tag, untag
 
 
 class Pending(BaseException):

@@ -1,4 +1,4 @@
-"""The runner: a child of the harness (`envs.code.harness`) that loads the solution and makes its calls
+"""The runner: a child of the harness (`slime_env.envs.code.harness`) that loads the solution and makes its calls
 (stdlib only; it runs in the solution's sandbox, in the solution's own process).
 
 argv: the file descriptor to report on and the first case to run; stdin: the harness's spec (JSON,
@@ -17,7 +17,7 @@ import sys
 try:
     from _grader_values import NotPlain, tag, untag  # in the sandbox, shipped beside the harness
 except ImportError:  # imported on the host (tests, linting)
-    from envs.code.values import NotPlain, tag, untag
+    from slime_env.envs.code.values import NotPlain, tag, untag
 
 
 def resolve(namespace, name):

@@ -92,7 +92,7 @@ def parse_tests(spec: Any, where: str = "tests") -> TestSuite:
         raise
     except (KeyError, TypeError, ValueError) as e:
         raise InvalidInput(f"{where}: malformed tests ({type(e).__name__}: {e})") from None
-    raise InvalidInput(f"{where}: no known test format (fields: {sorted(spec)}); see envs.code.tests_format")
+    raise InvalidInput(f"{where}: no known test format (fields: {sorted(spec)}); see slime_env.envs.code.tests_format")
 
 
 def _json(value: Any, where: str) -> Any:

@@ -18,7 +18,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from envs.games.seats import split_seats
+from slime_env.envs.games.seats import split_seats
+
 from slime_env import Action, Message, MultiAgentEnv
 
 ITEMS = ("books", "hats", "balls")

@@ -15,7 +15,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from envs.games.seats import split_seats
+from slime_env.envs.games.seats import split_seats
+
 from slime_env import Action, Message, MultiAgentEnv, Task
 
 WORDS = ("apple", "river", "guitar", "winter", "rocket", "pillow", "candle", "tiger", "bridge", "coffee",

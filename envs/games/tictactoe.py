@@ -16,7 +16,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from envs.games.seats import split_seats
+from slime_env.envs.games.seats import split_seats
+
 from slime_env import Action, Message, MultiAgentEnv, Task
 
 LINES = ((0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4, 8), (2, 4, 6))

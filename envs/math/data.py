@@ -10,7 +10,7 @@ from typing import Any
 from slime_env import Task
 from slime_env.errors import InvalidInput
 from slime_env.rollout.dataset import read_rows
-from envs.math.extract import extract_answer
+from slime_env.envs.math.extract import extract_answer
 
 
 def math_row_to_task(row: Any, where: str, n: int) -> Task:

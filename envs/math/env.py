@@ -13,8 +13,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from slime_env import Action, Env, Task
-from envs.math.extract import FORMATS
-from envs.math.rewards import MathReward
+from slime_env.envs.math.extract import FORMATS
+from slime_env.envs.math.rewards import MathReward
 
 SYSTEM_PROMPT = "Solve the problem step by step. Put the final answer in \\boxed{}."
 
@@ -33,7 +33,7 @@ class MathEnv(Env):
         self._task: Task | None = None
 
     def default_tasks(self) -> Sequence[Task]:
-        from envs.math.retry_env import default_math_tasks
+        from slime_env.envs.math.retry_env import default_math_tasks
 
         return default_math_tasks()  # offline: no dataset to download
 

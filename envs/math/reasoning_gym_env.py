@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from slime_env import Action, Env, Task
-from envs.math.extract import extract_answer
+from slime_env.envs.math.extract import extract_answer
 
 
 @functools.lru_cache(maxsize=64)

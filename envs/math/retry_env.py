@@ -20,7 +20,8 @@ import zlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from envs.math.extract import extract_answer
+from slime_env.envs.math.extract import extract_answer
+
 from slime_env import Action, Env, Message, Task
 
 _OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul}

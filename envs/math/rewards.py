@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from envs.math.extract import FORMATS
-from envs.math.verifier import MathVerifier, Verdict, shared_verifier
+from slime_env.envs.math.extract import FORMATS
+from slime_env.envs.math.verifier import MathVerifier, Verdict, shared_verifier
 
 
 @dataclass
@@ -58,7 +58,7 @@ def _math_reward(args: Any) -> MathReward:
 
 
 async def slime_reward(args: Any, sample: Any, **kwargs: Any) -> float | list[float]:
-    """slime `--custom-rm-path envs.math.rewards.slime_reward`: `sample.response` against `sample.label`.
+    """slime `--custom-rm-path slime_env.envs.math.rewards.slime_reward`: `sample.response` against `sample.label`.
 
     slime's one-sample signature `(args, sample)`; a list is accepted too. Reads `math_reward_mode`
     ("binary"/"pm1"), `math_format_penalty` and `math_require_think_close` from `args` (set them in
@@ -70,6 +70,6 @@ async def slime_reward(args: Any, sample: Any, **kwargs: Any) -> float | list[fl
 
 
 async def slime_group_reward(args: Any, samples: list[Any], **kwargs: Any) -> list[float]:
-    """slime `--custom-rm-path envs.math.rewards.slime_group_reward` with `--group-rm`: `(args, samples)`."""
+    """slime `--custom-rm-path slime_env.envs.math.rewards.slime_group_reward` with `--group-rm`: `(args, samples)`."""
     reward = _math_reward(args)
     return [(await reward(s.response, s.label))[0] for s in samples]

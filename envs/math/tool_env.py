@@ -2,7 +2,7 @@
 
 Each turn the model either calls the Python tool or answers. Tool calls are hermes `<tool_call>` JSON
 (`{"name": "python", "arguments": {"code": ...}}`, the default) or fenced ```python blocks
-(`tool_format="fenced"`). The code runs in the sandbox (`tools_sandbox.auto()` unless one is given);
+(`tool_format="fenced"`). The code runs in the sandbox (`slime_env.tools_sandbox.auto()` unless one is given);
 its stdout and stderr, cut to `output_budget_tokens` (≈4 characters a token unless a `count_tokens`
 function is given), come back as a masked observation — a `tool` message, or a user message with an
 ```output block in fenced mode. A run that times out or fails is reported to the model and the
@@ -19,8 +19,8 @@ from typing import Any
 from slime_env import Action, Message, Task, ToolEnv
 from slime_env.tool_env import ToolRecord
 from slime_env.types import ParseError
-from envs.math.extract import FORMATS
-from envs.math.rewards import MathReward
+from slime_env.envs.math.extract import FORMATS
+from slime_env.envs.math.rewards import MathReward
 
 SYSTEM_HERMES = ("Solve the problem. You may run Python by replying with\n"
                  '<tool_call>{"name": "python", "arguments": {"code": "print(2**10)"}}</tool_call>\n'
@@ -31,7 +31,7 @@ SYSTEM_FENCED = ("Solve the problem. You may run Python by writing a ```python c
 
 class MathToolEnv(ToolEnv):
     """Multi-turn math with a sandboxed Python tool (see the module docstring); a `ToolEnv` whose one
-    tool is `envs.tools.python_tool`."""
+    tool is `slime_env.envs.tools.python_tool`."""
 
     def __init__(self, *, tool_format: str = "hermes", sandbox: Any = None, max_tool_calls: int = 4,
                  tool_timeout_s: float = 5.0, tool_memory_mb: int = 512, output_budget_tokens: int = 256,
@@ -39,7 +39,7 @@ class MathToolEnv(ToolEnv):
                  tool_call_penalty: float = 0.0, reward_mode: str = "binary", format_penalty: float = 0.0,
                  answer_formats: Sequence[str] = FORMATS, system_prompt: str | None = None,
                  reward: MathReward | None = None, tasks: Any = None):
-        from envs.tools import python_tool
+        from slime_env.envs.tools import python_tool
 
         if tool_format not in ("hermes", "fenced"):
             raise ValueError(f"tool_format must be 'hermes' or 'fenced', got {tool_format!r}")
@@ -62,13 +62,13 @@ class MathToolEnv(ToolEnv):
     @property
     def sandbox(self):
         if self._sandbox is None:
-            import tools_sandbox
+            from slime_env import tools_sandbox
 
             self._sandbox = tools_sandbox.auto()  # shared per process: one pool for every episode
         return self._sandbox
 
     def default_tasks(self) -> Sequence[Task]:
-        from envs.math.retry_env import default_math_tasks
+        from slime_env.envs.math.retry_env import default_math_tasks
 
         return default_math_tasks()  # offline: no dataset to download
 

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from envs.math.extract import FORMATS, extract_answer, gold_answer
-from envs.math.fastpath import expressions_equal, sets_equal
+from slime_env.envs.math.extract import FORMATS, extract_answer, gold_answer
+from slime_env.envs.math.fastpath import expressions_equal, sets_equal
 
 _CHOICE = re.compile(r"^\(?([A-Ja-j])\)?\.?$")
 _INT = re.compile(r"^[+-]?\d+$")
@@ -80,7 +80,7 @@ def fast_check(gold: str, answer: str) -> bool | None:
 
     Identical strings; exact rationals (equal values are equal for math-verify too; unequal ones are
     decided only when neither side is a decimal — math-verify rounds decimals, 0.333333 == 1/3, and
-    that is its call); polynomial / rational expressions and finite sets of numbers (`envs.math.fastpath`).
+    that is its call); polynomial / rational expressions and finite sets of numbers (`slime_env.envs.math.fastpath`).
     """
     g, a = _clean(gold), _clean(answer)
     if g == a and g:
@@ -147,7 +147,7 @@ class _Worker:
     def __init__(self):
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
-        self.process = subprocess.Popen([sys.executable, "-c", "from envs.math.verifier import _worker_main; "
+        self.process = subprocess.Popen([sys.executable, "-c", "from slime_env.envs.math.verifier import _worker_main; "
                                                                "_worker_main()"],
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
         self.fd = self.process.stdout.fileno()
@@ -193,7 +193,7 @@ class _Worker:
 
 class MathVerifier:
     """Async answer verification (see the module docstring). `workers` processes (default: CPU count),
-    each call bounded by `timeout_s`; `formats` are the extraction formats (see `envs.math.extract`)."""
+    each call bounded by `timeout_s`; `formats` are the extraction formats (see `slime_env.envs.math.extract`)."""
 
     def __init__(self, *, workers: int | None = None, timeout_s: float = 5.0, formats: Sequence[str] = FORMATS,
                  cache_size: int = 1 << 16, start_timeout_s: float = 120.0):

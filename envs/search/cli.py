@@ -12,7 +12,7 @@ def register(app: typer.Typer) -> None:
     app.command("serve-retriever")(serve_retriever)
 
 
-search_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Search-R1 retrieval (envs.search).")
+search_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Search-R1 retrieval (slime_env.envs.search).")
 
 
 @search_app.command("build-index")
@@ -22,8 +22,9 @@ def search_build_index(corpus: str = typer.Option(..., help="corpus JSONL: {id, 
                        dense: str = typer.Option(None, help="build a dense index with this sentence-transformers "
                                                             "model folder ('default': the offline MiniLM)")) -> None:
     """Build a BM25 (default) or dense retrieval index from a corpus file."""
-    from envs.search.corpus import read_corpus
-    from envs.search.retrievers import BM25Retriever, DenseRetriever
+    from slime_env.envs.search.corpus import read_corpus
+    from slime_env.envs.search.retrievers import BM25Retriever, DenseRetriever
+
     from slime_env.errors import InvalidInput
 
     try:
@@ -45,7 +46,7 @@ def search_demo_data(out: str = typer.Option(..., help="folder for corpus.jsonl 
     import json
     from pathlib import Path
 
-    from envs.search.corpus import demo_corpus, demo_questions, write_corpus
+    from slime_env.envs.search.corpus import demo_corpus, demo_questions, write_corpus
 
     write_corpus(demo_corpus(), Path(out) / "corpus.jsonl")
     with open(Path(out) / "questions.jsonl", "w") as f:
@@ -59,6 +60,6 @@ def serve_retriever(index: str = typer.Option(..., help="index folder (slime-env
                     port: int = typer.Option(8000, help="port (0 picks a free one)"),
                     topk: int = typer.Option(3, min=1, help="topk when a request gives none")) -> None:
     """Serve an index with Search-R1's POST /retrieve API."""
-    from envs.search.server import serve
+    from slime_env.envs.search.server import serve
 
     serve(index, host=host, port=port, default_topk=topk)

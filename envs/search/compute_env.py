@@ -48,7 +48,7 @@ class Fact:
 @functools.cache
 def numeric_facts() -> tuple[Fact, ...]:
     """The demo corpus's sentences with one standalone number, each number's sentence once."""
-    from envs.search.corpus import demo_corpus
+    from slime_env.envs.search.corpus import demo_corpus
 
     facts, seen = [], set()
     for passage in demo_corpus():
@@ -72,7 +72,7 @@ def count_word(word: str, text: str) -> int:
 @functools.cache
 def _openings() -> tuple[tuple[str, str, tuple[tuple[str, int], ...]], ...]:
     """Passages whose first 12 words are unique, with the words that occur 2..9 times in them."""
-    from envs.search.corpus import demo_corpus
+    from slime_env.envs.search.corpus import demo_corpus
 
     rows, counts = [], {}
     for passage in demo_corpus():
@@ -129,7 +129,7 @@ def search_compute_tasks(n: int = 200, seed: int = 0) -> list[Task]:
 class SearchComputeEnv(ToolEnv):
     """Search + compute questions over the demo corpus with `search`, `python` and `calculator` tools.
 
-    `retriever` (default: the shared offline demo index) and `sandbox` (default: `tools_sandbox.auto()`,
+    `retriever` (default: the shared offline demo index) and `sandbox` (default: `slime_env.tools_sandbox.auto()`,
     created on the first python call) are passed to the tools; `format_weight` is the reward for a
     well-formed `<answer>`; `max_turns` truncates.
     """
@@ -137,7 +137,7 @@ class SearchComputeEnv(ToolEnv):
     def __init__(self, *, retriever: Any = None, sandbox: Any = None, topk: int = 3, max_turns: int = 8,
                  format_weight: float = 0.1, tool_timeout_s: float = 10.0, tasks: Any = None,
                  system_prompt: str = SYSTEM_PROMPT):
-        from envs.tools import calculator_tool, python_tool, search_tool
+        from slime_env.envs.tools import calculator_tool, python_tool, search_tool
 
         tools = [search_tool(retriever, topk=topk, budget_tokens=1024), calculator_tool(),
                  python_tool(sandbox, timeout_s=tool_timeout_s)]

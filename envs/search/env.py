@@ -25,9 +25,9 @@ from typing import Any
 
 from slime_env import Action, Env, Message, Task
 from slime_env.errors import InvalidInput
-from envs.search.corpus import Passage, format_passages
-from envs.search.retrievers import Retriever, load_retriever
-from envs.search.rewards import SearchReward
+from slime_env.envs.search.corpus import Passage, format_passages
+from slime_env.envs.search.retrievers import Retriever, load_retriever
+from slime_env.envs.search.rewards import SearchReward
 
 SEARCH_R1_TEMPLATE = (
     "Answer the given question. You must conduct reasoning inside <think> and </think> first every time you get "
@@ -53,8 +53,8 @@ def shared_retriever(spec: str | Path | None = None) -> Retriever:
 
 
 def demo_index() -> Path:
-    from envs.search.corpus import demo_corpus
-    from envs.search.retrievers import BM25Retriever
+    from slime_env.envs.search.corpus import demo_corpus
+    from slime_env.envs.search.retrievers import BM25Retriever
 
     path = Path(os.environ.get("SLIME_ENV_CACHE", Path.home() / ".cache" / "slime_env")) / "search" / "demo-bm25"
     if not (path / "manifest.json").exists():
@@ -65,7 +65,7 @@ def demo_index() -> Path:
 @functools.cache
 def _demo_tasks() -> tuple[Task, ...]:
     """The demo corpus's questions as tasks (built once per process: finding them parses the whole corpus)."""
-    from envs.search.corpus import demo_questions
+    from slime_env.envs.search.corpus import demo_questions
 
     return tuple(Task(prompt=q["question"], label=q["answers"], id=f"demo-{i}")
                  for i, q in enumerate(demo_questions()))

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from slime_env.errors import InvalidInput
-from envs.search.corpus import Passage, read_corpus, write_corpus
+from slime_env.envs.search.corpus import Passage, read_corpus, write_corpus
 
 Hit = tuple[Passage, float]
 

@@ -12,8 +12,7 @@ from __future__ import annotations
 import json
 
 from aiohttp import web
-
-from envs.search.retrievers import Retriever, load_retriever
+from slime_env.envs.search.retrievers import Retriever, load_retriever
 
 MAX_TOPK = 100
 

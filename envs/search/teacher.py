@@ -1,4 +1,4 @@
-"""A scripted Search-R1 teacher for SFT warm-up data (`warmup.data.rollouts.policy: envs.search:teacher_reply`).
+"""A scripted Search-R1 teacher for SFT warm-up data (`warmup.data.rollouts.policy: slime_env.envs.search:teacher_reply`).
 
 It plays the demo corpus's questions ("Which section of the Python language reference says: "…"") the way the
 task is meant to be solved: search for the quoted sentence, then answer with the title of the retrieved passage
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from envs.search.rewards import normalize_answer
+from slime_env.envs.search.rewards import normalize_answer
 
 _QUOTED = re.compile(r'says: "(.*)"[ \t]*$', re.MULTILINE)
 _DOC = re.compile(r'Doc (\d+)\(Title: (".*?")\) (.*?)(?=\nDoc \d+\(Title: |$)', re.DOTALL)

@@ -9,8 +9,7 @@ import asyncio
 
 import pytest
 import torch
-
-from trainers.train_loop import TrainConfig, train
+from slime_env.trainers.train_loop import TrainConfig, train
 
 
 @pytest.mark.parametrize("mode", ["overlap", "full"])
@@ -29,7 +28,7 @@ def test_async_on_one_gpu_keeps_the_engine_on_the_trainers_weights(tmp_path, mod
     cfg = TrainConfig.from_dict({
         "run_dir": str(tmp_path / "run"), "model": model_folder, "env": "ArithmeticRetry-v0",
         "env_kwargs": {"digits": [2, 1], "ops": "+-", "max_attempts": 3}, "max_turns": 3,
-        "train_data": {"generator": "envs.math.retry_env:arithmetic_tasks", "digits": [2, 1], "ops": "+-",
+        "train_data": {"generator": "slime_env.envs.math.retry_env:arithmetic_tasks", "digits": [2, 1], "ops": "+-",
                        "size": 256, "seed": 11, "split": "train"},
         "steps": 4, "prompts_per_step": 8, "n_samples_per_prompt": 4, "max_new_tokens": 16, "eval_every": 100,
         "max_concurrency": 64, "device": "cuda",
@@ -49,7 +48,7 @@ def test_paged_engine_on_its_stream_is_exact_beside_a_busy_default_stream(model_
     own forward (the engine's stream must not read half-written inputs or race the other thread's memory)."""
     import threading
 
-    from agents.default_model import load_policy
+    from slime_env.agents.default_model import load_policy
 
     policy, _ = load_policy(model_folder, max_batch_size=16, device="cuda", dtype="bfloat16", seed=0)
     stop = threading.Event()

@@ -1,4 +1,4 @@
-"""TransformersPolicy's dense continuous engine (`agents.engine`, `paged=False`) and prefix cache on CUDA (run on the
+"""TransformersPolicy's dense continuous engine (`slime_env.agents.engine`, `paged=False`) and prefix cache on CUDA (run on the
 GPU machine). Models outside the paged engine's families take this path on CUDA; the paged engine has its own tests
 (tests/gpu/test_paged_gpu.py).
 
@@ -15,8 +15,8 @@ import time
 
 import pytest
 import torch
+from slime_env.agents.transformers_policy import TransformersPolicy
 
-from agents.transformers_policy import TransformersPolicy
 from slime_env import Message, get_renderer
 
 GREEDY = {"temperature": 0.0}

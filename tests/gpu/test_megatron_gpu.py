@@ -14,13 +14,13 @@ import torch
 
 pytest.importorskip("megatron.core", reason="megatron-core is not installed")
 
-from trainers.batch import pack  # noqa: E402
-from trainers.torch_trainer import TorchTrainer, TrainerConfig  # noqa: E402
+from slime_env.trainers.batch import pack  # noqa: E402
+from slime_env.trainers.torch_trainer import TorchTrainer, TrainerConfig  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def smollm2():
-    from agents import load_default_model
+    from slime_env.agents import load_default_model
 
     model, tok = load_default_model("cpu", torch.float32)
     return model, tok
@@ -45,7 +45,7 @@ def real_batch(tok, n=8):
 
 
 def test_bf16_logprobs_match_hf_on_smollm2_real_weights(smollm2):
-    from trainers.megatron_trainer import MegatronTrainer
+    from slime_env.trainers.megatron_trainer import MegatronTrainer
 
     model, tok = smollm2
     trajs = real_batch(tok)
@@ -73,8 +73,8 @@ def test_bf16_logprobs_match_hf_on_smollm2_real_weights(smollm2):
 
 
 def test_grpo_step_changes_the_colocated_engine_after_sync(smollm2, tmp_path):
-    from agents import TransformersPolicy
-    from trainers.megatron_trainer import MegatronTrainer
+    from slime_env.agents import TransformersPolicy
+    from slime_env.trainers.megatron_trainer import MegatronTrainer
 
     model, tok = smollm2
     engine_model = type(model)(model.config).to("cuda", torch.bfloat16).eval()
@@ -133,11 +133,11 @@ def test_cuda_ipc_weights_reach_another_process(tmp_path):
     import subprocess
     import sys
 
-    from agents.weight_transfer import serialize_named_tensors
+    from slime_env.agents.weight_transfer import serialize_named_tensors
 
     weight = torch.randn(4096, device="cuda")
     (tmp_path / "payload").write_text(serialize_named_tensors([("w", weight)]))
-    code = ("import sys; from agents.weight_transfer import deserialize_named_tensors as d; "
+    code = ("import sys; from slime_env.agents.weight_transfer import deserialize_named_tensors as d; "
             "[(n, x)] = d(open(sys.argv[1]).read()); print(n, x.device.type, float(x.double().sum()))")
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
@@ -149,8 +149,9 @@ def test_cuda_ipc_weights_reach_another_process(tmp_path):
 
 
 def test_megatron_ppo_learns_values_on_cuda():
+    from slime_env.trainers.megatron_trainer import MegatronTrainer
+
     from tests.helpers import tiny, trajectories
-    from trainers.megatron_trainer import MegatronTrainer
 
     trainer = MegatronTrainer(tiny("qwen2"), TrainerConfig(backend="megatron", estimator="ppo", lr=3e-4,
                                                            critic_lr=3e-3, value_clip=None), pad_id=0)
@@ -163,8 +164,9 @@ def test_megatron_ppo_learns_values_on_cuda():
 
 
 def test_offload_frees_gpu_memory_between_steps_and_changes_nothing():
+    from slime_env.trainers.megatron_trainer import MegatronTrainer
+
     from tests.helpers import tiny, trajectories
-    from trainers.megatron_trainer import MegatronTrainer
 
     trajs = trajectories(8, seed=4)
     results = {}

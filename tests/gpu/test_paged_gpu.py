@@ -15,8 +15,8 @@ import random
 
 import pytest
 import torch
+from slime_env.agents.transformers_policy import TransformersPolicy
 
-from agents.transformers_policy import TransformersPolicy
 from tests.paged_support import GREEDY, sessions, tiny
 
 
@@ -69,7 +69,7 @@ def test_graphs_equal_eager_equal_the_models_own_forward(family, tok):
 
 def _bf16_model(tok):
     try:
-        from agents.default_model import load_default_model
+        from slime_env.agents.default_model import load_default_model
 
         model, _ = load_default_model("cuda", torch.bfloat16)
         return model, "SmolLM2-135M-Instruct"

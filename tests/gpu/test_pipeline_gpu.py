@@ -10,8 +10,7 @@ import hashlib
 
 import pytest
 import torch
-
-from trainers.train_loop import TrainConfig, train
+from slime_env.trainers.train_loop import TrainConfig, train
 
 
 def test_train_with_a_serve_engine_on_the_same_gpu_syncs_by_cuda_ipc(tmp_path, model_folder):
@@ -34,7 +33,7 @@ def config(tmp_path, model_folder: str, engine: dict, **trainer) -> TrainConfig:
     return TrainConfig.from_dict({
         "run_dir": str(tmp_path / "run"), "model": model_folder, "env": "ArithmeticRetry-v0",
         "env_kwargs": {"digits": [2, 1], "ops": "+-", "max_attempts": 2}, "max_turns": 2,
-        "train_data": {"generator": "envs.math.retry_env:arithmetic_tasks", "digits": [2, 1], "ops": "+-",
+        "train_data": {"generator": "slime_env.envs.math.retry_env:arithmetic_tasks", "digits": [2, 1], "ops": "+-",
                        "size": 64, "seed": 11, "split": "train"},
         "steps": 2, "prompts_per_step": 4, "n_samples_per_prompt": 4, "max_new_tokens": 16, "eval_every": 100,
         "max_concurrency": 16, "device": "cuda",

@@ -19,8 +19,8 @@ import torch
 pytest.importorskip("megatron.core", reason="megatron-core is not installed")
 
 from tests.helpers import tiny, trajectories  # noqa: E402
-from trainers.batch import pack  # noqa: E402
-from trainers.torch_trainer import TorchTrainer, TrainerConfig  # noqa: E402
+from slime_env.trainers.batch import pack  # noqa: E402
+from slime_env.trainers.torch_trainer import TorchTrainer, TrainerConfig  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -39,7 +39,7 @@ def moe_hf():
 def test_qwen3_moe_bf16_logprobs_match_hf_and_a_step_trains():
     """The megatron MoE model (alltoall dispatcher, router in fp32) in bf16 scores the same tokens as transformers'
     Qwen3-MoE in fp32 on the GPU, about as closely as transformers' own bf16 does; a step moves the experts."""
-    from trainers.megatron_trainer import MegatronTrainer
+    from slime_env.trainers.megatron_trainer import MegatronTrainer
 
     hf = moe_hf()
     trajs = trajectories(16, seed=1, vocab=4096)
@@ -69,7 +69,7 @@ def test_a_32k_token_trajectory_steps_under_full_recompute_with_the_same_gradien
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from bench.megatron_mfu import trajectories as long_trajectories
-    from trainers.megatron_trainer import MegatronTrainer
+    from slime_env.trainers.megatron_trainer import MegatronTrainer
 
     cfg = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
                       num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=32768,
@@ -95,7 +95,7 @@ def test_a_32k_token_trajectory_steps_under_full_recompute_with_the_same_gradien
 def test_fsdp2_step_on_one_gpu_matches_the_torch_trainer():
     """`FSDPTrainer` on one GPU (fp32 parameters, bf16 compute) scores like `TorchTrainer` on the same model in fp32
     (to bf16 rounding); a step trains."""
-    from trainers.fsdp_trainer import FSDPTrainer
+    from slime_env.trainers.fsdp_trainer import FSDPTrainer
 
     hf = tiny("qwen3")
     trajs = trajectories(16, seed=3)
@@ -118,7 +118,7 @@ def test_context_parallel_attention_through_the_varlen_kernel_equals_full_attent
     attention at the rank's tokens, as closely as bf16 allows (the fp32 CPU test checks the layout exactly)."""
     from megatron.core.transformer.enums import AttnMaskType
 
-    from trainers.megatron import SDPAttention, context_parallel as ctx, init_parallel, transformer_config
+    from slime_env.trainers.megatron import SDPAttention, context_parallel as ctx, init_parallel, transformer_config
 
     init_parallel(1)
     cfg = tiny("llama").config

@@ -14,13 +14,14 @@ import torch
 
 pytest.importorskip("megatron.core", reason="megatron-core is not installed")
 
+from slime_env.trainers.batch import pack  # noqa: E402
+from slime_env.trainers.torch_trainer import TrainerConfig  # noqa: E402
+
 from tests.helpers import tiny, trajectories  # noqa: E402
-from trainers.batch import pack  # noqa: E402
-from trainers.torch_trainer import TrainerConfig  # noqa: E402
 
 
 def test_megatron_sft_steps_lower_the_nll_and_opd_pulls_toward_the_teacher():
-    from trainers.megatron_trainer import MegatronTrainer
+    from slime_env.trainers.megatron_trainer import MegatronTrainer
 
     hf, teacher_hf = tiny("qwen2", seed=1), tiny("qwen2", seed=2)
     trainer = MegatronTrainer(copy.deepcopy(hf), TrainerConfig(backend="megatron", lr=1e-6), pad_id=0)

@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from paged_support import paged_policy, sessions, tiny
-
-from agents import paged_attention as pa
+from slime_env.agents import paged_attention as pa
 
 
 def _meta(dec_ctx, dec_rows, q_lens, ctx_lens, rows, n_dec, pad_dec=0, pad_tiles=0):
@@ -67,10 +66,9 @@ def test_the_engine_on_the_triton_kernels_equals_the_engine_on_the_reference(fus
 def test_fused_ops_equal_the_model_modules(dtype):
     """add + RMSNorm, Qwen3's per-head norms + rotary embedding + K/V store, SiLU * up: against the modules'
     own arithmetic (which rounds to the dtype between operations: a rounding step apart at most)."""
+    from slime_env.agents import fused_ops as fo
+    from slime_env.agents.packed_forward import _rope
     from transformers import AutoConfig, AutoModelForCausalLM
-
-    from agents import fused_ops as fo
-    from agents.packed_forward import _rope
 
     config = AutoConfig.for_model("qwen3", vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=1,
                                   num_attention_heads=4, num_key_value_heads=2, head_dim=16)

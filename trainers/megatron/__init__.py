@@ -10,15 +10,15 @@
   TP shards and pipeline stages.
 - `logprobs`: vocab-parallel per-token log-probs and entropy.
 
-Imported only by `trainers.megatron_trainer` (and tests/benchmarks): megatron-core is an optional dependency.
+Imported only by `slime_env.trainers.megatron_trainer` (and tests/benchmarks): megatron-core is an optional dependency.
 """
 
-from trainers.megatron.attention import SDPAttention
-from trainers.megatron.convert import hf_to_mcore, mcore_to_hf, model_family
-from trainers.megatron.logprobs import vocab_parallel_logprobs
-from trainers.megatron.model import build_gpt, transformer_config
-from trainers.megatron.parallel import init_parallel
-from trainers.megatron.rope import apply_rotary_pos_emb_thd, install_rope_patch
+from slime_env.trainers.megatron.attention import SDPAttention
+from slime_env.trainers.megatron.convert import hf_to_mcore, mcore_to_hf, model_family
+from slime_env.trainers.megatron.logprobs import vocab_parallel_logprobs
+from slime_env.trainers.megatron.model import build_gpt, transformer_config
+from slime_env.trainers.megatron.parallel import init_parallel
+from slime_env.trainers.megatron.rope import apply_rotary_pos_emb_thd, install_rope_patch
 
 __all__ = ["SDPAttention", "apply_rotary_pos_emb_thd", "build_gpt", "hf_to_mcore", "init_parallel",
            "install_rope_patch", "mcore_to_hf", "model_family", "transformer_config", "vocab_parallel_logprobs"]

@@ -7,7 +7,7 @@ kernels, GQA without repeating K/V) for `bshd` input, and with `torch.nn.attenti
 attention over `cu_seqlens`) for packed `thd` input. Where the varlen kernel cannot run (CPU, fp32,
 an old PyTorch) each packed sequence goes through SDPA on its own — exact, slower, used by the CPU tests.
 Under context parallelism (packed input only) each layer all-gathers K/V over the CP group and every local
-query chunk attends to its causal prefix (`trainers.megatron.context_parallel`).
+query chunk attends to its causal prefix (`slime_env.trainers.megatron.context_parallel`).
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ class SDPAttention(MegatronModule):
         cu_k = p.cu_seqlens_kv_padded if p.cu_seqlens_kv_padded is not None else p.cu_seqlens_kv
         if self.cp_group is None:
             return self._varlen_causal_attn(q, k, v, cu_q, cu_k, int(p.max_seqlen_q), int(p.max_seqlen_kv))
-        from trainers.megatron import context_parallel as cp
+        from slime_env.trainers.megatron import context_parallel as cp
 
         layout = _cp_layout(cu_q, self.cp_group.rank(), self.cp_group.size())
         k, v = (cp.gather_kv(x, self.cp_group)[layout.kv_index] for x in (k, v))
@@ -138,7 +138,7 @@ _layout_cache: dict[str, object] = {}
 
 
 def _cp_layout(cu: torch.Tensor, rank: int, size: int):
-    from trainers.megatron.context_parallel import prefix_layout
+    from slime_env.trainers.megatron.context_parallel import prefix_layout
 
     if _layout_cache.get("cu") is not cu or _layout_cache.get("key") != (rank, size):
         _layout_cache.update(cu=cu, key=(rank, size), layout=prefix_layout(cu, rank, size))

@@ -9,8 +9,7 @@ exact on every rank. With TP = 1 the reductions are no-ops and this is a plain f
 from __future__ import annotations
 
 import torch
-
-from trainers.megatron.compiled import lazily_compiled
+from slime_env.trainers.megatron.compiled import lazily_compiled
 
 
 def vocab_parallel_logprobs(logits: torch.Tensor, targets: torch.Tensor, *, with_entropy: bool = False):

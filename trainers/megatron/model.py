@@ -13,9 +13,8 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-
-from trainers.megatron import moe
-from trainers.megatron.convert import attention_dims, model_family
+from slime_env.trainers.megatron import moe
+from slime_env.trainers.megatron.convert import attention_dims, model_family
 
 RECOMPUTE = ("none", "selective", "full")
 
@@ -115,10 +114,9 @@ def layer_spec(config, *, grouped_experts: bool = True):
     layers' experts a `GroupedExperts` (else megatron's `SequentialMLP`)."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
     from megatron.core.transformer.spec_utils import ModuleSpec
-
-    from trainers.megatron.attention import SDPAttention
-    from trainers.megatron.grouped_experts import GroupedExperts
-    from trainers.megatron.norm import FusedRMSNorm
+    from slime_env.trainers.megatron.attention import SDPAttention
+    from slime_env.trainers.megatron.grouped_experts import GroupedExperts
+    from slime_env.trainers.megatron.norm import FusedRMSNorm
 
     block = get_gpt_decoder_block_spec(config, use_transformer_engine=False, normalization="RMSNorm")
     for spec in block.layer_specs:  # dense layers may share one spec object: setting it twice is harmless
@@ -144,15 +142,13 @@ def build_gpt(hf_config: Any, *, tp: int = 1, dtype: torch.dtype = torch.float32
     `moe.to_grouped`). Megatron's parallel state must be initialised (`parallel.init_parallel`) with the same
     sizes."""
     from megatron.core.models.gpt import GPTModel
-
-    from trainers.megatron.rope import install_rope_patch
+    from slime_env.trainers.megatron.rope import install_rope_patch
 
     install_rope_patch()
     if moe.is_moe(hf_config):
         moe.install_moe_patches()
     from megatron.core import parallel_state as ps
-
-    from trainers.megatron import cpu_compat
+    from slime_env.trainers.megatron import cpu_compat
 
     config = transformer_config(hf_config, tp=tp, dtype=dtype, **options)
     first = last = True

@@ -10,8 +10,7 @@ as the config says, so megatron (and our CPU path) sums its partial gradients ov
 from __future__ import annotations
 
 import torch
-
-from trainers.megatron.compiled import lazily_compiled
+from slime_env.trainers.megatron.compiled import lazily_compiled
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

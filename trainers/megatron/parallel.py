@@ -19,8 +19,7 @@ def init_parallel(tp: int = 1, *, ep: int = 1, cp: int = 1, pp: int = 1, seed: i
     are never split over TP (expert TP = 1): EP ranks hold whole experts, the attention stays TP x CP x DP.
     """
     from megatron.core import parallel_state as ps
-
-    from trainers.distributed import init_process_group
+    from slime_env.trainers.distributed import init_process_group
 
     _, world = init_process_group()
     for what, n in (("tensor", tp), ("context", cp), ("pipeline", pp), ("tensor x context x pipeline", tp * cp * pp),
@@ -37,7 +36,7 @@ def init_parallel(tp: int = 1, *, ep: int = 1, cp: int = 1, pp: int = 1, seed: i
         ps.initialize_model_parallel(tensor_model_parallel_size=tp, context_parallel_size=cp,
                                      pipeline_model_parallel_size=pp, expert_model_parallel_size=ep,
                                      expert_tensor_parallel_size=1)
-    from trainers.megatron import cpu_compat
+    from slime_env.trainers.megatron import cpu_compat
 
     cpu_compat.install()
     if torch.cuda.is_available():

@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import torch
 from megatron.core.models.common.embeddings import rope_utils
-
-from trainers.megatron.compiled import lazily_compiled
+from slime_env.trainers.megatron.compiled import lazily_compiled
 
 
 def packed_positions(cu_seqlens: torch.Tensor, total: int) -> torch.Tensor:
@@ -47,7 +46,7 @@ _cache: dict[str, object] = {}
 def _positions(cu_seqlens: torch.Tensor, total: int, cp: tuple[int, int]) -> torch.Tensor:
     if cp[1] == 1:
         return packed_positions(cu_seqlens, total)
-    from trainers.megatron.context_parallel import positions
+    from slime_env.trainers.megatron.context_parallel import positions
 
     return positions(cu_seqlens, total, *cp)
 

@@ -1,7 +1,7 @@
 """`MegatronValueModel`: PPO's critic on megatron-core — the policy's architecture without its LM head, the
 final norm and a linear value head on top (replicated across TP ranks: hidden states are whole there).
 
-Same function as `trainers.critic.ValueModel` (HF backbone + head) for the same weights (tested), so both
+Same function as `slime_env.trainers.critic.ValueModel` (HF backbone + head) for the same weights (tested), so both
 trainers run the same PPO.
 """
 
@@ -17,8 +17,8 @@ class MegatronValueModel(MegatronModule):
     """forward(input_ids [1, T], packed_seq_params) -> hidden [T, h]; `head(norm(hidden))` gives values."""
 
     def __init__(self, hf_config: Any, *, tp: int = 1, dtype: torch.dtype = torch.float32, **options):
-        from trainers.megatron.model import build_gpt
-        from trainers.megatron.norm import FusedRMSNorm
+        from slime_env.trainers.megatron.model import build_gpt
+        from slime_env.trainers.megatron.norm import FusedRMSNorm
 
         gpt = build_gpt(hf_config, tp=tp, dtype=dtype, post_process=False, **options)
         super().__init__(config=gpt.config)
