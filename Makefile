@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | cksum | cut -d' ' -f1)
 
-.PHONY: demo test bench venv clean
+.PHONY: demo test bench venv clean swe-tasks
 
 venv: $(STAMP)
 
@@ -34,6 +34,11 @@ test: venv
 
 bench: venv
 	$(BIN)/python bench/ledger.py
+
+# The shipped SWE task set (examples/swe_tasks): rebuilt from envs/swe/repos.toml's pinned sdists with Docker,
+# validated in workspaces; writes BUILD_LOG.jsonl and BUILD_SUMMARY.json beside the task folders.
+swe-tasks: venv
+	$(BIN)/slime-env swe build --out examples/swe_tasks --per-repo 30 --seed 0
 
 clean:
 	rm -rf $(VENV)

@@ -1,0 +1,338 @@
+"""The generator: repositories in, validated Harbor task folders and a build log out.
+
+For each repository of the manifest (`build_dataset`):
+1. build its image (`manifest.repo_dockerfile`; cached by Docker after the first time);
+2. run its suite twice on the clean code in workspaces (`--junitxml`): tests that pass both times are the
+   baseline, tests whose outcome differs (flaky) or that fail are deselected from then on;
+3. list the candidate mutations of its source files (`mutations.find_mutations`) and order them (`plan`);
+4. validate candidates in that order, `parallel` at a time, one workspace each: write the mutant, run the suite,
+   put the file back. A candidate is kept iff at least one baseline test fails (FAIL_TO_PASS), no more than
+   `max_fail_to_pass` do, the run did not time out, the FAIL_TO_PASS tests fail again when run alone (not flaky),
+   and the guard accepts the oracle (the clean file) as a fix. PASS_TO_PASS = the rest of the baseline;
+5. keep the first `per_repo` kept candidates (in plan order, so parallelism changes nothing) and write each as a
+   task folder (`task.write_task`) with its statement (`statement.write_statement`).
+
+Every candidate and repository is a JSON line of the build log, with its verdict, reason and timings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import shutil
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from slime_env.envs.swe import grade
+from slime_env.envs.swe.guard import review
+from slime_env.envs.swe.manifest import WORKDIR, RepoSpec, ensure_image, repo_dockerfile, repo_image_tag
+from slime_env.envs.swe.mutations import KINDS, Mutation, find_mutations, plan
+from slime_env.envs.swe.patches import make_patch
+from slime_env.envs.swe.statement import write_statement
+from slime_env.envs.swe.task import SweTask, write_task
+
+
+@dataclass
+class BuildConfig:
+    """How many tasks per repository (`per_repo`), the plan's `seed`, validations at once (`parallel`), the most
+    FAIL_TO_PASS tests a kept bug may have, candidates per function, and the share of one kind among kept tasks."""
+
+    per_repo: int = 30
+    seed: int = 0
+    parallel: int = 2
+    max_fail_to_pass: int = 30
+    per_function: int = 2
+    max_kind_share: float = 0.25
+    max_candidates: int | None = None
+    cpus: float = 1.0
+    memory_mb: int = 2048
+
+
+@dataclass
+class SuiteRun:
+    outcomes: dict[str, tuple[str, str]]
+    exit_code: int | None
+    status: str
+    seconds: float
+
+
+@dataclass
+class RepoBuild:
+    """What building one repository produced: its kept tasks and its log records."""
+
+    spec: RepoSpec
+    image: str
+    tasks: list[tuple[SweTask, dict[str, str]]] = field(default_factory=list)
+    records: list[dict] = field(default_factory=list)
+
+
+async def run_suite(ws, targets, deselect, *, timeout_s: float, user: str | None = None) -> SuiteRun:
+    """Run pytest on `targets` in a workspace and read its JUnit report host-side."""
+    junit = f"/tmp/junit-{time.monotonic_ns()}.xml"
+    t = time.monotonic()
+    res = await ws.exec(grade.pytest_argv(targets, deselect, junit), cwd=WORKDIR, env=grade.PYTEST_ENV, user=user,
+                        timeout_s=timeout_s)
+    seconds = time.monotonic() - t
+    if res.status == "timeout":
+        return SuiteRun({}, None, "timeout", seconds)
+    try:
+        outcomes = grade.parse_junit(await ws.read_file(junit))
+        await ws.exec(["rm", "-f", junit])
+    except (FileNotFoundError, grade.ET.ParseError):
+        return SuiteRun({}, res.exit_code, "no_report", seconds)
+    return SuiteRun(outcomes, res.exit_code, "ok", seconds)
+
+
+async def _read_sources(ws, spec: RepoSpec) -> dict[str, str]:
+    out: dict[str, str] = {}
+
+    async def walk(rel: str) -> None:
+        for e in await ws.list_dir(f"{WORKDIR}/{rel}"):
+            path = f"{rel}/{e.name}"
+            if e.kind == "dir" and e.name != "__pycache__":
+                await walk(path)
+            elif e.kind == "file" and (spec.is_source_path(path) or spec.is_test_path(path)):
+                out[path] = (await ws.read_file(f"{WORKDIR}/{path}")).decode("utf-8")
+
+    await walk(spec.source_dir)
+    for d in spec.test_dirs:
+        if not spec.source_dir or Path(spec.source_dir) not in Path(d).parents:
+            await walk(d)
+    return out
+
+
+def _public_names(sources: dict[str, str], spec: RepoSpec) -> set[str]:
+    import ast
+
+    names: set[str] = set()
+    for path, text in sources.items():
+        if spec.is_source_path(path):
+            for node in ast.walk(ast.parse(text)):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                    names.add(node.name)
+    return names
+
+
+def _difficulty(n_fail_to_pass: int) -> str:
+    """More failing tests, more clues: 1 test is hard, 2-4 medium, 5 or more easy."""
+    return "hard" if n_fail_to_pass == 1 else "medium" if n_fail_to_pass < 5 else "easy"
+
+
+async def build_repo(spec: RepoSpec, config: BuildConfig, *, log: Callable[[str], None] = print,
+                     start_workspace=None) -> RepoBuild:
+    """Validate candidates of one repository until `config.per_repo` are kept (see the module docstring)."""
+    from slime_env.tools_sandbox.workspace import Limits, WorkspaceSpec
+
+    start_workspace = start_workspace or _docker_start
+    dockerfile = repo_dockerfile(spec)
+    image = repo_image_tag(dockerfile)
+    out = RepoBuild(spec, image)
+    t0 = time.monotonic()
+    await ensure_image(dockerfile, image)
+    image_s = time.monotonic() - t0
+    ws_spec = WorkspaceSpec(image=image, workdir=WORKDIR, limits=Limits(
+        cpus=config.cpus, memory_mb=config.memory_mb, pids=512, network="none", wall_time_s=6 * 3600))
+    workers = await asyncio.gather(*(start_workspace(ws_spec) for _ in range(max(1, config.parallel))))
+    try:
+        targets = list(spec.test_dirs)
+        deselect = list(spec.deselect)
+        clean = await asyncio.gather(*(run_suite(workers[i % len(workers)], targets, deselect, timeout_s=900)
+                                       for i in range(2)))
+        for run in clean:
+            if run.status != "ok":
+                raise RuntimeError(f"{spec.name}: the clean suite did not run ({run.status})")
+        (a, b) = (clean[0].outcomes, clean[1].outcomes)
+        flaky = sorted(t for t in set(a) | set(b) if a.get(t, ("missing",))[0] != b.get(t, ("missing",))[0])
+        failing = sorted(t for t in a if t not in flaky and a[t][0] in (grade.FAILED, grade.ERROR))
+        baseline = sorted(t for t in a if t not in flaky and a[t][0] == grade.PASSED)
+        deselect += [t for t in flaky + failing if "::" in t]
+        clean_s = max(r.seconds for r in clean)
+        timeout_s = max(60.0, 4 * clean_s + 30)
+        sources = await _read_sources(workers[0], spec)
+        names = _public_names(sources, spec)
+        candidates = []
+        for path in sorted(p for p in sources if spec.is_source_path(p)):
+            candidates += find_mutations(path, sources[path])
+        ordered = plan(candidates, seed=f"{config.seed}:{spec.name}", per_function=config.per_function)
+        if config.max_candidates:
+            ordered = ordered[:config.max_candidates]
+        out.records.append({"event": "repo", "repo": spec.name, "version": spec.version, "image": image,
+                            "image_s": round(image_s, 1), "clean_runs_s": [round(r.seconds, 2) for r in clean],
+                            "tests": len(a), "baseline": len(baseline), "flaky": flaky, "failing_on_clean": failing,
+                            "candidates": len(candidates), "planned": len(ordered),
+                            "candidates_by_kind": dict(Counter(m.kind for m in candidates))})
+        log(f"{spec.name} {spec.version}: image {image_s:.0f}s, {len(baseline)} baseline tests "
+            f"({len(flaky)} flaky, {len(failing)} failing on clean), clean run {clean_s:.1f}s, "
+            f"{len(candidates)} candidates, {len(ordered)} planned")
+        verdicts = await _validate_all(spec, config, workers, ordered, sources, baseline, targets, deselect,
+                                       timeout_s, log)
+    finally:
+        await asyncio.gather(*(w.close() for w in workers), return_exceptions=True)
+    kind_cap = max(2, math.ceil(config.per_repo * config.max_kind_share))
+    kept_by_kind: Counter[str] = Counter()
+    for i, m in enumerate(ordered):
+        v = verdicts.get(i)
+        if v is None:
+            continue
+        rec = {"event": "candidate", "repo": spec.name, "index": i, "key": m.key, "kind": m.kind, "file": m.file,
+               "line": m.line, "function": m.function, "description": m.description, **v["record"]}
+        if rec["status"] == "kept":
+            if len(out.tasks) >= config.per_repo:
+                rec.update(status="rejected", reason="enough tasks already")
+            elif kept_by_kind[m.kind] >= kind_cap:
+                rec.update(status="rejected", reason=f"kind quota ({kind_cap} {m.kind} tasks kept already)")
+            else:
+                kept_by_kind[m.kind] += 1
+                task = _make_task(spec, image, m, sources, v, baseline, deselect, names, config)
+                out.tasks.append(task)
+                rec["task"] = task[0].name
+        out.records.append(rec)
+    return out
+
+
+async def _validate_all(spec, config, workers, ordered, sources, baseline, targets, deselect, timeout_s, log):
+    """Validate `ordered` candidates on the workers, stopping once enough are kept among the first ones."""
+    verdicts: dict[int, dict] = {}
+    kind_cap = max(2, math.ceil(config.per_repo * config.max_kind_share))
+    state = {"next": 0}
+
+    def settled() -> tuple[int, Counter]:
+        """Kept tasks and kept kinds among the longest finished prefix of the plan."""
+        kept, kinds = 0, Counter()
+        for i in range(len(ordered)):
+            v = verdicts.get(i)
+            if v is None:
+                break
+            if v["record"]["status"] == "kept" and kinds[ordered[i].kind] < kind_cap:
+                kept += 1
+                kinds[ordered[i].kind] += 1
+        return kept, kinds
+
+    async def worker(ws) -> None:
+        while True:
+            kept, kinds = settled()
+            if kept >= config.per_repo or state["next"] >= len(ordered):
+                return
+            i = state["next"]
+            state["next"] += 1
+            if kinds[ordered[i].kind] >= kind_cap:
+                verdicts[i] = {"record": {"status": "rejected", "reason": "kind quota", "seconds": 0.0}}
+                continue
+            verdicts[i] = await _validate(ws, spec, ordered[i], sources, baseline, targets, deselect, timeout_s,
+                                          config)
+            r = verdicts[i]["record"]
+            log(f"  [{i}] {ordered[i].kind} {ordered[i].file}:{ordered[i].line} {ordered[i].function}: "
+                f"{r['status']}{'' if r['status'] == 'kept' else ' (' + r['reason'] + ')'} "
+                f"{r.get('fail_to_pass', '')} {r['seconds']:.1f}s")
+
+    await asyncio.gather(*(worker(ws) for ws in workers))
+    return verdicts
+
+
+async def _validate(ws, spec, m: Mutation, sources, baseline, targets, deselect, timeout_s, config) -> dict:
+    t = time.monotonic()
+    original = sources[m.file]
+    mutant = m.apply(original)
+    path = f"{WORKDIR}/{m.file}"
+
+    def done(status: str, reason: str, **extra) -> dict:
+        record = {"status": status, "reason": reason, "seconds": round(time.monotonic() - t, 2)}
+        record.update({k: v for k, v in extra.items() if k in ("fail_to_pass", "run_s")})
+        return {"record": record, **extra}
+
+    problems = review(spec, {m.file: mutant.encode()}, {m.file: original.encode()}, {m.file: original.encode()})
+    if not problems.accepted:
+        return done("rejected", f"the guard would refuse the oracle: {problems.reason}")
+    await ws.write_file(path, mutant)
+    try:
+        run = await run_suite(ws, targets, deselect, timeout_s=timeout_s)
+        if run.status != "ok":
+            return done("rejected", "the suite timed out" if run.status == "timeout" else "no test report")
+        f2p = [t for t in baseline if run.outcomes.get(t, (grade.MISSING, ""))[0] != grade.PASSED]
+        if not f2p:
+            return done("rejected", "no test fails", run_s=round(run.seconds, 2))
+        if len(f2p) > config.max_fail_to_pass:
+            return done("rejected", f"breaks too much ({len(f2p)} tests fail)", fail_to_pass=len(f2p))
+        again = await run_suite(ws, f2p, (), timeout_s=timeout_s)
+        still = [t for t in f2p if again.outcomes.get(t, (grade.MISSING, ""))[0] != grade.PASSED]
+        if again.status != "ok" or len(still) != len(f2p):
+            return done("rejected", f"flaky: {len(f2p) - len(still)} of {len(f2p)} FAIL_TO_PASS tests pass alone",
+                        fail_to_pass=len(f2p))
+    finally:
+        await ws.write_file(path, original)
+    failures = [(t, run.outcomes.get(t, (grade.MISSING, "the test did not run"))[1] or
+                 run.outcomes.get(t, (grade.MISSING, ""))[0]) for t in f2p]
+    return done("kept", "", fail_to_pass=len(f2p), run_s=round(run.seconds, 2), f2p=f2p, failures=failures,
+                mutant=mutant)
+
+
+def _hidden_files(spec: RepoSpec, f2p: list[str]) -> list[str]:
+    return sorted({t.split("::", 1)[0] for t in f2p if t.split("::", 1)[0].endswith(".py")})
+
+
+def _make_task(spec, image, m: Mutation, sources, v, baseline, deselect, names, config):
+    f2p = v["f2p"]
+    hidden = _hidden_files(spec, f2p)
+    name = f"{spec.name}__{m.kind}__{m.function.replace('.', '-').strip('_') or 'module'}__{m.key}"
+    patch = make_patch(m.file, sources[m.file], v["mutant"])
+    statement = write_statement(name=name, repo=spec.name, source_dir=spec.source_dir, failures=v["failures"],
+                                names=names, source_files=[p for p in sources if spec.is_source_path(p)])
+    task = SweTask(
+        name=name, repo=spec.name, version=spec.version, sdist_sha256=spec.sdist_sha256, image=image,
+        repo_dockerfile=repo_dockerfile(spec), source_dir=spec.source_dir, test_paths=tuple(spec.test_dirs),
+        deselect=tuple(deselect), fail_to_pass=tuple(f2p), pass_to_pass=tuple(t for t in baseline if t not in f2p),
+        hidden_tests=tuple(hidden), bug_patch=patch,
+        mutation={"kind": m.kind, "file": m.file, "line": m.line, "function": m.function,
+                  "description": m.description},
+        instruction=statement, difficulty=_difficulty(len(f2p)), cpus=config.cpus, memory_mb=config.memory_mb)
+    return task, {h: sources[h] for h in hidden}
+
+
+async def _docker_start(spec):
+    from slime_env.tools_sandbox.workspace.docker import DockerWorkspace
+
+    return await DockerWorkspace.start(spec, run_id="swe-build")
+
+
+async def build_dataset(out_dir: str | Path, repos: list[RepoSpec], config: BuildConfig, *,
+                        log: Callable[[str], None] = print, start_workspace=None) -> dict:
+    """Build every repository of `repos` into `out_dir`: task folders (those of these repositories replaced),
+    `BUILD_LOG.jsonl` and `BUILD_SUMMARY.json`. Returns the summary."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    records: list[dict] = [{"event": "build", "seed": config.seed, "per_repo": config.per_repo,
+                            "parallel": config.parallel, "max_fail_to_pass": config.max_fail_to_pass,
+                            "repos": [f"{r.name}=={r.version}" for r in repos]}]
+    summary: dict = {"seed": config.seed, "per_repo": config.per_repo, "repos": {}, "kinds": {}}
+    for spec in repos:
+        t = time.monotonic()
+        built = await build_repo(spec, config, log=log, start_workspace=start_workspace)
+        for old in out.glob(f"{spec.name}__*"):
+            if (old / "task.toml").exists():
+                shutil.rmtree(old)
+        for task, hidden in built.tasks:
+            write_task(out, task, hidden)
+        records += built.records
+        cands = [r for r in built.records if r["event"] == "candidate"]
+        summary["repos"][spec.name] = {
+            "version": spec.version, "tasks": len(built.tasks), "validated": len(cands),
+            "kinds": dict(Counter(t.mutation["kind"] for t, _ in built.tasks)),
+            "rejected": dict(Counter(r["reason"].split(":")[0].split(" (")[0] for r in cands
+                                     if r["status"] != "kept")),
+            "seconds": round(time.monotonic() - t, 1)}
+        log(f"{spec.name}: {len(built.tasks)} tasks from {len(cands)} candidates in {time.monotonic() - t:.0f}s")
+    summary["tasks"] = sum(r["tasks"] for r in summary["repos"].values())
+    for k in KINDS:
+        summary["kinds"][k] = sum(r["kinds"].get(k, 0) for r in summary["repos"].values())
+    summary["wall_s"] = round(time.monotonic() - t0, 1)
+    records.append({"event": "summary", **summary})
+    with open(out / "BUILD_LOG.jsonl", "w") as f:
+        for r in records:
+            f.write(json.dumps(r, sort_keys=False) + "\n")
+    (out / "BUILD_SUMMARY.json").write_text(json.dumps(summary, indent=1) + "\n")
+    return summary
