@@ -18,6 +18,7 @@ Every candidate and repository is a JSON line of the build log, with its verdict
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import math
 import shutil
@@ -32,6 +33,7 @@ from slime_env.envs.swe.guard import review
 from slime_env.envs.swe.manifest import WORKDIR, RepoSpec, ensure_image, repo_dockerfile, repo_image_tag
 from slime_env.envs.swe.mutations import KINDS, Mutation, find_mutations, plan
 from slime_env.envs.swe.patches import make_patch
+from slime_env.envs.swe.reward import read_watched
 from slime_env.envs.swe.statement import write_statement
 from slime_env.envs.swe.task import SweTask, write_task
 
@@ -82,27 +84,19 @@ async def run_suite(ws, targets, deselect, *, timeout_s: float, user: str | None
     try:
         outcomes = grade.parse_junit(await ws.read_file(junit))
         await ws.exec(["rm", "-f", junit])
-    except (FileNotFoundError, grade.ET.ParseError):
-        return SuiteRun({}, res.exit_code, "no_report", seconds)
+    except (FileNotFoundError, grade.ET.ParseError) as e:
+        detail = f"{type(e).__name__}; exit {res.exit_code} ({res.status}): {(res.stderr or res.stdout)[-300:]}"
+        return SuiteRun({}, res.exit_code, f"no report ({detail})", seconds)
     return SuiteRun(outcomes, res.exit_code, "ok", seconds)
 
 
-async def _read_sources(ws, spec: RepoSpec) -> dict[str, str]:
-    out: dict[str, str] = {}
-
-    async def walk(rel: str) -> None:
-        for e in await ws.list_dir(f"{WORKDIR}/{rel}"):
-            path = f"{rel}/{e.name}"
-            if e.kind == "dir" and e.name != "__pycache__":
-                await walk(path)
-            elif e.kind == "file" and (spec.is_source_path(path) or spec.is_test_path(path)):
-                out[path] = (await ws.read_file(f"{WORKDIR}/{path}")).decode("utf-8")
-
-    await walk(spec.source_dir)
-    for d in spec.test_dirs:
-        if not spec.source_dir or Path(spec.source_dir) not in Path(d).parents:
-            await walk(d)
-    return out
+async def _clean_run(ws, targets, deselect) -> SuiteRun:
+    """The suite on the clean code; a run without a report is tried again (twice) before the build gives up."""
+    for _ in range(3):
+        run = await run_suite(ws, targets, deselect, timeout_s=900)
+        if run.status == "ok":
+            return run
+    raise RuntimeError(f"the clean suite did not run: {run.status}")
 
 
 def _public_names(sources: dict[str, str], spec: RepoSpec) -> set[str]:
@@ -140,11 +134,8 @@ async def build_repo(spec: RepoSpec, config: BuildConfig, *, log: Callable[[str]
     try:
         targets = list(spec.test_dirs)
         deselect = list(spec.deselect)
-        clean = await asyncio.gather(*(run_suite(workers[i % len(workers)], targets, deselect, timeout_s=900)
-                                       for i in range(2)))
-        for run in clean:
-            if run.status != "ok":
-                raise RuntimeError(f"{spec.name}: the clean suite did not run ({run.status})")
+        clean = list(await asyncio.gather(*(_clean_run(workers[i % len(workers)], targets, deselect)
+                                            for i in range(2))))
         (a, b) = (clean[0].outcomes, clean[1].outcomes)
         flaky = sorted(t for t in set(a) | set(b) if a.get(t, ("missing",))[0] != b.get(t, ("missing",))[0])
         failing = sorted(t for t in a if t not in flaky and a[t][0] in (grade.FAILED, grade.ERROR))
@@ -152,7 +143,8 @@ async def build_repo(spec: RepoSpec, config: BuildConfig, *, log: Callable[[str]
         deselect += [t for t in flaky + failing if "::" in t]
         clean_s = max(r.seconds for r in clean)
         timeout_s = max(60.0, 4 * clean_s + 30)
-        sources = await _read_sources(workers[0], spec)
+        tree, _ = await read_watched(workers[0], spec)  # what the guard watches: sources, tests, configuration
+        sources = {p: v.decode("utf-8") for p, v in tree.items() if isinstance(v, bytes) and p.endswith(".py")}
         names = _public_names(sources, spec)
         candidates = []
         for path in sorted(p for p in sources if spec.is_source_path(p)):
@@ -187,7 +179,7 @@ async def build_repo(spec: RepoSpec, config: BuildConfig, *, log: Callable[[str]
                 rec.update(status="rejected", reason=f"kind quota ({kind_cap} {m.kind} tasks kept already)")
             else:
                 kept_by_kind[m.kind] += 1
-                task = _make_task(spec, image, m, sources, v, baseline, deselect, names, config)
+                task = _make_task(spec, image, m, sources, v, baseline, deselect, names, config, tree)
                 out.tasks.append(task)
                 rec["task"] = task[0].name
         out.records.append(rec)
@@ -251,7 +243,7 @@ async def _validate(ws, spec, m: Mutation, sources, baseline, targets, deselect,
     try:
         run = await run_suite(ws, targets, deselect, timeout_s=timeout_s)
         if run.status != "ok":
-            return done("rejected", "the suite timed out" if run.status == "timeout" else "no test report")
+            return done("rejected", "the suite timed out" if run.status == "timeout" else run.status)
         f2p = [t for t in baseline if run.outcomes.get(t, (grade.MISSING, ""))[0] != grade.PASSED]
         if not f2p:
             return done("rejected", "no test fails", run_s=round(run.seconds, 2))
@@ -274,9 +266,11 @@ def _hidden_files(spec: RepoSpec, f2p: list[str]) -> list[str]:
     return sorted({t.split("::", 1)[0] for t in f2p if t.split("::", 1)[0].endswith(".py")})
 
 
-def _make_task(spec, image, m: Mutation, sources, v, baseline, deselect, names, config):
+def _make_task(spec, image, m: Mutation, sources, v, baseline, deselect, names, config, tree):
     f2p = v["f2p"]
     hidden = _hidden_files(spec, f2p)
+    protected = {p: hashlib.sha256(data).hexdigest() for p, data in tree.items()
+                 if isinstance(data, bytes) and not spec.is_source_path(p) and p not in hidden}
     name = f"{spec.name}__{m.kind}__{m.function.replace('.', '-').strip('_') or 'module'}__{m.key}"
     patch = make_patch(m.file, sources[m.file], v["mutant"])
     statement = write_statement(name=name, repo=spec.name, source_dir=spec.source_dir, failures=v["failures"],
@@ -288,7 +282,7 @@ def _make_task(spec, image, m: Mutation, sources, v, baseline, deselect, names, 
         hidden_tests=tuple(hidden), bug_patch=patch,
         mutation={"kind": m.kind, "file": m.file, "line": m.line, "function": m.function,
                   "description": m.description},
-        instruction=statement, difficulty=_difficulty(len(f2p)), cpus=config.cpus, memory_mb=config.memory_mb)
+        instruction=statement, protected=protected, difficulty=_difficulty(len(f2p)), cpus=config.cpus, memory_mb=config.memory_mb)
     return task, {h: sources[h] for h in hidden}
 
 

@@ -6,13 +6,16 @@ the task's `tests/test.sh` runs when Harbor itself verifies the task).
 - `parse_junit(xml)`: outcome and message per pytest node id;
 - `grade(outcomes, fail_to_pass, pass_to_pass)`: resolved iff every FAIL_TO_PASS and PASS_TO_PASS test passed (a
   test missing from the report failed);
-- `python grade.py --spec spec.json`: Harbor's shared-mode verifier — restore the hidden tests into the repository,
-  run the tests, write `reward.txt` and `verdict.json` to /logs/verifier.
+- `tampered(repo, protected)`: what an agent changed of the tests, their configuration and the startup hooks;
+- `python grade.py --spec spec.json`: Harbor's shared-mode verifier — refuse a tampered suite, restore the hidden
+  tests into the repository, run the tests, write `reward.txt` and `verdict.json` to /logs/verifier. (Shared mode
+  trusts the agent's container — its Python, its pytest; slime_env's reward runs on a clean copy instead.)
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -91,6 +94,29 @@ def grade(outcomes, fail_to_pass, pass_to_pass):
             "fail_to_pass": f2p, "pass_to_pass_failed": p2p_bad}
 
 
+def tampered(repo, protected):
+    """What differs from the protected files (path -> sha256: the visible tests, test configuration, non-code
+    files of the package) under `repo`, and any conftest.py, *.pth or site/usercustomize.py added there."""
+    problems = []
+    for rel, digest in sorted(protected.items()):
+        try:
+            with open(os.path.join(repo, rel), "rb") as f:
+                data = f.read()
+        except OSError:
+            problems.append("deletes " + rel)
+            continue
+        if hashlib.sha256(data).hexdigest() != digest:
+            problems.append("changes " + rel)
+    for dirpath, dirnames, filenames in os.walk(repo):
+        dirnames[:] = sorted(d for d in dirnames if d not in (".git", "__pycache__"))
+        for name in sorted(filenames):
+            rel = os.path.relpath(os.path.join(dirpath, name), repo)
+            hook = name in ("conftest.py", "sitecustomize.py", "usercustomize.py") or name.endswith(".pth")
+            if hook and rel not in protected:
+                problems.append("adds " + rel)
+    return problems
+
+
 def main(argv=None):
     """Harbor's verifier (shared mode): runs in the task's own container after the agent, from tests/test.sh."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -103,6 +129,9 @@ def main(argv=None):
     os.makedirs(args.out, exist_ok=True)
     reward, verdict = 0, {"resolved": False, "reason": "the tests did not run"}
     try:
+        problems = tampered(args.repo, spec.get("protected", {}))
+        if problems:
+            raise RuntimeError("the agent changed the test suite: " + "; ".join(problems[:5]))
         hidden = os.path.join(os.path.dirname(os.path.abspath(args.spec)), "hidden")
         for rel in spec["hidden_tests"]:
             target = os.path.join(args.repo, rel)

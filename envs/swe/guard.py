@@ -95,9 +95,13 @@ def review(spec: RepoSpec, start: Mapping[str, Entry], agent: Mapping[str, Entry
     the bug, less the hidden tests) and check each changed source file against the clean one (`clean`)."""
     problems: list[str] = []
     changed: dict[str, str] = {}
+    ignored = list(ignored)
     for path in sorted(set(start) | set(agent)):
         before, after = start.get(path), agent.get(path)
         if before == after:
+            continue
+        if not watched(spec, path):
+            ignored.append(path)
             continue
         what = "adds" if before is None else "deletes" if after is None else "changes"
         p = PurePosixPath(path)
@@ -125,7 +129,7 @@ def review(spec: RepoSpec, start: Mapping[str, Entry], agent: Mapping[str, Entry
                 original.decode("utf-8") if isinstance(original, bytes) else "", before.decode("utf-8"), new_text)]
             changed[path] = new_text
     return Review(accepted=not problems, problems=tuple(problems), changed=changed if not problems else {},
-                  ignored=ignored)
+                  ignored=tuple(dict.fromkeys(ignored)))
 
 
 # --- the code rule ---------------------------------------------------------------------------------------------

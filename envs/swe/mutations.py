@@ -118,6 +118,8 @@ def find_mutations(path: str, source: str) -> list[Mutation]:
         if _trivial(func):
             continue
         sites = [*_wrong_defaults(text, func)]
+        for stmt in func.body:  # the body's own statements (nested blocks come with their compound statement)
+            sites += _drop_statement(text, stmt, alone=len(func.body) == 1)
         for node in _body_nodes(func.body):
             sites += _sites(text, node)
         snippet = _Snippet(text, func)

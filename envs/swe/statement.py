@@ -23,8 +23,9 @@ def clean_message(message: str, *, source_files: Iterable[str] = ()) -> str:
     text = _ADDRESS.sub("0x...", message)
     text = _TMP.sub("<tmp>", text)
     for f in sorted(source_files, key=len, reverse=True):
-        text = text.replace(f, "<source>")
+        text = re.sub(re.escape(f) + r"(?::\d+)?", "<source>", text)
     text = _SOURCE_REF.sub(lambda m: m.group() if "test" in m.group().rsplit("/", 1)[-1] else "<source>", text)
+    text = re.sub(r'<source>"?,? line \d+', "<source>", text)
     lines = text.strip().splitlines()[:MAX_MESSAGE_LINES]
     text = "\n".join(lines)
     return text if len(text) <= MAX_MESSAGE_CHARS else text[:MAX_MESSAGE_CHARS] + " ..."

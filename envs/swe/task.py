@@ -21,6 +21,7 @@ import json
 import shlex
 import shutil
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,7 +37,8 @@ class SweTask:
     """One task: the repository (`repo`, `version`, `sdist_sha256`, its image `image` and Dockerfile lines
     `repo_dockerfile`), what a fix may edit (`source_dir`), what pytest runs (`test_paths` minus `deselect`), the
     tests that must pass (`fail_to_pass`, `pass_to_pass`), the test files the agent does not see
-    (`hidden_tests`), the bug (`bug_patch`, `mutation`: teacher-only) and the statement (`instruction`)."""
+    (`hidden_tests`), the bug (`bug_patch`, `mutation`: teacher-only), the statement (`instruction`) and the
+    sha256 of each file the agent must not change (`protected`: visible tests, configuration; Harbor's check)."""
 
     name: str
     repo: str
@@ -53,6 +55,7 @@ class SweTask:
     bug_patch: str
     mutation: dict
     instruction: str
+    protected: Mapping[str, str] = field(default_factory=dict)
     difficulty: str = "medium"
     verifier_timeout_s: float = 300.0
     agent_timeout_s: float = 1800.0
@@ -153,9 +156,10 @@ def write_task(out_dir: str | Path, task: SweTask, hidden_files: dict[str, str])
     for script in (solve, test_sh):
         script.chmod(0o755)
     shutil.copyfile(GRADE_SOURCE, root / "tests" / "grade.py")
-    spec = {"fail_to_pass": list(task.fail_to_pass), "pass_to_pass": sorted(task.pass_to_pass),
+    spec = {"fail_to_pass": list(task.fail_to_pass), "pass_to_pass": list(task.pass_to_pass),
             "hidden_tests": list(task.hidden_tests), "test_paths": list(task.test_paths),
-            "deselect": list(task.deselect), "timeout_sec": task.verifier_timeout_s}
+            "deselect": list(task.deselect), "timeout_sec": task.verifier_timeout_s,
+            "protected": dict(sorted(task.protected.items()))}
     (root / "tests" / "spec.json").write_text(json.dumps(spec, indent=0) + "\n")
     for rel, text in sorted(hidden_files.items()):
         target = root / "tests" / "hidden" / rel
@@ -177,6 +181,8 @@ def load_task(path: str | Path) -> SweTask:
         raise InvalidInput(f"{toml_path}: no [metadata.swe] table: not a SWE task") from None
     try:
         p2p = swe["pass_to_pass"]
+        spec_path = root / "tests" / "spec.json"
+        verifier_spec = json.loads(spec_path.read_text()) if spec_path.exists() else {}
         if isinstance(p2p, dict):
             ids = json.loads((root / p2p["file"]).read_text())["pass_to_pass"]
             if len(ids) != p2p["count"] or _p2p_digest(ids) != p2p["sha256"]:
@@ -191,7 +197,7 @@ def load_task(path: str | Path) -> SweTask:
             source_dir=swe["source_dir"], test_paths=tuple(swe["test_paths"]), deselect=tuple(swe["deselect"]),
             fail_to_pass=tuple(swe["fail_to_pass"]), pass_to_pass=tuple(ids), hidden_tests=tuple(swe["hidden_tests"]),
             bug_patch=(root / "environment" / "bug.patch").read_text(), mutation=dict(swe.get("mutation", {})),
-            instruction=(root / "instruction.md").read_text(),
+            instruction=(root / "instruction.md").read_text(), protected=verifier_spec.get("protected", {}),
             difficulty=config["metadata"].get("difficulty", "medium"),
             verifier_timeout_s=float(config.get("verifier", {}).get("timeout_sec", 300.0)),
             agent_timeout_s=float(config.get("agent", {}).get("timeout_sec", 1800.0)),
