@@ -72,41 +72,44 @@ class RepoBuild:
     records: list[dict] = field(default_factory=list)
 
 
-async def run_suite(ws, targets, deselect, *, timeout_s: float, user: str | None = None) -> SuiteRun:
-    """Run pytest on `targets` in a workspace and read its JUnit report host-side."""
+async def run_suite(ws, targets, deselect, *, timeout_s: float, files=(), user: str | None = None) -> SuiteRun:
+    """Run pytest on `targets` in a workspace and read its JUnit report host-side (`files`: the suite's test files,
+    for node ids)."""
     junit = f"/tmp/junit-{time.monotonic_ns()}.xml"
     t = time.monotonic()
     res = await ws.exec(grade.pytest_argv(targets, deselect, junit), cwd=WORKDIR, env=grade.PYTEST_ENV, user=user,
                         timeout_s=timeout_s)
     seconds = time.monotonic() - t
-    if res.status == "timeout":
-        return SuiteRun({}, None, "timeout", seconds)
+    if res.status in ("timeout", "memory"):
+        return SuiteRun({}, None, res.status, seconds)
     try:
-        outcomes = grade.parse_junit(await ws.read_file(junit))
+        outcomes = grade.parse_junit(await ws.read_file(junit), files)
         await ws.exec(["rm", "-f", junit])
     except (FileNotFoundError, grade.ET.ParseError) as e:
-        detail = f"{type(e).__name__}; exit {res.exit_code} ({res.status}): {(res.stderr or res.stdout)[-300:]}"
-        return SuiteRun({}, res.exit_code, f"no report ({detail})", seconds)
+        tail = " ".join((res.stderr or res.stdout).split())[-200:]
+        return SuiteRun({}, res.exit_code, f"no report ({type(e).__name__}; pytest exited {res.exit_code}: {tail})",
+                        seconds)
     return SuiteRun(outcomes, res.exit_code, "ok", seconds)
 
 
-async def _clean_run(ws, targets, deselect) -> SuiteRun:
+async def _clean_run(ws, targets, deselect, files) -> SuiteRun:
     """The suite on the clean code; a run without a report is tried again (twice) before the build gives up."""
     for _ in range(3):
-        run = await run_suite(ws, targets, deselect, timeout_s=900)
+        run = await run_suite(ws, targets, deselect, timeout_s=900, files=files)
         if run.status == "ok":
             return run
     raise RuntimeError(f"the clean suite did not run: {run.status}")
 
 
 def _public_names(sources: dict[str, str], spec: RepoSpec) -> set[str]:
+    """The package's public module-level functions and classes (what a statement may name a test's subject)."""
     import ast
 
     names: set[str] = set()
     for path, text in sources.items():
         if spec.is_source_path(path):
-            for node in ast.walk(ast.parse(text)):
-                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            for node in ast.parse(text).body:
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name[0] != "_":
                     names.add(node.name)
     return names
 
@@ -134,7 +137,9 @@ async def build_repo(spec: RepoSpec, config: BuildConfig, *, log: Callable[[str]
     try:
         targets = list(spec.test_dirs)
         deselect = list(spec.deselect)
-        clean = list(await asyncio.gather(*(_clean_run(workers[i % len(workers)], targets, deselect)
+        tree, _ = await read_watched(workers[0], spec)  # what the guard watches: sources, tests, configuration
+        files = sorted(p for p in tree if p.endswith(".py") and spec.is_test_path(p))
+        clean = list(await asyncio.gather(*(_clean_run(workers[i % len(workers)], targets, deselect, files)
                                             for i in range(2))))
         (a, b) = (clean[0].outcomes, clean[1].outcomes)
         flaky = sorted(t for t in set(a) | set(b) if a.get(t, ("missing",))[0] != b.get(t, ("missing",))[0])
@@ -143,7 +148,6 @@ async def build_repo(spec: RepoSpec, config: BuildConfig, *, log: Callable[[str]
         deselect += [t for t in flaky + failing if "::" in t]
         clean_s = max(r.seconds for r in clean)
         timeout_s = max(60.0, 4 * clean_s + 30)
-        tree, _ = await read_watched(workers[0], spec)  # what the guard watches: sources, tests, configuration
         sources = {p: v.decode("utf-8") for p, v in tree.items() if isinstance(v, bytes) and p.endswith(".py")}
         names = _public_names(sources, spec)
         candidates = []
@@ -161,7 +165,7 @@ async def build_repo(spec: RepoSpec, config: BuildConfig, *, log: Callable[[str]
             f"({len(flaky)} flaky, {len(failing)} failing on clean), clean run {clean_s:.1f}s, "
             f"{len(candidates)} candidates, {len(ordered)} planned")
         verdicts = await _validate_all(spec, config, workers, ordered, sources, baseline, targets, deselect,
-                                       timeout_s, log)
+                                       timeout_s, log, files)
     finally:
         await asyncio.gather(*(w.close() for w in workers), return_exceptions=True)
     kind_cap = max(2, math.ceil(config.per_repo * config.max_kind_share))
@@ -186,7 +190,7 @@ async def build_repo(spec: RepoSpec, config: BuildConfig, *, log: Callable[[str]
     return out
 
 
-async def _validate_all(spec, config, workers, ordered, sources, baseline, targets, deselect, timeout_s, log):
+async def _validate_all(spec, config, workers, ordered, sources, baseline, targets, deselect, timeout_s, log, files):
     """Validate `ordered` candidates on the workers, stopping once enough are kept among the first ones."""
     verdicts: dict[int, dict] = {}
     kind_cap = max(2, math.ceil(config.per_repo * config.max_kind_share))
@@ -215,7 +219,7 @@ async def _validate_all(spec, config, workers, ordered, sources, baseline, targe
                 verdicts[i] = {"record": {"status": "rejected", "reason": "kind quota", "seconds": 0.0}}
                 continue
             verdicts[i] = await _validate(ws, spec, ordered[i], sources, baseline, targets, deselect, timeout_s,
-                                          config)
+                                          config, files)
             r = verdicts[i]["record"]
             log(f"  [{i}] {ordered[i].kind} {ordered[i].file}:{ordered[i].line} {ordered[i].function}: "
                 f"{r['status']}{'' if r['status'] == 'kept' else ' (' + r['reason'] + ')'} "
@@ -225,7 +229,7 @@ async def _validate_all(spec, config, workers, ordered, sources, baseline, targe
     return verdicts
 
 
-async def _validate(ws, spec, m: Mutation, sources, baseline, targets, deselect, timeout_s, config) -> dict:
+async def _validate(ws, spec, m: Mutation, sources, baseline, targets, deselect, timeout_s, config, files) -> dict:
     t = time.monotonic()
     original = sources[m.file]
     mutant = m.apply(original)
@@ -241,18 +245,20 @@ async def _validate(ws, spec, m: Mutation, sources, baseline, targets, deselect,
         return done("rejected", f"the guard would refuse the oracle: {problems.reason}")
     await ws.write_file(path, mutant)
     try:
-        run = await run_suite(ws, targets, deselect, timeout_s=timeout_s)
+        run = await run_suite(ws, targets, deselect, timeout_s=timeout_s, files=files)
         if run.status != "ok":
-            return done("rejected", "the suite timed out" if run.status == "timeout" else run.status)
+            why = {"timeout": "the suite timed out", "memory": f"the suite ran out of memory ({config.memory_mb} MB)"}
+            return done("rejected", why.get(run.status, run.status))
         f2p = [t for t in baseline if run.outcomes.get(t, (grade.MISSING, ""))[0] != grade.PASSED]
         if not f2p:
             return done("rejected", "no test fails", run_s=round(run.seconds, 2))
         if len(f2p) > config.max_fail_to_pass:
             return done("rejected", f"breaks too much ({len(f2p)} tests fail)", fail_to_pass=len(f2p))
-        again = await run_suite(ws, f2p, (), timeout_s=timeout_s)
-        still = [t for t in f2p if again.outcomes.get(t, (grade.MISSING, ""))[0] != grade.PASSED]
-        if again.status != "ok" or len(still) != len(f2p):
-            return done("rejected", f"flaky: {len(f2p) - len(still)} of {len(f2p)} FAIL_TO_PASS tests pass alone",
+        again = await run_suite(ws, f2p, (), timeout_s=timeout_s, files=files)
+        passing = [t for t in f2p if again.outcomes.get(t, (grade.MISSING, ""))[0] == grade.PASSED]
+        if again.status != "ok" or passing or not again.outcomes:
+            return done("rejected", f"flaky: {len(passing)} of {len(f2p)} FAIL_TO_PASS tests pass when run alone"
+                        if again.status == "ok" else f"the FAIL_TO_PASS tests alone: {again.status}",
                         fail_to_pass=len(f2p))
     finally:
         await ws.write_file(path, original)
@@ -263,7 +269,10 @@ async def _validate(ws, spec, m: Mutation, sources, baseline, targets, deselect,
 
 
 def _hidden_files(spec: RepoSpec, f2p: list[str]) -> list[str]:
-    return sorted({t.split("::", 1)[0] for t in f2p if t.split("::", 1)[0].endswith(".py")})
+    hidden = grade.test_files(f2p)
+    if len(hidden) != len({t.split("::", 1)[0] for t in f2p}):
+        raise RuntimeError(f"{spec.name}: FAIL_TO_PASS ids that name no test file: {f2p}")
+    return hidden
 
 
 def _make_task(spec, image, m: Mutation, sources, v, baseline, deselect, names, config, tree):
@@ -282,7 +291,8 @@ def _make_task(spec, image, m: Mutation, sources, v, baseline, deselect, names, 
         hidden_tests=tuple(hidden), bug_patch=patch,
         mutation={"kind": m.kind, "file": m.file, "line": m.line, "function": m.function,
                   "description": m.description},
-        instruction=statement, protected=protected, difficulty=_difficulty(len(f2p)), cpus=config.cpus, memory_mb=config.memory_mb)
+        instruction=statement, protected=protected, difficulty=_difficulty(len(f2p)), cpus=config.cpus,
+        memory_mb=config.memory_mb)
     return task, {h: sources[h] for h in hidden}
 
 

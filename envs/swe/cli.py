@@ -64,7 +64,8 @@ def swe_check(tasks: str = typer.Argument(..., help="a task folder, or a folder 
     for folder in folders:
         report = asyncio.run(check_task(folder, keep_image=keep_images))
         failed += not report["ok"]
+        why = "" if report["ok"] else ": " + report["why"]
         typer.echo(f"{'ok  ' if report['ok'] else 'FAIL'} {folder.name}: nop {report['nop']}, oracle "
-                   f"{report['oracle']} ({report['reward_s']:.1f}s per reward){'' if report['ok'] else ': ' + report['why']}")
+                   f"{report['oracle']} ({report['reward_s']:.1f}s per reward){why}")
     if failed:
         raise typer.Exit(1)

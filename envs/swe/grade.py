@@ -39,11 +39,22 @@ def pytest_argv(targets, deselect=(), junit="/tmp/junit.xml", python="python"):
     return argv + list(targets)
 
 
-def node_id(file, classname, name):
-    """A pytest node id from an xunit1 <testcase> (pytest writes classname = the node id's path, dotted)."""
+def _dotted(path):
+    return re.sub(r"\.py$", "", path.replace("/", "."))
+
+
+def node_id(file, classname, name, files=()):
+    """A pytest node id from an xunit1 <testcase>. pytest writes classname = the node id's path, dotted, and file =
+    where the test function is defined, which for a test inherited from a mixin is another file: so the test
+    files of the suite (`files`) are matched first, the longest dotted path that prefixes classname winning."""
+    for candidate in sorted(files, key=len, reverse=True):
+        module = _dotted(candidate)
+        if classname == module or classname.startswith(module + "."):
+            rest = classname[len(module) + 1:]
+            return "::".join([candidate, *(rest.split(".") if rest else []), name])
     if not file:
         return f"{classname}::{name}" if classname else name
-    module = re.sub(r"\.py$", "", file.replace("/", "."))
+    module = _dotted(file)
     if classname == module:
         rest = []
     elif classname.startswith(module + "."):
@@ -53,14 +64,15 @@ def node_id(file, classname, name):
     return "::".join([file, *rest, name])
 
 
-def parse_junit(data):
-    """{node id: (outcome, message)} of a pytest JUnit XML report (xunit1); a test reported twice (an error in its
-    teardown) keeps its worst outcome."""
+def parse_junit(data, files=()):
+    """{node id: (outcome, message)} of a pytest JUnit XML report (xunit1); `files`: the suite's test files (see
+    `node_id`). A test reported twice (an error in its teardown) keeps its worst outcome."""
     root = ET.fromstring(data)
+    files = sorted(set(files))
     out = {}
     rank = {PASSED: 0, SKIPPED: 1, FAILED: 2, ERROR: 3}
     for case in root.iter("testcase"):
-        nid = node_id(case.get("file", ""), case.get("classname", ""), case.get("name", ""))
+        nid = node_id(case.get("file", ""), case.get("classname", ""), case.get("name", ""), files)
         outcome, message = PASSED, ""
         for child in case:
             tag = child.tag
@@ -71,6 +83,11 @@ def parse_junit(data):
         if nid not in out or rank[outcome] > rank[out[nid][0]]:
             out[nid] = (outcome, message)
     return out
+
+
+def test_files(node_ids):
+    """The test files named by node ids."""
+    return sorted({n.split("::", 1)[0] for n in node_ids if n.split("::", 1)[0].endswith(".py")})
 
 
 def grade(outcomes, fail_to_pass, pass_to_pass):
@@ -146,7 +163,7 @@ def main(argv=None):
                                   env={**os.environ, **PYTEST_ENV},
                                   timeout=args.timeout or spec.get("timeout_sec", 600))
         with open(junit, "rb") as f:
-            outcomes = parse_junit(f.read())
+            outcomes = parse_junit(f.read(), test_files(spec["fail_to_pass"] + spec["pass_to_pass"]))
         verdict = grade(outcomes, spec["fail_to_pass"], spec["pass_to_pass"])
         reward = int(verdict["resolved"] and proc.returncode == 0)
     except Exception as e:  # noqa: BLE001 - any failure is reward 0, with its reason

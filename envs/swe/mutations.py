@@ -3,13 +3,14 @@ site in one function, so a task's diff is a line or two and the rest of the file
 
 `find_mutations(path, source)` lists every candidate site of a file, in source order, for these kinds:
 
-- `flip_comparison`  a comparison operator at its boundary or negated: `<`→`<=`, `>=`→`>`, `==`→`!=`, `in`→`not in`
+- `flip_comparison`  a comparison at its boundary or negated: `<`→`<=`, `>=`→`>`, `==`→`!=`, `in`→`not in`
 - `off_by_one`       an integer literal ±1, a slice bound or a `range(...)` argument ±1
 - `drop_statement`   an assignment, augmented assignment or call statement deleted (the only one of a block: `pass`)
 - `swap_arguments`   two adjacent positional arguments of a call swapped
 - `wrong_default`    a parameter's default literal changed (an int ±1, a bool negated, a float doubled)
 - `invert_if`        the bodies of an `if ...: ... else: ...` swapped (the condition kept)
-- `change_operator`  a binary, boolean or augmented-assignment operator changed within its family (`+`↔`-`, `and`↔`or`)
+- `change_operator`  a binary, boolean or augmented-assignment operator changed within its family (`+`↔`-`,
+                     `and`↔`or`)
 
 `plan(mutations, seed=)` orders candidates for validation: each kind's sites shuffled by the seed, kinds taken in
 turn, at most `per_function` sites per function. The same sources and seed give the same plan (no hash

@@ -128,36 +128,24 @@ async def swe_reward(task: SweTask | str | Path, agent_ws, *, start_workspace: S
     built from the task's Dockerfile first if this host lacks it."""
     task = task if isinstance(task, SweTask) else load_task(task)
     spec = task.repo_spec()
-    start_workspace = start_workspace or _docker_start
     timings: dict[str, float] = {}
     t0 = time.monotonic()
-
-    def result(reward: float, status: str, reason: str, **kw) -> SweReward:
-        timings["total"] = round(time.monotonic() - t0, 4)
-        return SweReward(reward, status, reason, timings=dict(timings), **kw)
-
-    async def start_fresh():
-        t = time.monotonic()
-        await ensure_image(task.repo_dockerfile, task.image)
-        ws = await start_workspace(reward_workspace_spec(task))
-        timings["start"] = round(time.monotonic() - t, 4)
-        return ws
-
-    fresh_task = asyncio.create_task(start_fresh())
+    fresh_task = asyncio.create_task(_start_fresh(task, start_workspace, timings))
     fresh = None
     try:
         t = time.monotonic()
         try:
             agent_files, ignored = await read_watched(agent_ws, spec)
         except _TooBig as e:
-            return result(0.0, "refused", f"the agent's repository is too large to review: {e}")
+            return _result(t0, timings, 0.0, "refused", f"the agent's repository is too large to review: {e}")
         except Exception as e:  # noqa: BLE001 - a dead or broken workspace is reward 0 with its reason
-            return result(0.0, "error", f"could not read the agent's workspace: {type(e).__name__}: {e}")
+            return _result(t0, timings, 0.0, "error",
+                           f"could not read the agent's workspace: {type(e).__name__}: {e}")
         timings["read"] = round(time.monotonic() - t, 4)
         try:
             fresh = await fresh_task
         except Exception as e:  # noqa: BLE001
-            return result(0.0, "error", f"could not start a clean workspace from {task.image}: {e}")
+            return _result(t0, timings, 0.0, "error", f"could not start a clean workspace from {task.image}: {e}")
         t = time.monotonic()
         if task.image not in _clean_trees:  # repository images are immutable: read once per process
             clean_files, clean_other = await read_watched(fresh, spec)
@@ -167,38 +155,16 @@ async def swe_reward(task: SweTask | str | Path, agent_ws, *, start_workspace: S
         try:
             start = starting_files(task, clean)
         except PatchError as e:
-            return result(0.0, "error", f"the task's bug.patch does not apply to {task.image}: {e}")
+            return _result(t0, timings, 0.0, "error", f"the task's bug.patch does not apply to {task.image}: {e}")
         verdict = review(spec, start, agent_files, clean, ignored=tuple(ignored[:100]))
         timings["guard"] = round(time.monotonic() - t, 4)
         if not verdict.accepted:
-            return result(0.0, "refused", verdict.reason, ignored_files=verdict.ignored)
+            return _result(t0, timings, 0.0, "refused", verdict.reason, ignored_files=verdict.ignored)
         final = {p: v for p, v in start.items() if spec.is_source_path(p) and isinstance(v, bytes)}
         final.update({p: text.encode() for p, text in verdict.changed.items()})
-        carried = sorted(p for p, data in final.items() if data != clean.get(p))
-        for path in carried:
-            await fresh.write_file(posixpath.join(WORKDIR, path), final[path])
-        t = time.monotonic()
-        junit = f"/tmp/verdict-{secrets.token_hex(8)}.xml"
-        run = await fresh.exec(grade.pytest_argv(task.test_paths, task.deselect, junit), cwd=WORKDIR, user=user,
-                               env=grade.PYTEST_ENV, timeout_s=task.verifier_timeout_s)
-        timings["tests"] = round(time.monotonic() - t, 4)
-        kw = {"changed_files": tuple(sorted(verdict.changed)), "ignored_files": verdict.ignored,
-              "exit_code": run.exit_code}
-        if run.status == "timeout":
-            return result(0.0, "timeout", f"the tests ran past {task.verifier_timeout_s:g}s", **kw)
-        try:
-            outcomes = grade.parse_junit(await fresh.read_file(junit))
-        except FileNotFoundError:
-            return result(0.0, "unresolved", f"pytest wrote no report (exit code {run.exit_code}; "
-                                             f"{(run.stderr or run.stdout)[-300:].strip()})", **kw)
-        except grade.ET.ParseError as e:
-            return result(0.0, "unresolved", f"pytest's report does not parse: {e}", **kw)
-        g = grade.grade(outcomes, task.fail_to_pass, task.pass_to_pass)
-        tests = {**g["fail_to_pass"], **g["pass_to_pass_failed"]}
-        if g["resolved"] and run.exit_code == 0:
-            return result(1.0, "resolved", g["reason"], tests=tests, **kw)
-        reason = g["reason"] if not g["resolved"] else f"pytest exited {run.exit_code} although every test passed"
-        return result(0.0, "unresolved", reason, tests=tests, **kw)
+        carried = {p: data for p, data in final.items() if data != clean.get(p)}
+        return await _run_in(fresh, task, carried, user, t0, timings, changed_files=tuple(sorted(verdict.changed)),
+                             ignored_files=verdict.ignored)
     finally:
         if fresh is None:  # not cancelled: a start cut short could leave its container behind
             try:
@@ -207,3 +173,60 @@ async def swe_reward(task: SweTask | str | Path, agent_ws, *, start_workspace: S
                 fresh = None
         if fresh is not None:
             await fresh.close()
+
+
+async def run_hidden_tests(task: SweTask | str | Path, files: Mapping[str, bytes], *,
+                           start_workspace: StartWorkspace | None = None, user: str = TEST_USER) -> SweReward:
+    """The second half of `swe_reward` on its own: `files` (/repo-relative path -> content) written over a clean
+    copy of the repository in a fresh workspace, then FAIL_TO_PASS + PASS_TO_PASS graded. No guard: what the
+    clean copy alone stops (the tests that show a defence holds without the guard use it)."""
+    task = task if isinstance(task, SweTask) else load_task(task)
+    timings: dict[str, float] = {}
+    t0 = time.monotonic()
+    fresh = await _start_fresh(task, start_workspace, timings)
+    try:
+        return await _run_in(fresh, task, dict(files), user, t0, timings, changed_files=tuple(sorted(files)))
+    finally:
+        await fresh.close()
+
+
+async def _start_fresh(task: SweTask, start_workspace: StartWorkspace | None, timings: dict):
+    t = time.monotonic()
+    await ensure_image(task.repo_dockerfile, task.image)
+    ws = await (start_workspace or _docker_start)(reward_workspace_spec(task))
+    timings["start"] = round(time.monotonic() - t, 4)
+    return ws
+
+
+def _result(t0: float, timings: dict, reward: float, status: str, reason: str, **kw) -> SweReward:
+    timings["total"] = round(time.monotonic() - t0, 4)
+    return SweReward(reward, status, reason, timings=dict(timings), **kw)
+
+
+async def _run_in(fresh, task: SweTask, files: Mapping[str, bytes], user: str, t0: float, timings: dict,
+                  **kw) -> SweReward:
+    """Write `files` into the fresh workspace, run the tests as `user`, read the report host-side, grade it."""
+    for path, data in sorted(files.items()):
+        await fresh.write_file(posixpath.join(WORKDIR, path), data)
+    t = time.monotonic()
+    junit = f"/tmp/verdict-{secrets.token_hex(8)}.xml"
+    run = await fresh.exec(grade.pytest_argv(task.test_paths, task.deselect, junit), cwd=WORKDIR, user=user,
+                           env=grade.PYTEST_ENV, timeout_s=task.verifier_timeout_s)
+    timings["tests"] = round(time.monotonic() - t, 4)
+    kw["exit_code"] = run.exit_code
+    if run.status == "timeout":
+        return _result(t0, timings, 0.0, "timeout", f"the tests ran past {task.verifier_timeout_s:g}s", **kw)
+    try:
+        outcomes = grade.parse_junit(await fresh.read_file(junit),
+                                     grade.test_files([*task.fail_to_pass, *task.pass_to_pass]))
+    except FileNotFoundError:
+        return _result(t0, timings, 0.0, "unresolved", f"pytest wrote no report (exit code {run.exit_code}; "
+                                                       f"{(run.stderr or run.stdout)[-300:].strip()})", **kw)
+    except grade.ET.ParseError as e:
+        return _result(t0, timings, 0.0, "unresolved", f"pytest's report does not parse: {e}", **kw)
+    g = grade.grade(outcomes, task.fail_to_pass, task.pass_to_pass)
+    tests = {**g["fail_to_pass"], **g["pass_to_pass_failed"]}
+    if g["resolved"] and run.exit_code == 0:
+        return _result(t0, timings, 1.0, "resolved", g["reason"], tests=tests, **kw)
+    reason = g["reason"] if not g["resolved"] else f"pytest exited {run.exit_code} although every test passed"
+    return _result(t0, timings, 0.0, "unresolved", reason, tests=tests, **kw)
