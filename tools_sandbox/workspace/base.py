@@ -16,7 +16,7 @@ import posixpath
 import shlex
 import tarfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import ClassVar
 
@@ -55,9 +55,10 @@ class Workspace(abc.ABC):
     def __init__(self, spec: WorkspaceSpec, *, workspace_id: str):
         self.spec, self.id = spec, workspace_id
         self._agent: AgentConnection | None = None
-        self._closed = False
+        self._closed = self._stopped = False
         self._dead: str | None = None  # why the workspace died, once it has
         self._users: dict[str, tuple[int, int]] = {}
+        self._cleanups: list[Callable[[], Awaitable[None]]] = []  # run once the backend has stopped
         self.started_at = time.monotonic()
 
     # --- backends implement these -------------------------------------------------------------------------
@@ -245,13 +246,31 @@ class Workspace(abc.ABC):
         answer = await self._call("killall", 30.0)
         return answer["killed"]
 
+    async def kill(self, reason: str) -> None:
+        """Stop the workspace now (a limit was hit); later calls raise `WorkspaceError` naming `reason`."""
+        self.mark_dead(reason)
+        await self._stop_once()
+
     async def close(self) -> None:
         if self._closed:
             return
         self._closed = True
         if self._agent is not None:
             self._agent.close()
-        await self._stop()
+        await self._stop_once()
+
+    async def _stop_once(self) -> None:
+        if not self._stopped:
+            self._stopped = True
+            try:
+                await self._stop()
+            finally:
+                for cleanup in self._cleanups:
+                    await cleanup()
+
+    def on_stop(self, cleanup: Callable[[], Awaitable[None]]) -> None:
+        """Run `await cleanup()` once the workspace has stopped (shared resources it held: networks, proxies)."""
+        self._cleanups.append(cleanup)
 
     async def __aenter__(self) -> Workspace:
         return self

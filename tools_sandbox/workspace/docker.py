@@ -233,7 +233,7 @@ def reap(client=None, *, run_id: str | None = None, all_owners: bool = False) ->
     """Remove workspace containers and snapshot images whose owner process is gone (all of one run with `run_id`,
     all of them with `all_owners`); returns how many of each were removed. Safe beside live runs."""
     client = client or docker_client()
-    removed = {"containers": 0, "images": 0}
+    removed = {"containers": 0, "images": 0, "networks": 0}
 
     def stale(labels: dict[str, Any]) -> bool:
         if all_owners:
@@ -257,4 +257,11 @@ def reap(client=None, *, run_id: str | None = None, all_owners: bool = False) ->
                     removed["images"] += 1
                 except Exception:  # noqa: BLE001
                     pass
+    for net in client.networks.list(filters={"label": f"{LABEL}=network"}):
+        if stale(net.attrs.get("Labels") or {}):
+            try:
+                net.remove()
+                removed["networks"] += 1
+            except Exception:  # noqa: BLE001 - still in use, or gone
+                pass
     return removed
