@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import errno
 import io
 import os
 import posixpath
@@ -40,7 +41,8 @@ class Workspace(abc.ABC):
       shell string (run by `/bin/sh -c`) or an argv list. Never raises for anything the command does: a
       non-zero exit is status `error`, the timeout `timeout` (the command's process group is killed), output
       past the limit `output_limit` (killed, output cut), the memory limit `memory`. stdout and stderr come
-      apart. A dead workspace (killed, wall time over, agent gone) raises `WorkspaceError`.
+      apart. What the command started in the background ends with it unless `detach=True`. A dead workspace
+      (killed, wall time over, agent gone) raises `WorkspaceError`.
     - `read_file` / `write_file` / `list_dir`: files by absolute path (relative paths are under the workdir);
       `FileNotFoundError`, `IsADirectoryError`, `PermissionError` as for local files.
     - `upload(local, remote)` / `download(remote, local)`: a file or a whole folder.
@@ -59,6 +61,7 @@ class Workspace(abc.ABC):
         self._dead: str | None = None  # why the workspace died, once it has
         self._users: dict[str, tuple[int, int]] = {}
         self._cleanups: list[Callable[[], Awaitable[None]]] = []  # run once the backend has stopped
+        self._oom_seen = 0  # the cgroup's OOM-kill count when last read (set once the agent is up)
         self.started_at = time.monotonic()
 
     # --- backends implement these -------------------------------------------------------------------------
@@ -118,7 +121,7 @@ class Workspace(abc.ABC):
 
     async def exec(self, command: str | Sequence[str], *, timeout_s: float = DEFAULT_TIMEOUT_S, cwd: str | None = None,
                    env: Mapping[str, str] | None = None, user: str | int | None = None, stdin: bytes | str = b"",
-                   output_limit_bytes: int = DEFAULT_OUTPUT_LIMIT) -> ExecResult:
+                   output_limit_bytes: int = DEFAULT_OUTPUT_LIMIT, detach: bool = False) -> ExecResult:
         if isinstance(command, str):
             argv = ["/bin/sh", "-c", command]
         else:
@@ -136,10 +139,12 @@ class Workspace(abc.ABC):
         answer = await self._call(
             "exec", timeout_s + GRACE_S, argv=argv, env={**self.spec.env, **(env or {})},
             cwd=self._path(cwd) if cwd else self.workdir, stdin=stdin.encode() if isinstance(stdin, str) else stdin,
-            timeout_ms=int(timeout_s * 1000), output_limit=output_limit_bytes, uid=uid, gid=gid)
+            timeout_ms=int(timeout_s * 1000), output_limit=output_limit_bytes, uid=uid, gid=gid, detach=detach)
         if "errno" in answer:
-            return ExecResult(status="sandbox_error", backend=self.backend,
-                              reason=f"the workspace could not start the command: {os.strerror(answer['errno'])}")
+            reason = f"the workspace could not start the command: {os.strerror(answer['errno'])}"
+            if answer["errno"] == errno.EAGAIN:
+                reason += f" (its process limit of {self.spec.limits.pids} is used up; kill_processes() frees it)"
+            return ExecResult(status="sandbox_error", backend=self.backend, reason=reason)
         if answer.get("spawn_error"):
             return ExecResult(status="error", exit_code=127, stderr=answer["spawn_error"], backend=self.backend,
                               reason=answer["spawn_error"])
@@ -147,13 +152,34 @@ class Workspace(abc.ABC):
                                   output_exceeded=answer["output_exceeded"], oom=False,
                                   stderr=answer["stderr"].decode("utf-8", "replace"), timeout_s=timeout_s,
                                   memory_mb=self.spec.limits.memory_mb, output_limit_bytes=output_limit_bytes)
-        if status == "error" and answer["exit_code"] == -9 and not answer["timed_out"]:
-            status, reason = "memory", f"killed by SIGKILL (the workspace's memory limit of " \
-                                       f"{self.spec.limits.memory_mb} MB, or a kill from inside)"
+        if status == "error" and answer["exit_code"] in (-9, 137) and await self._oom_killed():
+            status, reason = "memory", f"the workspace's memory limit of {self.spec.limits.memory_mb} MB was hit " \
+                                       f"(the kernel killed a process)"
         return ExecResult(status=status, exit_code=answer["exit_code"],
                           stdout=answer["stdout"].decode("utf-8", "replace"),
                           stderr=answer["stderr"].decode("utf-8", "replace"), duration_s=answer["duration_s"],
                           truncated=answer["output_exceeded"], reason=reason, backend=self.backend)
+
+    async def _oom_count(self) -> int | None:
+        """The workspace cgroup's OOM-kill count (v2 `memory.events`, v1 `memory.oom_control`), None if unreadable."""
+        for path in ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control"):
+            try:
+                text = (await self.read_file(path)).decode()
+            except OSError:
+                continue
+            for line in text.splitlines():
+                key, _, value = line.partition(" ")
+                if key == "oom_kill" and value.strip().isdigit():
+                    return int(value)
+        return None
+
+    async def _oom_killed(self) -> bool:
+        """Whether the kernel's OOM killer struck since the last look (commands killed by SIGKILL ask)."""
+        count = await self._oom_count()
+        if count is None or count <= self._oom_seen:
+            return False
+        self._oom_seen = count
+        return True
 
     async def read_file(self, path: str, *, max_bytes: int = MAX_FILE_BYTES) -> bytes:
         answer = await self._call("read", 60.0, path=self._path(path), max_bytes=max_bytes)
@@ -315,13 +341,11 @@ class Workspace(abc.ABC):
 
 
 def _raise_errno(answer: dict, path: str) -> None:
-    errno_ = answer.get("errno")
-    if errno_:
-        raise OSError(errno_, os.strerror(errno_), path) if errno_ not in _ERRORS else _ERRORS[errno_](
-            errno_, os.strerror(errno_), path)
+    """The OSError subclass a local file operation would raise for the agent's errno, naming `path`."""
+    code = answer.get("errno")
+    if code:
+        raise _ERRORS.get(code, OSError)(code, os.strerror(code), path)
 
 
-import errno as _errno  # noqa: E402
-
-_ERRORS = {_errno.ENOENT: FileNotFoundError, _errno.EISDIR: IsADirectoryError, _errno.ENOTDIR: NotADirectoryError,
-           _errno.EACCES: PermissionError, _errno.EPERM: PermissionError, _errno.EEXIST: FileExistsError}
+_ERRORS = {errno.ENOENT: FileNotFoundError, errno.EISDIR: IsADirectoryError, errno.ENOTDIR: NotADirectoryError,
+           errno.EACCES: PermissionError, errno.EPERM: PermissionError, errno.EEXIST: FileExistsError}

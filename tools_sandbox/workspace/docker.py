@@ -125,6 +125,7 @@ class DockerWorkspace(Workspace):
         try:
             self._agent = await self._connect(sock)
             await self._agent.ready(timeout_s=60.0)
+            self._oom_seen = await self._oom_count() or 0
         except BaseException as e:
             await asyncio.to_thread(_remove, self.container)
             if isinstance(e, Exception):
