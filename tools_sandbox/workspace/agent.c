@@ -25,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/types.h>
@@ -374,9 +375,22 @@ static void close_fd(int *fd) {
     *fd = -1;
 }
 
+static void reap(void);
+
+/* SIGKILL a process group until it is gone: members in the middle of a fork when one signal lands (a fork bomb)
+ * would otherwise survive it. */
+static void kill_group_fully(pid_t pgid) {
+    for (int round = 0; round < 200; round++) {
+        if (kill(-pgid, SIGKILL) != 0 && errno == ESRCH) return;
+        reap();
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+}
+
 static void finish(child_t *c) {
     /* What the command left running in its process group ends with it, unless it asked to stay (detach). */
-    if (!c->detach) kill(-c->pid, SIGKILL);
+    if (!c->detach) kill_group_fully(c->pid);
     buf_t b = {0};
     int64_t code = WIFEXITED(c->status) ? WEXITSTATUS(c->status) : WIFSIGNALED(c->status) ? -WTERMSIG(c->status) : -1;
     field_i64(&b, T_EXIT, code);
@@ -603,6 +617,8 @@ static void shutdown_all(void) {
 
 int main(void) {
     signal(SIGPIPE, SIG_IGN);
+    /* Orphans of commands come to us (not only when we are pid 1), so their zombies are reaped here. */
+    prctl(PR_SET_CHILD_SUBREAPER, 1);
     signal(SIGTERM, SIG_DFL);
     if (pipe2(sig_pipe, O_CLOEXEC | O_NONBLOCK) != 0) return 71;
     struct sigaction sa;

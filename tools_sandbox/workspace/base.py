@@ -14,7 +14,6 @@ import errno
 import io
 import os
 import posixpath
-import shlex
 import tarfile
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -46,7 +45,7 @@ class Workspace(abc.ABC):
     - `read_file` / `write_file` / `list_dir`: files by absolute path (relative paths are under the workdir);
       `FileNotFoundError`, `IsADirectoryError`, `PermissionError` as for local files.
     - `upload(local, remote)` / `download(remote, local)`: a file or a whole folder.
-    - `apply_diff(diff, cwd=)`: a unified diff applied with `git apply` (or `patch -p1`) in the workspace.
+    - `apply_diff(diff, cwd=)`: a unified diff applied strictly, from the host (no git needed in the image).
     - `snapshot() -> id` and `restore(id)`: the file system as it was (processes are not kept).
     - `kill_processes()`: kill every process but the workspace's own agent (before a verifier runs).
     - `close()`: remove the workspace and all it holds; idempotent.
@@ -244,16 +243,34 @@ class Workspace(abc.ABC):
                 info.size, info.mode = len(data), e.mode & 0o7777
                 tar.addfile(info, io.BytesIO(data))
 
-    async def apply_diff(self, diff: str, *, cwd: str | None = None, timeout_s: float = 60.0) -> ExecResult:
-        """Apply a unified diff in `cwd` (default: the workdir) with `git apply`, else `patch -p1`."""
-        name = f"/tmp/.slime_env-{os.urandom(6).hex()}.diff"
-        await self.write_file(name, diff)
-        q = shlex.quote(name)
-        script = (f"if command -v git >/dev/null 2>&1; then git apply --whitespace=nowarn {q}; "
-                  f"elif command -v patch >/dev/null 2>&1; then patch -p1 --batch --forward < {q}; "
-                  f"else echo 'neither git nor patch is installed in the workspace' >&2; exit 127; fi; "
-                  f"rc=$?; rm -f {q}; exit $rc")
-        return await self.exec(script, cwd=cwd, timeout_s=timeout_s, user=0)
+    async def apply_diff(self, diff: str, *, cwd: str | None = None) -> list[str]:
+        """Apply a unified diff to the files under `cwd` (default: the workdir), strictly (`diffs.DiffError` names
+        the file and hunk that does not match; nothing is written then); returns the paths changed."""
+        from slime_env.tools_sandbox.workspace.diffs import apply_unified_diff
+
+        root = self._path(cwd) if cwd else self.workdir
+
+        async def read(path: str) -> bytes | None:
+            try:
+                return await self.read_file(posixpath.join(root, path))
+            except FileNotFoundError:
+                return None
+
+        async def write(path: str, data: bytes) -> None:
+            full = posixpath.join(root, path)
+            try:
+                mode = next(e.mode for e in await self.list_dir(posixpath.dirname(full))
+                            if e.name == posixpath.basename(full)) & 0o7777
+            except (FileNotFoundError, NotADirectoryError, StopIteration):
+                mode = 0o644
+            await self.write_file(full, data, mode=mode)
+
+        async def delete(path: str) -> None:
+            result = await self.exec(["rm", "-f", "--", posixpath.join(root, path)], user=0)
+            if not result.ok:
+                raise OSError(f"removing {path}: {result.stderr.strip() or result.reason}")
+
+        return await apply_unified_diff(diff, read=read, write=write, delete=delete)
 
     async def snapshot(self) -> str:
         """Keep the file system as it is now; returns an id for `restore`."""

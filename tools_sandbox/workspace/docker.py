@@ -217,8 +217,8 @@ class DockerWorkspace(Workspace):
     def size_rw(self) -> int | None:
         """Bytes this workspace has written to its file system (Docker's `SizeRw`), or None if unknown."""
         try:
-            info = self.client.api.inspect_container(self.container.id, size=True)
-        except Exception:  # noqa: BLE001
+            (info,) = self.client.api.containers(all=True, filters={"id": self.container.id}, size=True)
+        except Exception:  # noqa: BLE001 - gone, or the engine is busy: the next round asks again
             return None
         return info.get("SizeRw")
 

@@ -3,7 +3,7 @@
 `acquire(spec)` hands out a warm workspace of an equal spec (`WorkspaceSpec.pool_key`) when there is one, else
 starts one; either way the pool then starts replacements in the background until `warm` are ready for that spec.
 A workspace is used once: `release(ws)` closes it (a used workspace is never handed out again). Warm workspaces of
-a spec nobody asked for within `idle_timeout_s` are closed. At most `max_open` workspaces exist at once (warm ones
+a spec nobody asked for within `idle_timeout_s` are closed. The first `acquire` removes what killed runs left behind. At most `max_open` workspaces exist at once (warm ones
 included; a warm one of another spec is closed to make room). Its wall time counts from `acquire`.
 """
 
@@ -17,6 +17,18 @@ from slime_env.tools_sandbox.workspace.base import Workspace
 from slime_env.tools_sandbox.workspace.open import open_workspace
 from slime_env.tools_sandbox.workspace.types import WorkspaceError, WorkspaceSpec
 from slime_env.tools_sandbox.workspace.watchdog import Watchdog
+
+
+def reap_stale(backend: str, client=None) -> None:
+    """Remove the workspaces of owners that are gone (a run killed with -9 left them)."""
+    if backend == "docker":
+        from slime_env.tools_sandbox.workspace.docker import reap
+
+        reap(client)
+    elif backend == "bwrap":
+        from slime_env.tools_sandbox.workspace.bwrap import reap_folders
+
+        reap_folders()
 
 
 class WorkspacePool:
@@ -52,6 +64,7 @@ class WorkspacePool:
         self._room = self._room or asyncio.Condition()
         if self._janitor is None:
             self._janitor = asyncio.get_running_loop().create_task(self._sweep())
+            await asyncio.to_thread(reap_stale, self.backend, self.client)  # what killed runs left behind
         while True:
             ready = self._ready[key]
             while ready:
