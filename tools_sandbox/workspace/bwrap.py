@@ -11,6 +11,7 @@ process-count limits. Needs root (the overlay mount). Not here: a CPU quota and 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import itertools
 import json
 import os
@@ -27,6 +28,14 @@ from slime_env.tools_sandbox.workspace.protocol import AgentConnection
 from slime_env.tools_sandbox.workspace.types import WorkspaceError, WorkspaceSpec
 
 WORK_PREFIX = "slime_env-ws-"
+_LIVE_DIRS: set[Path] = set()  # folders of this process's workspaces: removed at exit (their mounts die with us)
+
+
+@atexit.register
+def _remove_live() -> None:
+    for d in list(_LIVE_DIRS):
+        shutil.rmtree(d, ignore_errors=True)
+    _LIVE_DIRS.clear()
 # What a root process inside keeps (Docker's default set, less raw sockets and device nodes).
 CAPS = ("CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_FSETID", "CAP_KILL", "CAP_SETGID", "CAP_SETUID",
         "CAP_SETPCAP", "CAP_NET_BIND_SERVICE", "CAP_SETFCAP")
@@ -129,6 +138,7 @@ class BwrapWorkspace(Workspace):
         ws = cls(spec, run_id=run_id, image=image)
         for sub in ("upper", "work", "merged", "snapshots"):
             (ws.dir / sub).mkdir(parents=True)
+        _LIVE_DIRS.add(ws.dir)
         from slime_env.tools_sandbox.workspace.docker import owner_id
 
         (ws.dir / "owner.json").write_text(json.dumps({"owner": owner_id(), "run": run_id, "image": spec.image}))
@@ -211,6 +221,7 @@ class BwrapWorkspace(Workspace):
     async def _stop(self) -> None:
         await self._kill_process()
         await asyncio.to_thread(shutil.rmtree, self.dir, True)
+        _LIVE_DIRS.discard(self.dir)
 
     async def _snapshot(self) -> str:
         name = f"{len(self.snapshots) + 1}"

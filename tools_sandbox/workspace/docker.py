@@ -11,6 +11,7 @@ its owner process (host, pid and start time): `reap()` removes those whose owner
 from __future__ import annotations
 
 import asyncio
+import atexit
 import itertools
 import os
 import socket
@@ -29,6 +30,14 @@ RUN_LABEL = "slime_env.workspace.run"
 SNAPSHOT_REPO = "slime-env-snapshot"
 AGENT_PATH = "/.slime_env/agent"
 DROPPED_CAPS = ["NET_RAW", "MKNOD", "AUDIT_WRITE", "SYS_CHROOT"]
+_LIVE: dict[str, Any] = {}  # containers of this process not removed yet: removed at exit, whatever else happens
+
+
+@atexit.register
+def _remove_live() -> None:
+    for container in list(_LIVE.values()):
+        _remove(container)
+    _LIVE.clear()
 
 
 def owner_id(pid: int | None = None) -> str:
@@ -146,6 +155,7 @@ class DockerWorkspace(Workspace):
             pids_limit=limits.pids, cap_drop=DROPPED_CAPS, security_opt=["no-new-privileges"],
             mounts=[docker.types.Mount(target=AGENT_PATH, source=str(agent_binary()), type="bind", read_only=True)],
             labels={LABEL: "1", OWNER_LABEL: owner_id(), RUN_LABEL: self.run_id, f"{LABEL}.id": self.id})
+        _LIVE[container.id] = container
         try:
             sock = container.attach_socket(params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
             container.start()
@@ -224,6 +234,7 @@ class DockerWorkspace(Workspace):
 
 
 def _remove(container) -> None:
+    _LIVE.pop(container.id, None)
     try:
         container.remove(force=True)
     except Exception:  # noqa: BLE001 - already gone

@@ -175,3 +175,18 @@ class WorkspacePool:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+_shared: dict[tuple, WorkspacePool] = {}
+
+
+def shared_pool(backend: str = "docker", *, warm: int = 2) -> WorkspacePool:
+    """The process's pool for `backend` in the running event loop (envs that make a workspace per episode share it;
+    what it holds is removed at exit)."""
+    key = (asyncio.get_running_loop(), backend)
+    pool = _shared.get(key)
+    if pool is None or pool._closed:
+        for stale in [k for k in _shared if k[0].is_closed()]:
+            del _shared[stale]
+        pool = _shared[key] = WorkspacePool(backend=backend, warm=warm)
+    return pool
