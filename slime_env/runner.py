@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import itertools
 import os
 import secrets
@@ -16,7 +15,7 @@ from slime_env.env import Env
 from slime_env.errors import InvalidInput
 from slime_env.ledger import TokenLedger
 from slime_env.parsers import get_parser
-from slime_env.parsers.prompts import tool_prompt
+from slime_env.parsers.prompts import tool_prompt, with_system_section
 from slime_env.policy import Policy
 from slime_env.renderers.template import TemplateRenderer, VerifiedPrefix
 from slime_env.trajectory import Trajectory
@@ -408,10 +407,3 @@ class _Episode:
                       "parse_errors": self.parse_errors,
                       "resumed": self.resumed})
 
-
-def with_system_section(messages: list[Message], section: str) -> list[Message]:
-    """`messages` with `section` after the system message's text (a system message of its own if there is none)."""
-    if messages and messages[0].role == "system":
-        first = messages[0]
-        return [dataclasses.replace(first, content=f"{first.content}\n\n{section}"), *messages[1:]]
-    return [Message("system", section), *messages]

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slime_env.ledger import TokenLedger
+from slime_env.parsers.prompts import tool_prompt, with_system_section
 from slime_env.renderers.template import VerifiedPrefix
 from slime_env.types import Generation, Message
 
@@ -124,7 +125,7 @@ class Branch:
     """One linear conversation of a session and its ledger."""
 
     index: int
-    tools: list[dict[str, Any]] | None
+    tools: list[dict[str, Any]] | None  # as the agent sent them
     messages: list[dict[str, Any]]  # canonical, as the agent sees them (our replies included)
     history: list[Message]  # as the renderer sees them (our replies as the text the model generated)
     ledger: TokenLedger
@@ -136,6 +137,7 @@ class Branch:
     busy: bool = False
     history_rewrites: list[str] = field(default_factory=list)
     verified: VerifiedPrefix = field(default_factory=VerifiedPrefix)  # strict mode's proved prefix of the ledger
+    template_tools: list[dict[str, Any]] | None = None  # what the chat template gets (None: in the system message)
 
 
 @dataclass
@@ -158,8 +160,9 @@ class Conversation:
     `parser`: the family's tool-call parser (`slime_env.parsers`) or None; `strict` checks every bridge against a
     full render and raises `RenderMismatch` on any difference."""
 
-    def __init__(self, renderer: Any, parser: Any = None, *, strict: bool = False):
+    def __init__(self, renderer: Any, parser: Any = None, *, strict: bool = False, parser_name: str | None = None):
         self.renderer, self.parser, self.strict = renderer, parser, strict
+        self.parser_name = parser_name
         self.branches: list[Branch] = []
 
     def begin(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> Call:
@@ -176,16 +179,25 @@ class Conversation:
                 ids = b.ledger.ids + bridge
                 note, verified = None, VerifiedPrefix(b.verified.text, b.verified.ids)
                 if self.strict:  # the checks run before the engine is called: a mismatch records nothing
-                    note = self.renderer.check_full(b.history + obs, ids, tools=b.tools, verified=verified)
+                    note = self.renderer.check_full(b.history + obs, ids, tools=b.template_tools, verified=verified)
                     if note is not None:  # a known rewrite of history: the bridge is checked on its own
-                        self.renderer.check_bridge(b.history, b.last_ids, obs, bridge, tools=b.tools)
+                        self.renderer.check_bridge(b.history, b.last_ids, obs, bridge, tools=b.template_tools)
                 b.busy = True
                 return Call(b, ids, new, obs, bridge, rewrite=note, verified=verified)
         parent, shared, reason = self._closest(messages, tools)
         r = self.renderer
-        ids = r.encode(r.render_text([template_dict(m) for m in messages], tools=tools, add_generation_prompt=True))
-        b = Branch(len(self.branches), tools, list(messages), [self._history_message(m) for m in messages],
-                   TokenLedger(ids), parent=parent, fork_at=shared, reason=reason, busy=True)
+        history = [self._history_message(m) for m in messages]
+        template_tools = tools
+        if tools and not r.renders_tools:
+            # The template has no tool section: the model reads the tools in the system message, in the parser's own
+            # format (what the env side does too); the agent's messages stay as it sent them.
+            history = with_system_section(history, tool_prompt(self.parser_name, tools))
+            template_tools = None
+            ids = r.encode(r.render_text(history, tools=None, add_generation_prompt=True))
+        else:
+            ids = r.encode(r.render_text([template_dict(m) for m in messages], tools=tools, add_generation_prompt=True))
+        b = Branch(len(self.branches), tools, list(messages), history, TokenLedger(ids), parent=parent,
+                   fork_at=shared, reason=reason, busy=True, template_tools=template_tools)
         return Call(b, list(ids), [], [], [], created=True)
 
     def finish(self, call: Call, gen: Generation, latency_s: float) -> dict[str, Any]:

@@ -62,6 +62,7 @@ class Gateway:
         from slime_env.parsers import get_parser
 
         self.policy, self.renderer, self.parser = policy, renderer, get_parser(parser)
+        self.parser_name = parser if isinstance(parser, str) else None
         self.model, self.strict = model, strict
         self.max_new_tokens, self.max_context_tokens = max_new_tokens, max_context_tokens
         # "episode" seeds are the step runner's (one per episode and turn); here each call samples freshly
@@ -102,7 +103,7 @@ class Gateway:
         for sid in [s.id for s in self.sessions.values() if s.expires_at < now]:
             del self.sessions[sid]
         s = AgentSession(secrets.token_urlsafe(16), "sk-" + secrets.token_urlsafe(32),
-                         Conversation(self.renderer, self.parser, strict=self.strict),
+                         Conversation(self.renderer, self.parser, strict=self.strict, parser_name=self.parser_name),
                          Task.coerce(task if task is not None else ""),
                          expires_at=now + self.session_ttl_s)
         self.sessions[s.id] = s

@@ -7,10 +7,12 @@ models (hermes: Qwen2.5's template, verbatim), so the calls the model learns to 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable, Mapping, Sequence
 
 from slime_env.errors import InvalidInput
+from slime_env.types import Message
 
 
 def _functions(tools: Sequence[Mapping]) -> list[Mapping]:
@@ -62,3 +64,11 @@ def tool_prompt(parser: str | None, tools: Sequence[Mapping]) -> str:
         raise InvalidInput(f"the chat template renders no tools and parser {parser!r} has no tool section of its own "
                            f"(those that do: {sorted(TOOL_PROMPTS)}); describe the tools in the env's system prompt")
     return TOOL_PROMPTS[parser](list(tools))
+
+
+def with_system_section(messages: Sequence[Message], section: str) -> list[Message]:
+    """`messages` with `section` after the system message's text (a system message of its own if there is none)."""
+    if messages and messages[0].role == "system":
+        first = messages[0]
+        return [dataclasses.replace(first, content=f"{first.content}\n\n{section}"), *messages[1:]]
+    return [Message("system", section), *messages]
