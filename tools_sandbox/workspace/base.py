@@ -61,6 +61,7 @@ class Workspace(abc.ABC):
         self._users: dict[str, tuple[int, int]] = {}
         self._cleanups: list[Callable[[], Awaitable[None]]] = []  # run once the backend has stopped
         self._oom_seen = 0  # the cgroup's OOM-kill count when last read (set once the agent is up)
+        self.exec_s, self.commands = 0.0, 0  # time spent in commands, and how many ran (for metrics)
         self.started_at = time.monotonic()
 
     # --- backends implement these -------------------------------------------------------------------------
@@ -147,6 +148,8 @@ class Workspace(abc.ABC):
         if answer.get("spawn_error"):
             return ExecResult(status="error", exit_code=127, stderr=answer["spawn_error"], backend=self.backend,
                               reason=answer["spawn_error"])
+        self.exec_s += answer["duration_s"]
+        self.commands += 1
         status, reason = classify(exit_code=answer["exit_code"], timed_out=answer["timed_out"],
                                   output_exceeded=answer["output_exceeded"], oom=False,
                                   stderr=answer["stderr"].decode("utf-8", "replace"), timeout_s=timeout_s,
