@@ -100,6 +100,18 @@ class TemplateRenderer:
         self.__dict__.update(state)
         self._template = compile_template(self._source)
 
+    @property
+    def renders_tools(self) -> bool:
+        """Whether the chat template writes a `tools` list into the prompt (SmolLM2's, for one, does not)."""
+        if not hasattr(self, "_renders_tools"):
+            probe = [{"role": "user", "content": "hi"}]
+            tool = {"type": "function", "function": {"name": "probe_tool_7f3a", "description": "", "parameters": {}}}
+            try:
+                self._renders_tools = "probe_tool_7f3a" in self._render(probe, tools=[tool], add_generation_prompt=True)
+            except Exception:  # noqa: BLE001 - a template that fails on tools does not render them
+                self._renders_tools = False
+        return self._renders_tools
+
     # --- rendering -------------------------------------------------------------------------------
     def render_text(self, messages: Sequence[Message | Mapping[str, Any]], *, tools: Sequence[Mapping] | None = None,
                     add_generation_prompt: bool = True) -> str:

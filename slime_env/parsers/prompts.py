@@ -1,0 +1,64 @@
+"""Tool sections for templates that have none: the tools described in the parser's own call format.
+
+A model whose chat template renders no `tools` (SmolLM2's, the default model's) would otherwise never see them. The
+runner then puts this section into the system message — the same text the family of the parser writes for its own
+models (hermes: Qwen2.5's template, verbatim), so the calls the model learns to make are the ones the parser reads.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+
+from slime_env.errors import InvalidInput
+
+
+def _functions(tools: Sequence[Mapping]) -> list[Mapping]:
+    return [t.get("function", t) if t.get("type") == "function" else t for t in tools]
+
+
+def hermes(tools: Sequence[Mapping]) -> str:
+    """Qwen2.5's tool section (the hermes format: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`)."""
+    lines = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
+    return ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+            "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n" + lines +
+            "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
+            "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
+            "<args-json-object>}\n</tool_call>")
+
+
+def llama3_json(tools: Sequence[Mapping]) -> str:
+    """Llama 3.1's JSON tool-calling instructions (its template's user-turn section, moved to the system)."""
+    funcs = "\n\n".join(json.dumps(t, indent=4, ensure_ascii=False) for t in tools)
+    return ("Given the following functions, please respond with a JSON for a function call with its proper "
+            "arguments that best answers the given prompt.\n\nRespond in the format {\"name\": function name, "
+            "\"parameters\": dictionary of argument name and its value}. Do not use variables.\n\n" + funcs)
+
+
+def qwen3_coder(tools: Sequence[Mapping]) -> str:
+    """Qwen3-Coder's XML tool section (`<tool_call><function=NAME><parameter=K>V</parameter></function></tool_call>`)."""
+    out = ["# Tools\n\nYou have access to the following functions:\n\n<tools>"]
+    for f in _functions(tools):
+        out.append(f"<function>\n<name>{f.get('name')}</name>\n<description>{f.get('description', '')}</description>")
+        out.append("<parameters>")
+        for name, spec in (f.get("parameters") or {}).get("properties", {}).items():
+            out.append(f"<parameter>\n<name>{name}</name>\n<type>{spec.get('type', '')}</type>\n"
+                       f"<description>{spec.get('description', '')}</description>\n</parameter>")
+        out.append("</parameters>\n</function>")
+    out.append("</tools>\n\nIf you choose to call a function ONLY reply in the following format with NO suffix:\n\n"
+               "<tool_call>\n<function=example_function_name>\n<parameter=example_parameter_1>\nvalue_1\n"
+               "</parameter>\n</function>\n</tool_call>")
+    return "\n".join(out)
+
+
+TOOL_PROMPTS: dict[str, Callable[[Sequence[Mapping]], str]] = {"hermes": hermes, "llama3_json": llama3_json,
+                                                                "qwen3_coder": qwen3_coder}
+
+
+def tool_prompt(parser: str | None, tools: Sequence[Mapping]) -> str:
+    """The tool section for `parser`'s call format; InvalidInput when the parser has none (describe your tools in
+    the system prompt yourself, or use a parser of this list)."""
+    if parser not in TOOL_PROMPTS:
+        raise InvalidInput(f"the chat template renders no tools and parser {parser!r} has no tool section of its own "
+                           f"(those that do: {sorted(TOOL_PROMPTS)}); describe the tools in the env's system prompt")
+    return TOOL_PROMPTS[parser](list(tools))
