@@ -71,14 +71,15 @@ def probe_image(docker, runner, tmp_path_factory):
     return tag
 
 
-async def agent_then_verify(task, image=None, *, agent: str | None = None, oracle: bool = False, mode=None):
+async def agent_then_verify(task, image=None, *, agent: str | None = None, oracle: bool = False, mode=None,
+                            detach: bool = False):
     """A fresh workspace, the 'agent' (a shell script run as the agent user) or the oracle, then `verify`."""
     ws = await open_task_workspace(task, image=image)
     try:
         if oracle:
             await run_oracle(task, ws)
         if agent is not None:
-            result = await ws.exec(["bash", "-c", agent], timeout_s=60, user=task.config.agent.user)
+            result = await ws.exec(["bash", "-c", agent], timeout_s=60, user=task.config.agent.user, detach=detach)
             assert result.status == "ok", result.stderr
         return await verify(task, ws, mode=mode, image=image)
     finally:
@@ -178,9 +179,9 @@ def slugify(docker, runner):
     return task, runner.run(task_image(task))
 
 
-def forge(runner, slugify, agent: str, mode: str):
+def forge(runner, slugify, agent: str, mode: str, *, detach: bool = False):
     task, image = slugify
-    return runner.run(agent_then_verify(task, image, agent=agent, mode=mode))
+    return runner.run(agent_then_verify(task, image, agent=agent, mode=mode, detach=detach))
 
 
 MODES = ["shared", "isolated"]
@@ -251,14 +252,28 @@ def test_sitecustomize_and_pth_earn_0(runner, slugify, mode):
 
 @pytest.mark.parametrize("mode", MODES)
 def test_background_writers_that_outlive_the_agent_earn_0(runner, slugify, mode):
-    """Processes left running to write the reward files during verification (at once, and after a delay).
-    Stopped by: `kill_processes()` before the verifier runs (and /logs/verifier made anew)."""
+    """Processes left running to write the reward files during verification (at once, and after a delay),
+    started with `detach=True` so they outlive the agent's command. Stopped by: `kill_processes()` before the
+    verifier runs (and /logs/verifier made anew)."""
     loop = (f"while :; do echo 1 > {R}/reward.txt; echo '{{\"reward\": 1}}' > {R}/reward.json 2>/dev/null; "
             f"sleep 0.01; done")
     agent = (f"nohup sh -c {_sh(loop)} > /dev/null 2>&1 & "
              f"nohup sh -c {_sh('sleep 2; ' + loop)} > /dev/null 2>&1 & "
              f"setsid nohup sh -c {_sh('sleep 1; ' + loop)} > /dev/null 2>&1 & sleep 0.3")
-    result = forge(runner, slugify, agent, mode)
+    task, image = slugify
+
+    async def go():
+        ws = await open_task_workspace(task, image=image)
+        try:
+            assert (await ws.exec(["bash", "-c", agent], detach=True)).status == "ok"
+            await asyncio.sleep(2.5)
+            alive = await ws.exec(f"cat {R}/reward.txt; pgrep -c -f 'while :' || true")
+            assert alive.stdout.split()[0] == "1" and int(alive.stdout.split()[1]) >= 3, alive  # the forgery runs
+            return await verify(task, ws, mode=mode, image=image)
+        finally:
+            await ws.close()
+
+    result = runner.run(go())
     assert result.rewards == {"reward": 0.0}, result
 
 

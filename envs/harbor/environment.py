@@ -31,10 +31,11 @@ _NETWORK = {"no-network": "none", "public": "public", "allowlist": "allowlist"}
 
 
 async def docker_open(spec: WorkspaceSpec) -> Workspace:
-    """The default way to start a workspace: a new Docker container."""
-    from slime_env.tools_sandbox.workspace.docker import DockerWorkspace
+    """The default way to start a workspace: a new Docker container (`open_workspace`: wall time and disk watched,
+    the allowlist network set up), labelled with the run id `harbor`."""
+    from slime_env.tools_sandbox.workspace.open import open_workspace
 
-    return await DockerWorkspace.start(spec, run_id="harbor")
+    return await open_workspace(spec, backend="docker", run="harbor")
 
 
 def _image_present(tag: str) -> bool:
