@@ -67,7 +67,8 @@ FIXTURE_TASKS = sorted(p.name for p in FIXTURES.iterdir() if (p / "task.toml").i
 
 def test_there_are_enough_shipped_tasks():
     assert len(SHIPPED) >= 24
-    assert {"simple-task", "multi-reward", "legacy-task", "tb21-prove-plus-comm", "hello-separate"} <= set(FIXTURE_TASKS)
+    fixtures = {"simple-task", "multi-reward", "legacy-task", "tb21-prove-plus-comm", "hello-separate"}
+    assert fixtures <= set(FIXTURE_TASKS)
 
 
 @pytest.mark.parametrize("folder", [EXAMPLES / n for n in SHIPPED] + [FIXTURES / n for n in FIXTURE_TASKS],

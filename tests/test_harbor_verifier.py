@@ -223,7 +223,8 @@ def test_conftest_ini_and_plugins_in_the_workdir_earn_0(runner, slugify, mode):
     `-c /dev/null --rootdir=/tests --confcutdir=/tests`, `python3 -I` (cwd not on sys.path, no user site) and
     PYTEST_DISABLE_PLUGIN_AUTOLOAD."""
     agent = (f"for d in /app /; do printf %s \"$PASS\" > $d/conftest.py; "
-             "printf '[pytest]\\naddopts = -p forge_plugin\\n' > $d/pytest.ini; printf %s \"$PASS\" > $d/forge_plugin.py; "
+             "printf '[pytest]\\naddopts = -p forge_plugin\\n' > $d/pytest.ini; "
+             "printf %s \"$PASS\" > $d/forge_plugin.py; "
              "done; u=$(python3 -c 'import site; print(site.getusersitepackages())'); mkdir -p $u/forge-0.dist-info; "
              "printf %s \"$PASS\" > $u/forge_plugin.py; printf 'Metadata-Version: 2.1\\nName: forge\\nVersion: 0\\n' "
              "> $u/forge-0.dist-info/METADATA; printf '[pytest11]\\nforge = forge_plugin\\n' > "
@@ -267,8 +268,8 @@ def test_background_writers_that_outlive_the_agent_earn_0(runner, slugify, mode)
         try:
             assert (await ws.exec(["bash", "-c", agent], detach=True)).status == "ok"
             await asyncio.sleep(2.5)
-            alive = await ws.exec(f"cat {R}/reward.txt; pgrep -c -f 'while :' || true")
-            assert alive.stdout.split()[0] == "1" and int(alive.stdout.split()[1]) >= 3, alive  # the forgery runs
+            alive = await ws.exec(f"test -e {R}/reward.txt && pgrep -c -f 'while :'")
+            assert alive.status == "ok" and int(alive.stdout) >= 3, alive  # the forgery runs
             return await verify(task, ws, mode=mode, image=image)
         finally:
             await ws.close()

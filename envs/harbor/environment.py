@@ -105,7 +105,8 @@ async def prepare_logs(ws: Workspace) -> None:
         raise WorkspaceError(f"could not make the log folders in workspace {ws.id}: {result.stderr or result.reason}")
 
 
-async def open_task_workspace(task: HarborTask, *, image: str | None = None, open_workspace: OpenWorkspace | None = None,
+async def open_task_workspace(task: HarborTask, *, image: str | None = None,
+                              open_workspace: OpenWorkspace | None = None,
                               network: str | None = None, limits: Limits | None = None) -> Workspace:
     """A started workspace for the task's agent: the image (built if needed), Harbor's log folders, environment/
     uploaded into a prebuilt image's workdir when Harbor would. The network is the agent phase's
