@@ -53,9 +53,9 @@ def make_env(verify=None, *, pool=None, image: str | None = None):
     from slime_env.tools_sandbox.workspace import WorkspaceSpec
 
     if verify is None:
-        from slime_env.envs.harbor import harbor_workspace_spec, harbor_verify
+        from slime_env.envs.harbor import harbor_verify, harbor_workspace
 
-        return WorkspaceAgentEnv(agent, harbor_verify, workspace_spec=harbor_workspace_spec, pool=pool,
-                                 parser="hermes", deadline_s=600)
+        return WorkspaceAgentEnv(agent, harbor_verify, workspace=harbor_workspace, pool=pool, parser="hermes",
+                                 deadline_s=600)
     spec = WorkspaceSpec(image=image, workdir="/app") if image else None
     return WorkspaceAgentEnv(agent, verify, spec=spec, pool=pool, parser="hermes", deadline_s=600)

@@ -94,7 +94,7 @@ def test_every_builtin_env_has_a_one_line_description():
         assert text and "\n" not in text and "see the module docstring" not in text, (env_id, text)
 
 
-NEEDS_WORKSPACE = {"Workspace-v0"}
+NEEDS_WORKSPACE = {"Workspace-v0", "Harbor-v0"}
 
 
 def builtin_ids() -> list[str]:

@@ -29,24 +29,23 @@ _EPISODE: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("slime
 class WorkspaceAgentEnv(AgentEnv):
     """An agent program in a workspace (module docstring). `agent`: `(base_url, api_key, task, workspace) -> result`
     (async, or plain: run in a thread; or an import path); `verify`: `(task, workspace) -> reward` or `(reward, info)`
-    (async or plain); `spec` or `workspace_spec(task)`: the workspace (default: `task.metadata["workspace"]` over
-    `spec`); `backend` / `pool` as for `WorkspaceEnv`. The rest is `AgentEnv`'s (`parser`, `deadline_s`, `strict`).
+    (async or plain); the workspace: `workspace(task, pool=)` (async; e.g. `slime_env.envs.harbor.harbor_workspace`),
+    else `task.metadata["workspace"]` over `spec`; `backend` / `pool` as for `WorkspaceEnv`. The rest is `AgentEnv`'s (`parser`, `deadline_s`, `strict`).
     An agent cut by its deadline is still verified (its work so far counts, as in Harbor); a crashed one scores 0."""
 
     scored_statuses = ("completed", "truncated")
 
     def __init__(self, agent: Callable[..., Any] | str, verify: Callable[..., Any] | str, *,
-                 spec: WorkspaceSpec | None = None, workspace_spec: Callable[[Task], WorkspaceSpec] | None = None,
+                 spec: WorkspaceSpec | None = None, workspace: Callable[..., Any] | str | None = None,
                  backend: str = "docker", pool: Any = None, **kwargs: Any):
         super().__init__(agent, self._verified_reward, **kwargs)
         self.verify = load_object(verify) if isinstance(verify, str) else verify
+        self.open = load_object(workspace) if isinstance(workspace, str) else workspace
         if not callable(self.verify):
             raise InvalidInput(f"WorkspaceAgentEnv verify must be callable, got {type(self.verify).__name__}")
-        self.spec, self._workspace_spec, self.backend, self.pool = spec, workspace_spec, backend, pool
+        self.spec, self.backend, self.pool = spec, backend, pool
 
     def workspace_spec(self, task: Task) -> WorkspaceSpec:
-        if self._workspace_spec is not None:
-            return self._workspace_spec(task)
         given = dict((task.metadata or {}).get("workspace") or {})
         if not given and self.spec is None:
             raise InvalidInput("WorkspaceAgentEnv: the task names no workspace (metadata['workspace']) and there is "
@@ -61,7 +60,10 @@ class WorkspaceAgentEnv(AgentEnv):
         pool = self.pool or shared_pool(self.backend)
         t0 = time.perf_counter()
         try:
-            ws = await pool.acquire(self.workspace_spec(task))
+            if self.open is not None:  # a task family's own start (e.g. Harbor: its image, log folders)
+                ws = await self.open(task, pool=pool)
+            else:
+                ws = await pool.acquire(self.workspace_spec(task))
         except (WorkspaceError, InvalidInput) as e:
             return [_empty(task, "failed", f"the workspace did not start: {e}", metadata)]
         episode = {"workspace": ws, "start_s": time.perf_counter() - t0, "info": {}}
