@@ -44,10 +44,10 @@ def harbor_task(task: Task) -> HarborTask:
 
 
 def harbor_tasks(path: str | Path = EXAMPLES, *, split: str | None = None, test_fraction: float = 0.25,
-                 skip_invalid: bool = False) -> list[dict[str, Any]]:
+                 limit: int | None = None, skip_invalid: bool = False) -> list[dict[str, Any]]:
     """Tasks of a Harbor dataset (a folder of task folders, or a list file) for `train_data` / `eval_data`
     (`{generator: "slime_env.envs.harbor:harbor_tasks", path: DIR, split: train}`). `split`: a fixed split by a
-    hash of each task's name (`test_fraction` of them are `test`); None: all."""
+    hash of each task's name (`test_fraction` of them are `test`); None: all. `limit`: the first that many."""
     if split not in (None, "train", "test"):
         raise InvalidInput(f"harbor_tasks: split must be 'train', 'test' or None, got {split!r}")
     out = []
@@ -56,7 +56,7 @@ def harbor_tasks(path: str | Path = EXAMPLES, *, split: str | None = None, test_
         if split is not None and (digest < test_fraction) != (split == "test"):
             continue
         out.append({"prompt": t.instruction, "metadata": {"harbor_task": str(t.path), "name": t.name}})
-    return out
+    return out[:limit] if limit is not None else out
 
 
 async def harbor_workspace(task: Task, *, pool=None, backend: str = "docker") -> Workspace:
@@ -107,7 +107,7 @@ class HarborEnv(WorkspaceEnv):
     async def setup_state(self, task: Task):
         from slime_env.tools_sandbox.workspace.pool import shared_pool
 
-        pool = self.pool or shared_pool(self.backend)
+        pool = self.pool or shared_pool(self.backend, warm=self.warm)
         ws = await harbor_workspace(task, pool=pool)
         state = {"workspace": ws, "pool": pool, "edits": {}, "submitted": False}
         state["state"] = state

@@ -171,7 +171,7 @@ class WorkspaceEnv(StatefulToolEnv):
     """Agentic tasks in a per-episode workspace (see the module docstring).
 
     `spec` (or `image`): the workspace when the task names none; `backend` (docker | bwrap | auto) and `pool`
-    (default: the process's shared pool for the backend). `command_timeout_s` bounds each bash call,
+    (default: the process's shared pool for the backend, keeping `warm` started workspaces per spec). `command_timeout_s` bounds each bash call,
     `max_turns` the episode. Override `workspace_spec(task)`, `prepare(task, ws)` (after start, before the agent)
     and `verify(task, ws)` (-> reward, info) for a task family.
     """
@@ -179,10 +179,10 @@ class WorkspaceEnv(StatefulToolEnv):
     def __init__(self, *, spec: WorkspaceSpec | None = None, image: str | None = None, backend: str = "docker",
                  pool: Any = None, system_prompt: str | None = SYSTEM_PROMPT, max_turns: int | None = 30,
                  command_timeout_s: float = 60.0, rubric: Rubric | Any = None, tasks: Any = None,
-                 parser: str | None = None, max_output_chars: int = 10000):
+                 parser: str | None = None, max_output_chars: int = 10000, warm: int = 2):
         if spec is None and image is not None:
             spec = WorkspaceSpec(image=image)
-        self.spec, self.backend, self.pool = spec, backend, pool
+        self.spec, self.backend, self.pool, self.warm = spec, backend, pool, warm
         self.command_timeout_s = command_timeout_s
         super().__init__(make_tools(command_timeout_s=command_timeout_s), hidden_args=("state",),
                          system_prompt=system_prompt, max_turns=max_turns, rubric=rubric, tasks=tasks, parser=parser,
@@ -208,7 +208,7 @@ class WorkspaceEnv(StatefulToolEnv):
     async def setup_state(self, task: Task) -> Mapping[str, Any]:
         from slime_env.tools_sandbox.workspace.pool import shared_pool
 
-        pool = self.pool or shared_pool(self.backend)
+        pool = self.pool or shared_pool(self.backend, warm=self.warm)
         ws = await pool.acquire(self.workspace_spec(task))
         state = {"state": None, "workspace": ws, "pool": pool, "edits": {}, "submitted": False}
         state["state"] = state  # the tools' one hidden argument: this dict

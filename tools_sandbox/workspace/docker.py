@@ -77,19 +77,15 @@ def docker_client(timeout_s: float = 120.0):
 class _ImageInfo:
     """What a workspace needs to know of its image: its default working directory and user."""
 
-    _cache: dict[str, tuple[str, str | None]] = {}
-
     @classmethod
     def get(cls, client, image: str) -> tuple[str, str | None]:
-        if image not in cls._cache:
-            try:
-                attrs = client.images.get(image).attrs
-            except Exception:  # noqa: BLE001 - ImageNotFound or API error
-                raise WorkspaceError(f"docker image {image!r} is not on this host (no registry is used: build it "
-                                     f"first, e.g. from a task's Dockerfile)") from None
-            config = attrs.get("Config") or {}
-            cls._cache[image] = (config.get("WorkingDir") or "/", config.get("User") or None)
-        return cls._cache[image]
+        try:
+            attrs = client.images.get(image).attrs  # asked each time: a tag rebuilt since is another image
+        except Exception:  # noqa: BLE001 - ImageNotFound or API error
+            raise WorkspaceError(f"docker image {image!r} is not on this host (no registry is used: build it "
+                                 f"first, e.g. from a task's Dockerfile)") from None
+        config = attrs.get("Config") or {}
+        return config.get("WorkingDir") or "/", config.get("User") or None
 
 
 class DockerWorkspace(Workspace):
