@@ -17,6 +17,19 @@ from workspace_support import require_backend
 ROOT = Path(__file__).resolve().parents[1]
 
 
+
+def _require_mini_swe_agent() -> None:
+    """Skip without mini-swe-agent (`make` installs it; CI fails instead). Found, not imported: importing it here,
+    before our harness sets its environment, would print its banner and make ~/.config/mini-swe-agent."""
+    import importlib.util
+    import os
+
+    if importlib.util.find_spec("minisweagent") is None:
+        if os.environ.get("CI"):
+            pytest.fail("CI must have mini-swe-agent (the dev extra)")
+        pytest.skip("mini-swe-agent is not installed")
+
+
 def _config(tmp_path: Path) -> Path:
     config = yaml.safe_load((ROOT / "examples" / "harbor_agent_train.yaml").read_text())
     tasks = str(ROOT / "examples" / "harbor_tasks")
@@ -43,7 +56,7 @@ def _containers_of(pid: int) -> list[str]:
 def test_a_harness_trains_on_harbor_tasks_through_slime_env_train(harness, tmp_path):
     require_backend("docker")
     if "mini_swe" in harness:
-        pytest.importorskip("minisweagent")
+        _require_mini_swe_agent()
     run = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-P", "-m", "slime_env", "train", "--config", str(_config(tmp_path)),
                              "--env", harness, "--steps", "1", "--run-dir", str(run)], cwd=ROOT,
@@ -53,7 +66,8 @@ def test_a_harness_trains_on_harbor_tasks_through_slime_env_train(harness, tmp_p
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     trained = [r for r in rows if r["step"] == 1][0]
     assert trained["train/tokens"] > 0
-    assert sum(trained["rollout/statuses"].values()) == 2 and "failed" not in trained["rollout/statuses"], trained
+    # two episodes; a harness's rewritten history (mini-swe-agent drops a reply it cannot parse) adds side branches
+    assert sum(trained["rollout/statuses"].values()) >= 2 and "failed" not in trained["rollout/statuses"], trained
     samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
     episodes = [t for s in samples for t in s["trajectories"]]
     assert episodes and all(t["metadata"]["workspace"]["harbor"]["mode"] == "isolated" for t in episodes)
