@@ -32,7 +32,7 @@ def cache_dir() -> Path:
 
 def chat_template(name: str) -> str:
     """A chat template shipped with slime_env (`slime_env/chat_templates/README.md` gives each one's source): qwen2_5,
-    qwen3, qwen3_5, qwen3_6, llama3_1, llama3_2, deepseek_r1, deepseek_v3_1, glm4_6, kimi_k2, minimax_m2, gpt_oss,
+    qwen3, qwen3_5, qwen3_6, llama3_1, llama3_2, deepseek_r1, deepseek_v3_1, glm4_6, minimax_m2, gpt_oss,
     smollm2."""
     path = _resources("slime_env") / "chat_templates" / f"{name}.jinja"
     if not path.is_file():
@@ -95,7 +95,8 @@ def gpt_oss() -> Any:
 
 def kimi_k2() -> Any:
     """Kimi-K2-Instruct: its tiktoken ranks (163584) and 256 special tokens, read from tml-renderers' compiled copy of
-    Kimi-K2's `tiktoken.model`, with Kimi-K2-Instruct's template."""
+    Kimi-K2's `tiktoken.model`. No chat template: no copy of Kimi-K2's own is at hand (llama.cpp's are its own
+    adaptations; see chat_templates/README.md), so pass yours as `chat_template=` to a renderer."""
     return _cached("kimi_k2", _build_kimi_k2)
 
 
@@ -276,4 +277,4 @@ def _build_kimi_k2() -> Any:
         tok = _from_tiktoken(_tml_ranks(src, base, Path(d) / "kimi.tiktoken"), _KIMI_PAT, added)
     return PreTrainedTokenizerFast(
         tokenizer_object=tok, bos_token="[BOS]", eos_token="[EOS]", pad_token="[EOS]",
-        clean_up_tokenization_spaces=False, chat_template=chat_template("kimi_k2"))
+        clean_up_tokenization_spaces=False)
