@@ -240,7 +240,7 @@ def kimi_k2(text: str) -> ParseResult:
 
 
 # --- gpt-oss (harmony) ----------------------------------------------------------------------------------------------
-_HARMONY_MSG = re.compile(r"(?:<\|start\|>assistant)?<\|channel\|>(\w+)([^<]*?)(?:<\|constrain\|>\s*(\w+))?\s*"
+_HARMONY_MSG = re.compile(r"(?:<\|start\|>assistant)?((?: to=[^<]*)?)<\|channel\|>(\w+)([^<]*?)(?:<\|constrain\|>\s*(\w+))?\s*"
                           r"<\|message\|>(.*?)(<\|call\|>|<\|end\|>|<\|return\|>|(?=<\|start\|>)|(?=<\|channel\|>)|\Z)",
                           re.DOTALL)
 _HARMONY_TO = re.compile(r"to=functions\.([A-Za-z0-9_.\-]+)")
@@ -251,7 +251,7 @@ def gpt_oss(text: str) -> ParseResult:
         return _result((), (), text)
     calls, errors, final = [], [], []
     for m in _HARMONY_MSG.finditer(text):
-        channel, header, body, end = m.group(1), m.group(2), m.group(4), m.group(5)
+        channel, header, body, end = m.group(2), m.group(1) + m.group(3), m.group(5), m.group(6)
         to = _HARMONY_TO.search(header)
         if to is not None:
             if end not in ("<|call|>", ""):
@@ -270,8 +270,8 @@ def harmony_messages(text: str) -> tuple[str, str, list[ToolCall]]:
     `content` and `tool_calls`."""
     analysis, final = [], []
     for m in _HARMONY_MSG.finditer(text):
-        if _HARMONY_TO.search(m.group(2)) is None:
-            (final if m.group(1) == "final" else analysis).append(m.group(4))
+        if _HARMONY_TO.search(m.group(1) + m.group(3)) is None:
+            (final if m.group(2) == "final" else analysis).append(m.group(5))
     return "".join(analysis), "".join(final), list(gpt_oss(text).tool_calls)
 
 
