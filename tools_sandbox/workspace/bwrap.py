@@ -41,6 +41,11 @@ CAPS = ("CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_FSETID", "CAP_KILL",
         "CAP_SETPCAP", "CAP_NET_BIND_SERVICE", "CAP_SETFCAP")
 
 
+# The environment of a workspace whose root is a folder (no image config to read it from).
+FOLDER_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8",
+              "HOME": "/root"}
+
+
 def rootfs_cache() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "slime_env" / "rootfs"
 
@@ -54,7 +59,7 @@ def _image_config(image: str) -> dict:
     if image.startswith("/"):
         if not Path(image).is_dir():
             raise WorkspaceError(f"workspace root file system {image!r} is not a folder")
-        return {"root": image, "workdir": "/", "user": None, "env": {}}
+        return {"root": image, "workdir": "/", "user": None, "env": dict(FOLDER_ENV)}
     from slime_env.tools_sandbox.workspace.docker import docker_client
 
     try:
@@ -104,8 +109,7 @@ def _from_recipe(image: str) -> dict:
     if not (target / ".complete").exists():
         raise WorkspaceError(f"no Docker engine here and no root file system for {image!r} in {target}: make one with "
                              f"`mmdebstrap --variant=apt {recipe.suite} {target}/root` (then touch {target}/.complete)")
-    return {"root": str(target / "root"), "workdir": "/", "user": None,
-            "env": {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}}
+    return {"root": str(target / "root"), "workdir": "/", "user": None, "env": dict(FOLDER_ENV)}
 
 
 class BwrapWorkspace(Workspace):
