@@ -28,6 +28,19 @@ class Policy(Protocol):
     async def generate(self, input_ids: Sequence[int], sampling_params: Mapping[str, Any]) -> Generation: ...
 
 
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1  # a sampling seed is a 64-bit integer (torch, SGLang, OpenAI's `seed`)
+
+
+def check_sampling_seed(value: Any, where: str = "sampling_seed") -> int:
+    """`value` as a sampling seed: an integer in [-2**63, 2**63 - 1]; InvalidInput naming `where` otherwise. Every
+    entry that takes a seed from outside checks it, so a client's seed is its own error, never an engine's 5xx."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise InvalidInput(f"{where}: expected an integer seed, got {value!r}")
+    if not SEED_MIN <= value <= SEED_MAX:
+        raise InvalidInput(f"{where}: {value} is outside the 64-bit seed range [-2**63, 2**63 - 1]")
+    return value
+
+
 Reply = str | Callable[[str], str]
 
 
