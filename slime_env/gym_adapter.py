@@ -89,7 +89,7 @@ class GymTextEnv(gymnasium.Env):
 def make_gym_env(env_id: str, renderer: Any = None, parser: Any = "env", **kwargs: Any) -> GymTextEnv:
     """Gymnasium entry point for `slime_env/<env_id>`; kwargs go to the slime_env env. Ids whose env Gymnasium's
     single-agent step API cannot drive (multi-agent envs, agent programs) are refused with the reason."""
-    from slime_env.registry import make, spec
+    from slime_env.registry import make
 
     why = gym_refusal(env_id)
     if why is not None:

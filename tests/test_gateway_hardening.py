@@ -533,3 +533,21 @@ def test_an_oversized_body_gets_a_413_in_the_apis_error_shape_and_serve_gateway_
 
     run(_serve(gw, agent))
     assert inspect.signature(serve_gateway).parameters["max_body_bytes"].default.default == 4 << 20
+
+
+def test_strict_mode_refuses_a_prompt_that_dropped_a_tool_call_of_the_history(smollm2_tok):
+    from slime_env.errors import RenderMismatch
+    from slime_env.gateway import Conversation
+    from slime_env.types import Message
+
+    r = get_renderer(smollm2_tok, strict=True)
+    conv = Conversation(r, None, strict=True, parser_name="hermes")
+    messages = [{"role": "user", "content": "2+3?"},
+                {"role": "assistant", "content": "", "tool_calls": [{"id": "c", "name": "add", "arguments": {}}]},
+                {"role": "tool", "tool_call_id": "c", "content": "5"}]
+    shown = [Message("user", "2+3?"), Message("assistant", '<tool_call>\n{"name": "add", "arguments": {}}\n'
+                                                           "</tool_call>"), Message("tool", "5", name="add")]
+    dropped = [shown[0], Message("assistant", ""), shown[2]]
+    conv._check_calls_shown(messages, shown, None, r.render_text(shown))
+    with pytest.raises(RenderMismatch, match=r"dropped tool call 'add' of messages\[1\]"):
+        conv._check_calls_shown(messages, dropped, None, r.render_text(dropped))

@@ -224,7 +224,7 @@ class Conversation:
             template_tools = None
         text = r.render_text(history, tools=template_tools, add_generation_prompt=True)
         if self.strict:
-            self._check_calls_shown(messages, text)
+            self._check_calls_shown(messages, history, template_tools, text)
         ids = r.encode(text)
         b = Branch(-1, tools, list(messages), history, TokenLedger(ids), origin=origin, fork_at=shared, why=why,
                    busy=True, template_tools=template_tools)
@@ -309,14 +309,26 @@ class Conversation:
             out.append(Message("assistant", m["content"] if text is None else text, name=m.get("name")))
         return out
 
-    def _check_calls_shown(self, messages: list[dict[str, Any]], text: str) -> None:
-        """Strict mode: every tool call of the history is in the rendered prompt (the trajectory's messages and its
-        ids tell the same story)."""
-        for i, m in enumerate(messages):
-            for c in m.get("tool_calls", ()):
-                if c["name"] not in text:
-                    raise RenderMismatch(f"strict mode: the chat template dropped tool call {c['name']!r} of "
-                                         f"messages[{i}] from the prompt")
+    def _check_calls_shown(self, messages: list[dict[str, Any]], history: list[Message], tools: Any,
+                           text: str) -> None:
+        """Strict mode: every tool call of the history is in the rendered prompt `text` — each call's name appears
+        more often than in a render with those assistant turns emptied (the tool section names them too) — so the
+        trajectory's messages and its ids tell the same story."""
+        names = [c["name"] for m in messages for c in m.get("tool_calls", ())]
+        if not names:
+            return
+        skip = len(history) - len(messages)  # a system message the tool section added in front
+        emptied = [Message("assistant", "") if k >= skip and messages[k - skip].get("tool_calls") else m
+                   for k, m in enumerate(history)]
+        try:
+            control = self.renderer.render_text(emptied, tools=tools, add_generation_prompt=True)
+        except Exception:  # noqa: BLE001 - a template that needs the calls there: their names must show at least
+            control = ""
+        for name in dict.fromkeys(names):
+            if text.count(name) < control.count(name) + names.count(name):
+                at = next(i for i, m in enumerate(messages) for c in m.get("tool_calls", ()) if c["name"] == name)
+                raise RenderMismatch(f"strict mode: the chat template dropped tool call {name!r} of messages[{at}] "
+                                     "from the prompt")
 
     # --- matching a call to a branch ----------------------------------------------------------------------------
     def _continues(self, b: Branch, messages: list[dict], tools) -> list[dict] | None:

@@ -69,7 +69,8 @@ def tool_prompt(parser: str | None, tools: Sequence[Mapping]) -> str:
 
 
 def _hermes_calls(content: str, calls: Sequence[Mapping]) -> str:
-    """Qwen2.5 / Qwen3's form: the content, then each call as `<tool_call>\n{"name": ..., "arguments": ...}\n</tool_call>`."""
+    """Qwen2.5 / Qwen3's form: the content, then each call as `<tool_call>` + its JSON (`{"name": ..., "arguments":
+    ...}`) + `</tool_call>`, on lines of their own."""
     blocks = ["<tool_call>\n" + json.dumps({"name": c["name"], "arguments": c["arguments"]}, ensure_ascii=False)
               + "\n</tool_call>" for c in calls]
     return "\n".join([content, *blocks] if content else blocks)
@@ -82,8 +83,8 @@ def _llama3_calls(content: str, calls: Sequence[Mapping]) -> str:
 
 
 def _qwen3_coder_calls(content: str, calls: Sequence[Mapping]) -> str:
-    """Qwen3-Coder's form: `<tool_call>\n<function=NAME>\n<parameter=K>\nV\n</parameter>\n</function>\n</tool_call>`,
-    a string value as it is, any other as JSON."""
+    """Qwen3-Coder's form: `<tool_call>`, `<function=NAME>`, each `<parameter=K>` V `</parameter>`, `</function>`,
+    `</tool_call>` on lines of their own; a string value as it is, any other as JSON."""
     blocks = []
     for c in calls:
         params = "".join(f"<parameter={k}>\n{v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)}\n"
