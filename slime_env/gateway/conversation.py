@@ -160,8 +160,8 @@ class Branch:
 
     @property
     def reason(self) -> str:
-        if self.origin is not None and self.origin.index < 0:  # the call it forked from was never answered
-            return self.why.replace("branch {origin}", "a call that was abandoned").format(origin="?")
+        if self.origin is not None and self.origin.index < 0 and "{origin}" in self.why:
+            return "forked: another call was answering the same messages (it was never recorded)"
         return self.why.format(origin=self.parent)
 
 
