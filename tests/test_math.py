@@ -110,6 +110,35 @@ def test_a_pathological_answer_times_out_and_the_pool_recovers(runner):
         v.close()
 
 
+def test_a_verifier_left_unclosed_exits_quietly_with_its_workers():
+    """A program that exits without `close()` while its workers still start (they import math-verify for seconds)
+    prints nothing at exit — it printed a worker's `BrokenPipeError` traceback, the worker writing "ready" into the
+    closed pipe — and leaves no worker behind. The run below reads stderr until every process holding it (the
+    workers inherit it) has exited."""
+    import subprocess
+    import sys
+
+    code = ("import asyncio\n"
+            "from slime_env.envs.math.verifier import MathVerifier\n"
+            "async def main():\n"
+            "    v = MathVerifier(workers=2)\n"
+            "    task = asyncio.ensure_future(v._pooled(('1', '1'), '1'))\n"
+            "    await asyncio.sleep(0.05)\n"
+            "    print(' '.join(str(w.process.pid) for w in v._all))\n"
+            "    task.cancel()\n"
+            "asyncio.run(main())\n")
+    out = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stderr == "", out.stderr
+    assert len(out.stdout.split()) == 2
+    # and a worker whose parent is gone before it is ready leaves quietly on its own
+    worker = subprocess.Popen([sys.executable, "-c", "from slime_env.envs.math.verifier import _worker_main; "
+                                                     "_worker_main()"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    worker.stdout.close()
+    _, err = worker.communicate(timeout=120)
+    assert (worker.returncode, err) == (0, b"")
+
+
 def test_the_verifier_never_raises(runner, verifier):
     odd = [("", "1"), ("\\boxed{\\frac{1}{0}}", "1"), ("\\boxed{}}}{{", "x"), ("\\boxed{\\undefinedmacro{3}}", "3"),
            ("\\boxed{1}", None), ("\\boxed{1}", ["1", "one"]), ("\\boxed{" + "(" * 500 + "}", "2"), ("\x00\\boxed{1}", "1")]

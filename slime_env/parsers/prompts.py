@@ -1,8 +1,10 @@
-"""Tool sections for templates that have none: the tools described in the parser's own call format.
+"""Tool sections and tool calls for templates that have none: both in the parser's own call format.
 
 A model whose chat template renders no `tools` (SmolLM2's, the default model's) would otherwise never see them. The
 runner then puts this section into the system message — the same text the family of the parser writes for its own
 models (hermes: Qwen2.5's template, verbatim), so the calls the model learns to make are the ones the parser reads.
+Likewise a template that ignores an assistant message's structured `tool_calls` would show an empty turn: `call_text`
+writes the calls as the family's template writes them (what the parser reads back).
 """
 
 from __future__ import annotations
@@ -64,6 +66,42 @@ def tool_prompt(parser: str | None, tools: Sequence[Mapping]) -> str:
         raise InvalidInput(f"the chat template renders no tools and parser {parser!r} has no tool section of its own "
                            f"(those that do: {sorted(TOOL_PROMPTS)}); describe the tools in the env's system prompt")
     return TOOL_PROMPTS[parser](list(tools))
+
+
+def _hermes_calls(content: str, calls: Sequence[Mapping]) -> str:
+    """Qwen2.5 / Qwen3's form: the content, then each call as `<tool_call>` + its JSON (`{"name": ..., "arguments":
+    ...}`) + `</tool_call>`, on lines of their own."""
+    blocks = ["<tool_call>\n" + json.dumps({"name": c["name"], "arguments": c["arguments"]}, ensure_ascii=False)
+              + "\n</tool_call>" for c in calls]
+    return "\n".join([content, *blocks] if content else blocks)
+
+
+def _llama3_calls(content: str, calls: Sequence[Mapping]) -> str:
+    """Llama 3.1's form: the calls alone, `{"name": ..., "parameters": ...}`, separated by `; ` (its template drops
+    the content of a turn with calls)."""
+    return "; ".join(json.dumps({"name": c["name"], "parameters": c["arguments"]}, ensure_ascii=False) for c in calls)
+
+
+def _qwen3_coder_calls(content: str, calls: Sequence[Mapping]) -> str:
+    """Qwen3-Coder's form: `<tool_call>`, `<function=NAME>`, each `<parameter=K>` V `</parameter>`, `</function>`,
+    `</tool_call>` on lines of their own; a string value as it is, any other as JSON."""
+    blocks = []
+    for c in calls:
+        params = "".join(f"<parameter={k}>\n{v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)}\n"
+                         "</parameter>\n" for k, v in c["arguments"].items())
+        blocks.append(f"<tool_call>\n<function={c['name']}>\n{params}</function>\n</tool_call>")
+    return "\n".join([content, *blocks] if content else blocks)
+
+
+CALL_TEXTS: dict[str, Callable[[str, Sequence[Mapping]], str]] = {
+    "hermes": _hermes_calls, "llama3_json": _llama3_calls, "qwen3_coder": _qwen3_coder_calls}
+
+
+def call_text(parser: str | None, content: str, calls: Sequence[Mapping]) -> str | None:
+    """An assistant turn with tool `calls` ({"name", "arguments"}) as text in `parser`'s format; None when the parser
+    has no such form here (the template must then write the structured calls itself)."""
+    form = CALL_TEXTS.get(parser) if isinstance(parser, str) else None
+    return None if form is None else form(content, calls)
 
 
 def with_system_section(messages: Sequence[Message], section: str) -> list[Message]:

@@ -131,6 +131,19 @@ class TemplateRenderer:
                 self._renders_tools = False
         return self._renders_tools
 
+    @property
+    def renders_tool_calls(self) -> bool:
+        """Whether the chat template writes an assistant message's structured `tool_calls` (SmolLM2's does not)."""
+        if not hasattr(self, "_renders_tool_calls"):
+            call = {"id": "call_0", "type": "function", "function": {"name": "probe_call_7f3a", "arguments": {}}}
+            probe = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "", "tool_calls": [call]}]
+            try:
+                self._renders_tool_calls = "probe_call_7f3a" in self._render(probe, tools=None,
+                                                                             add_generation_prompt=False)
+            except Exception:  # noqa: BLE001 - a template that fails on tool calls does not render them
+                self._renders_tool_calls = False
+        return self._renders_tool_calls
+
     # --- rendering -------------------------------------------------------------------------------
     def render_text(self, messages: Sequence[Message | Mapping[str, Any]], *, tools: Sequence[Mapping] | None = None,
                     add_generation_prompt: bool = True) -> str:
