@@ -18,7 +18,7 @@ from slime_env.envs.math.reasoning_gym_env import reasoning_gym_tasks, write_tas
 from slime_env.envs.math.verifier import fast_check
 from slime_env import ScriptedPolicy, get_renderer, load_tasks, run_episode
 from slime_env.errors import InvalidInput
-from tests.sandbox_support import make_sandbox
+from sandbox_support import make_sandbox
 
 PAIRS = [line.rstrip("\n").split("\t") for line in
          (Path(__file__).parent / "data" / "math_answer_pairs.tsv").read_text().splitlines()
