@@ -204,5 +204,6 @@ def test_version_skew_names_both_versions(monkeypatch):
     monkeypatch.setattr(versions, "version", lambda name: "0.3.0")
     with pytest.raises(IntegrationVersionError, match=r"supports openenv>=0.10,<0.11, but openenv 0.3.0 is installed"):
         require("openenv", ">=0.10,<0.11", extra="openenv", what="slime_env.integrations.openenv")
+    monkeypatch.undo()
     with pytest.raises(IntegrationVersionError, match="not installed: pip install 'slime_env\\[verifiers\\]'"):
         require("no-such-distribution-xyz", ">=1", extra="verifiers", what="x")

@@ -100,6 +100,7 @@ class OpenEnvEnv(Env):
                 for t in listed["observation"].get("tools") or ()]
         elif isinstance(result["observation"].get("tools"), list):
             self.tools = result["observation"]["tools"] or None  # a chat env that names its tools (ours, served)
+            self.describe_tools = bool(result["observation"].get("describe_tools", True))
         shown = self._observe(result["observation"])
         messages = self.task.messages(system=self.system_prompt) if self.task.prompt and not self.send_task else (
             [Message("system", self.system_prompt)] if self.system_prompt is not None else [])

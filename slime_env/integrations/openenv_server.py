@@ -6,7 +6,8 @@ see:
 - **Action** `SlimeAction`: `text` (the assistant turn), optional `tool_calls` (`[{"name", "arguments", "id"}]`;
   when absent the env's own parser reads them from `text`, as in our runner).
 - **Observation** `SlimeObservation`: `messages` (the chat messages to append: the prompt after `reset`, the
-  observation after `step`), `tools` (the env's tool schemas, after `reset`), `parser`, `truncated`, `info`, and
+  observation after `step`), `tools` (the env's tool schemas, after `reset`), `parser`, `describe_tools`,
+  `truncated`, `info`, and
   OpenEnv's `done` (terminated or truncated) and `reward`.
 - **Reset** kwargs: `seed`, `task` (a prompt string or `{"prompt", "label", "metadata", "id"}`; none: the env's own
   task source), `episode_id`.
@@ -52,6 +53,9 @@ class SlimeObservation(OpenEnvObservation):
     messages: list[dict[str, Any]] = Field(default_factory=list, description="Chat messages (role, content, ...)")
     tools: list[dict[str, Any]] | None = Field(default=None, description="Tool schemas for the chat template")
     parser: str | None = Field(default=None, description="The env's tool-call parser (slime_env.parsers)")
+    describe_tools: bool = Field(default=True, description="Whether a template without a tool section gets the tools "
+                                                          "written into the system message (False: the env's prompt "
+                                                          "describes them)")
     truncated: bool = Field(default=False, description="Cut by a limit of the env (done is also true)")
     info: dict[str, Any] = Field(default_factory=dict, description="The env's info dict (JSON-able part)")
 
@@ -85,7 +89,8 @@ class SlimeEnvironment(Environment):
         self._turn = 0
         tools = [dict(t) for t in self.env.tools] if self.env.tools else None
         return SlimeObservation(messages=[m.to_dict() for m in messages], tools=tools, parser=_parser_name(self.env),
-                                info=_plain(info), reward=0.0, done=False)
+                                describe_tools=bool(getattr(self.env, "describe_tools", True)), info=_plain(info),
+                                reward=0.0, done=False)
 
     async def step_async(self, action: SlimeAction, timeout_s: float | None = None,
                          **kwargs: Any) -> SlimeObservation:
