@@ -1,0 +1,125 @@
+"""verifiers environments run here (the real `verifiers` package, the 0.4 series), ledgers exact (strict renderer).
+
+Offline tasksets: two written the way verifiers' own examples are (tests/vf_capitals.py: weighted async rewards, a
+metric, a `@vf.stop`, a `vf.Toolset`; tests/vf_codeword.py: a multi-turn `vf.Env.run()` over `interaction.turn`), and
+the `openenv` taskset verifiers ships, played against OpenEnv's scaffolded echo server. The example environments of
+verifiers' repository are not on PyPI (and reverse_text, gsm8k, wordle fetch datasets or NLTK data at load).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("verifiers")
+
+from slime_env import ScriptedPolicy, get_renderer, run_episode  # noqa: E402
+from slime_env.errors import InvalidInput  # noqa: E402
+from slime_env.integrations.verifiers import VerifiersEnv, require_verifiers, verifiers_tasks  # noqa: E402
+
+CALL = '<tool_call>\n{{"name": "atlas_capital", "arguments": {{"country": "{}"}}}}\n</tool_call>'
+
+
+@pytest.fixture(scope="module")
+def strict(smollm2_tok):
+    return get_renderer(smollm2_tok, strict=True)
+
+
+def play(env, replies, task, tok, renderer, max_turns=8):
+    async def main():
+        try:
+            return await run_episode(env, ScriptedPolicy(tok, replies), task, renderer=renderer, max_turns=max_turns)
+        finally:
+            await env.close()
+
+    traj = asyncio.run(main())
+    traj.check()
+    return traj
+
+
+def test_taskset_tasks_tools_and_weighted_rewards(smollm2_tok, strict):
+    env = VerifiersEnv("vf_capitals")
+    tasks = verifiers_tasks(env)
+    assert [t.label for t in tasks] == ["Paris", "Tokyo", "Nairobi", "Lima"]
+    assert tasks[1].messages()[0].content == "You are a geography assistant."
+    traj = play(env, [CALL.format("Japan"), "<answer>Tokyo</answer>"], tasks[1], smollm2_tok, strict)
+    assert traj.status == "completed", traj.reason
+    assert traj.turn_rewards == [0.0, 1.25]  # correct (weight 1) + used_tool (weight 0.25)
+    text = smollm2_tok.decode(traj.prompt_ids + traj.response_ids)
+    assert '"name": "atlas_capital"' in smollm2_tok.decode(traj.prompt_ids)  # the toolset's tool, prefixed
+    assert "Tokyo<|im_end|>" in text  # the tool ran in process; its result is the tool message
+
+
+def test_rubric_detail_metrics_and_parser(smollm2_tok, strict):
+    async def main():
+        env = VerifiersEnv("vf_capitals", countries=["peru"])  # taskset config fields as keywords
+        (task,) = verifiers_tasks(env)
+        await env.reset(options={"task": task})
+        from slime_env import Action, get_parser
+
+        text = CALL.format("Peru")
+        parsed = get_parser("hermes")(text)
+        obs, *_ = await env.step(Action(text=text, tool_calls=parsed.tool_calls))
+        out = await env.step(Action(text="<answer>Cusco</answer>"))
+        await env.close()
+        return obs, out, env.trace
+
+    obs, (_, reward, terminated, _, info), trace = asyncio.run(main())
+    assert obs[0].content == "Lima" and obs[0].name == "atlas_capital"
+    assert terminated and reward == 0.25
+    assert info["verifiers"]["rewards"] == {"correct": {"score": 0.0, "weight": 1.0},
+                                            "used_tool": {"score": 1.0, "weight": 0.25}}
+    assert info["verifiers"]["metrics"] == {"turns": 2.0}
+    calls = trace.assistant_messages[0].tool_calls  # the trace carries the parsed call as an OpenAI tool call
+    assert calls[0].name == "atlas_capital" and calls[0].arguments == '{"country": "Peru"}'
+
+
+def test_stop_hook_ends_and_scores(smollm2_tok, strict):
+    env = VerifiersEnv("vf_capitals")
+    task = verifiers_tasks(env)[0]
+    traj = play(env, [CALL.format("France")], task, smollm2_tok, strict)  # calls the tool forever
+    assert traj.status == "completed"  # @vf.stop three_turns fired before the 4th call
+    assert len(traj.turn_rewards) == 3 and traj.reward == 0.25
+
+
+def test_multi_turn_env_run_drives_the_episode(smollm2_tok, strict):
+    env = VerifiersEnv("vf_codeword")
+    task = verifiers_tasks(env)[2]
+    traj = play(env, ["Q", "QR", "QRS"], task, smollm2_tok, strict)
+    assert traj.status == "completed", traj.reason
+    assert traj.reward == 2.5  # exact (weight 2) + the run()'s own "finished" reward (weight 0.5)
+    inserted = smollm2_tok.decode([t for t, m in zip(traj.response_ids, traj.loss_mask) if not m])
+    assert "More letters: R." in inserted and "More letters: S." in inserted
+    wrong = play(VerifiersEnv("vf_codeword"), ["Q", "QR", "QRX"], task, smollm2_tok, strict)
+    assert wrong.reward == 0.5
+
+
+def test_verifiers_openenv_taskset_against_openenv_echo(tmp_path, smollm2_tok, strict):
+    """verifiers' own `openenv` taskset (its `run()` steps an OpenEnv client; rewards summed at the end) over
+    OpenEnv's echo server; our max_turns stops it and the truncated trace is scored, as verifiers does."""
+    pytest.importorskip("openenv")
+    from test_openenv import uvicorn
+
+    subprocess.run([sys.executable, "-m", "openenv.cli", "init", "echo_env", "--output-dir", str(tmp_path)], check=True,
+                   capture_output=True)
+    with uvicorn("echo_env.server.app:app", tmp_path) as url:
+        env = VerifiersEnv("openenv", base_url=url, resets=[{}], max_turns=3)
+        task = verifiers_tasks(env)[0]
+        traj = play(env, ['{"message": "hello"}', "hey"], task, smollm2_tok, strict)
+    assert traj.status == "truncated"
+    assert traj.reward == pytest.approx(1.3)  # 0.5 + 0.3 + 0.5: OpenEnv's per-step echo rewards
+    assert '"echoed_message": "hey"' in smollm2_tok.decode(traj.response_ids)
+
+
+def test_errors_name_the_input():
+    env = VerifiersEnv("vf_codeword")
+    env.vf_env.taskset.INFINITE = True
+    with pytest.raises(InvalidInput, match="infinite: pass limit="):
+        verifiers_tasks(env)
+    assert len(verifiers_tasks(env, limit=2)) == 2
+    with pytest.raises(InvalidInput, match=r"needs a task from verifiers_tasks"):
+        asyncio.run(env.reset(options={"task": "What is the capital of Chile?"}))
+    assert require_verifiers().startswith("0.4")
