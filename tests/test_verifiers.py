@@ -123,3 +123,101 @@ def test_errors_name_the_input():
     with pytest.raises(InvalidInput, match=r"needs a task from verifiers_tasks"):
         asyncio.run(env.reset(options={"task": "What is the capital of Chile?"}))
     assert require_verifiers().startswith("0.4")
+
+
+# --- out: our envs as verifiers environments, run by verifiers' own eval loop against our gateway ----------------
+GUESS_ENV = str((__import__("pathlib").Path(__file__).parents[1] / "examples" / "guess_number_env.py").resolve())
+
+
+def solve(context: str) -> str:
+    """Calculator-v0's player: one calculator call on the question, then the answer from the tool's result."""
+    import re
+
+    results = re.findall(r"<\|im_start\|>tool\n(.*?)<\|im_end\|>", context)
+    if results:
+        return f"<answer>{results[-1]}</answer>"
+    question = re.findall(r"What is (.*?)\?", context)[-1]
+    return '<tool_call>\n{"name": "calculator", "arguments": {"expression": "%s"}}\n</tool_call>' % question
+
+
+def guesser(context: str) -> str:
+    import re
+
+    lo, hi = 1, 100
+    for guess, hint in re.findall(r"<guess>(\d+)</guess><\|im_end\|>\n<\|im_start\|>user\n(\w+)", context):
+        lo, hi = (int(guess) + 1, hi) if hint == "higher" else (lo, int(guess) - 1)
+    return f"<guess>{(lo + hi) // 2}</guess>"
+
+
+def vf_eval(package_dir, taskset_id, policy, tok, monkeypatch, **taskset):
+    """verifiers' own `run_eval` (what `vf eval` runs) on `taskset_id`, its model calls sent to one session of our
+    gateway; returns the episodes and the gateway's trajectories."""
+    import verifiers.v1 as vf
+    from verifiers.v1.cli.eval.runner import run_eval
+    from verifiers.v1.configs.cli.eval import EvalConfig
+
+    from slime_env import Gateway, Task
+
+    monkeypatch.syspath_prepend(str(package_dir))
+
+    async def main():
+        gateway = Gateway(policy, get_renderer(tok), "hermes", strict=True)
+        await gateway.start()
+        try:
+            session = gateway.open_session(Task("verifiers eval"))
+            monkeypatch.setenv("SLIME_ENV_GATEWAY_KEY", session.key)
+            config = EvalConfig(env=vf.resolve_env_config({"taskset": {"id": taskset_id, **taskset}}), model="policy",
+                                client=vf.EvalClientConfig(base_url=gateway.session_url(session),
+                                                           api_key_var="SLIME_ENV_GATEWAY_KEY"),
+                                push=False, rich=None, output_dir=package_dir / "outputs", max_concurrent=1)
+            episodes = await run_eval(config)
+            return episodes, gateway.close_session(session.id)
+        finally:
+            await gateway.stop()
+
+    return asyncio.run(main())
+
+
+def test_export_runs_in_verifiers_eval_through_our_gateway(tmp_path, smollm2_tok, monkeypatch):
+    from slime_env.integrations.verifiers_export import write_verifiers_package
+
+    package = write_verifiers_package("Calculator-v0", tmp_path)
+    assert package.name == "calculator_v0" and (tmp_path / "pyproject.toml").exists()
+    episodes, trajs = vf_eval(tmp_path, "calculator_v0", ScriptedPolicy(smollm2_tok, solve), smollm2_tok, monkeypatch,
+                              num_tasks=2)
+    assert len(episodes) == 2 and all(e.ok for e in episodes), [e.errors for e in episodes]
+    for episode in episodes:
+        (trace,) = episode.traces
+        assert trace.reward == 1.0 and trace.rewards["slime_env"].weight == 1.0
+        assert trace.info["slime_env"]["steps"] == 2 and trace.info["slime_env"]["info"]["correct"]
+        assert trace.assistant_messages[0].tool_calls[0].name == "calculator"  # parsed by our gateway, hermes
+    assert len(trajs) == 2  # one branch per rollout, exact ledgers
+    for t in trajs:
+        t.check()
+        assert t.status == "completed" and len(t.metadata["calls"]) == 2
+
+
+def test_exported_text_env_ledger_equals_a_direct_run(tmp_path, smollm2_tok, monkeypatch):
+    """A multi-turn text env (examples/guess_number_env.py) through verifiers' eval loop and our gateway: the recorded
+    tokens are the ones `run_episode` records when it runs the env directly."""
+    from slime_env import make
+    from slime_env.integrations.verifiers_export import write_verifiers_package
+
+    env_id = f"{GUESS_ENV}:GuessEnv"
+    write_verifiers_package(env_id, tmp_path, name="guess_number")
+    episodes, (traj,) = vf_eval(tmp_path, "guess_number", ScriptedPolicy(smollm2_tok, guesser), smollm2_tok,
+                                monkeypatch, num_tasks=1, seed=5)
+    (trace,) = episodes[0].traces
+    assert trace.reward == 1.0
+    env = make(env_id)
+    task = env.sample_task(__import__("random").Random(5))
+
+    async def direct():
+        return await run_episode(env, ScriptedPolicy(smollm2_tok, guesser), task,
+                                 renderer=get_renderer(smollm2_tok, strict=True), max_turns=10)
+
+    ours = asyncio.run(direct())
+    traj.check()
+    assert ours.reward == 1.0 and len(traj.metadata["calls"]) == len(ours.turn_rewards)
+    assert traj.prompt_ids + traj.response_ids == ours.prompt_ids + ours.response_ids
+    assert traj.loss_mask == ours.loss_mask

@@ -1,4 +1,5 @@
-"""`slime-env` subcommands of the ecosystem integrations: `serve-openenv` (extra `[openenv]`)."""
+"""`slime-env` subcommands of the ecosystem integrations: `serve-openenv` (extra `[openenv]`) and `export-verifiers`
+(extra `[verifiers]`)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import typer
 
 def register(app: typer.Typer) -> None:
     app.command("serve-openenv")(serve_openenv)
+    app.command("export-verifiers")(export_verifiers)
 
 
 def serve_openenv(env_id: str = typer.Argument(..., help="registered env id (or pkg.mod:factory)"),
@@ -31,3 +33,22 @@ def serve_openenv(env_id: str = typer.Argument(..., help="registered env id (or 
         raise typer.Exit(1) from None
     serve(env_id, host=host, port=port, env_kwargs=env_kwargs, max_sessions=max_sessions,
           session_timeout_s=session_timeout_s or None)
+
+
+def export_verifiers(env_id: str = typer.Argument(..., help="registered env id (or path/to/file.py:factory)"),
+                     out: str = typer.Option(".", help="folder to write the package (and its pyproject.toml) into"),
+                     name: str = typer.Option(None, help="package name = taskset id (default: the id in snake case)"),
+                     kwargs: str = typer.Option("{}", help="env kwargs as a JSON object")) -> None:
+    """Write a verifiers environment package for an env: `pip install OUT` then `vf eval NAME`."""
+    import json
+
+    from slime_env.errors import SlimeEnvError
+
+    try:
+        from slime_env.integrations.verifiers_export import write_verifiers_package
+
+        package = write_verifiers_package(env_id, out, name=name, env_kwargs=json.loads(kwargs))
+    except (SlimeEnvError, ValueError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(f"wrote {package} (taskset id {package.name!r}): pip install {out} && vf eval {package.name}")
