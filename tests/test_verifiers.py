@@ -178,20 +178,46 @@ def vf_eval(package_dir, taskset_id, policy, tok, monkeypatch, **taskset):
     return asyncio.run(main())
 
 
-def test_export_runs_in_verifiers_eval_through_our_gateway(tmp_path, smollm2_tok, monkeypatch):
-    from slime_env.integrations.verifiers_export import write_verifiers_package
+def test_exported_env_runs_under_vf_eval_against_our_gateway(tmp_path, smollm2_tok):
+    """`slime-env export-verifiers Calculator-v0`, then verifiers' own command, `vf-eval calculator_v0`, with its
+    model client pointed at a session of our gateway: every episode scored by our env, every call an exact ledger."""
+    import json
+    import os
+    import shutil
 
-    package = write_verifiers_package("Calculator-v0", tmp_path)
-    assert package.name == "calculator_v0" and (tmp_path / "pyproject.toml").exists()
-    episodes, trajs = vf_eval(tmp_path, "calculator_v0", ScriptedPolicy(smollm2_tok, solve), smollm2_tok, monkeypatch,
-                              num_tasks=2)
-    assert len(episodes) == 2 and all(e.ok for e in episodes), [e.errors for e in episodes]
+    from slime_env import Gateway, Task
+
+    out = subprocess.run([sys.executable, "-m", "slime_env", "export-verifiers", "Calculator-v0", "--out", str(tmp_path)],
+                         capture_output=True, text=True, check=True).stdout
+    assert "calculator_v0" in out and (tmp_path / "calculator_v0" / "__init__.py").exists()
+    vf_eval_cmd = shutil.which("vf-eval", path=os.path.dirname(sys.executable)) or shutil.which("vf-eval")
+
+    async def main():
+        gateway = Gateway(ScriptedPolicy(smollm2_tok, solve), get_renderer(smollm2_tok), "hermes", strict=True)
+        await gateway.start()
+        try:
+            session = gateway.open_session(Task("vf-eval"))
+            proc = await asyncio.create_subprocess_exec(
+                vf_eval_cmd, "calculator_v0", "-m", "policy", "--client.base-url", gateway.session_url(session),
+                "--client.api-key-var", "SLIME_ENV_GATEWAY_KEY", "--env.taskset.num-tasks", "2", "--no-push",
+                "-o", str(tmp_path / "outputs"), cwd=tmp_path, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+                env={**os.environ, "PYTHONPATH": str(tmp_path), "SLIME_ENV_GATEWAY_KEY": session.key})
+            log, _ = await proc.communicate()
+            return proc.returncode, log.decode(), gateway.close_session(session.id)
+        finally:
+            await gateway.stop()
+
+    code, log, trajs = asyncio.run(main())
+    assert code == 0, log[-3000:]
+    (traces,) = (tmp_path / "outputs").rglob("traces.jsonl")
+    episodes = [json.loads(line) for line in traces.read_text().splitlines()]
+    assert len(episodes) == 2
     for episode in episodes:
-        (trace,) = episode.traces
-        assert trace.reward == 1.0 and trace.rewards["slime_env"].weight == 1.0
-        assert trace.info["slime_env"]["steps"] == 2 and trace.info["slime_env"]["info"]["correct"]
-        assert trace.assistant_messages[0].tool_calls[0].name == "calculator"  # parsed by our gateway, hermes
-    assert len(trajs) == 2  # one branch per rollout, exact ledgers
+        (trace,) = episode["traces"]
+        assert trace["rewards"]["slime_env"] == {"score": 1.0, "weight": 1.0}
+        assert trace["info"]["slime_env"]["steps"] == 2 and trace["info"]["slime_env"]["info"]["correct"]
+    assert len(trajs) == 2  # one gateway branch per rollout, exact ledgers
     for t in trajs:
         t.check()
         assert t.status == "completed" and len(t.metadata["calls"]) == 2

@@ -39,7 +39,7 @@ def export_verifiers(env_id: str = typer.Argument(..., help="registered env id (
                      out: str = typer.Option(".", help="folder to write the package (and its pyproject.toml) into"),
                      name: str = typer.Option(None, help="package name = taskset id (default: the id in snake case)"),
                      kwargs: str = typer.Option("{}", help="env kwargs as a JSON object")) -> None:
-    """Write a verifiers environment package for an env: `pip install OUT` then `vf eval NAME`."""
+    """Write a verifiers environment package for an env: `pip install OUT` then `vf-eval NAME`."""
     import json
 
     from slime_env.errors import SlimeEnvError
@@ -51,4 +51,4 @@ def export_verifiers(env_id: str = typer.Argument(..., help="registered env id (
     except (SlimeEnvError, ValueError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(1) from None
-    typer.echo(f"wrote {package} (taskset id {package.name!r}): pip install {out} && vf eval {package.name}")
+    typer.echo(f"wrote {package} (taskset id {package.name!r}): pip install {out} && vf-eval {package.name}")

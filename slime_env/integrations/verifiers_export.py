@@ -3,7 +3,7 @@
 verifiers finds an environment by its taskset id: an installed module whose `__all__` exports a `vf.Taskset` (and,
 optionally, a `vf.Env` and a `vf.Harness`). `write_verifiers_package` writes such a package for one of our env ids
 (`slime-env export-verifiers ENV_ID --out DIR`); `pip install DIR/<name>` (or putting `DIR` on the path) makes
-`vf eval <name>`, prime-rl and verifiers' `run_eval` run it. The package holds no logic of its own — it binds the env id
+`vf-eval <name>`, prime-rl and verifiers' `run_eval` run it. The package holds no logic of its own — it binds the env id
 to the classes here:
 - `SlimeTaskset`: the env's tasks (a JSONL/Parquet `tasks` file, else the env's own `default_tasks()`, else
   `num_tasks` seeded draws of its `sample_task`), at most `num_tasks` of them; each `SlimeTask` carries our task as data.
@@ -204,7 +204,7 @@ def write_verifiers_package(env_id: str, directory: str | Path, *, name: str | N
     root = Path(directory)
     package = root / name
     package.mkdir(parents=True, exist_ok=True)
-    (package / "__init__.py").write_text(f'''"""{env_id} (slime_env) as a verifiers environment: `vf eval {name}`.
+    (package / "__init__.py").write_text(f'''"""{env_id} (slime_env) as a verifiers environment: `vf-eval {name}`.
 
 Written by slime_env.integrations.verifiers_export.write_verifiers_package; the classes live there.
 """
