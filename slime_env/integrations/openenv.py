@@ -55,6 +55,8 @@ class OpenEnvEnv(Env):
     "auto" (MCP tools when the env serves them), True, or False; `parser`: the tool-call parser of the policy's family.
     `send_task`: pass the task to the env's reset as `task=` (a dict: prompt, label, metadata, id), for envs that build
     their prompt from it (ours, served by `slime-env serve-openenv`); the prompt is then the env's observation alone.
+    `threads`: an in-process env's sync `reset`/`step` run in a worker thread (the default: a blocking env never
+    stalls the loop); False calls them inline, for envs whose steps take microseconds (saves the thread hop, ~80 µs).
     `system_prompt`, `max_turns`, `tasks` (for resets without a task) as in `ToolEnv`.
     """
 
@@ -63,7 +65,7 @@ class OpenEnvEnv(Env):
                  observation: Callable[[Mapping[str, Any]], str | Sequence[Message]] | None = None,
                  tools: bool | str = "auto", parser: str | None = "hermes", system_prompt: str | None = None,
                  max_turns: int | None = None, message_timeout_s: float = 60.0, send_task: bool = False,
-                 tasks: Any = None):
+                 threads: bool = True, tasks: Any = None):
         if sum(x is not None for x in (url, client, environment)) != 1:
             raise InvalidInput("OpenEnvEnv needs exactly one of url=, client= or environment=")
         if tools not in ("auto", True, False):
@@ -75,6 +77,7 @@ class OpenEnvEnv(Env):
         self.action, self.action_cls, self.observation = action, action_cls, observation
         self.use_tools, self.parser, self.system_prompt = tools, parser, system_prompt
         self.max_turns, self.message_timeout_s, self.send_task = max_turns, message_timeout_s, send_task
+        self.threads = threads
         self.set_tasks(tasks)
         self.tools = None
         self._schema: dict[str, Any] | None = None
@@ -211,6 +214,9 @@ class OpenEnvEnv(Env):
             await self._client.connect()
             self._schema = await _remote_action_schema(self._client)
 
+    async def _sync(self, fn: Callable[[], Any]) -> Any:
+        return await _run_sync(fn, self.threads)
+
     async def _reset(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         if self._environment is None:
             return _result(await self._client.reset(**kwargs))
@@ -220,7 +226,7 @@ class OpenEnvEnv(Env):
         if type(env).reset_async is not Environment.reset_async:
             obs = await env.reset_async(**_accepted(env.reset_async, kwargs))
         else:
-            obs = await asyncio.to_thread(lambda: env.reset(**_accepted(env.reset, kwargs)))
+            obs = await self._sync(lambda: env.reset(**_accepted(env.reset, kwargs)))
         return _serialized(obs)
 
     async def _step_payload(self, payload: Any) -> dict[str, Any]:
@@ -238,8 +244,12 @@ class OpenEnvEnv(Env):
         if type(env).step_async is not Environment.step_async:
             obs = await env.step_async(payload)
         else:
-            obs = await asyncio.to_thread(env.step, payload)
+            obs = await self._sync(lambda: env.step(payload))
         return _serialized(obs)
+
+
+async def _run_sync(fn: Callable[[], Any], threads: bool) -> Any:
+    return await asyncio.to_thread(fn) if threads else fn()
 
 
 def _result(step_result: Any) -> dict[str, Any]:
