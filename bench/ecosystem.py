@@ -110,8 +110,8 @@ async def openenv_rows(n: int, tmp: Path) -> None:
     app.write_text(app.read_text().replace("max_concurrent_envs=1", "max_concurrent_envs=4"))
     theirs, url = server([sys.executable, "-m", "uvicorn", "echo_env.server.app:app", "--port", "0", "--log-level",
                           "info"], tmp, "Uvicorn running on ", {"PYTHONPATH": str(tmp)})
-    ours_proc, ours_url = server([sys.executable, "-m", "slime_env", "serve-openenv", f"{ROOT}/bench/ecosystem.py:EchoEnv",
-                                  "--port", "0"], ROOT, "listening on ")
+    ours_proc, ours_url = server([sys.executable, "-m", "slime_env", "serve-openenv",
+                                  f"{ROOT}/bench/ecosystem.py:EchoEnv", "--port", "0"], ROOT, "listening on ")
     try:
         action = Action(text="hello")
         async with GenericEnvClient(base_url=url) as client:

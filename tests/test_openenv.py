@@ -207,3 +207,10 @@ def test_version_skew_names_both_versions(monkeypatch):
     monkeypatch.undo()
     with pytest.raises(IntegrationVersionError, match="not installed: pip install 'slime_env\\[verifiers\\]'"):
         require("no-such-distribution-xyz", ">=1", extra="verifiers", what="x")
+
+
+def test_roundtrip_example():
+    out = subprocess.run([sys.executable, "-P", str(TESTS.parent / "examples" / "openenv_roundtrip.py")],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "through OpenEnv: status=completed reward=1.0" in out.stdout and "same ledger: True" in out.stdout

@@ -114,9 +114,9 @@ def test_verifiers_openenv_taskset_against_openenv_echo(tmp_path, smollm2_tok, s
     assert '"echoed_message": "hey"' in smollm2_tok.decode(traj.response_ids)
 
 
-def test_errors_name_the_input():
+def test_errors_name_the_input(monkeypatch):
     env = VerifiersEnv("vf_codeword")
-    env.vf_env.taskset.INFINITE = True
+    monkeypatch.setattr(env.vf_env.taskset, "INFINITE", True)
     with pytest.raises(InvalidInput, match="infinite: pass limit="):
         verifiers_tasks(env)
     assert len(verifiers_tasks(env, limit=2)) == 2
@@ -187,8 +187,8 @@ def test_exported_env_runs_under_vf_eval_against_our_gateway(tmp_path, smollm2_t
 
     from slime_env import Gateway, Task
 
-    out = subprocess.run([sys.executable, "-m", "slime_env", "export-verifiers", "Calculator-v0", "--out", str(tmp_path)],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run([sys.executable, "-m", "slime_env", "export-verifiers", "Calculator-v0",
+                          "--out", str(tmp_path)], capture_output=True, text=True, check=True).stdout
     assert "calculator_v0" in out and (tmp_path / "calculator_v0" / "__init__.py").exists()
     vf_eval_cmd = shutil.which("vf-eval", path=os.path.dirname(sys.executable)) or shutil.which("vf-eval")
 

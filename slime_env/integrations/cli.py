@@ -16,7 +16,8 @@ def serve_openenv(env_id: str = typer.Argument(..., help="registered env id (or 
                   port: int = typer.Option(8000, help="port (0 picks a free one)"),
                   kwargs: str = typer.Option("{}", help="env kwargs as a JSON object"),
                   max_sessions: int = typer.Option(64, min=1, help="concurrent WebSocket sessions (one env each)"),
-                  session_timeout_s: float = typer.Option(600.0, help="close sessions idle this long (0: never)")) -> None:
+                  session_timeout_s: float = typer.Option(600.0, help="close sessions idle this long (0: never)"),
+                  ) -> None:
     """Serve an env as an OpenEnv environment (HTTP + WebSocket; OpenEnv's EnvClient, TRL, SkyRL, torchforge)."""
     import json
 

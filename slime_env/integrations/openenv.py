@@ -81,6 +81,7 @@ class OpenEnvEnv(Env):
         self.set_tasks(tasks)
         self.tools = None
         self._schema: dict[str, Any] | None = None
+        self._mcp: bool | None = None
         self.turn = 0
         self.task: Task | None = None
 
@@ -176,9 +177,9 @@ class OpenEnvEnv(Env):
     def _tool_mode(self) -> bool:
         if self.use_tools != "auto":
             return bool(self.use_tools)
-        schema = self._schema or {}
-        kinds = json.dumps(schema)
-        return '"call_tool"' in kinds or (self._environment is not None and hasattr(self._environment, "mcp_session"))
+        if self._mcp is None:  # the action schema names OpenEnv's MCP actions, or the env is an MCPEnvironment
+            self._mcp = '"call_tool"' in json.dumps(self._schema or {}) or hasattr(self._environment, "mcp_session")
+        return self._mcp
 
     async def _call_tools(self, action: Action) -> tuple[list[Message], float, bool, dict[str, Any]]:
         out, reward, done, meta = [], 0.0, False, {}
@@ -321,7 +322,8 @@ def _tool_text(obs: Mapping[str, Any]) -> str:
             prefix = "error: "
         else:
             prefix = ""
-        blocks = [b.get("text") for b in result.get("content") or () if isinstance(b, Mapping) and b.get("type") == "text"]
+        blocks = [b.get("text") for b in result.get("content") or ()
+                  if isinstance(b, Mapping) and b.get("type") == "text"]
         if blocks:
             return prefix + "\n".join(t for t in blocks if t is not None)
         if result.get("data") is not None:

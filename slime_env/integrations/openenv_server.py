@@ -160,8 +160,9 @@ def openenv_app(env_id: str, *, env_kwargs: Mapping[str, Any] | None = None, max
                               env_name=env_id, state_cls=SlimeState)
 
 
-def serve_openenv(env_id: str, *, host: str = "127.0.0.1", port: int = 8000, env_kwargs: Mapping[str, Any] | None = None,
-                  max_sessions: int = 64, session_timeout_s: float | None = 600.0) -> None:
+def serve_openenv(env_id: str, *, host: str = "127.0.0.1", port: int = 8000,
+                  env_kwargs: Mapping[str, Any] | None = None, max_sessions: int = 64,
+                  session_timeout_s: float | None = 600.0) -> None:
     """Serve `env_id` with uvicorn until interrupted (`slime-env serve-openenv`); prints `listening on URL` once bound
     (`port=0` picks a free port)."""
     import socket

@@ -56,8 +56,14 @@ def load_verifiers_env(taskset: Any, **config: Any) -> Any:
         return taskset
     if not isinstance(taskset, str):
         raise InvalidInput(f"VerifiersEnv: taskset must be a taskset id or a vf.Env, got {type(taskset).__name__}")
-    env_id = config.pop("env_id", "")
-    return vf.load_environment(vf.resolve_env_config({"id": env_id, "taskset": {"id": taskset, **config}}))
+    key = (taskset, json.dumps(config, sort_keys=True, default=repr))
+    if key not in _LOADED:  # one load per taskset and config: episodes' envs share it (a taskset may load a dataset)
+        env_id = config.pop("env_id", "")
+        _LOADED[key] = vf.load_environment(vf.resolve_env_config({"id": env_id, "taskset": {"id": taskset, **config}}))
+    return _LOADED[key]
+
+
+_LOADED: dict[tuple[str, str], Any] = {}
 
 
 def verifiers_tasks(env: Any, limit: int | None = None) -> list[Task]:
@@ -92,7 +98,6 @@ class VerifiersEnv(ToolEnv):
         self.trace: Any = None
         self._episode: _Program | None = None
         self._stops: list[Any] = []
-        self._closers: list[Any] = []
 
     def default_tasks(self) -> Sequence[Task]:
         return verifiers_tasks(self, self.default_limit)

@@ -3,10 +3,11 @@
 verifiers finds an environment by its taskset id: an installed module whose `__all__` exports a `vf.Taskset` (and,
 optionally, a `vf.Env` and a `vf.Harness`). `write_verifiers_package` writes such a package for one of our env ids
 (`slime-env export-verifiers ENV_ID --out DIR`); `pip install DIR/<name>` (or putting `DIR` on the path) makes
-`vf-eval <name>`, prime-rl and verifiers' `run_eval` run it. The package holds no logic of its own — it binds the env id
-to the classes here:
+`vf-eval <name>`, prime-rl and verifiers' `run_eval` run it. The package holds no logic of its own — it binds the env
+id to the classes here:
 - `SlimeTaskset`: the env's tasks (a JSONL/Parquet `tasks` file, else the env's own `default_tasks()`, else
-  `num_tasks` seeded draws of its `sample_task`), at most `num_tasks` of them; each `SlimeTask` carries our task as data.
+  `num_tasks` seeded draws of its `sample_task`), at most `num_tasks` of them; each `SlimeTask` carries our task as
+  data.
 - `SlimeVerifiersEnv`: the episode. Its `run()` resets our env, opens the agent's interaction with the reset's messages
   (and the env's tool schemas), and steps our env on each reply (`interaction.turn(observation)`) until it terminates
   or truncates; the summed reward is recorded on the trace as `slime_env` (weight 1), the env's last info in
@@ -80,10 +81,12 @@ class SlimeTaskset(vf.Taskset[SlimeTask, SlimeTasksetConfig]):
             env = make(self.config.env_id, **self.config.env_kwargs)
             tasks = list(env.default_tasks() or ())
             if not tasks:  # an env that draws its tasks (sample_task): num_tasks seeded draws
-                draws = [env.sample_task(random.Random(self.config.seed + i)) for i in range(self.config.num_tasks or 16)]
+                n = self.config.num_tasks or 16
+                draws = [env.sample_task(random.Random(self.config.seed + i)) for i in range(n)]
                 tasks = [t for t in draws if t is not None]
             if not tasks:
-                raise InvalidInput(f"{self.config.env_id} has no task source of its own: give SlimeTaskset a tasks file")
+                raise InvalidInput(f"{self.config.env_id} has no task source of its own: "
+                                   "give SlimeTaskset a tasks file")
         tasks = tasks[: self.config.num_tasks] if self.config.num_tasks else tasks
         return [SlimeTask(SlimeTaskData(idx=i, id=t.id, name=t.id, slime_task=t.to_dict()), self.config.task)
                 for i, t in enumerate(tasks)]
