@@ -122,6 +122,10 @@ def test_errors_name_the_input(monkeypatch):
     assert len(verifiers_tasks(env, limit=2)) == 2
     with pytest.raises(InvalidInput, match=r"needs a task from verifiers_tasks"):
         asyncio.run(env.reset(options={"task": "What is the capital of Chile?"}))
+    stale = verifiers_tasks(env, limit=1)[0].to_dict()
+    stale["metadata"]["verifiers"]["key"] = "0" * 64
+    with pytest.raises(InvalidInput, match=r"key differs"):
+        asyncio.run(env.reset(options={"task": stale}))
     assert require_verifiers().startswith("0.4")
 
 

@@ -110,6 +110,9 @@ class VerifiersEnv(ToolEnv):
         if not isinstance(about, Mapping) or "idx" not in about:
             raise InvalidInput("VerifiersEnv.reset needs a task from verifiers_tasks(...) (metadata['verifiers'])")
         self.vf_task = self._task_at(int(about["idx"]))
+        if about.get("key") not in (None, self.vf_task.key):
+            raise InvalidInput(f"task {task.id!r}: the taskset's task at index {about['idx']} is not the one this task "
+                               "was listed from (its key differs): list the tasks again with verifiers_tasks(...)")
         self.trace = _new_trace(self.vf_task)
         messages, info = await super().reset(seed=seed, options=options)
         self._set_tools(await self._episode_tools())
