@@ -153,4 +153,5 @@ def workspace_reap(run_id: str = typer.Option(None, "--run", help="remove every 
     from slime_env.tools_sandbox.workspace.docker import reap
 
     removed = reap(run_id=run_id, all_owners=all_owners)
-    typer.echo(f"removed {removed['containers']} container(s), {removed['images']} snapshot image(s)")
+    typer.echo(f"removed {removed['containers']} container(s), {removed['images']} snapshot image(s), "
+               f"{removed['networks']} network(s)")

@@ -10,7 +10,8 @@
  * Requests: EXEC (fork/exec argv with env overrides, cwd, stdin, uid/gid, a timeout and an output limit; many
  * at once), READ / WRITE / LIST (files), KILLALL (every process but this one and pid 1), CANCEL (kill one
  * EXEC's process group). Each EXEC's child leads its own session, so a timeout, an output flood or a cancel
- * kills its whole process group. As pid 1 the agent reaps every orphan. When stdin closes (its owner is gone)
+ * kills its whole process group — and so does the command's end, unless it asked to DETACH (background
+ * processes it started then keep running). As pid 1 the agent reaps every orphan. When stdin closes (its owner is gone)
  * it kills everything and exits, so the workspace stops with it.
  */
 #define _GNU_SOURCE
@@ -24,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/types.h>
@@ -35,7 +37,7 @@ enum { OP_EXEC = 1, OP_READ = 2, OP_WRITE = 3, OP_LIST = 4, OP_KILLALL = 5, OP_C
 enum { K_EXEC_DONE = 1, K_OK = 2, K_DATA = 3, K_ERRNO = 4, K_LIST = 5, K_READY = 6 };
 enum {
     T_ARG = 1, T_ENV = 2, T_CWD = 3, T_STDIN = 4, T_TIMEOUT_MS = 5, T_OUTPUT_LIMIT = 6, T_UID = 7, T_GID = 8,
-    T_PATH = 9, T_DATA = 10, T_MODE = 11, T_PARENTS = 12, T_MAX_BYTES = 13, T_TARGET = 14,
+    T_PATH = 9, T_DATA = 10, T_MODE = 11, T_PARENTS = 12, T_MAX_BYTES = 13, T_TARGET = 14, T_DETACH = 15,
     T_EXIT = 20, T_TIMED_OUT = 21, T_OUTPUT_EXCEEDED = 22, T_DURATION_US = 23, T_STDOUT = 24, T_STDERR = 25,
     T_SPAWN_ERROR = 26, T_ERRNO = 27, T_ENTRY = 28, T_KILLED = 29
 };
@@ -54,7 +56,7 @@ typedef struct {
     size_t in_off;
     int64_t deadline_ms, exit_ms, start_ms;
     int64_t output_limit;
-    int exited, status, timed_out, output_exceeded;
+    int exited, status, timed_out, output_exceeded, detach;
 } child_t;
 
 static child_t children[MAX_CHILDREN];
@@ -154,7 +156,7 @@ typedef struct {
     const char *cwd, *path;
     const unsigned char *stdin_p, *data_p;
     size_t stdin_n, data_n;
-    int64_t timeout_ms, output_limit, uid, gid, mode, parents, max_bytes, target;
+    int64_t timeout_ms, output_limit, uid, gid, mode, parents, max_bytes, target, detach;
 } req_t;
 
 /* String fields are copied out of the frame with a terminating NUL. */
@@ -197,6 +199,7 @@ static int parse(const unsigned char *p, size_t n, req_t *r) {
         case T_PARENTS: r->parents = iv; break;
         case T_MAX_BYTES: r->max_bytes = iv; break;
         case T_TARGET: r->target = iv; break;
+        case T_DETACH: r->detach = iv; break;
         default: break;
         }
         off += len;
@@ -357,7 +360,7 @@ static void do_exec(uint32_t id, req_t *r) {
     c->deadline_ms = now_ms() + (r->timeout_ms > 0 ? r->timeout_ms : 60000);
     c->output_limit = r->output_limit > 0 ? r->output_limit : (1 << 20);
     c->exit_ms = -1;
-    (void)t0;
+    c->detach = (int)r->detach;
 }
 
 static void kill_group(child_t *c) {
@@ -372,7 +375,22 @@ static void close_fd(int *fd) {
     *fd = -1;
 }
 
+static void reap(void);
+
+/* SIGKILL a process group until it is gone: members in the middle of a fork when one signal lands (a fork bomb)
+ * would otherwise survive it. */
+static void kill_group_fully(pid_t pgid) {
+    for (int round = 0; round < 200; round++) {
+        if (kill(-pgid, SIGKILL) != 0 && errno == ESRCH) return;
+        reap();
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+}
+
 static void finish(child_t *c) {
+    /* What the command left running in its process group ends with it, unless it asked to stay (detach). */
+    if (!c->detach) kill_group_fully(c->pid);
     buf_t b = {0};
     int64_t code = WIFEXITED(c->status) ? WEXITSTATUS(c->status) : WIFSIGNALED(c->status) ? -WTERMSIG(c->status) : -1;
     field_i64(&b, T_EXIT, code);
@@ -599,6 +617,8 @@ static void shutdown_all(void) {
 
 int main(void) {
     signal(SIGPIPE, SIG_IGN);
+    /* Orphans of commands come to us (not only when we are pid 1), so their zombies are reaped here. */
+    prctl(PR_SET_CHILD_SUBREAPER, 1);
     signal(SIGTERM, SIG_DFL);
     if (pipe2(sig_pipe, O_CLOEXEC | O_NONBLOCK) != 0) return 71;
     struct sigaction sa;

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import errno
 import io
 import os
 import posixpath
-import shlex
 import tarfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import ClassVar
 
@@ -40,11 +40,12 @@ class Workspace(abc.ABC):
       shell string (run by `/bin/sh -c`) or an argv list. Never raises for anything the command does: a
       non-zero exit is status `error`, the timeout `timeout` (the command's process group is killed), output
       past the limit `output_limit` (killed, output cut), the memory limit `memory`. stdout and stderr come
-      apart. A dead workspace (killed, wall time over, agent gone) raises `WorkspaceError`.
+      apart. What the command started in the background ends with it unless `detach=True`. A dead workspace
+      (killed, wall time over, agent gone) raises `WorkspaceError`.
     - `read_file` / `write_file` / `list_dir`: files by absolute path (relative paths are under the workdir);
       `FileNotFoundError`, `IsADirectoryError`, `PermissionError` as for local files.
     - `upload(local, remote)` / `download(remote, local)`: a file or a whole folder.
-    - `apply_diff(diff, cwd=)`: a unified diff applied with `git apply` (or `patch -p1`) in the workspace.
+    - `apply_diff(diff, cwd=)`: a unified diff applied strictly, from the host (no git needed in the image).
     - `snapshot() -> id` and `restore(id)`: the file system as it was (processes are not kept).
     - `kill_processes()`: kill every process but the workspace's own agent (before a verifier runs).
     - `close()`: remove the workspace and all it holds; idempotent.
@@ -55,9 +56,12 @@ class Workspace(abc.ABC):
     def __init__(self, spec: WorkspaceSpec, *, workspace_id: str):
         self.spec, self.id = spec, workspace_id
         self._agent: AgentConnection | None = None
-        self._closed = False
+        self._closed = self._stopped = False
         self._dead: str | None = None  # why the workspace died, once it has
         self._users: dict[str, tuple[int, int]] = {}
+        self._cleanups: list[Callable[[], Awaitable[None]]] = []  # run once the backend has stopped
+        self._oom_seen = 0  # the cgroup's OOM-kill count when last read (set once the agent is up)
+        self.exec_s, self.commands = 0.0, 0  # time spent in commands, and how many ran (for metrics)
         self.started_at = time.monotonic()
 
     # --- backends implement these -------------------------------------------------------------------------
@@ -117,7 +121,7 @@ class Workspace(abc.ABC):
 
     async def exec(self, command: str | Sequence[str], *, timeout_s: float = DEFAULT_TIMEOUT_S, cwd: str | None = None,
                    env: Mapping[str, str] | None = None, user: str | int | None = None, stdin: bytes | str = b"",
-                   output_limit_bytes: int = DEFAULT_OUTPUT_LIMIT) -> ExecResult:
+                   output_limit_bytes: int = DEFAULT_OUTPUT_LIMIT, detach: bool = False) -> ExecResult:
         if isinstance(command, str):
             argv = ["/bin/sh", "-c", command]
         else:
@@ -135,24 +139,49 @@ class Workspace(abc.ABC):
         answer = await self._call(
             "exec", timeout_s + GRACE_S, argv=argv, env={**self.spec.env, **(env or {})},
             cwd=self._path(cwd) if cwd else self.workdir, stdin=stdin.encode() if isinstance(stdin, str) else stdin,
-            timeout_ms=int(timeout_s * 1000), output_limit=output_limit_bytes, uid=uid, gid=gid)
+            timeout_ms=int(timeout_s * 1000), output_limit=output_limit_bytes, uid=uid, gid=gid, detach=detach)
         if "errno" in answer:
-            return ExecResult(status="sandbox_error", backend=self.backend,
-                              reason=f"the workspace could not start the command: {os.strerror(answer['errno'])}")
+            reason = f"the workspace could not start the command: {os.strerror(answer['errno'])}"
+            if answer["errno"] == errno.EAGAIN:
+                reason += f" (its process limit of {self.spec.limits.pids} is used up; kill_processes() frees it)"
+            return ExecResult(status="sandbox_error", backend=self.backend, reason=reason)
         if answer.get("spawn_error"):
             return ExecResult(status="error", exit_code=127, stderr=answer["spawn_error"], backend=self.backend,
                               reason=answer["spawn_error"])
+        self.exec_s += answer["duration_s"]
+        self.commands += 1
         status, reason = classify(exit_code=answer["exit_code"], timed_out=answer["timed_out"],
                                   output_exceeded=answer["output_exceeded"], oom=False,
                                   stderr=answer["stderr"].decode("utf-8", "replace"), timeout_s=timeout_s,
                                   memory_mb=self.spec.limits.memory_mb, output_limit_bytes=output_limit_bytes)
-        if status == "error" and answer["exit_code"] == -9 and not answer["timed_out"]:
-            status, reason = "memory", f"killed by SIGKILL (the workspace's memory limit of " \
-                                       f"{self.spec.limits.memory_mb} MB, or a kill from inside)"
+        if status == "error" and answer["exit_code"] in (-9, 137) and await self._oom_killed():
+            status, reason = "memory", f"the workspace's memory limit of {self.spec.limits.memory_mb} MB was hit " \
+                                       f"(the kernel killed a process)"
         return ExecResult(status=status, exit_code=answer["exit_code"],
                           stdout=answer["stdout"].decode("utf-8", "replace"),
                           stderr=answer["stderr"].decode("utf-8", "replace"), duration_s=answer["duration_s"],
                           truncated=answer["output_exceeded"], reason=reason, backend=self.backend)
+
+    async def _oom_count(self) -> int | None:
+        """The workspace cgroup's OOM-kill count (v2 `memory.events`, v1 `memory.oom_control`), None if unreadable."""
+        for path in ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control"):
+            try:
+                text = (await self.read_file(path)).decode()
+            except OSError:
+                continue
+            for line in text.splitlines():
+                key, _, value = line.partition(" ")
+                if key == "oom_kill" and value.strip().isdigit():
+                    return int(value)
+        return None
+
+    async def _oom_killed(self) -> bool:
+        """Whether the kernel's OOM killer struck since the last look (commands killed by SIGKILL ask)."""
+        count = await self._oom_count()
+        if count is None or count <= self._oom_seen:
+            return False
+        self._oom_seen = count
+        return True
 
     async def read_file(self, path: str, *, max_bytes: int = MAX_FILE_BYTES) -> bytes:
         answer = await self._call("read", 60.0, path=self._path(path), max_bytes=max_bytes)
@@ -217,16 +246,34 @@ class Workspace(abc.ABC):
                 info.size, info.mode = len(data), e.mode & 0o7777
                 tar.addfile(info, io.BytesIO(data))
 
-    async def apply_diff(self, diff: str, *, cwd: str | None = None, timeout_s: float = 60.0) -> ExecResult:
-        """Apply a unified diff in `cwd` (default: the workdir) with `git apply`, else `patch -p1`."""
-        name = f"/tmp/.slime_env-{os.urandom(6).hex()}.diff"
-        await self.write_file(name, diff)
-        q = shlex.quote(name)
-        script = (f"if command -v git >/dev/null 2>&1; then git apply --whitespace=nowarn {q}; "
-                  f"elif command -v patch >/dev/null 2>&1; then patch -p1 --batch --forward < {q}; "
-                  f"else echo 'neither git nor patch is installed in the workspace' >&2; exit 127; fi; "
-                  f"rc=$?; rm -f {q}; exit $rc")
-        return await self.exec(script, cwd=cwd, timeout_s=timeout_s, user=0)
+    async def apply_diff(self, diff: str, *, cwd: str | None = None) -> list[str]:
+        """Apply a unified diff to the files under `cwd` (default: the workdir), strictly (`diffs.DiffError` names
+        the file and hunk that does not match; nothing is written then); returns the paths changed."""
+        from slime_env.tools_sandbox.workspace.diffs import apply_unified_diff
+
+        root = self._path(cwd) if cwd else self.workdir
+
+        async def read(path: str) -> bytes | None:
+            try:
+                return await self.read_file(posixpath.join(root, path))
+            except FileNotFoundError:
+                return None
+
+        async def write(path: str, data: bytes) -> None:
+            full = posixpath.join(root, path)
+            try:
+                mode = next(e.mode for e in await self.list_dir(posixpath.dirname(full))
+                            if e.name == posixpath.basename(full)) & 0o7777
+            except (FileNotFoundError, NotADirectoryError, StopIteration):
+                mode = 0o644
+            await self.write_file(full, data, mode=mode)
+
+        async def delete(path: str) -> None:
+            result = await self.exec(["rm", "-f", "--", posixpath.join(root, path)], user=0)
+            if not result.ok:
+                raise OSError(f"removing {path}: {result.stderr.strip() or result.reason}")
+
+        return await apply_unified_diff(diff, read=read, write=write, delete=delete)
 
     async def snapshot(self) -> str:
         """Keep the file system as it is now; returns an id for `restore`."""
@@ -245,13 +292,31 @@ class Workspace(abc.ABC):
         answer = await self._call("killall", 30.0)
         return answer["killed"]
 
+    async def kill(self, reason: str) -> None:
+        """Stop the workspace now (a limit was hit); later calls raise `WorkspaceError` naming `reason`."""
+        self.mark_dead(reason)
+        await self._stop_once()
+
     async def close(self) -> None:
         if self._closed:
             return
         self._closed = True
         if self._agent is not None:
             self._agent.close()
-        await self._stop()
+        await self._stop_once()
+
+    async def _stop_once(self) -> None:
+        if not self._stopped:
+            self._stopped = True
+            try:
+                await self._stop()
+            finally:
+                for cleanup in self._cleanups:
+                    await cleanup()
+
+    def on_stop(self, cleanup: Callable[[], Awaitable[None]]) -> None:
+        """Run `await cleanup()` once the workspace has stopped (shared resources it held: networks, proxies)."""
+        self._cleanups.append(cleanup)
 
     async def __aenter__(self) -> Workspace:
         return self
@@ -296,13 +361,11 @@ class Workspace(abc.ABC):
 
 
 def _raise_errno(answer: dict, path: str) -> None:
-    errno_ = answer.get("errno")
-    if errno_:
-        raise OSError(errno_, os.strerror(errno_), path) if errno_ not in _ERRORS else _ERRORS[errno_](
-            errno_, os.strerror(errno_), path)
+    """The OSError subclass a local file operation would raise for the agent's errno, naming `path`."""
+    code = answer.get("errno")
+    if code:
+        raise _ERRORS.get(code, OSError)(code, os.strerror(code), path)
 
 
-import errno as _errno  # noqa: E402
-
-_ERRORS = {_errno.ENOENT: FileNotFoundError, _errno.EISDIR: IsADirectoryError, _errno.ENOTDIR: NotADirectoryError,
-           _errno.EACCES: PermissionError, _errno.EPERM: PermissionError, _errno.EEXIST: FileExistsError}
+_ERRORS = {errno.ENOENT: FileNotFoundError, errno.EISDIR: IsADirectoryError, errno.ENOTDIR: NotADirectoryError,
+           errno.EACCES: PermissionError, errno.EPERM: PermissionError, errno.EEXIST: FileExistsError}

@@ -180,4 +180,9 @@ def _ubuntu_keyring(tmp: str) -> str:
     deb.write_bytes(data)
     out = Path(tmp) / "ubuntu-keyring"
     subprocess.run(["dpkg-deb", "-x", str(deb), str(out)], check=True, capture_output=True)
-    return str(out / "usr/share/keyrings/ubuntu-archive-keyring.gpg")
+    # apt checks signatures as its unprivileged `_apt` user: the keyring and the folders above it must be readable
+    for folder in (Path(tmp), *[p for p in out.rglob("*") if p.is_dir()], out):
+        folder.chmod(0o755)
+    keyring = out / "usr/share/keyrings/ubuntu-archive-keyring.gpg"
+    keyring.chmod(0o644)
+    return str(keyring)

@@ -11,6 +11,7 @@ its owner process (host, pid and start time): `reap()` removes those whose owner
 from __future__ import annotations
 
 import asyncio
+import atexit
 import itertools
 import os
 import socket
@@ -29,6 +30,14 @@ RUN_LABEL = "slime_env.workspace.run"
 SNAPSHOT_REPO = "slime-env-snapshot"
 AGENT_PATH = "/.slime_env/agent"
 DROPPED_CAPS = ["NET_RAW", "MKNOD", "AUDIT_WRITE", "SYS_CHROOT"]
+_LIVE: dict[str, Any] = {}  # containers of this process not removed yet: removed at exit, whatever else happens
+
+
+@atexit.register
+def _remove_live() -> None:
+    for container in list(_LIVE.values()):
+        _remove(container)
+    _LIVE.clear()
 
 
 def owner_id(pid: int | None = None) -> str:
@@ -68,19 +77,15 @@ def docker_client(timeout_s: float = 120.0):
 class _ImageInfo:
     """What a workspace needs to know of its image: its default working directory and user."""
 
-    _cache: dict[str, tuple[str, str | None]] = {}
-
     @classmethod
     def get(cls, client, image: str) -> tuple[str, str | None]:
-        if image not in cls._cache:
-            try:
-                attrs = client.images.get(image).attrs
-            except Exception:  # noqa: BLE001 - ImageNotFound or API error
-                raise WorkspaceError(f"docker image {image!r} is not on this host (no registry is used: build it "
-                                     f"first, e.g. from a task's Dockerfile)") from None
-            config = attrs.get("Config") or {}
-            cls._cache[image] = (config.get("WorkingDir") or "/", config.get("User") or None)
-        return cls._cache[image]
+        try:
+            attrs = client.images.get(image).attrs  # asked each time: a tag rebuilt since is another image
+        except Exception:  # noqa: BLE001 - ImageNotFound or API error
+            raise WorkspaceError(f"docker image {image!r} is not on this host (no registry is used: build it "
+                                 f"first, e.g. from a task's Dockerfile)") from None
+        config = attrs.get("Config") or {}
+        return config.get("WorkingDir") or "/", config.get("User") or None
 
 
 class DockerWorkspace(Workspace):
@@ -125,6 +130,7 @@ class DockerWorkspace(Workspace):
         try:
             self._agent = await self._connect(sock)
             await self._agent.ready(timeout_s=60.0)
+            self._oom_seen = await self._oom_count() or 0
         except BaseException as e:
             await asyncio.to_thread(_remove, self.container)
             if isinstance(e, Exception):
@@ -145,6 +151,7 @@ class DockerWorkspace(Workspace):
             pids_limit=limits.pids, cap_drop=DROPPED_CAPS, security_opt=["no-new-privileges"],
             mounts=[docker.types.Mount(target=AGENT_PATH, source=str(agent_binary()), type="bind", read_only=True)],
             labels={LABEL: "1", OWNER_LABEL: owner_id(), RUN_LABEL: self.run_id, f"{LABEL}.id": self.id})
+        _LIVE[container.id] = container
         try:
             sock = container.attach_socket(params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
             container.start()
@@ -216,13 +223,14 @@ class DockerWorkspace(Workspace):
     def size_rw(self) -> int | None:
         """Bytes this workspace has written to its file system (Docker's `SizeRw`), or None if unknown."""
         try:
-            info = self.client.api.inspect_container(self.container.id, size=True)
-        except Exception:  # noqa: BLE001
+            (info,) = self.client.api.containers(all=True, filters={"id": self.container.id}, size=True)
+        except Exception:  # noqa: BLE001 - gone, or the engine is busy: the next round asks again
             return None
         return info.get("SizeRw")
 
 
 def _remove(container) -> None:
+    _LIVE.pop(container.id, None)
     try:
         container.remove(force=True)
     except Exception:  # noqa: BLE001 - already gone
@@ -233,7 +241,7 @@ def reap(client=None, *, run_id: str | None = None, all_owners: bool = False) ->
     """Remove workspace containers and snapshot images whose owner process is gone (all of one run with `run_id`,
     all of them with `all_owners`); returns how many of each were removed. Safe beside live runs."""
     client = client or docker_client()
-    removed = {"containers": 0, "images": 0}
+    removed = {"containers": 0, "images": 0, "networks": 0}
 
     def stale(labels: dict[str, Any]) -> bool:
         if all_owners:
@@ -257,4 +265,11 @@ def reap(client=None, *, run_id: str | None = None, all_owners: bool = False) ->
                     removed["images"] += 1
                 except Exception:  # noqa: BLE001
                     pass
+    for net in client.networks.list(filters={"label": f"{LABEL}=network"}):
+        if stale(net.attrs.get("Labels") or {}):
+            try:
+                net.remove()
+                removed["networks"] += 1
+            except Exception:  # noqa: BLE001 - still in use, or gone
+                pass
     return removed

@@ -17,7 +17,7 @@ from slime_env.tools_sandbox.workspace.types import FileInfo
 OPS = {"exec": 1, "read": 2, "write": 3, "list": 4, "killall": 5, "cancel": 6, "ping": 7}
 K_EXEC_DONE, K_OK, K_DATA, K_ERRNO, K_LIST, K_READY = 1, 2, 3, 4, 5, 6
 TAGS = {"arg": 1, "env": 2, "cwd": 3, "stdin": 4, "timeout_ms": 5, "output_limit": 6, "uid": 7, "gid": 8, "path": 9,
-        "data": 10, "mode": 11, "parents": 12, "max_bytes": 13, "target": 14}
+        "data": 10, "mode": 11, "parents": 12, "max_bytes": 13, "target": 14, "detach": 15}
 T_EXIT, T_TIMED_OUT, T_OUTPUT_EXCEEDED, T_DURATION_US, T_STDOUT, T_STDERR = 20, 21, 22, 23, 24, 25
 T_SPAWN_ERROR, T_ERRNO, T_ENTRY, T_KILLED = 26, 27, 28, 29
 _KINDS = {"f": "file", "d": "dir", "l": "link", "o": "other"}
