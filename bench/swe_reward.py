@@ -53,14 +53,14 @@ async def episode_tools(ws, task) -> int:
 
 
 async def bench_task(task, reps: int) -> dict:
-    from slime_env.tools_sandbox.workspace.docker import DockerWorkspace
+    from slime_env.tools_sandbox.workspace import open_workspace
 
     image = await build_task_image(task)
     out = defaultdict(list)
     try:
         for _ in range(reps):
             t = time.monotonic()
-            ws = await DockerWorkspace.start(reward_workspace_spec(task))
+            ws = await open_workspace(reward_workspace_spec(task))
             out["start"].append(time.monotonic() - t)
             await ws.close()
         for _ in range(reps):

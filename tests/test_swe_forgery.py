@@ -27,7 +27,7 @@ from slime_env.envs.swe.patches import apply_patch
 from slime_env.envs.swe.reward import run_hidden_tests, swe_reward
 from slime_env.envs.swe.task import load_task, write_task
 
-from tests.sandbox_support import unavailable
+from sandbox_support import unavailable
 
 REPO = "toolz"  # a 2-second suite with its tests inside the package: the guard's hardest layout
 

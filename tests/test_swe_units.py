@@ -307,7 +307,7 @@ def test_task_folder_round_trip_is_a_harbor_task(tmp_path):
     config = tomllib.loads((root / "task.toml").read_text())
     assert config["version"] == "1.0" and config["metadata"]["category"] == "swe"
     assert config["environment"] == {"build_timeout_sec": 900.0, "cpus": 1.0, "memory_mb": 2048,
-                                     "allow_internet": False, "workdir": "/repo"}
+                                     "network_mode": "no-network", "workdir": "/repo"}
     assert config["verifier"]["timeout_sec"] > 0 and config["agent"]["timeout_sec"] > 0
     assert config["metadata"]["swe"]["pass_to_pass"]["count"] == 300
     for required in ("instruction.md", "environment/Dockerfile", "environment/bug.patch", "tests/test.sh",

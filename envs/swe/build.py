@@ -124,7 +124,7 @@ async def build_repo(spec: RepoSpec, config: BuildConfig, *, log: Callable[[str]
     """Validate candidates of one repository until `config.per_repo` are kept (see the module docstring)."""
     from slime_env.tools_sandbox.workspace import Limits, WorkspaceSpec
 
-    start_workspace = start_workspace or _docker_start
+    start_workspace = start_workspace or _open
     dockerfile = repo_dockerfile(spec)
     image = repo_image_tag(dockerfile)
     out = RepoBuild(spec, image)
@@ -296,10 +296,10 @@ def _make_task(spec, image, m: Mutation, sources, v, baseline, deselect, names, 
     return task, {h: sources[h] for h in hidden}
 
 
-async def _docker_start(spec):
-    from slime_env.tools_sandbox.workspace.docker import DockerWorkspace
+async def _open(spec):
+    from slime_env.tools_sandbox.workspace import open_workspace
 
-    return await DockerWorkspace.start(spec, run_id="swe-build")
+    return await open_workspace(spec)
 
 
 async def build_dataset(out_dir: str | Path, repos: list[RepoSpec], config: BuildConfig, *,

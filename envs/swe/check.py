@@ -27,11 +27,10 @@ async def build_task_image(task: SweTask) -> str:
 
 
 async def start_agent_workspace(task: SweTask, image: str):
-    from slime_env.tools_sandbox.workspace import Limits, WorkspaceSpec
-    from slime_env.tools_sandbox.workspace.docker import DockerWorkspace
+    from slime_env.tools_sandbox.workspace import Limits, WorkspaceSpec, open_workspace
 
-    return await DockerWorkspace.start(WorkspaceSpec(image=image, workdir=WORKDIR, limits=Limits(
-        cpus=task.cpus, memory_mb=task.memory_mb, network="none")), run_id="swe-check")
+    return await open_workspace(WorkspaceSpec(image=image, workdir=WORKDIR, limits=Limits(
+        cpus=task.cpus, memory_mb=task.memory_mb, network="none")))
 
 
 async def run_oracle(task: SweTask, ws) -> None:

@@ -58,13 +58,18 @@ class SweReward:
     timings: Mapping[str, float] = field(default_factory=dict)
 
 
-StartWorkspace = Callable[[object], Awaitable[object]]
+StartWorkspace = Callable[[object], Awaitable[object]]  # a WorkspaceSpec -> a started Workspace
+ReleaseWorkspace = Callable[[object], Awaitable[None]]
 
 
-async def _docker_start(spec):
-    from slime_env.tools_sandbox.workspace.docker import DockerWorkspace
+async def _open(spec):
+    from slime_env.tools_sandbox.workspace import open_workspace
 
-    return await DockerWorkspace.start(spec, run_id="swe-reward")
+    return await open_workspace(spec)
+
+
+async def _close(ws) -> None:
+    await ws.close()
 
 
 def reward_workspace_spec(task: SweTask):
@@ -122,10 +127,11 @@ def starting_files(task: SweTask, clean: Mapping[str, Entry]) -> dict[str, Entry
 
 
 async def swe_reward(task: SweTask | str | Path, agent_ws, *, start_workspace: StartWorkspace | None = None,
-                     user: str = TEST_USER) -> SweReward:
+                     release_workspace: ReleaseWorkspace | None = None, user: str = TEST_USER) -> SweReward:
     """Score the agent's workspace `agent_ws` on `task` (a SweTask or its folder); see the module docstring.
-    `start_workspace(spec)` makes the fresh workspace (default: a DockerWorkspace); the repository image is
-    built from the task's Dockerfile first if this host lacks it."""
+    `start_workspace(spec)` makes the fresh workspace and `release_workspace(ws)` ends it (default:
+    `open_workspace` and `close`; a warm pool: `pool.acquire`, `pool.release`); the repository image is built from
+    the task's Dockerfile first if this host lacks it."""
     task = task if isinstance(task, SweTask) else load_task(task)
     spec = task.repo_spec()
     timings: dict[str, float] = {}
@@ -172,11 +178,12 @@ async def swe_reward(task: SweTask | str | Path, agent_ws, *, start_workspace: S
             except Exception:  # noqa: BLE001 - it failed: nothing to close
                 fresh = None
         if fresh is not None:
-            await fresh.close()
+            await (release_workspace or _close)(fresh)
 
 
 async def run_hidden_tests(task: SweTask | str | Path, files: Mapping[str, bytes], *,
-                           start_workspace: StartWorkspace | None = None, user: str = TEST_USER) -> SweReward:
+                           start_workspace: StartWorkspace | None = None,
+                           release_workspace: ReleaseWorkspace | None = None, user: str = TEST_USER) -> SweReward:
     """The second half of `swe_reward` on its own: `files` (/repo-relative path -> content) written over a clean
     copy of the repository in a fresh workspace, then FAIL_TO_PASS + PASS_TO_PASS graded. No guard: what the
     clean copy alone stops (the tests that show a defence holds without the guard use it)."""
@@ -187,13 +194,13 @@ async def run_hidden_tests(task: SweTask | str | Path, files: Mapping[str, bytes
     try:
         return await _run_in(fresh, task, dict(files), user, t0, timings, changed_files=tuple(sorted(files)))
     finally:
-        await fresh.close()
+        await (release_workspace or _close)(fresh)
 
 
 async def _start_fresh(task: SweTask, start_workspace: StartWorkspace | None, timings: dict):
     t = time.monotonic()
     await ensure_image(task.repo_dockerfile, task.image)
-    ws = await (start_workspace or _docker_start)(reward_workspace_spec(task))
+    ws = await (start_workspace or _open)(reward_workspace_spec(task))
     timings["start"] = round(time.monotonic() - t, 4)
     return ws
 

@@ -121,7 +121,7 @@ def task_toml(task: SweTask) -> str:
             + _table("verifier", {"timeout_sec": float(task.verifier_timeout_s)})
             + _table("agent", {"timeout_sec": float(task.agent_timeout_s)})
             + _table("environment", {"build_timeout_sec": 900.0, "cpus": task.cpus, "memory_mb": task.memory_mb,
-                                     "allow_internet": False, "workdir": WORKDIR})).rstrip("\n") + "\n"
+                                     "network_mode": "no-network", "workdir": WORKDIR})).rstrip("\n") + "\n"
 
 
 TEST_SH = """#!/bin/bash
