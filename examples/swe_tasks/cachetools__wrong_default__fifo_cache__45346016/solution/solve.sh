@@ -1,0 +1,18 @@
+#!/bin/bash
+# The oracle: this task's bug, reversed.
+set -e
+cd /repo
+git apply -R --whitespace=nowarn <<'SLIME_ENV_SWE_PATCH'
+diff --git a/src/cachetools/func.py b/src/cachetools/func.py
+--- a/src/cachetools/func.py
++++ b/src/cachetools/func.py
+@@ -31,7 +31,7 @@
+     return decorator
+ 
+ 
+-def fifo_cache(maxsize=128, typed=False):
++def fifo_cache(maxsize=128, typed=True):
+     """Decorator to wrap a function with a memoizing callable that saves
+     up to `maxsize` results based on a First In First Out (FIFO)
+     algorithm.
+SLIME_ENV_SWE_PATCH
