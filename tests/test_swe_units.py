@@ -370,3 +370,53 @@ def test_harbor_check_finds_a_tampered_suite(tmp_path):
     (tmp_path / "conftest.py").write_text("")
     (tmp_path / "x.pth").write_text("")
     assert grade.tampered(str(tmp_path), protected) == ["changes tests/test_a.py", "adds conftest.py", "adds x.pth"]
+
+
+def test_task_image_tags_are_valid_docker_references():
+    from slime_env.envs.swe.check import task_image_tag
+
+    tag = task_image_tag(make_task(name="cachetools__change_operator__RRCache-__delitem__e74cd7f5"))
+    assert tag == "slime-env-swe-task/cachetools-change-operator-rrcache-delitem-e74cd7f5"
+
+
+TRACEBACK = """def test_x():
+>       assert_equal(expected, result)
+
+expected   = ['a', 'b']
+result     = ['a']
+
+pkg/tests/test_mod.py:176: 
+_ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ 
+
+self = <x>
+
+    def _wrap(self):
+>       return chunk is None
+E       AssertionError
+
+chunk      = 'SECRET'
+
+pkg/mod.py:2815: AssertionError
+_ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ _ 
+
+expected = ['a', 'b']
+result = ['a']
+
+    def assert_equal(expected, result):
+>       assert expected == result
+E       AssertionError
+
+expected   = ['a', 'b']
+result     = ['a']
+
+tests/common.py:9: AssertionError"""
+
+
+def test_bare_messages_get_the_test_frames_locals_never_the_package_frames():
+    from slime_env.envs.swe.build import with_locals
+
+    spec = RepoSpec(name="pkg", version="1", sdist_sha256="0" * 64, source_dir="pkg", test_dirs=("pkg/tests",))
+    assert with_locals("AssertionError", TRACEBACK, spec) == "AssertionError\nexpected = ['a', 'b']\nresult = ['a']"
+    assert with_locals("AssertionError: 1 != 2", TRACEBACK, spec) == "AssertionError: 1 != 2"
+    only_package = TRACEBACK.split("_ _ _")[0].replace("pkg/tests/test_mod.py", "pkg/mod.py")
+    assert "SECRET" not in with_locals("", only_package, spec)

@@ -21,6 +21,7 @@ import asyncio
 import hashlib
 import json
 import math
+import re
 import shutil
 import time
 from collections import Counter
@@ -60,6 +61,7 @@ class SuiteRun:
     exit_code: int | None
     status: str
     seconds: float
+    texts: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -72,24 +74,27 @@ class RepoBuild:
     records: list[dict] = field(default_factory=list)
 
 
-async def run_suite(ws, targets, deselect, *, timeout_s: float, files=(), user: str | None = None) -> SuiteRun:
+async def run_suite(ws, targets, deselect, *, timeout_s: float, files=(), user: str | None = None,
+                    tb: str = "short") -> SuiteRun:
     """Run pytest on `targets` in a workspace and read its JUnit report host-side (`files`: the suite's test files,
-    for node ids)."""
+    for node ids; `tb="locals"` also keeps each failure's traceback with locals, in `texts`)."""
     junit = f"/tmp/junit-{time.monotonic_ns()}.xml"
     t = time.monotonic()
-    res = await ws.exec(grade.pytest_argv(targets, deselect, junit), cwd=WORKDIR, env=grade.PYTEST_ENV, user=user,
-                        timeout_s=timeout_s)
+    res = await ws.exec(grade.pytest_argv(targets, deselect, junit, tb=tb), cwd=WORKDIR, env=grade.PYTEST_ENV,
+                        user=user, timeout_s=timeout_s)
     seconds = time.monotonic() - t
     if res.status in ("timeout", "memory"):
         return SuiteRun({}, None, res.status, seconds)
     try:
-        outcomes = grade.parse_junit(await ws.read_file(junit), files)
+        data = await ws.read_file(junit)
+        outcomes = grade.parse_junit(data, files)
+        texts = grade.failure_texts(data, files) if tb == "locals" else {}
         await ws.exec(["rm", "-f", junit])
     except (FileNotFoundError, grade.ET.ParseError) as e:
         tail = " ".join((res.stderr or res.stdout).split())[-200:]
         return SuiteRun({}, res.exit_code, f"no report ({type(e).__name__}; pytest exited {res.exit_code}: {tail})",
                         seconds)
-    return SuiteRun(outcomes, res.exit_code, "ok", seconds)
+    return SuiteRun(outcomes, res.exit_code, "ok", seconds, texts)
 
 
 async def _clean_run(ws, targets, deselect, files) -> SuiteRun:
@@ -254,7 +259,7 @@ async def _validate(ws, spec, m: Mutation, sources, baseline, targets, deselect,
             return done("rejected", "no test fails", run_s=round(run.seconds, 2))
         if len(f2p) > config.max_fail_to_pass:
             return done("rejected", f"breaks too much ({len(f2p)} tests fail)", fail_to_pass=len(f2p))
-        again = await run_suite(ws, f2p, (), timeout_s=timeout_s, files=files)
+        again = await run_suite(ws, f2p, (), timeout_s=timeout_s, files=files, tb="locals")
         passing = [t for t in f2p if again.outcomes.get(t, (grade.MISSING, ""))[0] == grade.PASSED]
         if again.status != "ok" or passing or not again.outcomes:
             return done("rejected", f"flaky: {len(passing)} of {len(f2p)} FAIL_TO_PASS tests pass when run alone"
@@ -262,10 +267,38 @@ async def _validate(ws, spec, m: Mutation, sources, baseline, targets, deselect,
                         fail_to_pass=len(f2p))
     finally:
         await ws.write_file(path, original)
-    failures = [(t, run.outcomes.get(t, (grade.MISSING, "the test did not run"))[1] or
-                 run.outcomes.get(t, (grade.MISSING, ""))[0]) for t in f2p]
+    failures = []
+    for node in f2p:
+        outcome, message = run.outcomes.get(node, (grade.MISSING, "the test did not run"))
+        failures.append((node, with_locals(message or outcome, again.texts.get(node, ""), spec)))
     return done("kept", "", fail_to_pass=len(f2p), run_s=round(run.seconds, 2), f2p=f2p, failures=failures,
                 mutant=mutant)
+
+
+_FRAME_AT = re.compile(r"^(\S+\.py):\d+: ")
+_LOCAL = re.compile(r"^\w+\s*= ")
+_FRAME_SPLIT = re.compile(r"^(?:_ )+_?\s*$", re.M)
+
+
+def with_locals(message: str, text: str, spec: RepoSpec) -> str:
+    """A bare failure message (`AssertionError`, nothing more) with the local variables of the innermost test
+    frame of its traceback (`expected = [...]`, `result = [...]`): what the test compared. Frames of the
+    package's own code are never shown (their lines would point at the bug)."""
+    if not text or not re.fullmatch(r"[\w.]*", message.strip()):
+        return message
+    for frame in reversed(_FRAME_SPLIT.split(text)):
+        lines = frame.strip("\n").splitlines()
+        where = next((m.group(1) for line in reversed(lines) if (m := _FRAME_AT.match(line))), None)
+        if where is None or not spec.is_test_path(where):
+            continue
+        local: dict[str, str] = {}
+        for line in lines:
+            if _LOCAL.match(line) and not line.startswith(("self ", "cls ")):
+                name, _, value = line.partition("=")
+                local.setdefault(name.strip(), value.strip())
+        if local:
+            return message + "\n" + "\n".join(f"{name} = {value}" for name, value in local.items())
+    return message
 
 
 def _hidden_files(spec: RepoSpec, f2p: list[str]) -> list[str]:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from pathlib import Path
 
 from slime_env.envs.swe.manifest import WORKDIR
@@ -12,7 +13,8 @@ from slime_env.envs.swe.task import SweTask, load_task
 
 
 def task_image_tag(task: SweTask) -> str:
-    return f"slime-env-swe-task/{task.name.lower()[:100]}"
+    """A Docker tag for the agent's image of a task (Docker's repository names allow one separator at a time)."""
+    return "slime-env-swe-task/" + (re.sub(r"[^a-z0-9]+", "-", task.name.lower()).strip("-")[:100] or "task")
 
 
 async def build_task_image(task: SweTask) -> str:

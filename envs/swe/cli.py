@@ -62,7 +62,10 @@ def swe_check(tasks: str = typer.Argument(..., help="a task folder, or a folder 
     folders = folders[:limit] if limit else folders
     failed = 0
     for folder in folders:
-        report = asyncio.run(check_task(folder, keep_image=keep_images))
+        try:
+            report = asyncio.run(check_task(folder, keep_image=keep_images))
+        except Exception as e:  # noqa: BLE001 - one broken task is a FAIL line, not the end of the check
+            report = {"ok": False, "nop": None, "oracle": None, "reward_s": 0.0, "why": f"{type(e).__name__}: {e}"}
         failed += not report["ok"]
         why = "" if report["ok"] else ": " + report["why"]
         typer.echo(f"{'ok  ' if report['ok'] else 'FAIL'} {folder.name}: nop {report['nop']}, oracle "
