@@ -35,6 +35,7 @@ from slime_env.envs.swe.task import SweTask, load_task
 TEST_USER = "nobody"
 SKIP_DIRS = frozenset({".git", "__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache", ".hypothesis", ".tox",
                        ".nox", ".venv", "venv", "node_modules", ".eggs"})
+TOP_SKIP_DIRS = frozenset({"build", "dist"})  # build outputs (`pip install .`), at the repository's top only
 MAX_ENTRIES = 20_000
 MAX_FILE_BYTES = 8 << 20
 _clean_trees: dict[str, tuple[dict[str, Entry], set[str]]] = {}  # image -> its watched files, other paths
@@ -83,7 +84,8 @@ def reward_workspace_spec(task: SweTask):
 
 async def read_watched(ws, spec: RepoSpec) -> tuple[dict[str, Entry], list[str]]:
     """The files of /repo the guard's rules cover (path -> bytes, or the kind of a non-file), and the paths of
-    the other files (not read), through the workspace API."""
+    the other files (not read), through the workspace API. Caches, virtual environments, egg-info and top-level
+    build outputs are not walked: nothing in them reaches the tests."""
     files: dict[str, Entry] = {}
     ignored: list[str] = []
     seen = 0
@@ -96,7 +98,9 @@ async def read_watched(ws, spec: RepoSpec) -> tuple[dict[str, Entry], list[str]]
                 raise _TooBig(f"more than {MAX_ENTRIES} files under {WORKDIR}")
             path = posixpath.join(rel, e.name) if rel else e.name
             if e.kind == "dir":
-                if e.name not in SKIP_DIRS and not e.name.endswith(".egg-info"):
+                skip = e.name in SKIP_DIRS or e.name.endswith(".egg-info") or (
+                    not rel and e.name in TOP_SKIP_DIRS and not spec.source_dir.startswith(e.name + "/"))
+                if not skip:
                     await walk(path)
             elif not watched(spec, path):
                 ignored.append(path)
