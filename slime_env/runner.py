@@ -245,6 +245,7 @@ class _Episode:
         self.last_content = ""
         self.continuing = False  # the next turn continues the current assistant message (mid-turn insert)
         self.turn_ids: list[int] = []  # ids generated so far in the open turn (several calls if resumed)
+        self.tools: Any = None  # set at reset: the tools the prompt renders (None once described in the system text)
         self.abort_requested = False
         self.abort_reason = ""
         self.resumed = 0
