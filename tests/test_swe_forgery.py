@@ -168,6 +168,50 @@ def test_the_oracle_earns_1_and_doing_nothing_earns_0(built):
     assert good.timings["tests"] > 0 and good.timings["total"] >= good.timings["tests"]
 
 
+def test_harbor_env_scores_a_swe_task_with_the_clean_copy_reward(built, smollm2_tok):
+    """A SWE task folder through Harbor-v0 and the runner: a teacher that read bug.patch fixes it with the editor
+    and earns 1 from `swe_reward` (not from the folder's test.sh); submitting at once earns 0."""
+    import json as _json
+
+    from slime_env.envs.harbor import HarborEnv, harbor_tasks
+    from slime_env.envs.harbor.task import load_task as load_harbor_task
+    from slime_env.envs.swe.patches import reverting_edits
+
+    from slime_env import ScriptedPolicy, get_renderer, run_episode
+
+    task = built["tasks"][0]
+    harbor = next(t for t in harbor_tasks(Path(task.path).parent) if t["metadata"]["name"] == task.name)
+
+    def call(name, **arguments):
+        return f'<tool_call>\n{_json.dumps({"name": name, "arguments": arguments})}\n</tool_call>'
+
+    edits = [call("str_replace_editor", command="str_replace", path=f"/repo/{path}", old_str=old, new_str=new)
+             for path, old, new in reverting_edits(task.bug_patch)]
+
+    async def go(replies):
+        env = HarborEnv(max_turns=8)
+        try:
+            return await run_episode(env, ScriptedPolicy(smollm2_tok, replies), harbor, max_turns=8,
+                                     renderer=get_renderer(smollm2_tok, strict=True))
+        finally:
+            await env.close()
+
+    try:
+        fixed = built["runner"].run(go([*edits, call("submit")]))
+        nothing = built["runner"].run(go([call("submit")]))
+    finally:
+        tag = load_harbor_task(task.path).image_tag()
+        try:
+            from slime_env.tools_sandbox.workspace.docker import docker_client
+
+            docker_client().images.remove(tag, force=True)
+        except Exception:  # noqa: BLE001 - never built
+            pass
+    assert fixed.status == "completed" and fixed.reward == 1.0, (fixed.reason, fixed.info)
+    assert fixed.info["swe"]["status"] == "resolved" and fixed.info["swe"]["changed_files"] == [mutated_file(task)]
+    assert nothing.reward == 0.0 and nothing.info["swe"]["status"] == "unresolved"
+
+
 def test_a_wrong_fix_earns_0(built):
     other = built["tasks"][1]
 

@@ -420,3 +420,43 @@ def test_bare_messages_get_the_test_frames_locals_never_the_package_frames():
     assert with_locals("AssertionError: 1 != 2", TRACEBACK, spec) == "AssertionError: 1 != 2"
     only_package = TRACEBACK.split("_ _ _")[0].replace("pkg/tests/test_mod.py", "pkg/mod.py")
     assert "SECRET" not in with_locals("", only_package, spec)
+
+
+class FakeWorkspace:
+    """list_dir / read_file over a dict of /repo-relative paths (bytes, or "link")."""
+
+    def __init__(self, files):
+        self.files = files
+        self.reads = []
+
+    async def list_dir(self, path):
+        from slime_env.tools_sandbox.workspace import FileInfo
+
+        rel = path[len("/repo"):].strip("/")
+        prefix = rel + "/" if rel else ""
+        entries = {}
+        for p, v in self.files.items():
+            if p.startswith(prefix):
+                head, _, rest = p[len(prefix):].partition("/")
+                kind = "dir" if rest else ("link" if v == "link" else "file")
+                entries[head] = FileInfo(head, kind, 0 if kind != "file" else len(v), 0o644)
+        return sorted(entries.values(), key=lambda e: e.name)
+
+    async def read_file(self, path, max_bytes=None):
+        self.reads.append(path)
+        return self.files[path[len("/repo/"):]]
+
+
+def test_read_watched_reads_what_the_rules_cover_and_skips_build_outputs():
+    import asyncio
+
+    from slime_env.envs.swe.reward import read_watched
+
+    ws = FakeWorkspace({"pkg/mod.py": b"x = 1\n", "pkg/build/gen.py": b"y = 2\n", "tests/test_mod.py": b"t\n",
+                        "setup.cfg": b"[x]\n", "README.md": b"hi\n", "pkg/link.py": "link",
+                        "build/lib/pkg/tests/test_mod.py": b"copy\n", ".git/config": b"",
+                        "pkg/__pycache__/mod.cpython-311.pyc": b"\0", "repro.py": b"print(1)\n"})
+    files, ignored = asyncio.run(read_watched(ws, SPEC))
+    assert set(files) == {"pkg/mod.py", "pkg/build/gen.py", "tests/test_mod.py", "setup.cfg", "pkg/link.py"}
+    assert files["pkg/link.py"] == "link" and "/repo/pkg/link.py" not in ws.reads  # a link is never followed
+    assert sorted(ignored) == ["README.md", "repro.py"]

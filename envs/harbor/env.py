@@ -83,8 +83,16 @@ async def harbor_workspace(task: Task, *, pool=None, backend: str = "docker") ->
 
 async def harbor_verify(task: Task, ws: Workspace, *, mode: str | None = "isolated") -> tuple[float, dict[str, Any]]:
     """Score a Harbor episode's workspace with its task's verifier (`mode`: isolated by default; None: the task's
-    own); returns (reward, info)."""
+    own); returns (reward, info). A SWE task (`[metadata.swe]` in task.toml, made by `slime-env swe build`) is
+    scored by `swe_reward` in every mode: its hidden tests on a clean copy with the agent's edits, behind the guard."""
     ht = harbor_task(task)
+    if isinstance((ht.config.metadata or {}).get("swe"), dict):
+        from slime_env.envs.swe import load_task as load_swe_task
+        from slime_env.envs.swe import swe_reward
+
+        out = await swe_reward(load_swe_task(ht.path), ws)
+        return out.reward, {"swe": {"status": out.status, "reason": out.reason, "tests": dict(out.tests),
+                                    "changed_files": list(out.changed_files), "timings": dict(out.timings)}}
     result = await verifier.verify(ht, ws, mode=mode)
     return result.reward(), {"harbor": {"status": result.status, "reason": result.reason, "rewards": result.rewards,
                                         "mode": result.mode}}

@@ -89,3 +89,10 @@ def _parse(patch: str) -> list[tuple[str, list[tuple[int, list[str], list[str]]]
     if not files:
         raise PatchError("the patch changes no file")
     return files
+
+
+def reverting_edits(patch: str) -> list[tuple[str, str, str]]:
+    """`(path, old_str, new_str)` per hunk that undo `patch` as editor `str_replace` calls would: the hunk's text
+    after the patch (context included, so a dropped line has an anchor) and before it. What a teacher that may read
+    a task's `bug.patch` types; the student never sees the patch."""
+    return [(path, "".join(new), "".join(old)) for path, hunks in _parse(patch) for _, _, old, new in hunks]
