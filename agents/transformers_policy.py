@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from slime_env.agents.session import EpisodeSession
+from slime_env.clients.session import EpisodeSession
 
 from slime_env import Generation
 from slime_env.errors import InvalidInput
@@ -449,8 +449,10 @@ class TransformersPolicy:
             for f in files:
                 state.update(load_file(str(f)))
             weights = state
-        try:
-            missing, unexpected = self.model.load_state_dict(dict(weights), strict=False)
+        from slime_env.agents.weight_layout import load_state
+
+        try:  # either layout: the model's own, or the engine-bound one (MoE experts one matrix each)
+            missing, unexpected = load_state(self.model, weights, partial=partial)
         except RuntimeError as e:  # a shape that differs: another model's weights
             raise InvalidInput(f"weights do not match the model: {e}") from None
         # Tied embeddings are saved once; every other parameter must be present (unless only a part is sent).

@@ -87,11 +87,11 @@ def _policy_and_tokenizer(spec: str, tokenizer: str, seed: int):
 
     parts = urlsplit(spec)
     if parts.scheme == "sglang":
-        from slime_env.agents import SGLangPolicy
+        from slime_env.clients import SGLangPolicy
 
         return SGLangPolicy(f"http://{parts.netloc}"), tok or smollm2()
     if parts.scheme == "openai":
-        from slime_env.agents import OpenAIPolicy
+        from slime_env.clients import OpenAIPolicy
 
         model = (parse_qs(parts.query).get("model") or [""])[0]
         return OpenAIPolicy(f"http://{parts.netloc}{parts.path}", model), tok or smollm2()

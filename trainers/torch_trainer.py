@@ -5,8 +5,9 @@ reference model's, for a KL term) without gradient, then for `ppo_epochs` x `n_m
 steps: forward the actor micro-batch by micro-batch with the right shift (logits at position p score
 token p + 1), the clipped policy loss (+ KL, − entropy, TIS weights) from `slime_env.trainers.algorithms`,
 gradient accumulation weighted so the reduction is exact over the whole mini-batch, gradient clipping,
-AdamW. `save`/`load` checkpoint model, optimizer and step; `sync` pushes the new weights to the engine
-(in place for a `TransformersPolicy`, `update_weights_from_disk` for SGLang or `serve-engine`).
+AdamW. `save`/`load` checkpoint model, optimizer and step; `sync` pushes the new weights to an engine through the
+weight channels of `slime_env.trainers.weight_sync` (in place for a `TransformersPolicy`, from memory or a model
+folder for SGLang or `serve-engine`), the same ones `slime-env train` uses.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ class TrainerConfig:
     # (supervised fine-tuning on trajectories or rendered conversations; `sft_step` runs one without changing this).
     loss: str = "rl"
     # On-policy distillation (slime's --use-opd): the advantages get -opd_coef * (log p_student - log p_teacher) per
-    # token; the teacher's log-probs ride on each trajectory (metadata["teacher_logprobs"], slime_env.trainers.teacher).
+    # token; the teacher's log-probs ride on each trajectory (metadata["teacher_logprobs"], slime_env.trainers.run.teacher).
     opd_coef: float = 0.0
     lr: float = 1e-6
     weight_decay: float = 0.0
@@ -456,10 +457,12 @@ class TorchTrainer:
         path = Path(path)
         from safetensors.torch import load_file
 
+        from slime_env.agents.weight_layout import load_state
+
         state = {}
         for f in sorted((path / "model").glob("*.safetensors")):
             state.update(load_file(str(f)))
-        self.model.load_state_dict(state, strict=False)
+        load_state(self.model, state)  # either layout: checkpoints hold MoE experts one matrix each
         if (path / "trainer.pt").exists():  # a MegatronTrainer checkpoint holds the same HF weights, not this state
             saved = torch.load(path / "trainer.pt", map_location=self.device, weights_only=False)
             self.optimizer.load_state_dict(saved["optimizer"])
@@ -472,12 +475,31 @@ class TorchTrainer:
             self.critic_optimizer.load_state_dict(saved["optimizer"])
 
     async def sync(self, policy: Any, *, version: str | None = None, path: str | Path | None = None) -> str:
-        """Push the current weights to `policy`: in place when it has `update_weights` (TransformersPolicy);
-        to an engine server (SGLangPolicy: SGLang or serve-engine) through `path` and `update_weights_from_disk`
-        when `path` is given, else from memory (`update_weights_from_tensor`: CUDA IPC / shared memory, same host)."""
+        """Push the current weights to `policy` through the run's own weight channels (`weight_sync.channel_for`):
+        in place when it has `update_weights` (TransformersPolicy); to an engine server (SGLangPolicy: SGLang or
+        serve-engine) through a model folder at `path` and `update_weights_from_disk` when `path` is given, else from
+        memory (`update_weights_from_tensor`: CUDA IPC / shared memory, same host). What leaves this process takes
+        the engine-bound layout (`weight_layout()`). Every rank of a sharded trainer calls it; rank 0 pushes."""
+        from slime_env.trainers.weight_sync import channel_for
+
         version = version or str(self.step_count)
-        await push_weights(policy, self.weights(), version, path, save=self.save_weights)
+        channel = channel_for(policy, self.weight_layout(), path=path)
+        weights = self.weights()  # a collective where the weights are sharded
+        if self.pushes:
+            await channel.push(weights, version)
+        await channel.close()
         return version
+
+    @property
+    def pushes(self) -> bool:
+        """Whether this process sends the weights to engines (rank 0 of a sharded trainer; this one always)."""
+        return True
+
+    def weight_layout(self) -> Any:
+        """How these weights reach an engine (`slime_env.agents.weight_layout.WeightLayout` of the model's config)."""
+        from slime_env.agents.weight_layout import WeightLayout
+
+        return WeightLayout.of(self.model.config)
 
     def weights(self) -> dict[str, torch.Tensor]:
         """The current weights with Hugging Face names (views, not copies: consume them before the next step)."""
@@ -487,21 +509,6 @@ class TorchTrainer:
         """Only the Hugging Face model folder (safetensors + config.json): what an engine loads."""
         self.model.save_pretrained(path, safe_serialization=True)
         return Path(path)
-
-
-async def push_weights(policy: Any, state: dict[str, torch.Tensor], version: str, path: str | Path | None,
-                       save: Any) -> None:
-    """The one weight-sync dispatch of both trainers (see `TorchTrainer.sync`); `save(path)` writes an HF folder."""
-    if hasattr(policy, "update_weights"):
-        await policy.update_weights({k: v.clone() for k, v in state.items()}, version)
-    elif path is not None and hasattr(policy, "update_weights_from_disk"):
-        save(path)
-        await policy.update_weights_from_disk(str(path), weight_version=version)
-    elif hasattr(policy, "update_weights_from_tensor"):
-        await policy.update_weights_from_tensor(list(state.items()), weight_version=version)
-    else:
-        raise TypeError(f"{type(policy).__name__} takes no weights: it has neither update_weights, "
-                        "update_weights_from_tensor nor update_weights_from_disk")
 
 
 def read_hf_weights(path: str | Path) -> dict[str, torch.Tensor]:
