@@ -395,8 +395,9 @@ class TransformersPolicy:
 
 
 def sample_rows(reqs: list[Request], logits: torch.Tensor) -> list[tuple[int, float]]:
-    """Next token and its log-prob for each row (the host-side sampler of the static loop and `ContinuousEngine`). Rows sharing sampling params are processed as one
-    tensor; only the draw itself is per row (each request has its own seeded generator)."""
+    """Next token and its log-prob for each row: the host-side sampler of the static loop and `ContinuousEngine`.
+    Rows sharing sampling params are processed as one tensor; only the draw itself is per row (each request has its
+    own seeded generator)."""
     out: list[tuple[int, float] | None] = [None] * len(reqs)
     groups: dict[tuple, list[int]] = {}
     for j, r in enumerate(reqs):

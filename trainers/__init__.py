@@ -24,12 +24,14 @@ from slime_env.loading import lazy_exports
 
 _EXPORTS = {
     "TorchTrainer": "slime_env.trainers.torch_trainer", "TrainerConfig": "slime_env.trainers.torch_trainer",
-    "MegatronTrainer": "slime_env.trainers.megatron_trainer", "FSDPTrainer": "slime_env.trainers.fsdp_trainer", "TrainBatch": "slime_env.trainers.batch", "pack": "slime_env.trainers.batch",
+    "MegatronTrainer": "slime_env.trainers.megatron_trainer", "FSDPTrainer": "slime_env.trainers.fsdp_trainer",
+    "TrainBatch": "slime_env.trainers.batch", "pack": "slime_env.trainers.batch",
     "TrainConfig": "slime_env.trainers.run.config", "train": "slime_env.trainers.run.loop",
     "OpponentPool": "slime_env.trainers.run.opponent_pool", "snapshot": "slime_env.trainers.run.opponent_pool",
     "AsyncConfig": "slime_env.trainers.run.sources",
     "WarmupConfig": "slime_env.trainers.run.warmup",
-    "ServerTeacher": "slime_env.trainers.run.teacher", "LocalTeacher": "slime_env.trainers.run.teacher", "make_teacher": "slime_env.trainers.run.teacher",
+    "ServerTeacher": "slime_env.trainers.run.teacher", "LocalTeacher": "slime_env.trainers.run.teacher",
+    "make_teacher": "slime_env.trainers.run.teacher",
 }
 
 __all__ = sorted(_EXPORTS)

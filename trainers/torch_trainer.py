@@ -45,7 +45,8 @@ class TrainerConfig(MegatronOptions, FSDPOptions):
     # (supervised fine-tuning on trajectories or rendered conversations; `sft_step` runs one without changing this).
     loss: str = "rl"
     # On-policy distillation (slime's --use-opd): the advantages get -opd_coef * (log p_student - log p_teacher) per
-    # token; the teacher's log-probs ride on each trajectory (metadata["teacher_logprobs"], slime_env.trainers.run.teacher).
+    # token; the teacher's log-probs ride on each trajectory (metadata["teacher_logprobs"],
+    # slime_env.trainers.run.teacher).
     opd_coef: float = 0.0
     lr: float = 1e-6
     weight_decay: float = 0.0
@@ -62,9 +63,9 @@ class TrainerConfig(MegatronOptions, FSDPOptions):
     entropy_coef: float = 0.0
     use_tis: bool = False
     tis_cap: float = 2.0
-    # Off-policy correction against the engine's log-probs (slime_env.trainers.algorithms.off_policy_weights): "auto" is "tis"
-    # when the run is asynchronous (its RunSections resolve it) and otherwise none (or the legacy `use_tis` above);
-    # "none" | "tis" | "mis" | "decoupled" (AReaL's decoupled PPO: proximal = the step's recomputed log-probs).
+    # Off-policy correction against the engine's log-probs (slime_env.trainers.algorithms.off_policy_weights): "auto"
+    # is "tis" when the run is asynchronous (its RunSections resolve it) and otherwise none (or the legacy `use_tis`
+    # above); "none" | "tis" | "mis" | "decoupled" (AReaL's decoupled PPO: proximal = the step's recomputed log-probs).
     off_policy: str = "auto"
     off_policy_level: str = "token"
     off_policy_low: float = 0.5

@@ -194,9 +194,9 @@ class FromTensor(_Servers):
 
 
 class FromDisk(_Servers):
-    """A model folder visible to every engine, then `update_weights_from_disk`. The folder is `folder/weights_{version}`,
-    or exactly `path` when given (`trainer.sync(policy, path=...)`); it is written by `save(path)` when given (a
-    function writing the weights being pushed), else as `layout.save_folder` writes it."""
+    """A model folder visible to every engine, then `update_weights_from_disk`. The folder is
+    `folder/weights_{version}`, or exactly `path` when given (`trainer.sync(policy, path=...)`); it is written by
+    `save(path)` when given (a function writing the weights being pushed), else as `layout.save_folder` writes it."""
 
     def __init__(self, engines: Callable[[], Sequence[Any]], *, folder: str | Path | None = None,
                  layout: WeightLayout | None = None, save: Callable[[Path], Any] | None = None,

@@ -77,6 +77,7 @@ async def warmup_trajectories(wc: WarmupConfig, cfg: Any, policy: Any, renderer:
         trajs = [conversation_trajectory(c, renderer) for c in load_conversations(data["path"])]
         return trajs, {"warmup/examples": float(len(trajs))}
     from slime_env import RolloutManager, ScriptedPolicy
+    from slime_env.rollout import EpisodeOptions, GroupOptions
     from slime_env.loading import load_object
 
     ro = data["rollouts"]
@@ -93,8 +94,9 @@ async def warmup_trajectories(wc: WarmupConfig, cfg: Any, policy: Any, renderer:
     n = int(ro.get("n_samples", 1))
     manager = RolloutManager(tasks, env_id=cfg.env, env_kwargs=cfg.env_kwargs, policy=teacher, renderer=renderer,
                              sampling_params={"temperature": float(ro.get("temperature", cfg.temperature))},
-                             n_samples_per_prompt=n, max_concurrency=max(cfg.max_concurrency, n),
-                             max_turns=cfg.max_turns, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed)
+                             seed=cfg.seed, episode=EpisodeOptions(max_turns=cfg.max_turns,
+                                                                   max_new_tokens=cfg.max_new_tokens),
+                             groups=GroupOptions(n_samples_per_prompt=n, max_concurrency=max(cfg.max_concurrency, n)))
     try:
         played = [t for g in (await manager.generate_batch(len(tasks))).groups for t in g.trajectories]
     finally:
