@@ -101,7 +101,7 @@ class EngineConfig:
 
 
 class Engines:
-    """The engines role (see the module docstring). Made by `make_engines`; `await start()` before use."""
+    """The engines role (see the module docstring); `await start()` before use."""
 
     def __init__(self, cfg: EngineConfig, *, model_path: str, max_concurrency: int, run_dir: Path, seed: int,
                  device: str, dtype: str, spawn: Any = None):

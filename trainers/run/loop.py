@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from slime_env.trainers.run.config import TrainConfig
 from slime_env.trainers.run.data import load_split
@@ -27,6 +27,11 @@ from slime_env.trainers.run.evaluation import Evals
 from slime_env.trainers.run.meter import BusyMeter
 from slime_env.trainers.run.recorder import Recorder, eval_line
 from slime_env.trainers.run.roles import BatchSource, Engines, TrainerGroup
+from slime_env.trainers.run.scoring import Scorers
+
+if TYPE_CHECKING:
+    from slime_env.rollout import RolloutManager
+    from slime_env.trainers.run.opponent_pool import League
 
 
 @dataclass
@@ -42,8 +47,8 @@ class Run:
     evals: Evals
     renderer: Any
     meter: BusyMeter
-    scorers: Callable[[list[Any]], Any]
-    league: Any = None  # league self-play's opponents (slime_env.trainers.run.opponent_pool.League)
+    scorers: Scorers
+    league: League | None = None  # league self-play's opponents
     on_step: Callable[[int, Any, Any], Any] | None = None
 
 
@@ -72,25 +77,23 @@ async def train(cfg: TrainConfig, *, log: Callable[[str], None] = print,
         return await _train(cfg, recorder, engines, trainer, channel, stack, train_tasks, evals, log, on_step, scorers)
 
 
-async def _roles(cfg: TrainConfig, stack: contextlib.AsyncExitStack) -> tuple[Engines, TrainerGroup, Any, Any]:
+async def _roles(cfg: TrainConfig, stack: contextlib.AsyncExitStack) -> tuple[Engines, TrainerGroup, Any, Scorers]:
     """The engines (started and checked), the trainer group, the weight channel between them, and the batch's
     scorers (reward model, teacher), each closed by `stack`."""
     from slime_env import get_renderer
-    from slime_env.trainers.run.engines import Engines as EngineServers
-    from slime_env.trainers.run.engines import resolve_model_path
+    from slime_env.trainers.run import engines as run_engines
     from slime_env.trainers.run.placement import Placement
-    from slime_env.trainers.run.scoring import Scorers
     from slime_env.trainers.run.trainer_group import TRAINER_GROUPS
 
     sections = cfg.sections
     engine_cfg = sections.engine
-    model = cfg.model if engine_cfg.kind == "embedded" else resolve_model_path(cfg.model)
+    model = cfg.model if engine_cfg.kind == "embedded" else run_engines.resolve_model_path(cfg.model)
     placement = Placement(sections.cluster,
                           engines=engine_cfg.count if engine_cfg.kind == "serve" and not engine_cfg.urls else 0)
     stack.callback(placement.close)
-    engines = EngineServers(engine_cfg, model_path=model, max_concurrency=cfg.max_concurrency,
-                            run_dir=Path(cfg.run_dir), seed=cfg.seed, device=cfg.device, dtype=cfg.engine_dtype,
-                            spawn=placement.spawn_engine)
+    engines = run_engines.Engines(engine_cfg, model_path=model, max_concurrency=cfg.max_concurrency,
+                                  run_dir=Path(cfg.run_dir), seed=cfg.seed, device=cfg.device,
+                                  dtype=cfg.engine_dtype, spawn=placement.spawn_engine)
     stack.push_async_callback(engines.close)
     await engines.start()
     tok = engines.tokenizer
@@ -116,7 +119,7 @@ async def _roles(cfg: TrainConfig, stack: contextlib.AsyncExitStack) -> tuple[En
 
 async def _train(cfg: TrainConfig, recorder: Recorder, engines: Engines, trainer: TrainerGroup, channel: Any,
                  stack: contextlib.AsyncExitStack, train_tasks: list[Any], evals: Evals, log: Callable[[str], None],
-                 on_step: Callable[[int, Any, Any], Any] | None, scorers: Any) -> dict[str, Any]:
+                 on_step: Callable[[int, Any, Any], Any] | None, scorers: Scorers) -> dict[str, Any]:
     """The RL steps from the start (or the checkpoint `resume` finds), then the summary."""
     from slime_env import spec
     from slime_env.trainers.run.sources import make_source
@@ -242,8 +245,8 @@ class RunEnded(Exception):
     """The run cannot go on (its reason is the message)."""
 
 
-def _rollout_manager(cfg: TrainConfig, tasks: list[Any], policy: Any, renderer: Any, league: Any,
-                     options: dict[str, Any]) -> Any:
+def _rollout_manager(cfg: TrainConfig, tasks: list[Any], policy: Any, renderer: Any, league: League | None,
+                     options: dict[str, Any]) -> RolloutManager:
     """The rollout manager of the run's episodes over `tasks` (the batch source's order; its `options` too)."""
     from slime_env.rollout import EpisodeOptions, GroupOptions, RolloutManager
 
