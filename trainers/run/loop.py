@@ -121,7 +121,7 @@ async def _train(cfg: TrainConfig, recorder: Recorder, engines: Engines, trainer
                  stack: contextlib.AsyncExitStack, train_tasks: list[Any], evals: Evals, log: Callable[[str], None],
                  on_step: Callable[[int, Any, Any], Any] | None, scorers: Scorers) -> dict[str, Any]:
     """The RL steps from the start (or the checkpoint `resume` finds), then the summary."""
-    from slime_env import spec
+    from slime_env import get_renderer, spec
     from slime_env.trainers.run.sources import make_source
     from slime_env.trainers.run.warmup import warm_up
 
@@ -130,8 +130,6 @@ async def _train(cfg: TrainConfig, recorder: Recorder, engines: Engines, trainer
     start, saved = recorder.resume(trainer) if cfg.resume else (0, {})
     source.restore(saved)
     await _push(engines, trainer, channel, start)
-    from slime_env import get_renderer
-
     renderer = get_renderer(engines.tokenizer)
     recorder.begin(cfg.resume)
     stack.callback(recorder.close)
