@@ -71,7 +71,7 @@ def test_the_config_is_parsed_once_and_errors_name_the_yaml_path():
     cfg = TrainConfig.from_dict({"async": {"mode": "overlap"}, "trainer": {"lr": 1e-5}})
     assert isinstance(cfg.sections, RunSections) and cfg.sections is cfg.sections
     assert cfg.sections.trainer.off_policy == "tis" and cfg.sections.asynchrony.mode == "overlap"
-    assert "_sections" not in cfg.document() and cfg.document()["async_"] == {"mode": "overlap"}
+    assert cfg.document() == cfg.__dict__ and cfg.document()["async_"] == {"mode": "overlap"}
     with pytest.raises(InvalidInput, match=r"run\.yaml: engine\.weight_sync: 'ftp' is not"):
         TrainConfig.from_dict({"engine": {"kind": "serve", "weight_sync": "ftp"}}, "run.yaml")
     with pytest.raises(InvalidInput, match=r"run\.yaml: async\.mode: 'later' is not one of"):

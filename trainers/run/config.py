@@ -9,6 +9,7 @@ field is documented in docs/trainers.md.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -21,6 +22,9 @@ from slime_env.trainers.run.placement import ClusterConfig
 from slime_env.trainers.run.sources import AsyncConfig
 from slime_env.trainers.run.warmup import WarmupConfig
 from slime_env.trainers.torch_trainer import TrainerConfig
+
+
+_PARSED: dict[int, RunSections] = {}  # id(a TrainConfig) -> its sections, while it lives
 
 
 @dataclass
@@ -111,15 +115,20 @@ class TrainConfig:
             raise InvalidInput(f"{where}: unknown field(s) {[u.rstrip('_') for u in unknown]}; known: "
                                f"{sorted(k.rstrip('_') for k in known)}")
         cfg = cls(**raw)
-        cfg._sections = RunSections.parse(cfg, where)
+        cfg._keep(RunSections.parse(cfg, where))
         return cfg
 
     @property
     def sections(self) -> RunSections:
         """The typed sections, parsed when the config was loaded (or now, for a config built directly)."""
-        if getattr(self, "_sections", None) is None:
-            self._sections = RunSections.parse(self, "config")
-        return self._sections
+        parsed = _PARSED.get(id(self))
+        return parsed if parsed is not None else self._keep(RunSections.parse(self, "config"))
+
+    def _keep(self, sections: RunSections) -> RunSections:
+        # Kept beside the instance, not in it: its fields (its __dict__) are the document, as written.
+        _PARSED[id(self)] = sections
+        weakref.finalize(self, _PARSED.pop, id(self), None)
+        return sections
 
     def document(self) -> dict[str, Any]:
         """The fields as the YAML names them (`async` is `async_`): what the run writes to config.json."""
