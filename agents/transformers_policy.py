@@ -27,6 +27,7 @@ from slime_env import Generation
 from slime_env.agents.worker import EngineFront, Request
 from slime_env.clients.session import EpisodeSession
 from slime_env.errors import InvalidInput
+from slime_env.policy import check_sampling_seed
 
 
 def _check_ids(input_ids: Any, vocab_size: int) -> list[int]:
@@ -303,7 +304,7 @@ class TransformersPolicy:
             stop_ids |= {self.eos_id}
         seed = p.get("sampling_seed")
         # Drawn from the policy's generator only for sampled requests, as before: greedy ones leave its sequence be.
-        seed = int(seed) if seed is not None else self._rng.getrandbits(63) if temperature > 0 else 0
+        seed = check_sampling_seed(seed) if seed is not None else self._rng.getrandbits(63) if temperature > 0 else 0
         gen = None
         if temperature > 0 and not self.paged:  # the paged engine samples from the seed on the device
             gen = torch.Generator(device=self.device)

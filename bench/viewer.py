@@ -19,10 +19,10 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # its support modules
 
 from slime_env.viewer import build_view  # noqa: E402
-from tests.viewer_support import browser, open_page  # noqa: E402
+from viewer_support import browser, open_page  # noqa: E402
 
 
 def write_store(directory: Path, episodes: int, tokens: int, seed: int = 0) -> Path:

@@ -50,6 +50,8 @@ class CalculatorEnv(ToolEnv):
     ends the episode; `max_steps` bounds the env's own turns (then `truncated`); see the module docstring.
     """
 
+    describe_tools = False  # its system prompt shows the tool-call format itself
+
     def __init__(self, *, max_steps: int = 6, format_penalty: float = 0.0, system_prompt: str = SYSTEM_PROMPT):
         super().__init__([calculator_tool()], system_prompt=system_prompt, max_turns=max_steps,
                          tool_timeout_s=5.0)

@@ -32,6 +32,8 @@ class AgentEnv:
     `api`: the `base_url` the agent gets — "openai" (`.../v1`, for OpenAI clients) or "anthropic" (the session root:
     Anthropic clients add `/v1/messages`)."""
 
+    scored_statuses: tuple[str, ...] = ("completed",)  # episodes the reward is asked about (others score 0)
+
     def __init__(self, agent: Callable[..., Any] | str, reward: Callable[..., Any] | str | None = None, *,
                  parser: str | None = "hermes", deadline_s: float | None = None, strict: bool = True,
                  api: str = "openai"):
@@ -69,7 +71,7 @@ class AgentEnv:
             return [_empty(task, "failed" if status == "completed" else status,
                            reason or "the agent never called the model", metadata)]
         score = 0.0
-        if status == "completed" and self.reward is not None:
+        if status in self.scored_statuses and self.reward is not None:
             try:
                 value = self.reward(task, result, branches)
                 score = coerce_reward(await value if inspect.isawaitable(value) else value, "AgentEnv reward")

@@ -64,18 +64,30 @@ def conversation_trajectory(conv: Conversation | Mapping[str, Any], renderer: An
     """The token trajectory of `conv` under `renderer` (a `TemplateRenderer`; see the module docstring). Messages
     after the last assistant turn are dropped (no loss on them). RenderError-free templates only: InvalidInput when
     the template renders an assistant turn so that it is not the continuation of its prompt (the message index
-    is named)."""
+    is named).
+
+    Tool-call arguments given as a JSON string stay that string wherever the template prints a string as given
+    (Qwen3's, DeepSeek's, Kimi-K2's): the bytes trained are the data's. Templates that need an object (they iterate
+    its items, or would quote the string again) get the decoded object. A template that moves system messages to the
+    front (DeepSeek's) gets a later system message moved there too, recorded in `metadata["history_rewrites"]`."""
     conv = Conversation.coerce(conv)
     eot = renderer.end_of_turn_id
-    if eot is None:
+    next_header = getattr(renderer, "stop_closes_turn", False) and eot is None
+    if eot is None and not next_header:
         raise InvalidInput("the chat template has no end-of-turn token after an assistant turn: a conversation "
                            "cannot be cut into generated turns")
-    eot_text = renderer.tokenizer.convert_ids_to_tokens(eot)
     msgs, tools = list(conv.messages), list(conv.tools) if conv.tools else None
-    try:  # most templates take tool-call arguments as objects; some (DeepSeek-R1's) concatenate a JSON string
-        renderer.render_text(msgs, tools=tools, add_generation_prompt=False)
-    except Exception:  # noqa: BLE001 - any template failure: the string form is tried, and its error shown
-        msgs = [_string_arguments(m) for m in msgs]
+    notes: list[str] = []
+    if getattr(renderer, "hoists_system", False):
+        late = [i for i, m in enumerate(msgs) if m["role"] == "system" and any(x["role"] != "system" for x in msgs[:i])]
+        if late:
+            msgs = [m for m in msgs if m["role"] == "system"] + [m for m in msgs if m["role"] != "system"]
+            notes.append(f"{renderer.family} template moves system messages to the start: messages{late} moved "
+                         "to the front, as the template renders them")
+    msgs = _arguments_for_template(msgs, tools, renderer, conv.where)
+    stops = [eot] if eot is not None else []
+    stops += [i for i in renderer.stop_token_ids if i not in stops]
+    stop_texts = [(i, renderer.tokenizer.convert_ids_to_tokens(i)) for i in stops]
     turns = [i for i, m in enumerate(msgs) if m["role"] == "assistant"]
     first = turns[0]
     prompt = renderer.encode(renderer.render_text(msgs[:first], tools=tools, add_generation_prompt=True))
@@ -93,23 +105,78 @@ def conversation_trajectory(conv: Conversation | Mapping[str, Any], renderer: An
             raise InvalidInput(f"{conv.where}: messages[{i}]: the template renders this assistant turn so that it "
                                "does not continue its own prompt; it cannot be cut into a generated turn")
         span = full[len(before):]
-        cut = span.rfind(eot_text)
-        if cut < 0:
-            raise InvalidInput(f"{conv.where}: messages[{i}]: the rendered turn has no end-of-turn token {eot_text!r}")
         missing = [c["function"]["name"] for c in msgs[i].get("tool_calls", ()) if c["function"]["name"] not in span]
         if missing:
             raise InvalidInput(f"{conv.where}: messages[{i}]: this chat template does not render tool_calls "
                                f"({missing} absent from the turn); write the call into the content, in the format "
                                "the env parses (e.g. <tool_call>{...}</tool_call>)")
-        last_ids = renderer.encode(span[:cut]) + [eot]
+        if next_header:  # GLM: the turn ends on the header that follows it (<|observation|> / <|user|>)
+            text, stop = span, _next_header(renderer, msgs, i)
+        else:
+            cut, stop = max(((span.rfind(t), j) for j, t in stop_texts), default=(-1, None))
+            if cut < 0:
+                raise InvalidInput(f"{conv.where}: messages[{i}]: the rendered turn has no end-of-turn token "
+                                   f"{renderer.tokenizer.convert_ids_to_tokens(eot)!r}")
+            text = span[:cut]
+        last_ids = renderer.encode(text) + [stop]
         ledger.add_generated(last_ids, [0.0] * len(last_ids), k)
-        history.append(Message("assistant", span[:cut]))
+        history.append(Message("assistant", text))
     first_messages = tuple(Message.coerce({k: v for k, v in m.items() if k != "tool_calls"}) for m in msgs[:first])
+    metadata = {"source": "conversation", "where": conv.where}
+    if notes:
+        metadata["history_rewrites"] = notes
     return Trajectory(task=Task(prompt=first_messages), prompt_ids=ledger.prompt_ids,
                       response_ids=ledger.response_ids, loss_mask=ledger.loss_mask,
                       rollout_logprobs=ledger.rollout_logprobs, spans=ledger.spans, turn_rewards=[0.0] * len(turns),
                       reward=0.0, status="completed", num_turns=len(turns), messages=history,
-                      metadata={"source": "conversation", "where": conv.where})
+                      metadata=metadata)
+
+
+def _next_header(renderer: Any, msgs: list[dict], i: int) -> int:
+    """The stop token a template without an end-of-turn token (GLM) closes turn `i` with: the first id the template
+    writes after an assistant turn for the message that follows it (the next header; `<|user|>` after the last)."""
+    after = [_history(m, msgs).to_dict() for m in msgs[i + 1:i + 2]] or [{"role": "user", "content": "U"}]
+    ids = renderer.encode(renderer._after_sentinel(after, add_generation_prompt=False))
+    if not ids or ids[0] not in renderer.stop_token_ids:
+        raise InvalidInput(f"messages[{i}]: the template writes no stop token after this assistant turn")
+    return ids[0]
+
+
+def _arguments_for_template(msgs: list[dict], tools, renderer: Any, where: str) -> list[dict]:
+    """The messages with each call's arguments in the form the template takes (see `conversation_trajectory`)."""
+    if not any(m.get("tool_calls") for m in msgs):
+        return msgs
+    given = [_arguments(m, "given") for m in msgs]
+    raw = [c["function"]["arguments"] for m in given for c in m.get("tool_calls", ())
+           if isinstance(c["function"]["arguments"], str)]
+    if raw:  # strings as given: kept where the template prints each verbatim
+        try:
+            text = renderer.render_text(given, tools=tools, add_generation_prompt=False)
+            if all(a in text for a in raw):
+                return given
+        except Exception:  # noqa: BLE001 - the template needs objects: tried next
+            pass
+    objects = [_arguments(m, "object") for m in msgs]
+    try:
+        renderer.render_text(objects, tools=tools, add_generation_prompt=False)
+        return objects
+    except Exception:  # noqa: BLE001 - DeepSeek-R1's concatenates a JSON string: its error is shown if that fails
+        return [_arguments(m, "string") for m in msgs]
+
+
+def _arguments(m: dict[str, Any], form: str) -> dict[str, Any]:
+    """`m` with its calls' arguments as given ("given"), decoded ("object") or JSON text ("string"; as given when
+    the data gave a string)."""
+    if not m.get("tool_calls"):
+        return m
+    calls = []
+    for c in m["tool_calls"]:
+        args, raw = c["function"]["arguments"], c["function"].get("raw")
+        value = raw if form == "given" and raw is not None else args
+        if form == "string":
+            value = raw if raw is not None else json.dumps(args, ensure_ascii=False)
+        calls.append({**c, "function": {"name": c["function"]["name"], "arguments": value}})
+    return {**m, "tool_calls": calls}
 
 
 def _message(m: Any, where: str) -> dict[str, Any]:
@@ -136,23 +203,17 @@ def _tool_call(c: Any, where: str) -> dict[str, Any]:
     if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str):
         raise InvalidInput(f"{where}: expected {{'type': 'function', 'function': {{'name': ..., 'arguments': ...}}}}")
     args = fn.get("arguments", {})
-    if isinstance(args, str):  # OpenAI sends a JSON string; templates take the object
+    if isinstance(args, str):  # OpenAI sends a JSON string: validated here; kept for templates that print it
         try:
             args = json.loads(args or "{}")
         except ValueError as e:
             raise InvalidInput(f"{where}.function.arguments: not valid JSON ({e})") from None
     if not isinstance(args, Mapping):
         raise InvalidInput(f"{where}.function.arguments: expected a JSON object")
-    return {"id": c.get("id") or "", "type": "function", "function": {"name": fn["name"], "arguments": dict(args)}}
-
-
-def _string_arguments(m: dict[str, Any]) -> dict[str, Any]:
-    if not m.get("tool_calls"):
-        return m
-    calls = [{**c, "function": {**c["function"], "arguments": json.dumps(c["function"]["arguments"],
-                                                                         ensure_ascii=False)}}
-             for c in m["tool_calls"]]
-    return {**m, "tool_calls": calls}
+    function = {"name": fn["name"], "arguments": dict(args)}
+    if isinstance(fn.get("arguments"), str) and fn["arguments"]:
+        function["raw"] = fn["arguments"]  # the JSON text as the data gave it (see _arguments_for_template)
+    return {"id": c.get("id") or "", "type": "function", "function": function}
 
 
 def _history(m: Mapping[str, Any], msgs: Sequence[Mapping[str, Any]]) -> Message:

@@ -87,10 +87,39 @@ class GymTextEnv(gymnasium.Env):
 
 
 def make_gym_env(env_id: str, renderer: Any = None, parser: Any = "env", **kwargs: Any) -> GymTextEnv:
-    """Gymnasium entry point for `slime_env/<env_id>`; kwargs go to the slime_env env."""
-    from slime_env.registry import make, spec
+    """Gymnasium entry point for `slime_env/<env_id>`; kwargs go to the slime_env env. Ids whose env Gymnasium's
+    single-agent step API cannot drive (multi-agent envs, agent programs) are refused with the reason."""
+    from slime_env.registry import make
 
-    if spec(env_id).multi_agent:
-        raise InvalidInput(f"{env_id} is a multi-agent env (slime_env.MultiAgentEnv): Gymnasium's single-agent API "
-                           f"cannot drive it; use slime_env.make({env_id!r}) with run_multi_agent_episode")
-    return GymTextEnv(make(env_id, **kwargs), renderer=renderer, parser=parser)
+    why = gym_refusal(env_id)
+    if why is not None:
+        raise InvalidInput(why)
+    env = make(env_id, **kwargs)
+    if not isinstance(env, Env):  # a factory that built something else
+        raise InvalidInput(f"{env_id} built a {type(env).__name__}, not a slime_env.Env: Gymnasium's step API cannot "
+                           f"drive it; use slime_env.make({env_id!r})")
+    return GymTextEnv(env, renderer=renderer, parser=parser)
+
+
+def gym_refusal(env_id: str) -> str | None:
+    """Why `gymnasium.make("slime_env/<env_id>")` cannot give a `gymnasium.Env` for this id (None: it can)."""
+    from slime_env.agent_env import AgentEnv
+    from slime_env.loading import load_object
+    from slime_env.registry import spec
+
+    s = spec(env_id)
+    if s.multi_agent:
+        return (f"{env_id} is a multi-agent env (slime_env.MultiAgentEnv): Gymnasium's single-agent API cannot drive "
+                f"it; use slime_env.make({env_id!r}) with run_multi_agent_episode")
+    try:
+        target = load_object(s.entry_point) if isinstance(s.entry_point, str) else s.entry_point
+    except InvalidInput:
+        return None  # `make` names the problem
+    if isinstance(target, type) and issubclass(target, AgentEnv):
+        return (f"{env_id} runs an agent program (slime_env.AgentEnv) that makes its own model calls through the "
+                "gateway: Gymnasium's step API cannot drive it (there are no actions for step() to take); run it with "
+                f"slime_env.make({env_id!r}, agent=..., reward=...) in the rollout manager (`slime-env train`) or "
+                "AgentEnv.run(gateway, task) — see docs/gateway.md")
+    if isinstance(target, type) and not issubclass(target, Env):
+        return f"{env_id} is a {target.__name__}, not a slime_env.Env: Gymnasium's step API cannot drive it"
+    return None

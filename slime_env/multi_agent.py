@@ -81,7 +81,7 @@ class _Seat:
 
     def start(self, messages: list[Message], tools: Any) -> None:
         ep = self.state
-        ep.messages = messages
+        ep.messages, ep.tools = messages, tools
         ep.ledger = TokenLedger(self.renderer.render_prompt(messages, tools=tools))
 
     def reward(self, value: float) -> None:

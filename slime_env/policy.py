@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import operator
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
@@ -26,6 +27,23 @@ class Policy(Protocol):
     """
 
     async def generate(self, input_ids: Sequence[int], sampling_params: Mapping[str, Any]) -> Generation: ...
+
+
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1  # a sampling seed is a 64-bit integer (torch, SGLang, OpenAI's `seed`)
+
+
+def check_sampling_seed(value: Any, where: str = "sampling_seed") -> int:
+    """`value` as a sampling seed: an integer in [-2**63, 2**63 - 1]; InvalidInput naming `where` otherwise. Every
+    entry that takes a seed from outside checks it, so a client's seed is its own error, never an engine's 5xx."""
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        value = operator.index(value)  # ints and integer types such as numpy's; not floats or strings
+    except TypeError:
+        raise InvalidInput(f"{where}: expected an integer seed, got {value!r}") from None
+    if not SEED_MIN <= value <= SEED_MAX:
+        raise InvalidInput(f"{where}: {value} is outside the 64-bit seed range [-2**63, 2**63 - 1]")
+    return value
 
 
 Reply = str | Callable[[str], str]

@@ -105,8 +105,9 @@ def registry_specs() -> list[EnvSpec]:
 
 
 def describe(spec_: EnvSpec) -> str:
-    """One line: the spec's description, else the env module's headline ("<id>: what it is"), else the first
-    line of the env class's docstring."""
+    """One line, a whole sentence: the spec's description, else the env module's headline when it names the env
+    ("<id>: what it is", "`Class`: ...", "`Class` (`<id>`): ..."), else the first sentence of the env class's
+    docstring (without pointers such as "(see the module docstring)")."""
     if spec_.description:
         return spec_.description
     try:
@@ -114,11 +115,22 @@ def describe(spec_: EnvSpec) -> str:
     except InvalidInput as e:
         return f"(cannot load: {e})"
     module = sys.modules.get(getattr(target, "__module__", ""), None)
-    headline = ((getattr(module, "__doc__", None) or "").strip().splitlines() or [""])[0]
-    if headline.startswith(f"{spec_.id}:"):
-        return headline[len(spec_.id) + 1:].strip()
-    first = ((target.__doc__ or "").strip().splitlines() or [""])[0]
-    return first.replace(" (see the module docstring)", "")
+    headline = _first_paragraph(getattr(module, "__doc__", None))
+    name = getattr(target, "__name__", "")
+    for prefix in (f"{spec_.id}:", f"`{name}`:", f"`{name}` (`{spec_.id}`):"):
+        if name and headline.startswith(prefix):
+            return _first_sentence(headline[len(prefix):])
+    text = _first_sentence(_first_paragraph(target.__doc__))
+    return re.sub(r"\s*\((see )?(the )?module docstring\)", "", text)
+
+
+def _first_paragraph(doc: str | None) -> str:
+    return " ".join((doc or "").strip().split("\n\n")[0].split())
+
+
+def _first_sentence(text: str) -> str:
+    m = re.match(r"(.+?[.!?])(\s|$)", text.strip())
+    return m.group(1) if m else text.strip()
 
 
 def register_entry_points() -> None:

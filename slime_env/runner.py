@@ -15,6 +15,7 @@ from slime_env.env import Env
 from slime_env.errors import InvalidInput
 from slime_env.ledger import TokenLedger
 from slime_env.parsers import get_parser
+from slime_env.parsers.prompts import tool_prompt, with_system_section
 from slime_env.policy import Policy
 from slime_env.renderers.template import TemplateRenderer, VerifiedPrefix
 from slime_env.trajectory import Trajectory
@@ -147,7 +148,8 @@ class Episode:
         try:
             if not self.started:
                 self.started = True
-                await ep.reset(self.seed, deadline_at)
+                parser = self.env.parser if self._parser_spec == _FROM_ENV else self._parser_spec
+                await ep.reset(self.seed, deadline_at, parser)
                 self.parse = get_parser(self.env.parser if self._parser_spec == _FROM_ENV else self._parser_spec)
                 env_stop = list(getattr(self.env, "stop", None) or ())
                 if env_stop:
@@ -243,6 +245,7 @@ class _Episode:
         self.last_content = ""
         self.continuing = False  # the next turn continues the current assistant message (mid-turn insert)
         self.turn_ids: list[int] = []  # ids generated so far in the open turn (several calls if resumed)
+        self.tools: Any = None  # set at reset: the tools the prompt renders (None once described in the system text)
         self.abort_requested = False
         self.abort_reason = ""
         self.resumed = 0
@@ -250,7 +253,7 @@ class _Episode:
         self._generating: asyncio.Task | None = None  # the episode's task while it waits for the policy
         self._cancelled_for_abort = False
 
-    async def reset(self, seed: int | None, deadline_at: float | None) -> None:
+    async def reset(self, seed: int | None, deadline_at: float | None, parser: Any = None) -> None:
         t = time.perf_counter()
         async with asyncio.timeout_at(deadline_at):
             result = await self.env.reset(seed=seed, options={"task": self.task})
@@ -261,7 +264,13 @@ class _Episode:
         self.messages = coerce_messages(messages, f"{type(self.env).__name__}.reset messages")
         self.info = dict(info or {})
         self.phase = "render prompt"
-        self.ledger = TokenLedger(self.renderer.render_prompt(self.messages, tools=self.env.tools))
+        self.tools = self.env.tools
+        if self.tools and not self.renderer.renders_tools and getattr(self.env, "describe_tools", True):
+            # The template has no tool section: the tools go into the system message in the parser's own format.
+            self.messages = with_system_section(
+                self.messages, tool_prompt(parser if isinstance(parser, str) else None, self.tools))
+            self.tools = None
+        self.ledger = TokenLedger(self.renderer.render_prompt(self.messages, tools=self.tools))
 
     async def generate(self, params: dict[str, Any], deadline_at: float | None) -> Generation:
         self.phase = "policy.generate"
@@ -368,12 +377,12 @@ class _Episode:
         else:
             self.messages.extend(obs)
             if self.strict:
-                note = self.renderer.check_full(self.messages, self.ledger.ids, tools=self.env.tools,
+                note = self.renderer.check_full(self.messages, self.ledger.ids, tools=self.tools,
                                                 verified=self.verified)
                 # Agreement proves the bridge's ids too; where a template's known rewrite of history made the full
                 # render differ, the bridge is checked on its own against the real history.
                 if note is not None:
-                    self.renderer.check_bridge(self.messages[:before], gen_ids, obs, bridge, tools=self.env.tools)
+                    self.renderer.check_bridge(self.messages[:before], gen_ids, obs, bridge, tools=self.tools)
                     self.metadata.setdefault("history_rewrites", []).append(note)
         self.phase = "framework"
 
@@ -398,3 +407,4 @@ class _Episode:
                       "weight_versions": self.weight_versions, "weight_version_tokens": self.call_tokens,
                       "parse_errors": self.parse_errors,
                       "resumed": self.resumed})
+

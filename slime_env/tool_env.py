@@ -160,9 +160,12 @@ class ToolEnv(Env):
     `tool_message`, `unknown_tool_message`, `setup_state` / `cleanup_state`.
     `info` of every step carries `tool_calls` (this episode's count) and `tool_stats` (per tool: calls,
     errors, timeouts, invalid, latency_s); the final step adds `rubric` (each function's score).
+    With a chat template that renders no tools (SmolLM2's), the runner writes the tools into the system message
+    in the parser's own format (`slime_env.parsers.prompts`); `describe_tools = False` leaves that to the env.
     """
 
     parser = "hermes"
+    describe_tools = True
 
     def __init__(self, tools: Sequence[Callable[..., Any] | Tool | ToolSource] = (), *,
                  system_prompt: str | None = DEFAULT_SYSTEM_PROMPT, rubric: Rubric | Callable[..., Any] | None = None,

@@ -47,7 +47,7 @@ def main() -> None:
     from slime_env.trainers.torch_trainer import TrainerConfig
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-    from tests.helpers import trajectories
+    from helpers import trajectories
 
     torch.manual_seed(0)
     shape = dict(SHAPE, tie_word_embeddings=args.tied, num_hidden_layers=args.layers)

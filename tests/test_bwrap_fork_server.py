@@ -13,7 +13,7 @@ import signal
 
 import pytest
 
-from tests.sandbox_support import make_sandbox
+from sandbox_support import make_sandbox
 
 LEAVE = r"""
 import ctypes, json, os, subprocess, sys

@@ -15,7 +15,7 @@ from slime_env.envs.code import Grader, load_code_tasks, load_humaneval, parse_t
 import slime_env
 from slime_env import ScriptedPolicy, get_renderer, run_episode
 from slime_env.errors import InvalidInput
-from tests.sandbox_support import make_sandbox
+from sandbox_support import make_sandbox
 
 
 @pytest.fixture(scope="module")

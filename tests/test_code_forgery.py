@@ -13,7 +13,7 @@ import json
 import pytest
 from slime_env.envs.code import Grader, load_humaneval, parse_tests
 
-from tests.sandbox_support import ISOLATING, make_sandbox, per_backend_fixtures
+from sandbox_support import ISOLATING, make_sandbox, per_backend_fixtures
 
 sandboxes, sb = per_backend_fixtures(max_concurrency=4, pool_size=2)
 

@@ -16,7 +16,7 @@ from slime_env.envs.code.harness import parse_event
 from slime_env.envs.code.replay import run as replay
 from slime_env.envs.code.values import NotPlain, tag, untag
 
-from tests.sandbox_support import make_sandbox
+from sandbox_support import make_sandbox
 
 # --- tagged values ---------------------------------------------------------------------------------------
 

@@ -39,3 +39,26 @@ def test_every_training_config_field_is_documented():
     text = (ROOT / "docs" / "trainers.md").read_text() + (ROOT / "docs" / "megatron.md").read_text()
     fields = [f.name.rstrip("_") for f in dataclasses.fields(TrainConfig) + dataclasses.fields(TrainerConfig)]
     assert [f for f in fields if f"`{f}`" not in text] == []
+
+
+def test_the_getting_started_snippets_run_as_written(capsys):
+    """docs/getting-started.md's Python blocks, run in order in one namespace: the env it writes gets its tasks
+    (`default_tasks` for a reset without one, `options` for a given one) and works from Gymnasium as the page says."""
+    import re
+
+    import slime_env
+
+    page = (ROOT / "docs" / "getting-started.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", page, re.S)
+    assert len(blocks) >= 2 and any("gymnasium.make" in b for b in blocks)
+    namespace: dict = {"__name__": "getting_started"}
+    try:
+        for block in blocks:
+            exec(compile(block, "docs/getting-started.md", "exec"), namespace)
+    finally:
+        import gymnasium
+
+        slime_env.registry._REGISTRY.pop("Echo-v0", None)
+        gymnasium.registry.pop("slime_env/Echo-v0", None)
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("completed 1.0") and out[-1] == " 1.0 True"

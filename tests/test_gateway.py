@@ -168,7 +168,7 @@ def test_parallel_sub_agents_on_one_session_get_their_own_branches(qwen3_tok):
 def test_sessions_are_private_bounded_and_expire(qwen3_tok):
     """A wrong key, another session's key, an unknown session and an expired one all get the same 401; a body
     over the bound gets 413; the server listens on loopback; a closed session's key stops working."""
-    gw = _gateway(qwen3_tok, ["Hi."], session_ttl_s=0.5, max_body_bytes=20_000)
+    gw = _gateway(qwen3_tok, ["Hi."], session_ttl_s=600, max_body_bytes=20_000)
     msgs = [{"role": "user", "content": "hello"}]
 
     async def agent(gw):
@@ -189,9 +189,11 @@ def test_sessions_are_private_bounded_and_expire(qwen3_tok):
         assert len(gw.close_session(a.id)) == 1
         with pytest.raises(openai.AuthenticationError):  # closed
             await _client(gw, a).chat.completions.create(model="m", messages=msgs)
-        await asyncio.sleep(0.7)
+        gw.session_ttl_s = 0.2  # a session of its own expires (a short life for all would flake on a busy machine)
+        c = gw.open_session("c")
+        await asyncio.sleep(0.5)
         with pytest.raises(openai.AuthenticationError):  # expired
-            await _client(gw, b).chat.completions.create(model="m", messages=msgs)
+            await _client(gw, c).chat.completions.create(model="m", messages=msgs)
 
     run(_serve(gw, agent))
 

@@ -18,7 +18,7 @@ from slime_env.envs.math.reasoning_gym_env import reasoning_gym_tasks, write_tas
 from slime_env.envs.math.verifier import fast_check
 from slime_env import ScriptedPolicy, get_renderer, load_tasks, run_episode
 from slime_env.errors import InvalidInput
-from tests.sandbox_support import make_sandbox
+from sandbox_support import make_sandbox
 
 PAIRS = [line.rstrip("\n").split("\t") for line in
          (Path(__file__).parent / "data" / "math_answer_pairs.tsv").read_text().splitlines()
@@ -108,6 +108,35 @@ def test_a_pathological_answer_times_out_and_the_pool_recovers(runner):
         assert after.correct and after.method == "math_verify" and v.stats["timeout"] == 1
     finally:
         v.close()
+
+
+def test_a_verifier_left_unclosed_exits_quietly_with_its_workers():
+    """A program that exits without `close()` while its workers still start (they import math-verify for seconds)
+    prints nothing at exit — it printed a worker's `BrokenPipeError` traceback, the worker writing "ready" into the
+    closed pipe — and leaves no worker behind. The run below reads stderr until every process holding it (the
+    workers inherit it) has exited."""
+    import subprocess
+    import sys
+
+    code = ("import asyncio\n"
+            "from slime_env.envs.math.verifier import MathVerifier\n"
+            "async def main():\n"
+            "    v = MathVerifier(workers=2)\n"
+            "    task = asyncio.ensure_future(v._pooled(('1', '1'), '1'))\n"
+            "    await asyncio.sleep(0.05)\n"
+            "    print(' '.join(str(w.process.pid) for w in v._all))\n"
+            "    task.cancel()\n"
+            "asyncio.run(main())\n")
+    out = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stderr == "", out.stderr
+    assert len(out.stdout.split()) == 2
+    # and a worker whose parent is gone before it is ready leaves quietly on its own
+    worker = subprocess.Popen([sys.executable, "-c", "from slime_env.envs.math.verifier import _worker_main; "
+                                                     "_worker_main()"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    worker.stdout.close()
+    _, err = worker.communicate(timeout=120)
+    assert (worker.returncode, err) == (0, b"")
 
 
 def test_the_verifier_never_raises(runner, verifier):

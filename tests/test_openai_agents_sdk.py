@@ -68,7 +68,9 @@ def test_a_handoff_and_two_function_tools_are_recorded_as_exact_branches(sdk_exa
     # triage agent's hand-off call is a side branch of the same sample, with the sample's reward.
     assert main_t.status == "completed" and main_t.reward == 1.0, main_t.reason
     assert main_t.messages[0].content.startswith("Compute with the tools") and len(main_t.metadata["calls"]) == 3
-    assert [(m.name, m.content) for m in main_t.messages if m.name] == [("add", "5"), ("multiply", "20")]
+    # tool results are named after their calls, on a new branch as on a continued one (the hand-off's result too)
+    assert [(m.name, m.content) for m in main_t.messages if m.name][1:] == [("add", "5"), ("multiply", "20")]
+    assert main_t.messages[[m.name for m in main_t.messages].index("add") - 1].role == "assistant"
     assert triage.metadata["branch_of"] and triage.reward == 1.0 and len(triage.metadata["calls"]) == 1
     assert "transfer_to_calculator" in triage.messages[-1].content
     generated = [renderer.decode(main_t.response_ids[sp.start:sp.end]) for sp in main_t.spans if sp.kind == "generated"]

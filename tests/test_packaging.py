@@ -97,7 +97,8 @@ def test_the_wheel_holds_slime_env_alone_at_its_top(wheel):
     assert tops == {"slime_env", next(t for t in tops if t.endswith(".dist-info"))}
     for needed in ("slime_env/envs/code/env.py", "slime_env/agents/engine.py", "slime_env/tools_sandbox/docker_pool.py",
                    "slime_env/trainers/megatron/model.py", "slime_env/trainers/configs/demo.yaml",
-                   "slime_env/chat_templates/qwen3.jinja", "slime_env/viewer/viewer.js"):
+                   "slime_env/chat_templates/qwen3.jinja", "slime_env/viewer/viewer.js",
+                   "slime_env/tools_sandbox/workspace/agent.c"):
         assert needed in names, needed
     entry_points = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
     assert "= envs." not in entry_points and "= agents." not in entry_points and "slime_env.envs.code.env" in entry_points

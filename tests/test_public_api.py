@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("slime_env", "slime_env.envs", "slime_env.agents", "slime_env.tools_sandbox", "slime_env.trainers")
+PACKAGES = ("slime_env", "slime_env.envs", "slime_env.agents", "slime_env.tools_sandbox", "slime_env.trainers",
+            "slime_env.tools_sandbox.workspace", "slime_env.envs.workspace", "slime_env.envs.harbor")
 # The repository's folders of those packages: they install under `slime_env`, never as top-level names.
 FOLDERS = {"slime_env": "slime_env", "envs": "slime_env.envs", "agents": "slime_env.agents",
            "tools_sandbox": "slime_env.tools_sandbox", "trainers": "slime_env.trainers"}

@@ -85,19 +85,29 @@ def test_core_does_not_import_the_other_packages():
     assert slime_env.__version__
 
 
-def test_every_builtin_env_has_a_one_line_description():
-    """`slime-env list` shows what each env is, not a pointer elsewhere."""
+def test_every_registered_env_has_a_one_sentence_description():
+    """`slime-env list` shows what each env is, in a whole sentence (Agent-v0's was cut at the end of a line), not a
+    pointer elsewhere."""
     from slime_env.registry import describe
 
-    for env_id in builtin_ids():
+    for env_id in registered_ids():
         text = describe(spec(env_id))
-        assert text and "\n" not in text and "see the module docstring" not in text, (env_id, text)
+        assert text and "\n" not in text and "module docstring" not in text, (env_id, text)
+        assert text.endswith((".", ")", "!", "?")) and text.count("(") == text.count(")"), (env_id, text)
+        assert text.count("`") % 2 == 0, (env_id, text)
 
 
-def builtin_ids() -> list[str]:
-    """The envs this package ships (declared as entry points into `envs`), not ones tests register."""
-    return [i for i in registry_ids() if isinstance(spec(i).entry_point, str) and spec(i).entry_point.startswith("slime_env.envs.")
-            and not spec(i).multi_agent]
+NEEDS_WORKSPACE = {"Workspace-v0", "Harbor-v0"}
+
+
+def registered_ids() -> list[str]:
+    """Every id the installed distributions register (the `slime_env.envs` entry points: ours, core and `envs`,
+    and any plugin's), not the ones tests register on purpose."""
+    from importlib.metadata import entry_points
+
+    from slime_env.registry import ENTRY_POINT_GROUP
+
+    return sorted({ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)})
 
 
 def test_multi_agent_envs_are_registered_and_refused_by_gymnasium_with_a_reason():
@@ -108,17 +118,42 @@ def test_multi_agent_envs_are_registered_and_refused_by_gymnasium_with_a_reason(
         gymnasium.make("slime_env/TicTacToe-v0")
 
 
-def test_every_registered_env_passes_gymnasiums_checker_without_a_task():
-    """Every built-in env (and every future one) resets without arguments from an offline default task source."""
-    assert len(builtin_ids()) >= 7
-    for env_id in builtin_ids():
-        env = gymnasium.make(f"slime_env/{env_id}")
+def test_every_registered_env_passes_gymnasiums_checker_or_is_refused_with_the_reason():
+    """Every registered id (core ones such as Agent-v0 included, not only `envs.*`) either resets without arguments
+    from an offline default task source and passes Gymnasium's checker, or `gymnasium.make` refuses it saying why
+    Gymnasium cannot drive it (multi-agent envs, agent programs) — never an AttributeError on reset or a bare
+    missing-argument error."""
+    ids = registered_ids()
+    assert {"Agent-v0", "Calculator-v0", "TicTacToe-v0"} <= set(ids) and len(ids) >= 10
+    refused = {}
+    for env_id in ids:
         try:
+            env = gymnasium.make(f"slime_env/{env_id}")
+        except InvalidInput as e:
+            assert "Gymnasium" in str(e) and "cannot" in str(e) and env_id in str(e), (env_id, str(e))
+            refused[env_id] = str(e)
+            continue
+        try:
+            if env_id in NEEDS_WORKSPACE:
+                from workspace_support import workspace_image
+
+                workspace_image()  # its default task runs in a container from this image
             check_env(env.unwrapped, skip_render_check=True)
             obs, _ = env.reset(seed=1)
             assert isinstance(obs, str) and obs, env_id
         finally:
             env.close()
+    assert "agent program" in refused["Agent-v0"] and "multi-agent" in refused["TicTacToe-v0"]
+    assert set(refused) == {"Agent-v0"} | {i for i in ids if spec(i).multi_agent}
+
+
+def test_agent_v0_is_refused_by_gymnasium_with_the_reason_even_with_an_agent():
+    async def agent(base_url, api_key, task):
+        return "5"
+
+    with pytest.raises(InvalidInput, match=r"Agent-v0 runs an agent program .* AgentEnv.run\(gateway, task\)"):
+        gymnasium.make("slime_env/Agent-v0", agent=agent).reset(seed=1)  # AttributeError: 'task_from' before
+    assert isinstance(make("Agent-v0", agent=agent), slime_env.AgentEnv)  # the async env is made as before
 
 
 def test_tasks_are_accepted_in_gymnasium_make_as_a_list_or_a_path(tmp_path):

@@ -13,8 +13,8 @@ import aiohttp
 import pytest
 
 from slime_env.errors import InvalidInput
-from tests.helpers import LocalServer
-from tests.sandbox_support import IMAGE, make_sandbox, per_backend_fixtures
+from helpers import LocalServer
+from sandbox_support import IMAGE, make_sandbox, per_backend_fixtures
 from slime_env.tools_sandbox import ExecResult, auto
 from slime_env.tools_sandbox.fusion import from_response, to_response
 from slime_env.tools_sandbox.remote import RemoteSandbox

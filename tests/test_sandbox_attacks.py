@@ -15,7 +15,7 @@ import uuid
 
 import pytest
 
-from tests.sandbox_support import ISOLATING, make_sandbox, per_backend_fixtures
+from sandbox_support import ISOLATING, make_sandbox, per_backend_fixtures
 
 CHECKOUT_FILE = os.path.abspath(__file__)
 

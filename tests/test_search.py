@@ -20,7 +20,7 @@ from slime_env.envs.search.env import INVALID_ACTION
 from slime_env.envs.search.server import make_app
 from slime_env import ScriptedPolicy, get_renderer, run_episode
 from slime_env.errors import InvalidInput
-from tests.helpers import LocalServer
+from helpers import LocalServer
 
 FACTS = [("Eiffel Tower", "The Eiffel Tower is a wrought-iron lattice tower in Paris, completed in 1889."),
          ("Mount Everest", "Mount Everest is Earth's highest mountain above sea level, in the Himalayas."),

@@ -14,7 +14,7 @@ from slime_env.envs.tools import calculator_tool, search_tool
 
 import slime_env
 from slime_env import ScriptedPolicy, ToolError, get_renderer, run_episode
-from tests.sandbox_support import make_sandbox
+from sandbox_support import make_sandbox
 
 
 def test_tasks_are_answerable_from_the_corpus():

@@ -17,7 +17,7 @@ import pytest
 from slime_env.agents.default_model import default_model_path
 
 from slime_env.integrations import slime as plugin
-from tests.helpers import serve_engine
+from helpers import serve_engine
 
 
 @dataclass

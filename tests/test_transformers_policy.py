@@ -85,6 +85,15 @@ def test_seeded_sampling_is_reproducible_and_stops(engine):
     assert c.token_ids == a.token_ids[:1] and c.finish_reason == "stop"
 
 
+def test_a_seed_beyond_64_bits_is_the_callers_error_not_a_torch_overflow(engine):
+    from slime_env.errors import InvalidInput
+
+    _, _, policy, _, prompts = engine
+    for seed in (2**70, "7"):
+        with pytest.raises(InvalidInput, match="sampling_seed"):  # it was a RuntimeError from manual_seed
+            asyncio.run(policy.generate(prompts[0], {"temperature": 1.0, "max_new_tokens": 2, "sampling_seed": seed}))
+
+
 def test_update_weights_changes_outputs(engine):
     model, _, policy, _, prompts = engine
     original = {k: v.clone() for k, v in model.state_dict().items()}

@@ -12,7 +12,7 @@ import pytest
 
 from slime_env.viewer import build_view, render_html, token_pieces
 from slime_env.viewer.data import load
-from tests.viewer_support import browser, network_requests, open_page, write_store
+from viewer_support import browser, network_requests, open_page, write_store
 
 ROOT = Path(__file__).resolve().parents[1]
 

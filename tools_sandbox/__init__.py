@@ -8,6 +8,7 @@ memory_mb=) -> ExecResult`, over four backends:
 - `ProcessSandbox`: a plain subprocess with rlimits — NOT isolation, for trusted code only;
 - `RemoteSandbox`: a `slime-env serve-sandbox` or SandboxFusion server.
 `auto()` picks the strongest available; `cleanup()` removes containers left by crashed processes.
+Per-episode workspaces — a whole machine an agent works in for an episode — are `tools_sandbox.workspace`.
 Imports `slime_env` only; `slime_env` never imports this package.
 """
 

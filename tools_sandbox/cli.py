@@ -1,5 +1,5 @@
-"""`slime-env sandbox build-image | cleanup | info | run` and `slime-env serve-sandbox` (registered through
-`slime_env.cli`)."""
+"""`slime-env sandbox build-image | cleanup | info | run`, `slime-env workspace build-base | reap` and
+`slime-env serve-sandbox` (registered through `slime_env.cli`)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import typer
 def register(app: typer.Typer) -> None:
     """Add this package's subcommands to the `slime-env` app."""
     app.add_typer(sandbox_app, name="sandbox")
+    app.add_typer(workspace_app, name="workspace")
     app.command("serve-sandbox")(serve_sandbox)
 
 
@@ -119,3 +120,38 @@ def serve_sandbox(host: str = typer.Option("127.0.0.1", help="address to bind"),
 
     serve(_sandbox(backend, max_concurrency), host=host, port=port, max_concurrency=max_concurrency,
           queue_timeout_s=queue_timeout_s)
+
+
+workspace_app = typer.Typer(add_completion=False, no_args_is_help=True,
+                            help="Per-episode workspaces (slime_env.tools_sandbox.workspace): base images, reaper.")
+
+
+@workspace_app.command("build-base")
+def workspace_build_base(tags: list[str] = typer.Argument(..., help="public image tags, e.g. python:3.11-slim"),
+                         force: bool = typer.Option(False, help="rebuild even if the host has the tag")) -> None:
+    """Build local stand-ins for public base images (from Debian's / Ubuntu's archives) so that unchanged
+    Dockerfiles `FROM` them build on a host without an image registry."""
+    from slime_env.tools_sandbox.workspace.base_images import build_base_image, ensure_base_image
+    from slime_env.tools_sandbox.workspace.types import WorkspaceError
+
+    for tag in tags:
+        try:
+            if force:
+                build_base_image(tag, log=typer.echo)
+                typer.echo(f"built {tag}")
+            else:
+                typer.echo(f"built {tag}" if ensure_base_image(tag, log=typer.echo) else f"{tag}: already here")
+        except WorkspaceError as e:
+            typer.echo(f"error: {e}", err=True)
+            raise typer.Exit(1) from None
+
+
+@workspace_app.command("reap")
+def workspace_reap(run_id: str = typer.Option(None, "--run", help="remove every workspace of this run id"),
+                   all_owners: bool = typer.Option(False, "--all", help="also workspaces of live processes")) -> None:
+    """Remove workspaces (containers, snapshots) whose owner process is gone."""
+    from slime_env.tools_sandbox.workspace.docker import reap
+
+    removed = reap(run_id=run_id, all_owners=all_owners)
+    typer.echo(f"removed {removed['containers']} container(s), {removed['images']} snapshot image(s), "
+               f"{removed['networks']} network(s)")

@@ -33,6 +33,8 @@ class MathToolEnv(ToolEnv):
     """Multi-turn math with a sandboxed Python tool (see the module docstring); a `ToolEnv` whose one
     tool is `slime_env.envs.tools.python_tool`."""
 
+    describe_tools = False  # its system prompt shows the tool-call format itself
+
     def __init__(self, *, tool_format: str = "hermes", sandbox: Any = None, max_tool_calls: int = 4,
                  tool_timeout_s: float = 5.0, tool_memory_mb: int = 512, output_budget_tokens: int = 256,
                  count_tokens: Callable[[str], int] | None = None, tool_bonus: float = 0.0,

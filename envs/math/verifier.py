@@ -22,6 +22,7 @@ import os
 import re
 import subprocess
 import sys
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
@@ -130,15 +131,23 @@ def _worker_main() -> None:  # pragma: no cover - runs in the worker processes
     logging.getLogger("math_verify").setLevel(logging.ERROR)
 
     out = sys.stdout
-    out.write('["ready", null]\n')
-    out.flush()
-    for line in sys.stdin:
-        try:
-            gold, answer = json.loads(line)
-            out.write(json.dumps(["ok", list(check(gold, answer))]) + "\n")
-        except Exception as e:  # noqa: BLE001 - a verdict, never a dead worker
-            out.write(json.dumps(["error", f"{type(e).__name__}: {e}"]) + "\n")
+    try:
+        out.write('["ready", null]\n')
         out.flush()
+        for line in sys.stdin:
+            try:
+                gold, answer = json.loads(line)
+                out.write(json.dumps(["ok", list(check(gold, answer))]) + "\n")
+            except (BrokenPipeError, KeyboardInterrupt):
+                raise
+            except Exception as e:  # noqa: BLE001 - a verdict, never a dead worker
+                out.write(json.dumps(["error", f"{type(e).__name__}: {e}"]) + "\n")
+            out.flush()
+    except (BrokenPipeError, KeyboardInterrupt):
+        # The parent is gone (it exited without `close()`, maybe while this worker was still starting): leave
+        # quietly. stdout points at a closed pipe, so the interpreter's own flush at exit would complain too.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(0)
 
 
 class _Worker:
@@ -202,6 +211,9 @@ class MathVerifier:
         self.start_timeout_s = start_timeout_s
         self._idle: list[_Worker] = []
         self._all: list[_Worker] = []
+        # A verifier never closed still ends its workers when it is collected or the interpreter exits (they would
+        # otherwise outlive it, and write to its closed pipes).
+        self._finalizer = weakref.finalize(self, _kill_all, self._all)
         self._waiters: collections.deque[asyncio.Future] = collections.deque()
         self._cache: collections.OrderedDict[tuple[str, str], tuple[bool, str]] = collections.OrderedDict()
         self.stats = collections.Counter()
@@ -315,9 +327,14 @@ class MathVerifier:
             self._release(worker)
 
     def close(self) -> None:
-        for worker in self._all:
-            worker.kill()
-        self._all, self._idle = [], []
+        _kill_all(self._all)
+        self._idle.clear()
+
+
+def _kill_all(workers: list[_Worker]) -> None:
+    for worker in workers:
+        worker.kill()
+    workers.clear()
 
 
 _SHARED: dict[tuple, MathVerifier] = {}

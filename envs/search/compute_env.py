@@ -134,6 +134,8 @@ class SearchComputeEnv(ToolEnv):
     well-formed `<answer>`; `max_turns` truncates.
     """
 
+    describe_tools = False  # its system prompt shows the tool-call format itself
+
     def __init__(self, *, retriever: Any = None, sandbox: Any = None, topk: int = 3, max_turns: int = 8,
                  format_weight: float = 0.1, tool_timeout_s: float = 10.0, tasks: Any = None,
                  system_prompt: str = SYSTEM_PROMPT):

@@ -17,6 +17,7 @@ from typing import Any
 from slime_env import Generation
 from slime_env.clients.session import EpisodeSession, Usage
 from slime_env.http import HttpClient, ProtocolError, RemoteError
+from slime_env.policy import check_sampling_seed
 
 ROUTING_HEADER = "X-SMG-Routing-Key"
 _FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
@@ -80,6 +81,8 @@ class SGLangPolicy:
 
     async def generate(self, input_ids: Sequence[int], sampling_params: Mapping[str, Any], *,
                        rid: str | None = None, routing_key: str | None = None) -> Generation:
+        if sampling_params.get("sampling_seed") is not None:  # the caller's error, before any engine sees it
+            check_sampling_seed(sampling_params["sampling_seed"])
         body: dict[str, Any] = {"input_ids": list(input_ids), "sampling_params": dict(sampling_params),
                                 "return_logprob": True, "rid": rid or uuid.uuid4().hex}
         headers = {ROUTING_HEADER: routing_key} if routing_key else None

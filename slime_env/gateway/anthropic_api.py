@@ -8,8 +8,18 @@ import json
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from slime_env.gateway import validation
 from slime_env.gateway.conversation import GatewayError, normalize
 from slime_env.gateway.openai_api import ChatRequest, Completion
+
+
+_UNSUPPORTED = {
+    "thinking": (lambda v: isinstance(v, Mapping) and v.get("type") == "disabled",
+                 "extended thinking cannot be switched on through the gateway: the model thinks as its chat template "
+                 "and training make it, and its reply is returned as text"),
+    "mcp_servers": (lambda v: v == [], "MCP servers are not supported; run the tools in the agent"),
+    "container": (lambda v: False, "code-execution containers are not supported"),
+}
 
 
 def parse_messages_request(body: Any) -> ChatRequest:
@@ -33,26 +43,36 @@ def parse_messages_request(body: Any) -> ChatRequest:
         messages.extend(_message(m, where))
     tools = body.get("tools")
     if tools is not None:
-        if not isinstance(tools, list) or not all(isinstance(t, Mapping) and isinstance(t.get("name"), str)
-                                                  for t in tools):
+        if not isinstance(tools, list) or not all(isinstance(t, Mapping) for t in tools):
             raise GatewayError(400, "tools: expected a list of {'name', 'description', 'input_schema'}", param="tools")
-        tools = [{"type": "function", "function": {"name": t["name"], "description": t.get("description", ""),
+        for k, t in enumerate(tools):
+            if t.get("type") not in (None, "custom"):
+                raise GatewayError(400, f"tools[{k}].type: {t['type']!r}: only client tools (name, description, "
+                                        "input_schema) are supported", param=f"tools[{k}].type")
+            validation.check_tool(t.get("name"), t.get("description"), f"tools[{k}]")
+            if "input_schema" in t:
+                validation.check_schema(t["input_schema"], f"tools[{k}].input_schema")
+        tools = [{"type": "function", "function": {"name": t["name"], "description": t.get("description") or "",
                                                    "parameters": t.get("input_schema") or {"type": "object"}}}
                  for t in tools] or None
-    choice = (body.get("tool_choice") or {}).get("type", "auto") if isinstance(body.get("tool_choice"), Mapping) \
-        else "auto"
+    raw_choice = body.get("tool_choice")
+    if raw_choice is not None and not isinstance(raw_choice, Mapping):
+        raise GatewayError(400, "tool_choice: expected an object such as {'type': 'auto'}", param="tool_choice")
+    choice = (raw_choice or {}).get("type", "auto")
     if choice not in ("auto", "none"):
         raise GatewayError(400, f"tool_choice {choice!r}: the gateway samples the model as it is and cannot force a "
                                 "tool call; use 'auto' or 'none'", param="tool_choice")
+    if (raw_choice or {}).get("disable_parallel_tool_use"):
+        raise GatewayError(400, "tool_choice.disable_parallel_tool_use: the gateway cannot stop the model from making "
+                                "several calls in one reply", param="tool_choice.disable_parallel_tool_use")
     if choice == "none":
         tools = None
-    sampling: dict[str, Any] = {}
-    for key in ("temperature", "top_p", "top_k"):
-        value = body.get(key)
-        if value is not None:
-            if not isinstance(value, (int, float)) or isinstance(value, bool):
-                raise GatewayError(400, f"{key}: expected a number, got {value!r}", param=key)
-            sampling[key] = value
+    validation.refuse(body, _UNSUPPORTED)
+    # Anthropic's ranges: the client's out-of-range values are its 400, never the engine's failure
+    values = {"temperature": validation.number(body, "temperature", 0, 1),
+              "top_p": validation.number(body, "top_p", 0, 1, low_open=True),
+              "top_k": validation.integer(body, "top_k", 0, 2**31 - 1)}
+    sampling: dict[str, Any] = {k: v for k, v in values.items() if v is not None}
     stop = body.get("stop_sequences")
     if stop:
         if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
@@ -104,6 +124,8 @@ def _message(m: Mapping[str, Any], where: str) -> list[dict[str, Any]]:
 def _stop_reason(done: Completion) -> str:
     if done.reply.get("tool_calls"):
         return "tool_use"
+    if done.stop_sequence is not None:
+        return "stop_sequence"
     return "max_tokens" if done.finish_reason == "length" else "end_turn"
 
 
@@ -116,7 +138,8 @@ def _blocks(done: Completion) -> list[dict[str, Any]]:
 
 def message_body(done: Completion) -> dict[str, Any]:
     return {"id": done.id.replace("chatcmpl-", "msg_"), "type": "message", "role": "assistant", "model": done.model,
-            "content": _blocks(done), "stop_reason": _stop_reason(done), "stop_sequence": None,
+            "content": _blocks(done), "stop_reason": _stop_reason(done),
+            "stop_sequence": done.stop_sequence if _stop_reason(done) == "stop_sequence" else None,
             "usage": {"input_tokens": done.prompt_tokens, "output_tokens": done.completion_tokens}}
 
 
@@ -139,12 +162,12 @@ def events(done: Completion) -> Iterator[tuple[str, dict[str, Any]]]:
                                                     "partial_json": json.dumps(block["input"])}}
         yield "content_block_stop", {"type": "content_block_stop", "index": i}
     yield "message_delta", {"type": "message_delta", "delta": {"stop_reason": body["stop_reason"],
-                                                               "stop_sequence": None},
+                                                               "stop_sequence": body["stop_sequence"]},
                             "usage": {"output_tokens": body["usage"]["output_tokens"]}}
     yield "message_stop", {"type": "message_stop"}
 
 
 def error_body(e: GatewayError) -> dict[str, Any]:
-    kind = {400: "invalid_request_error", 401: "authentication_error", 413: "request_too_large"}.get(e.status,
-                                                                                                   "api_error")
+    kind = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+            413: "request_too_large"}.get(e.status, "api_error")
     return {"type": "error", "error": {"type": kind, "message": e.message}}

@@ -10,6 +10,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from slime_env.gateway import validation
 from slime_env.gateway.conversation import GatewayError, normalize
 
 
@@ -27,8 +28,23 @@ class ChatRequest:
     model: str
 
 
-_SAMPLING = {"temperature": (int, float), "top_p": (int, float), "presence_penalty": (int, float),
-             "frequency_penalty": (int, float), "seed": int}
+_UNSUPPORTED = {
+    "response_format": (lambda v: isinstance(v, Mapping) and v.get("type") == "text",
+                        "the gateway samples the model as it is and cannot constrain its output to a format; ask "
+                        "for JSON in the prompt and parse the reply"),
+    "logit_bias": (lambda v: v == {}, "not supported: the engines behind the gateway sample without logit biases"),
+    "parallel_tool_calls": (lambda v: v is True, "the gateway cannot stop the model from making several calls in "
+                                                "one reply; leave it unset (or true)"),
+    "functions": (lambda v: v == [], "the legacy function-calling fields are not supported; use 'tools'"),
+    "function_call": (lambda v: v in ("auto", "none"), "the legacy function-calling fields are not supported; use "
+                                                       "'tools' and 'tool_choice'"),
+    "modalities": (lambda v: v == ["text"], "only text output is supported"),
+    "audio": (lambda v: False, "only text output is supported"),
+    "prediction": (lambda v: False, "predicted outputs are not supported"),
+    "web_search_options": (lambda v: False, "web search is not supported"),
+    "reasoning_effort": (lambda v: False, "the gateway cannot set a reasoning effort: the model reasons as the "
+                                          "chat template and its training make it"),
+}
 
 
 def parse_chat_request(body: Any) -> ChatRequest:
@@ -39,10 +55,14 @@ def parse_chat_request(body: Any) -> ChatRequest:
     tools = body.get("tools")
     if tools is not None:
         if not isinstance(tools, list) or not all(isinstance(t, Mapping) and t.get("type") == "function"
-                                                  and isinstance(t.get("function"), Mapping)
-                                                  and isinstance(t["function"].get("name"), str) for t in tools):
+                                                  and isinstance(t.get("function"), Mapping) for t in tools):
             raise GatewayError(400, "tools: expected a list of {'type': 'function', 'function': {'name', "
                                     "'description', 'parameters'}}", param="tools")
+        for k, t in enumerate(tools):
+            fn, where = t["function"], f"tools[{k}].function"
+            validation.check_tool(fn.get("name"), fn.get("description"), where)
+            if fn.get("parameters") is not None:
+                validation.check_schema(fn["parameters"], f"{where}.parameters")
         tools = [dict(t) for t in tools] or None
     choice = body.get("tool_choice")
     if choice not in (None, "auto", "none"):
@@ -51,19 +71,19 @@ def parse_chat_request(body: Any) -> ChatRequest:
     if choice == "none":
         tools = None
     n = body.get("n", 1)
-    if n != 1:
+    if n != 1 and n is not None:
         raise GatewayError(400, f"n={n}: one choice per call (send n calls; each is its own branch)", param="n")
+    validation.refuse(body, _UNSUPPORTED)
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1):
         raise GatewayError(400, f"max_tokens: expected a positive integer, got {max_tokens!r}", param="max_tokens")
-    sampling: dict[str, Any] = {}
-    for key, types in _SAMPLING.items():
-        value = body.get(key)
-        if value is None:
-            continue
-        if not isinstance(value, types) or isinstance(value, bool):
-            raise GatewayError(400, f"{key}: expected a number, got {value!r}", param=key)
-        sampling["sampling_seed" if key == "seed" else key] = value
+    # OpenAI's ranges: the client's out-of-range values are its 400, never the engine's failure
+    values = {"temperature": validation.number(body, "temperature", 0, 2),
+              "top_p": validation.number(body, "top_p", 0, 1, low_open=True),
+              "presence_penalty": validation.number(body, "presence_penalty", -2, 2),
+              "frequency_penalty": validation.number(body, "frequency_penalty", -2, 2),
+              "sampling_seed": validation.seed(body, "seed")}
+    sampling: dict[str, Any] = {k: v for k, v in values.items() if v is not None}
     stop = body.get("stop")
     if stop is not None:
         stop = [stop] if isinstance(stop, str) else stop
@@ -73,15 +93,16 @@ def parse_chat_request(body: Any) -> ChatRequest:
     if body.get("top_logprobs"):
         raise GatewayError(400, "top_logprobs: only the sampled tokens' log-probs are recorded; set logprobs: true",
                            param="top_logprobs")
-    options = body.get("stream_options") or {}
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, Mapping):
+        raise GatewayError(400, f"stream_options: expected an object, got {options!r}", param="stream_options")
     return ChatRequest(messages=messages, tools=tools, max_tokens=max_tokens, sampling=sampling,
-                       stream=bool(body.get("stream", False)), include_usage=bool(options.get("include_usage")),
+                       stream=bool(body.get("stream", False)), include_usage=bool((options or {}).get("include_usage")),
                        logprobs=bool(body.get("logprobs", False)), model=str(body.get("model") or ""))
 
 
 def error_body(e: GatewayError) -> dict[str, Any]:
-    return {"error": {"message": e.message, "type": e.kind, "param": e.param,
-                      "code": "context_length_exceeded" if "context" in e.message else None}}
+    return {"error": {"message": e.message, "type": e.kind, "param": e.param, "code": e.code}}
 
 
 def _finish(reason: str, has_calls: bool) -> str:
@@ -107,6 +128,7 @@ class Completion:
     tokens: Sequence[str]  # each generated token's text, for `logprobs`
     logprobs: Sequence[float]
     model: str
+    stop_sequence: str | None = None  # the agent's stop string the reply ended on (cut from the content)
     id: str = ""
     created: int = 0
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import logging
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -21,12 +22,16 @@ from typing import Any
 
 from aiohttp import web
 
-from slime_env.errors import RenderError, RenderMismatch
+from slime_env.errors import InvalidInput, RenderError, RenderMismatch
 from slime_env.gateway import anthropic_api
 from slime_env.gateway.conversation import Conversation, GatewayError
 from slime_env.gateway.openai_api import Completion, error_body, parse_chat_request, sse
+from slime_env.gateway.validation import check_json, finite
+from slime_env.http import RemoteError
 from slime_env.trajectory import Trajectory
 from slime_env.types import Task
+
+log = logging.getLogger("slime_env.gateway")
 
 
 @dataclass
@@ -41,6 +46,12 @@ class AgentSession:
     created: float = field(default_factory=time.time)
     calls: int = 0
     errors: list[str] = field(default_factory=list)
+    in_flight: int = 0  # calls being answered (a session is never expired under them)
+    abandoned: int = 0  # calls whose client left before the reply: not recorded
+    expired: bool = False  # past its TTL: its key no longer works; its recorded calls wait for close / collection
+
+    def recorded(self) -> int:
+        return sum(len(b.calls) for b in self.conversation.branches)
 
 
 class Gateway:
@@ -52,7 +63,11 @@ class Gateway:
     parameters that replace the agent's (an RL run samples at its own temperature, whatever the agent asks);
     `await start(host, port)` -> base URL;
     `open_session(task)` -> the session (its `id`, `key`) and `session_url(session)`; `close_session(id)` -> one
-    `Trajectory` per branch; `await stop()`.
+    `Trajectory` per branch; `collect_expired()` -> the trajectories of sessions that expired unclosed; `await stop()`.
+
+    A session expires `session_ttl_s` after its last call ended (never while a call runs): its key stops working,
+    but what it recorded is kept until `close_session` or `collect_expired` (logged, never dropped). A call whose
+    client disconnected before the reply (a client timeout, then a retry) is not recorded.
     """
 
     def __init__(self, policy: Any, renderer: Any, parser: Any = None, *, model: str = "slime-env",
@@ -62,6 +77,7 @@ class Gateway:
         from slime_env.parsers import get_parser
 
         self.policy, self.renderer, self.parser = policy, renderer, get_parser(parser)
+        self.parser_name = parser if isinstance(parser, str) else None
         self.model, self.strict = model, strict
         self.max_new_tokens, self.max_context_tokens = max_new_tokens, max_context_tokens
         # "episode" seeds are the step runner's (one per episode and turn); here each call samples freshly
@@ -79,11 +95,13 @@ class Gateway:
         self.admin_key: str | None = None
         self.app.router.add_post("/admin/sessions", self._admin_open)
         self.app.router.add_post("/admin/sessions/{sid}/close", self._admin_close)
+        self.app.router.add_post("/admin/expired/collect", self._admin_collect)
 
     # --- lifecycle --------------------------------------------------------------------------------------------
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
         """Serve on `host:port` (0: a free port); returns the base URL."""
-        self._runner = web.AppRunner(self.app, access_log=None)
+        # handler_cancellation: a client that disconnects (its timeout) cancels its call, which records nothing
+        self._runner = web.AppRunner(self.app, access_log=None, handler_cancellation=True)
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, port)
         await site.start()
@@ -97,12 +115,11 @@ class Gateway:
             self._runner = None
 
     def open_session(self, task: Any = None) -> AgentSession:
-        """A new session with an unguessable id and key (expired sessions are dropped here)."""
+        """A new session with an unguessable id and key (expired sessions that recorded nothing are dropped here)."""
+        self._expire()
         now = time.monotonic()
-        for sid in [s.id for s in self.sessions.values() if s.expires_at < now]:
-            del self.sessions[sid]
         s = AgentSession(secrets.token_urlsafe(16), "sk-" + secrets.token_urlsafe(32),
-                         Conversation(self.renderer, self.parser, strict=self.strict),
+                         Conversation(self.renderer, self.parser, strict=self.strict, parser_name=self.parser_name),
                          Task.coerce(task if task is not None else ""),
                          expires_at=now + self.session_ttl_s)
         self.sessions[s.id] = s
@@ -117,9 +134,35 @@ class Gateway:
 
     def close_session(self, session_id: str, *, reward: float = 0.0, status: str = "completed",
                       reason: str = "") -> list[Trajectory]:
-        """End the session (its key stops working) and return one trajectory per branch, in creation order."""
+        """End the session (its key stops working) and return one trajectory per branch, in creation order. An
+        expired session closes like any other (what it recorded was kept)."""
         s = self.sessions.pop(session_id)
         return [self._trajectory(s, b, reward, status, reason) for b in s.conversation.branches]
+
+    def collect_expired(self, *, reward: float = 0.0) -> dict[str, list[Trajectory]]:
+        """The sessions that expired without being closed, closed now: {session id: its trajectories}, `truncated`
+        with the reason (a run collects them at the end of a step, so no recorded call is lost)."""
+        self._expire()
+        out = {}
+        for sid in [s.id for s in self.sessions.values() if s.expired]:
+            out[sid] = self.close_session(sid, reward=reward, status="truncated",
+                                          reason=f"the session expired ({self.session_ttl_s:g}s without a call) and "
+                                                 "was never closed")
+        return out
+
+    def _expire(self) -> None:
+        """Mark sessions past their TTL (no call running) expired: one that recorded nothing is dropped, one that
+        recorded calls is kept for `close_session` / `collect_expired`, and logged."""
+        now = time.monotonic()
+        for s in list(self.sessions.values()):
+            if s.expired or s.in_flight or s.expires_at >= now:
+                continue
+            s.expired = True
+            if not s.conversation.branches:
+                del self.sessions[s.id]
+            else:
+                log.warning("gateway session %s expired (%gs without a call) with %d recorded calls: kept until "
+                            "close_session or collect_expired", s.id, self.session_ttl_s, s.recorded())
 
     # --- routes -----------------------------------------------------------------------------------------------
     def _session(self, request: web.Request) -> AgentSession:
@@ -127,39 +170,81 @@ class Gateway:
         auth = request.headers.get("Authorization", "")
         key = auth[7:] if auth.startswith("Bearer ") else request.headers.get("x-api-key", "")
         # One answer for an unknown session, an expired one and a wrong key: nothing is learnt by guessing.
-        if s is None or s.expires_at < time.monotonic() or not hmac.compare_digest(key.encode(), s.key.encode()):
+        if s is None or s.expired or (s.expires_at < time.monotonic() and not s.in_flight) \
+                or not hmac.compare_digest(key.encode(), s.key.encode()):
             raise GatewayError(401, "invalid API key for this session (or the session ended)",
                                kind="authentication_error")
         s.expires_at = time.monotonic() + self.session_ttl_s
         return s
+
+    async def _body(self, request: web.Request) -> Any:
+        """The request's JSON, checked (`validation.check_json`); a `GatewayError` for any body that is not."""
+        try:
+            body = await request.json()
+        except web.HTTPRequestEntityTooLarge:
+            raise GatewayError(413, f"the request body is larger than this gateway's limit of {self.max_body_bytes} "
+                                    "bytes", code="request_too_large") from None
+        except RecursionError:
+            raise GatewayError(400, "the request body is JSON nested too deeply") from None
+        except ValueError:
+            raise GatewayError(400, "the request body is not valid JSON") from None
+        check_json(body)
+        return body
 
     def _admin(self, request: web.Request) -> None:
         auth = request.headers.get("Authorization", "")
         if self.admin_key is None:
             raise web.HTTPNotFound()
         if not hmac.compare_digest(auth.encode(), f"Bearer {self.admin_key}".encode()):
-            raise web.HTTPUnauthorized(text="invalid admin key")
+            raise GatewayError(401, "invalid admin key", kind="authentication_error")
+
+    async def _admin_body(self, request: web.Request) -> dict[str, Any]:
+        body = await self._body(request) if request.can_read_body else {}
+        if body is None:
+            return {}
+        if not isinstance(body, dict):
+            raise GatewayError(400, "the request body must be a JSON object")
+        return body
 
     async def _admin_open(self, request: web.Request) -> web.Response:
         """`POST /admin/sessions` {"task": ...} -> {"session_id", "api_key", "openai_base_url", "anthropic_base_url"}."""
-        self._admin(request)
-        body = await request.json() if request.can_read_body else {}
         try:
-            s = self.open_session((body or {}).get("task"))
-        except Exception as e:  # noqa: BLE001 - a bad task is the caller's 400
-            return web.json_response({"error": {"message": f"task: {e}"}}, status=400)
+            self._admin(request)
+            body = await self._admin_body(request)
+            try:
+                s = self.open_session(body.get("task"))
+            except (InvalidInput, TypeError, ValueError) as e:
+                raise GatewayError(400, f"task: {e}", param="task") from None
+        except GatewayError as e:
+            return web.json_response(error_body(e), status=e.status)
         return web.json_response({"session_id": s.id, "api_key": s.key, "openai_base_url": self.session_url(s),
                                   "anthropic_base_url": self.session_url(s, api="anthropic")})
 
     async def _admin_close(self, request: web.Request) -> web.Response:
         """`POST /admin/sessions/{id}/close` {"reward": r} -> {"trajectories": [...]} (one per branch)."""
-        self._admin(request)
-        body = await request.json() if request.can_read_body else {}
-        sid = request.match_info["sid"]
-        if sid not in self.sessions:
-            return web.json_response({"error": {"message": f"no session {sid!r}"}}, status=404)
-        trajs = self.close_session(sid, reward=float((body or {}).get("reward", 0.0)))
+        try:
+            self._admin(request)
+            body = await self._admin_body(request)
+            reward = finite(body.get("reward", 0.0), "reward")
+            sid = request.match_info["sid"]
+            if sid not in self.sessions:
+                raise GatewayError(404, f"no session {sid!r} (closed or collected already)", kind="not_found_error",
+                                   param="session_id")
+        except GatewayError as e:
+            return web.json_response(error_body(e), status=e.status)
+        trajs = self.close_session(sid, reward=reward)
         return web.json_response({"trajectories": [t.to_dict() for t in trajs]})
+
+    async def _admin_collect(self, request: web.Request) -> web.Response:
+        """`POST /admin/expired/collect` {"reward": r} -> {"sessions": {id: [trajectory, ...]}}: `collect_expired`."""
+        try:
+            self._admin(request)
+            body = await self._admin_body(request)
+            reward = finite(body.get("reward", 0.0), "reward")
+        except GatewayError as e:
+            return web.json_response(error_body(e), status=e.status)
+        done = self.collect_expired(reward=reward)
+        return web.json_response({"sessions": {sid: [t.to_dict() for t in ts] for sid, ts in done.items()}})
 
     async def _models(self, request: web.Request) -> web.Response:
         try:
@@ -195,12 +280,13 @@ class Gateway:
         """(the parsed request, its completion), or the error response in the route's format."""
         try:
             s = self._session(request)
+            s.in_flight += 1
             try:
-                body = await request.json()
-            except ValueError:
-                raise GatewayError(400, "the request body is not valid JSON") from None
-            req = parse(body)
-            return req, await self._complete(s, req)
+                req = parse(await self._body(request))
+                return req, await self._complete(s, req, request)
+            finally:
+                s.in_flight -= 1
+                s.expires_at = time.monotonic() + self.session_ttl_s  # the TTL counts from the end of a call too
         except GatewayError as e:
             return web.json_response(error(e), status=e.status)
 
@@ -213,7 +299,7 @@ class Gateway:
         await out.write_eof()
         return out
 
-    async def _complete(self, s: AgentSession, req: Any) -> Completion:
+    async def _complete(self, s: AgentSession, req: Any, request: web.Request | None = None) -> Completion:
         conv = s.conversation
         try:
             call = conv.begin(req.messages, req.tools)
@@ -228,7 +314,8 @@ class Gateway:
             if room < 1:
                 conv.abandon(call)
                 raise GatewayError(400, f"this request's {len(ids)} prompt tokens leave no room in the model's "
-                                        f"context of {self.max_context_tokens} tokens", param="messages")
+                                        f"context of {self.max_context_tokens} tokens", param="messages",
+                                   code="context_length_exceeded")
         stops = sorted({*self.renderer.stop_token_ids, *(self.overrides.get("stop_token_ids") or ())})
         params = {**req.sampling, **self.overrides, "max_new_tokens": room, "stop_token_ids": stops}
         if "stop" in req.sampling and "stop" in self.overrides:  # both the agent's stop strings and the run's
@@ -236,19 +323,28 @@ class Gateway:
         t0 = time.perf_counter()
         try:
             gen = await self.policy.generate(ids, params)
-        except asyncio.CancelledError:
+        except asyncio.CancelledError:  # the client disconnected (handler cancellation) or the server stops
             conv.abandon(call)
+            s.abandoned += 1
             raise
         except Exception as e:  # noqa: BLE001 - the engine's failure is the agent's 502, the session stays usable
             conv.abandon(call)
             s.errors.append(f"{type(e).__name__}: {e}")
+            if isinstance(e, InvalidInput) or (isinstance(e, RemoteError) and e.status is not None
+                                               and 400 <= e.status < 500):
+                # the engine refused the request's own parameters: the client's 400, not an engine failure
+                raise GatewayError(400, f"the engine refused this request: {e}") from None
             raise GatewayError(502, f"the engine failed: {type(e).__name__}: {e}", kind="server_error") from None
         latency = time.perf_counter() - t0
-        reply = conv.finish(call, gen, latency)
+        if request is not None and (request.transport is None or request.transport.is_closing()):
+            conv.abandon(call)  # the client left while the engine worked: a reply nobody receives is not recorded
+            s.abandoned += 1
+            raise GatewayError(499, "the client disconnected before the reply")
+        reply = conv.finish(call, gen, latency, stop=req.sampling.get("stop") or ())
         s.calls += 1
         return Completion(reply, gen.finish_reason, len(ids), len(gen.token_ids),
                           [self.renderer.decode([t]) for t in gen.token_ids] if req.logprobs else (),
-                          gen.logprobs, req.model or self.model)
+                          gen.logprobs, req.model or self.model, stop_sequence=call.stop_sequence)
 
     # --- results ----------------------------------------------------------------------------------------------
     def _trajectory(self, s: AgentSession, b: Any, reward: float, status: str, reason: str) -> Trajectory:
@@ -266,5 +362,5 @@ class Gateway:
                      "framework_s": 0.0},
             metadata={"session": s.id, "branch": b.index, "parent_branch": b.parent, "fork_at": b.fork_at,
                       "branch_reason": b.reason, "calls": b.calls, "history_rewrites": b.history_rewrites,
-                      "weight_versions": [c["weight_version"] for c in b.calls],
+                      "abandoned_calls": s.abandoned, "weight_versions": [c["weight_version"] for c in b.calls],
                       "weight_version_tokens": [c["completion_tokens"] for c in b.calls]})

@@ -13,6 +13,10 @@ and `content`: the reply's text outside the calls.
   template writes no newline after NAME); a value that is valid JSON is decoded, any other stays text.
 - `kimi_k2`: `<|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:IDX<|tool_call_argument_begin|>{...}
   <|tool_call_end|>...<|tool_calls_section_end|>`; the call id is `functions.NAME:IDX`.
+- `minimax_m2`: `<minimax:tool_call>\n<invoke name="NAME"><parameter name="K">V</parameter>...</invoke>\n
+  </minimax:tool_call>`; a value that is valid JSON is decoded, any other stays text.
+- `qwen3_5`: Qwen3-Coder's XML calls as Qwen3.5's template writes them: a non-string value is written with Python's
+  `str`, so `True` / `False` / `None` are read back as true / false / null (JSON values as `qwen3_coder` reads them).
 - `gpt_oss` (harmony): calls are messages `<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{...}
   <|call|>`; the content is the `final` channel's message (the `analysis` channel is reasoning, not content).
 """
@@ -236,7 +240,7 @@ def kimi_k2(text: str) -> ParseResult:
 
 
 # --- gpt-oss (harmony) ----------------------------------------------------------------------------------------------
-_HARMONY_MSG = re.compile(r"(?:<\|start\|>assistant)?<\|channel\|>(\w+)([^<]*?)(?:<\|constrain\|>\s*(\w+))?\s*"
+_HARMONY_MSG = re.compile(r"(?:<\|start\|>assistant)?((?: to=[^<]*)?)<\|channel\|>(\w+)([^<]*?)(?:<\|constrain\|>\s*(\w+))?\s*"
                           r"<\|message\|>(.*?)(<\|call\|>|<\|end\|>|<\|return\|>|(?=<\|start\|>)|(?=<\|channel\|>)|\Z)",
                           re.DOTALL)
 _HARMONY_TO = re.compile(r"to=functions\.([A-Za-z0-9_.\-]+)")
@@ -247,7 +251,7 @@ def gpt_oss(text: str) -> ParseResult:
         return _result((), (), text)
     calls, errors, final = [], [], []
     for m in _HARMONY_MSG.finditer(text):
-        channel, header, body, end = m.group(1), m.group(2), m.group(4), m.group(5)
+        channel, header, body, end = m.group(2), m.group(1) + m.group(3), m.group(5), m.group(6)
         to = _HARMONY_TO.search(header)
         if to is not None:
             if end not in ("<|call|>", ""):
@@ -261,5 +265,55 @@ def gpt_oss(text: str) -> ParseResult:
     return _result(calls, errors, "".join(final))
 
 
+def harmony_messages(text: str) -> tuple[str, str, list[ToolCall]]:
+    """A generated harmony turn as (analysis text, final text, calls): what gpt-oss's template takes as `thinking`,
+    `content` and `tool_calls`."""
+    analysis, final = [], []
+    for m in _HARMONY_MSG.finditer(text):
+        if _HARMONY_TO.search(m.group(1) + m.group(3)) is None:
+            (final if m.group(2) == "final" else analysis).append(m.group(5))
+    return "".join(analysis), "".join(final), list(gpt_oss(text).tool_calls)
+
+
+# --- MiniMax-M2 ---------------------------------------------------------------------------------------------------
+_MM_BEGIN, _MM_END = "<minimax:tool_call>", "</minimax:tool_call>"
+_MM_INVOKE = re.compile(r'<invoke name="([^"]*)">(.*?)</invoke>', re.DOTALL)
+_MM_PARAM = re.compile(r'<parameter name="([^"]*)">(.*?)</parameter>', re.DOTALL)
+
+
+def minimax_m2(text: str) -> ParseResult:
+    found = _section(text, _MM_BEGIN, _MM_END)
+    if found is None:
+        return _result((), (), text)
+    at, section, errors = found
+    calls = []
+    for m in _MM_INVOKE.finditer(section):
+        name, body = m.group(1).strip(), m.group(2)
+        if not name:
+            errors.append(ParseError("<invoke> has no name", m.group(0)))
+            continue
+        args = {k: _glm_value(v) for k, v in _MM_PARAM.findall(body)}
+        if _MM_PARAM.sub("", body).strip():
+            errors.append(ParseError(f"unexpected text in the arguments of {name!r}", m.group(0)))
+            continue
+        calls.append(ToolCall(name=name, arguments=args, raw=m.group(0)))
+    return _result(calls, errors, text[:at])
+
+
+# --- Qwen3.5 ------------------------------------------------------------------------------------------------------
+_PY_LITERALS = {"True": True, "False": False, "None": None}
+
+
+def qwen3_5(text: str) -> ParseResult:
+    from slime_env.parsers import qwen3_coder
+
+    r = qwen3_coder.parse(text)
+    calls = tuple(ToolCall(name=c.name, arguments={k: _PY_LITERALS.get(v, v) if isinstance(v, str) else v
+                                                   for k, v in c.arguments.items()}, raw=c.raw, id=c.id)
+                  for c in r.tool_calls)
+    at = text.find("<tool_call>")
+    return ParseResult(calls, r.errors, (text if at < 0 else text[:at]).strip())
+
+
 PARSERS = {"llama3_json": llama3_json, "mistral": mistral, "deepseek_v3": deepseek_v3, "deepseek_v31": deepseek_v31,
-           "glm45": glm45, "kimi_k2": kimi_k2, "gpt_oss": gpt_oss}
+           "glm45": glm45, "kimi_k2": kimi_k2, "gpt_oss": gpt_oss, "minimax_m2": minimax_m2, "qwen3_5": qwen3_5}

@@ -83,6 +83,7 @@ class DeepSeekR1Renderer(TemplateRenderer):
     family = "deepseek_r1"
     rewrites_history = ("keeps only the text after </think> of every assistant turn",
                         "moves all system messages to the start")
+    hoists_system = True
 
     def _base(self, history: Sequence[Message]) -> tuple[tuple[str, str], ...]:
         # The template opens `<｜tool▁outputs▁begin｜>` only before the first tool output of the whole
@@ -90,3 +91,117 @@ class DeepSeekR1Renderer(TemplateRenderer):
         if any(m.role == "tool" for m in history):
             return (*_BASE, ("assistant", "A"), ("tool", "T"))
         return _BASE
+
+
+class Qwen35Renderer(Qwen3Renderer):
+    """Qwen3.5 (hybrid thinking, Qwen3-Coder-style XML tool calls: `<tool_call>\\n<function=NAME>\\n<parameter=K>\\nV
+    \\n</parameter>\\n</function>\\n</tool_call>`). Its generation prompt opens `<think>\\n` (`<think>\\n\\n</think>\\n\\n`
+    with `enable_thinking=False`). Re-rendered history: reasoning of turns before the last user query is dropped, every
+    message's content is `| trim`-med, and a non-string tool-call argument is written with Python's `str` unless it is
+    a mapping or a list (`True`, `None`, `1.5`), where Qwen3.6 writes JSON (`true`, `null`). A system message anywhere
+    but first is refused by the template itself ("System message must be at the beginning.")."""
+
+    family = "qwen3_5"
+    rewrites_history = ("drops <think> blocks of assistant turns before the last user query",
+                        "trims whitespace around every message's content",
+                        "drops the empty <think></think> the generation prompt adds when enable_thinking=False")
+
+
+class Qwen36Renderer(Qwen35Renderer):
+    """Qwen3.6: Qwen3.5's template with tool-call arguments written as JSON (`true`, `null`) and reasoning of earlier
+    turns kept when `template_kwargs={"preserve_thinking": True}`."""
+
+    family = "qwen3_6"
+
+
+class DeepSeekV31Renderer(TemplateRenderer):
+    """DeepSeek-V3.1 (V3 tokenizer). `enable_thinking` is the template's `thinking` switch: the generation prompt is
+    `<｜Assistant｜><think>` with it, `<｜Assistant｜></think>` without. Tool calls:
+    `<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>ARGS<｜tool▁call▁end｜>…<｜tool▁calls▁end｜>`, ARGS
+    the arguments string as given (the template concatenates it). After tool outputs the template adds no generation
+    prompt: the model answers right after `<｜tool▁output▁end｜>`. History: every assistant turn keeps only the text after
+    its first `</think>`, and system messages are hoisted to the front (refused after the first turn)."""
+
+    family = "deepseek_v31"
+    rewrites_history = ("keeps only the text after the first </think> of earlier assistant turns",
+                        "moves all system messages to the start")
+    hoists_system = True
+
+    def __init__(self, tokenizer: Any, *, enable_thinking: bool = False,
+                 template_kwargs: Mapping[str, Any] | None = None, **kw: Any):
+        super().__init__(tokenizer, template_kwargs={"thinking": enable_thinking, **(template_kwargs or {})}, **kw)
+        self.enable_thinking = enable_thinking
+
+    def _default_stop_ids(self) -> list[int]:
+        return _ids(self.tokenizer, "<｜end▁of▁sentence｜>")
+
+
+class GLM45Renderer(TemplateRenderer):
+    """GLM-4.5 / 4.6 (`[gMASK]<sop>`, `<|system|>`, `<|user|>`, `<|assistant|>`, `<|observation|>`). A turn has no
+    end-of-turn token: the model stops on the next header (`<|user|>` or `<|observation|>`), which the bridge then
+    does not write again; `conversation_trajectory` trains that header as the turn's last token. History: reasoning is
+    kept only after the last user message (earlier turns get an empty `<think></think>`), content is `strip()`-ped."""
+
+    family = "glm45"
+    rewrites_history = ("drops reasoning of turns before the last user message (writes <think></think>)",
+                        "strips whitespace around assistant content")
+    stop_closes_turn = True
+    call_parser = "glm45"
+
+    def _default_stop_ids(self) -> list[int]:
+        return _ids(self.tokenizer, "<|user|>", "<|observation|>", "<|endoftext|>")
+
+
+class MiniMaxM2Renderer(TemplateRenderer):
+    """MiniMax-M2 (`]~!b[]~b]system`, `]~b]user`, `]~b]ai`, `]~b]tool`; turns end with `[e~[`). Tool calls are
+    `<minimax:tool_call>\\n<invoke name="NAME"><parameter name="K">V</parameter>…</invoke>\\n</minimax:tool_call>`;
+    the template refuses a tool message unless the assistant turn before it carries `tool_calls`, so the bridge gives
+    the sentinel turn the calls parsed from the generated turn. Reasoning is kept only after the last user message;
+    a default system prompt is written when there is none."""
+
+    family = "minimax_m2"
+    rewrites_history = ("drops reasoning of turns before the last user message",
+                        "strips newlines around reasoning and content")
+    tool_calls_end = "</minimax:tool_call>"
+    call_parser = "minimax_m2"
+
+    def _default_stop_ids(self) -> list[int]:
+        return _ids(self.tokenizer, "[e~[")
+
+
+class GptOssRenderer(TemplateRenderer):
+    """gpt-oss (harmony). The generation prompt is `<|start|>assistant`; the model writes channels (`analysis`,
+    `commentary to=functions.NAME`, `final`) and stops on `<|return|>` (an answer) or `<|call|>` (a tool call). The
+    template renders history differently from what was generated: a final answer ends with `<|end|>` (the bridge does
+    not add it after `<|return|>`), analysis is dropped once a final answer follows, a call is written
+    `<|start|>assistant to=functions.NAME<|channel|>commentary json<|message|>ARGS<|call|>`, and a tool result
+    `<|start|>functions.NAME to=assistant<|channel|>commentary<|message|>"…"<|end|>` (JSON-quoted)."""
+
+    family = "gpt_oss"
+    rewrites_history = ("drops analysis (reasoning) once a final answer follows",
+                        "renders a final answer generated with <|return|> with <|end|>",
+                        "moves the recipient of a call into the header (<|start|>assistant to=functions.NAME)")
+    tool_calls_end = "<|call|>"
+    call_parser = "gpt_oss"
+    stop_closes_turn = True
+    closing_tokens = ("<|end|>",)
+
+    def _default_stop_ids(self) -> list[int]:
+        return _ids(self.tokenizer, "<|return|>", "<|call|>")
+
+    def _structured(self, d: dict) -> dict:
+        text = d.get("content") or ""
+        if "<|channel|>" not in text:
+            return d
+        from slime_env.parsers.families import harmony_messages
+
+        analysis, final, calls = harmony_messages(text)
+        out: dict[str, Any] = {"role": "assistant", "content": final}
+        if analysis:
+            out["thinking"] = analysis
+        if calls:
+            out["tool_calls"] = [{"type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                                 for c in calls]
+            if not final:
+                out.pop("content")
+        return out

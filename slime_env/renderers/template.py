@@ -57,6 +57,22 @@ class TemplateRenderer:
 
     family = "template"
     rewrites_history: tuple[str, ...] = ()
+    #: Templates that render a tool message only after an assistant turn that *carries* `tool_calls` (MiniMax-M2,
+    #: gpt-oss, Kimi-K2 number or name the results after the calls): the text that ends the rendered calls. The bridge
+    #: then gives the sentinel turn the calls parsed from the generated turn (`call_parser`) and starts after it.
+    tool_calls_end: str | None = None
+    #: The family's tool-call parser (a name in `slime_env.parsers`): reads the calls of a generated turn for
+    #: `tool_calls_end` templates and for strict mode's structured history (`template_messages`).
+    call_parser: str | None = None
+    #: A turn that ended on any stop token is closed: the bridge drops a first id that closes it again (gpt-oss
+    #: generates `<|return|>` or `<|call|>` where the template writes `<|end|>`; GLM stops on the next header).
+    stop_closes_turn: bool = False
+    #: With `stop_closes_turn`: tokens the template closes a turn with that a turn ended on a stop token must not get
+    #: (gpt-oss: `<|end|>` after a generated `<|return|>`).
+    closing_tokens: tuple[str, ...] = ()
+    #: The template moves every system message to the front (DeepSeek): a system message after the first turn
+    #: cannot be bridged, and `conversation_trajectory` hoists it as a declared history rewrite.
+    hoists_system: bool = False
 
     def __init__(self, tokenizer: Any, *, chat_template: str | None = None,
                  template_kwargs: Mapping[str, Any] | None = None,
@@ -81,6 +97,9 @@ class TemplateRenderer:
         close = self._after_sentinel([], add_generation_prompt=False)
         close_ids = self.encode(close)
         specials = set(getattr(tokenizer, "all_special_ids", ()))
+        added = getattr(tokenizer, "added_tokens_decoder", None)
+        if isinstance(added, Mapping):  # control tokens the tokenizer does not name as its bos/eos/pad (Kimi's)
+            specials |= {i for i, t in added.items() if getattr(t, "special", False)}
         # The end-of-turn token: the close starts with it (`<|im_end|>`, `<|eot_id|>`, ...). A generation
         # that already ends with it must not get a second copy.
         self.end_of_turn_id: int | None = close_ids[0] if close_ids and close_ids[0] in specials else None
@@ -100,12 +119,36 @@ class TemplateRenderer:
         self.__dict__.update(state)
         self._template = compile_template(self._source)
 
+    @property
+    def renders_tools(self) -> bool:
+        """Whether the chat template writes a `tools` list into the prompt (SmolLM2's, for one, does not)."""
+        if not hasattr(self, "_renders_tools"):
+            probe = [{"role": "user", "content": "hi"}]
+            tool = {"type": "function", "function": {"name": "probe_tool_7f3a", "description": "", "parameters": {}}}
+            try:
+                self._renders_tools = "probe_tool_7f3a" in self._render(probe, tools=[tool], add_generation_prompt=True)
+            except Exception:  # noqa: BLE001 - a template that fails on tools does not render them
+                self._renders_tools = False
+        return self._renders_tools
+
+    @property
+    def renders_tool_calls(self) -> bool:
+        """Whether the chat template writes an assistant message's structured `tool_calls` (SmolLM2's does not)."""
+        if not hasattr(self, "_renders_tool_calls"):
+            call = {"id": "call_0", "type": "function", "function": {"name": "probe_call_7f3a", "arguments": {}}}
+            probe = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "", "tool_calls": [call]}]
+            try:
+                self._renders_tool_calls = "probe_call_7f3a" in self._render(probe, tools=None,
+                                                                             add_generation_prompt=False)
+            except Exception:  # noqa: BLE001 - a template that fails on tool calls does not render them
+                self._renders_tool_calls = False
+        return self._renders_tool_calls
+
     # --- rendering -------------------------------------------------------------------------------
     def render_text(self, messages: Sequence[Message | Mapping[str, Any]], *, tools: Sequence[Mapping] | None = None,
                     add_generation_prompt: bool = True) -> str:
         """The template's text for a whole conversation (used for the first prompt and strict checks)."""
-        dicts = [m.to_dict() if isinstance(m, Message) else dict(m) for m in messages]
-        return self._render(dicts, tools=tools, add_generation_prompt=add_generation_prompt)
+        return self._render(self.template_messages(messages), tools=tools, add_generation_prompt=add_generation_prompt)
 
     def render_prompt(self, messages: Sequence[Message], *, tools: Sequence[Mapping] | None = None) -> list[int]:
         """Token ids of the first prompt, ending with the generation prompt (cached: the n samples of a
@@ -137,15 +180,60 @@ class TemplateRenderer:
         if any(m.role == "assistant" for m in messages):
             raise InvalidInput("an observation may hold one 'assistant' message (a mid-turn insert) "
                                "or none, not assistant messages mixed with others")
+        if self.hoists_system:
+            at = next((i for i, m in enumerate(messages) if m.role == "system"), None)
+            if at is not None:
+                raise InvalidInput(f"observation message {at} is a system message: the {self.family} template moves "
+                                   "every system message to the front of the conversation, so it cannot follow a "
+                                   "generated turn (send it as a user message, or put it in the first prompt)")
         base = self._base(history)
-        key = (base, *((m.role, m.content, m.name, m.tool_call_id) for m in messages))
+        calls = self._sentinel_calls(generated_ids, messages, history)
+        key = (base, calls, *((m.role, m.content, m.name, m.tool_call_id) for m in messages))
         ids = self._cache.get(key)
         if ids is None:
-            ids = tuple(self.encode(self._after_sentinel([m.to_dict() for m in messages], base=base)))
+            ids = tuple(self.encode(self._after_sentinel([m.to_dict() for m in messages], base=base, calls=calls)))
             self._remember(key, ids)
         else:
             self._cache.move_to_end(key)
         return self._dedupe_end_of_turn(generated_ids, ids)
+
+    def template_messages(self, messages: Sequence[Message | Mapping[str, Any]]) -> list[dict]:
+        """`messages` as the chat template takes them. For families with a `call_parser`, a generated assistant turn
+        (text) whose calls the parser reads becomes `content` + structured `tool_calls`: the form the template renders
+        back into the call format, and the one its tool messages need."""
+        dicts = [m.to_dict() if isinstance(m, Message) else dict(m) for m in messages]
+        if self.call_parser is None:
+            return dicts
+        return [self._structured(d) if d.get("role") == "assistant" and not d.get("tool_calls") else d
+                for d in dicts]
+
+    def _structured(self, d: dict) -> dict:
+        from slime_env.parsers import get_parser
+
+        result = get_parser(self.call_parser)(d.get("content") or "")
+        if not result.tool_calls:
+            return d
+        calls = [{"id": c.id or "", "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                 for c in result.tool_calls]
+        return {**d, "content": result.content or "", "tool_calls": calls}
+
+    def _sentinel_calls(self, generated_ids: Sequence[int], messages: Sequence[Message],
+                        history: Sequence[Message]) -> tuple[tuple[str, str], ...] | None:
+        """(name, JSON arguments) of the calls the sentinel turn carries, for `tool_calls_end` templates bridging tool
+        messages: the calls of the generated turn, else one per tool message named after it."""
+        if self.tool_calls_end is None or not any(m.role == "tool" for m in messages):
+            return None
+        calls: list[tuple[str, str]] = []
+        if self.call_parser is not None:
+            from slime_env.parsers import get_parser
+
+            text = history[-1].content if history and history[-1].role == "assistant" else \
+                self.assistant_text(generated_ids)
+            calls = [(c.name, json.dumps(c.arguments, ensure_ascii=False))
+                     for c in get_parser(self.call_parser)(text).tool_calls]
+        if not calls:
+            calls = [(m.name or "tool", "{}") for m in messages if m.role == "tool"]
+        return tuple(calls)
 
     def _remember(self, key: tuple, ids: tuple[int, ...]) -> None:
         self._cache[key] = ids
@@ -175,12 +263,18 @@ class TemplateRenderer:
         """
         if len(new) == 1 and new[0].role == "assistant":
             return  # a mid-turn insert is the env's own text, checked by check_full
-        dicts = [m.to_dict() for m in history]
+        dicts = self.template_messages(history)
         if not dicts or dicts[-1]["role"] != "assistant":
             raise InvalidInput("check_bridge: history must end with the assistant turn")
-        dicts[-1] = {"role": "assistant", "content": SENTINEL}
+        last = {"role": "assistant", "content": SENTINEL}
+        if self.tool_calls_end is not None and dicts[-1].get("tool_calls") and any(m.role == "tool" for m in new):
+            last["tool_calls"] = dicts[-1]["tool_calls"]
+        dicts[-1] = last
         text = self._render(dicts + [m.to_dict() for m in new], tools=tools, add_generation_prompt=True)
-        expected = self._dedupe_end_of_turn(generated_ids, self.encode(_after(text, SENTINEL)))
+        after = _after(text, SENTINEL)
+        if "tool_calls" in last:
+            after = _after(after, self.tool_calls_end)
+        expected = self._dedupe_end_of_turn(generated_ids, self.encode(after))
         if list(expected) != list(bridge_ids):
             i = _first_difference(expected, bridge_ids)
             raise self._mismatch("bridge", i, expected, bridge_ids)
@@ -259,16 +353,27 @@ class TemplateRenderer:
         return _BASE
 
     def _after_sentinel(self, new: list[dict], add_generation_prompt: bool = True,
-                        base: tuple[tuple[str, str], ...] = None) -> str:
+                        base: tuple[tuple, ...] = None, calls: tuple[tuple[str, str], ...] | None = None) -> str:
         base = _BASE if base is None else base
-        dicts = [*({"role": r, "content": c} for r, c in base), {"role": "assistant", "content": SENTINEL}, *new]
-        return _after(self._render(dicts, tools=None, add_generation_prompt=add_generation_prompt), SENTINEL)
+        last: dict[str, Any] = {"role": "assistant", "content": SENTINEL}
+        if calls:
+            last["tool_calls"] = _call_dicts(calls)
+        dicts = [*(_base_message(b) for b in base), last, *new]
+        after = _after(self._render(dicts, tools=None, add_generation_prompt=add_generation_prompt), SENTINEL)
+        return _after(after, self.tool_calls_end) if calls else after
 
     def _dedupe_end_of_turn(self, generated_ids: Sequence[int], ids: Sequence[int]) -> list[int]:
         eot = self.end_of_turn_id
         if eot is not None and generated_ids and generated_ids[-1] == eot and ids and ids[0] == eot:
             return list(ids[1:])
+        if self.stop_closes_turn and generated_ids and ids and generated_ids[-1] in self.stop_token_ids \
+                and (ids[0] == generated_ids[-1] or ids[0] in self._closing_ids()):
+            return list(ids[1:])
         return list(ids)
+
+    def _closing_ids(self) -> set[int]:
+        vocab = self.tokenizer.get_vocab() if self.closing_tokens else {}
+        return {vocab[t] for t in self.closing_tokens if t in vocab}
 
     def _default_stop_ids(self) -> list[int]:
         eos = getattr(self.tokenizer, "eos_token_id", None)
@@ -282,6 +387,19 @@ class TemplateRenderer:
         return RenderMismatch(f"{self.family} renderer: {what} differs from the chat template at token {i}: "
                               f"template has {show(exp)}, ledger has {show(act)} (after {context!r})",
                               index=i, expected=exp, actual=act)
+
+
+def _call_dicts(calls: Sequence[tuple[str, str]], start: int = 0) -> list[dict[str, Any]]:
+    return [{"id": f"call_{start + i}", "type": "function", "function": {"name": n, "arguments": json.loads(a)}}
+            for i, (n, a) in enumerate(calls)]
+
+
+def _base_message(b: tuple) -> dict[str, Any]:
+    """A base entry: (role, content), or (role, content, calls) for an assistant turn carrying tool calls."""
+    d: dict[str, Any] = {"role": b[0], "content": b[1]}
+    if len(b) > 2 and b[2]:
+        d["tool_calls"] = _call_dicts(b[2])
+    return d
 
 
 def _after(text: str, marker: str) -> str:

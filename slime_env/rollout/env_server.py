@@ -187,6 +187,7 @@ class RemoteEnv(Env):
             created = await self.client.request("POST", "/sessions", {"env_kwargs": self.env_kwargs})
             self.session_id, self.parser, self.tools = created["session_id"], created.get("parser"), created.get("tools")
             self.stop = tuple(created.get("stop") or ())  # the env's stop strings reach the sampling params
+            self.describe_tools = bool(created.get("describe_tools", True))
         out = await self.client.request("POST", f"/sessions/{self.session_id}/reset",
                                         {"seed": seed, "task": task_payload(options)}, max_retries=0)
         self.tools = out.get("tools", self.tools)

@@ -121,6 +121,7 @@ class RayEnv(Env):
             created = await self.actor.create.remote(self.env_kwargs)
             self.session_id, self.parser, self.tools = created["session_id"], created["parser"], created["tools"]
             self.stop = tuple(created.get("stop") or ())
+            self.describe_tools = bool(created.get("describe_tools", True))
         out = await self.actor.reset.remote(self.session_id, seed, task_payload(options))
         self.tools = out.get("tools", self.tools)
         return reset_answer(out, "ray")

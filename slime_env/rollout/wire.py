@@ -43,9 +43,10 @@ def messages_from_list(data: Any, where: str) -> list[Message]:
 
 
 def env_created(session_id: str, env: Any) -> dict[str, Any]:
-    """What a new session reports: its id, and the env's parser, tools and stop strings (the runner needs them)."""
+    """What a new session reports: its id, and the env's parser, tools, stop strings and whether the runner describes
+    its tools in the system message (the runner needs them all)."""
     return {"session_id": session_id, "parser": env.parser, "tools": list(env.tools) if env.tools else None,
-            "stop": list(getattr(env, "stop", ()) or ())}
+            "stop": list(getattr(env, "stop", ()) or ()), "describe_tools": bool(getattr(env, "describe_tools", True))}
 
 
 async def run_reset(env: Any, seed: int | None, task: Any) -> dict[str, Any]:

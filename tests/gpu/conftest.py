@@ -8,8 +8,9 @@ import sys
 import pytest
 import torch
 
-# tests/gpu imports helpers of tests/ as `tests.<module>`: the repository root must be importable.
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+# tests/gpu imports the support modules of tests/ by their own names (never the repository root: its top-level
+# `agents/` folder would shadow the OpenAI Agents SDK).
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def pytest_collection_modifyitems(config, items):

@@ -111,7 +111,7 @@ def test_grpo_step_changes_the_colocated_engine_after_sync(smollm2, tmp_path):
 @pytest.mark.two_gpu
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
 def test_dp2_equals_one_gpu_and_tp2_logprobs_match(tmp_path):
-    from tests.test_megatron import run_dist_check
+    from test_megatron import run_dist_check
 
     one, dp2, tp2 = (run_dist_check(tmp_path, n, tp) for n, tp in ((1, 1), (2, 1), (2, 2)))
     assert dp2["parallel"]["dp"] == 2 and tp2["parallel"]["tp"] == 2
@@ -151,7 +151,7 @@ def test_cuda_ipc_weights_reach_another_process(tmp_path):
 def test_megatron_ppo_learns_values_on_cuda():
     from slime_env.trainers.megatron_trainer import MegatronTrainer
 
-    from tests.helpers import tiny, trajectories
+    from helpers import tiny, trajectories
 
     trainer = MegatronTrainer(tiny("qwen2"), TrainerConfig(backend="megatron", estimator="ppo", lr=3e-4,
                                                            critic_lr=3e-3, value_clip=None), pad_id=0)
@@ -166,7 +166,7 @@ def test_megatron_ppo_learns_values_on_cuda():
 def test_offload_frees_gpu_memory_between_steps_and_changes_nothing():
     from slime_env.trainers.megatron_trainer import MegatronTrainer
 
-    from tests.helpers import tiny, trajectories
+    from helpers import tiny, trajectories
 
     trajs = trajectories(8, seed=4)
     results = {}

@@ -17,7 +17,7 @@ import pytest
 import torch
 from slime_env.agents.transformers_policy import TransformersPolicy
 
-from tests.paged_support import GREEDY, sessions, tiny
+from paged_support import GREEDY, sessions, tiny
 
 
 @pytest.fixture(scope="module")

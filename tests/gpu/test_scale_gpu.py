@@ -18,7 +18,7 @@ import torch
 
 pytest.importorskip("megatron.core", reason="megatron-core is not installed")
 
-from tests.helpers import tiny, trajectories  # noqa: E402
+from helpers import tiny, trajectories  # noqa: E402
 from slime_env.trainers.batch import pack  # noqa: E402
 from slime_env.trainers.torch_trainer import TorchTrainer, TrainerConfig  # noqa: E402
 
@@ -167,7 +167,7 @@ def test_pp2_cp2_ep2_on_two_gpus_equal_one_gpu_on_the_same_batch(tmp_path):
     """PP=2 (1F1B), CP=2 and Qwen3-MoE with EP=2 over two GPUs against one GPU on the same batch: the log-probs
     before and after the step, the loss and the gradient norm agree within bf16 tolerance (the fp32 CPU twins in
     tests/test_megatron.py check them exactly)."""
-    from tests.helpers import run_dist_check
+    from helpers import run_dist_check
 
     dense = ("--layers", "4")
     moe = ("--layers", "4", "--moe", "--failed", "4")

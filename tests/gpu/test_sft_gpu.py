@@ -17,7 +17,7 @@ pytest.importorskip("megatron.core", reason="megatron-core is not installed")
 from slime_env.trainers.batch import pack  # noqa: E402
 from slime_env.trainers.torch_trainer import TrainerConfig  # noqa: E402
 
-from tests.helpers import tiny, trajectories  # noqa: E402
+from helpers import tiny, trajectories  # noqa: E402
 
 
 def test_megatron_sft_steps_lower_the_nll_and_opd_pulls_toward_the_teacher():

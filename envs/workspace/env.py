@@ -1,0 +1,275 @@
+"""`WorkspaceEnv` (`Workspace-v0`): an agent works in its own container for the episode, with the tools agent
+frameworks use — `bash` (state kept between calls), `str_replace_editor` (view / create / str_replace / insert /
+undo_edit), `search` (grep over files), `submit`. The task's prompt is the instruction; its workspace comes from
+`task.metadata["workspace"]` (`{"image": ..., "workdir": ..., "env": ..., "limits": {...}}`) or the env's `spec`.
+
+When the agent submits (or answers without a tool call, or runs out of turns), `verify(task, workspace)` scores
+the episode — subclasses put their verifier there (Harbor tasks, SWE tasks). The reward never comes from anything
+the agent could write unless the verifier says so: the default verifier is the env's rubric, whose functions get
+the workspace in `state` and decide for themselves what to trust.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import posixpath
+from collections.abc import Mapping
+from typing import Any
+
+from slime_env import Action, InvalidInput, Message, Task
+from slime_env.tool_env import Rubric, StatefulToolEnv
+from slime_env.tools import ToolError, tool
+from slime_env.tools_sandbox.workspace import Limits, Workspace, WorkspaceError, WorkspaceSpec
+
+from slime_env.envs.workspace import editor, shell
+
+SYSTEM_PROMPT = ("You are an autonomous agent working in a Linux machine of your own. Use the tools to inspect and "
+                 "change files and to run commands. When the task is done, call `submit`.")
+TOOL_NAMES = ("bash", "str_replace_editor", "search", "submit")
+DEFAULT_IMAGE = "python:3.11-slim"  # the default task's (built locally by `slime-env workspace build-base` if need be)
+
+
+def _workspace(state: Mapping[str, Any]) -> Workspace:
+    ws = state.get("workspace")
+    if ws is None:
+        raise ToolError("this episode has no workspace")
+    return ws
+
+
+async def _read_text(ws: Workspace, path: str) -> str:
+    try:
+        data = await ws.read_file(path)
+    except FileNotFoundError:
+        raise ToolError(f"The path {path} does not exist.") from None
+    except IsADirectoryError:
+        raise ToolError(f"The path {path} is a directory.") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ToolError(f"{path} is not a UTF-8 text file.") from None
+
+
+def make_tools(*, command_timeout_s: float = 60.0, max_search_results: int = 50) -> list:
+    """The workspace tools (each takes the hidden `state`: `workspace`, `edits`)."""
+
+    async def bash(command: str, timeout: int | None = None, *, state: dict) -> str:
+        """Run a bash command in the workspace. The shell's state (working directory, variables, functions) is kept
+        between calls. Long-running commands are killed after the timeout.
+
+        Args:
+            command: The bash command to run.
+            timeout: Seconds before the command is killed (default and maximum: the env's command timeout).
+        """
+        ws = _workspace(state)
+        limit = min(float(timeout), command_timeout_s) if timeout and timeout > 0 else command_timeout_s
+        argv, env = shell.argv(command)
+        try:
+            result = await ws.exec(argv, env=env, timeout_s=limit)
+        except WorkspaceError as e:
+            raise ToolError(str(e)) from None
+        return shell.format_result(result, limit)
+
+    async def str_replace_editor(command: str, path: str, file_text: str | None = None, old_str: str | None = None,
+                                 new_str: str | None = None, insert_line: int | None = None,
+                                 view_range: list[int] | None = None, *, state: dict) -> str:
+        """View, create and edit files. `view` shows a file with line numbers (or a directory two levels deep);
+        `create` writes a new file; `str_replace` replaces `old_str`, which must occur exactly once, by `new_str`;
+        `insert` puts `new_str` after line `insert_line` (0: at the top); `undo_edit` reverts the last edit of `path`.
+
+        Args:
+            command: One of view, create, str_replace, insert, undo_edit.
+            path: Absolute path of the file or directory (relative paths are under the working directory).
+            file_text: The content of the new file (create).
+            old_str: The exact text to replace (str_replace).
+            new_str: The replacement (str_replace) or the text to insert (insert).
+            insert_line: The line after which to insert (insert).
+            view_range: [start, end] lines to show (view; end -1 for the rest of the file).
+        """
+        ws = _workspace(state)
+        full = posixpath.normpath(path if path.startswith("/") else posixpath.join(ws.workdir, path))
+        edits: dict[str, list[bytes | None]] = state.setdefault("edits", {})
+        if command == "view":
+            try:
+                return editor.view_file(full, await _read_text(ws, full), view_range)
+            except ToolError as e:
+                if "is a directory" not in str(e):
+                    raise
+            listing = await ws.exec(["find", full, "-maxdepth", "2", "-not", "-path", "*/.*"], timeout_s=30)
+            return (f"Here's the files and directories up to 2 levels deep in {full}, excluding hidden items:\n"
+                    f"{listing.stdout}")
+        if command == "create":
+            if file_text is None:
+                raise ToolError("create needs file_text")
+            try:
+                previous = await ws.read_file(full)
+            except FileNotFoundError:
+                previous = None
+            except IsADirectoryError:
+                raise ToolError(f"The path {full} is a directory.") from None
+            if previous is not None:
+                raise ToolError(f"File already exists at: {full}. Cannot overwrite files using command `create`.")
+            await ws.write_file(full, file_text)
+            edits.setdefault(full, []).append(None)
+            return f"File created successfully at: {full}"
+        if command in ("str_replace", "insert"):
+            text = await _read_text(ws, full)
+            if command == "str_replace":
+                if old_str is None:
+                    raise ToolError("str_replace needs old_str")
+                result, message = editor.str_replace(full, text, old_str, new_str or "")
+            else:
+                if insert_line is None or new_str is None:
+                    raise ToolError("insert needs insert_line and new_str")
+                result, message = editor.insert(full, text, insert_line, new_str)
+            mode = next((e.mode for e in await ws.list_dir(posixpath.dirname(full))
+                         if e.name == posixpath.basename(full)), 0o644) & 0o7777
+            await ws.write_file(full, result, mode=mode)
+            edits.setdefault(full, []).append(text.encode())
+            return message
+        if command == "undo_edit":
+            history = edits.get(full)
+            if not history:
+                raise ToolError(f"No edit history found for {full}.")
+            previous = history.pop()
+            if previous is None:
+                await ws.exec(["rm", "-f", "--", full], timeout_s=30)
+                return f"Last edit to {full} undone: the file it created is removed."
+            await ws.write_file(full, previous)
+            return f"Last edit to {full} undone successfully.\n{editor.numbered(previous.decode())}"
+        raise ToolError(f"Unknown command {command!r}: use view, create, str_replace, insert or undo_edit")
+
+    async def search(pattern: str, path: str = ".", include: str | None = None, *, state: dict) -> str:
+        """Search file contents for a regular expression (grep -E), recursively; lists `file:line:text` matches.
+
+        Args:
+            pattern: The extended regular expression to look for.
+            path: The file or directory to search (default: the working directory).
+            include: Only files whose name matches this glob, e.g. "*.py".
+        """
+        ws = _workspace(state)
+        argv = ["grep", "-rnIE", "--exclude-dir=.git", *([f"--include={include}"] if include else []), "--",
+                pattern, path]
+        result = await ws.exec(argv, timeout_s=60, output_limit_bytes=4 << 20)
+        if result.exit_code == 1:
+            return f"No matches for {pattern!r} in {path}."
+        if result.exit_code not in (0, None) or result.status not in ("ok", "output_limit"):
+            raise ToolError(result.stderr.strip() or result.reason or f"grep failed ({result.exit_code})")
+        lines = result.stdout.splitlines()
+        shown = "\n".join(line[:300] for line in lines[:max_search_results])
+        more = len(lines) - max_search_results
+        return shown + (f"\n[{more} more matches not shown; narrow the search]" if more > 0 else "")
+
+    async def submit(*, state: dict) -> str:
+        """Submit your work: call this once the task is done. The episode ends and your work is checked."""
+        state["submitted"] = True
+        return "Submitted."
+
+    return [tool(fn, hidden=["state"]) for fn in (bash, str_replace_editor, search, submit)]
+
+
+class WorkspaceEnv(StatefulToolEnv):
+    """Agentic tasks in a per-episode workspace (see the module docstring).
+
+    `spec` (or `image`): the workspace when the task names none; `backend` (docker | bwrap | auto) and `pool`
+    (default: the process's shared pool for the backend, keeping `warm` started workspaces per spec). `command_timeout_s` bounds each bash call,
+    `max_turns` the episode. Override `workspace_spec(task)`, `prepare(task, ws)` (after start, before the agent)
+    and `verify(task, ws)` (-> reward, info) for a task family.
+    """
+
+    def __init__(self, *, spec: WorkspaceSpec | None = None, image: str | None = None, backend: str = "docker",
+                 pool: Any = None, system_prompt: str | None = SYSTEM_PROMPT, max_turns: int | None = 30,
+                 command_timeout_s: float = 60.0, rubric: Rubric | Any = None, tasks: Any = None,
+                 parser: str | None = None, max_output_chars: int = 10000, warm: int = 2):
+        if spec is None and image is not None:
+            spec = WorkspaceSpec(image=image)
+        self.spec, self.backend, self.pool, self.warm = spec, backend, pool, warm
+        self.command_timeout_s = command_timeout_s
+        super().__init__(make_tools(command_timeout_s=command_timeout_s), hidden_args=("state",),
+                         system_prompt=system_prompt, max_turns=max_turns, rubric=rubric, tasks=tasks, parser=parser,
+                         tool_timeout_s=command_timeout_s + 30.0, max_parallel_calls=1,
+                         max_output_chars=max_output_chars)
+
+    # --- the workspace of an episode -------------------------------------------------------------------
+    def workspace_spec(self, task: Task) -> WorkspaceSpec:
+        """The task's workspace: `task.metadata["workspace"]` over the env's `spec`."""
+        given = dict((task.metadata or {}).get("workspace") or {})
+        if not given:
+            if self.spec is None:
+                raise InvalidInput(f"{type(self).__name__}: the task names no workspace (metadata['workspace']) "
+                                   "and the env has no spec/image")
+            return self.spec
+        base = self.spec or WorkspaceSpec(image=given.get("image") or "")
+        limits = given.pop("limits", None)
+        spec = dataclasses.replace(base, **{k: v for k, v in given.items() if k in ("image", "workdir", "env", "user")})
+        if limits:
+            spec = dataclasses.replace(spec, limits=dataclasses.replace(spec.limits or Limits(), **limits))
+        return spec
+
+    async def setup_state(self, task: Task) -> Mapping[str, Any]:
+        from slime_env.tools_sandbox.workspace.pool import shared_pool
+
+        pool = self.pool or shared_pool(self.backend, warm=self.warm)
+        ws = await pool.acquire(self.workspace_spec(task))
+        state = {"state": None, "workspace": ws, "pool": pool, "edits": {}, "submitted": False}
+        state["state"] = state  # the tools' one hidden argument: this dict
+        try:
+            await self.prepare(task, ws)
+        except BaseException:
+            await pool.release(ws)
+            raise
+        return state
+
+    async def cleanup_state(self, state: dict[str, Any]) -> None:
+        ws = state.get("workspace")
+        if ws is not None:
+            state["workspace"] = None
+            await state["pool"].release(ws)
+
+    async def prepare(self, task: Task, ws: Workspace) -> None:
+        """Set the workspace up for the task after it starts (default: nothing)."""
+
+    # --- ending and scoring ---------------------------------------------------------------------------
+    def is_done(self, action: Action) -> bool:
+        if any(call.name == "submit" for call in action.tool_calls):
+            return True
+        return super().is_done(action)
+
+    async def finish(self, action: Action):
+        other = [c for c in action.tool_calls if c.name != "submit"]
+        obs: list[Message] = []
+        if other:  # a turn that does work and submits: the work happens first
+            obs = await self.run_tools(dataclasses.replace(action, tool_calls=tuple(other)))
+        self.state["submitted"] = any(c.name == "submit" for c in action.tool_calls)
+        info = self.step_info()
+        reward, details = await self.verify(self.task, self.state["workspace"])
+        info.update(details)
+        info["workspace"] = self.workspace_metrics()
+        return obs, reward, True, False, info
+
+    async def verify(self, task: Task, ws: Workspace) -> tuple[float, dict[str, Any]]:
+        """The episode's reward and what to record of it (default: the rubric, with the workspace in `state`)."""
+        if self.rubric is None:
+            return 0.0, {}
+        context = self.reward_context(Action(text=self.history[-1].content if self.history else ""), {})
+        reward, scores = await self.rubric.score(context)
+        return reward, {"rubric": scores}
+
+    async def step(self, action: Action):
+        obs, reward, terminated, truncated, info = await super().step(action)
+        if truncated and not terminated:  # out of turns: the work done so far is still checked, as Harbor does
+            verified, details = await self.verify(self.task, self.state["workspace"])
+            info = {**info, **details, "workspace": self.workspace_metrics()}
+            reward += verified
+        return obs, reward, terminated, truncated, info
+
+    def workspace_metrics(self) -> dict[str, int]:
+        """What the episode did in its workspace (time spent there is the runner's env time: `env_s`)."""
+        return {"commands": getattr(self.state.get("workspace"), "commands", 0)}
+
+    def default_tasks(self):
+        """Without tasks: one chore in the default image (what Gymnasium's checker and demos reset with)."""
+        return [Task(prompt="Write the kernel's name (`uname -s`) into /tmp/kernel.txt, then call submit.",
+                     metadata={"workspace": {"image": DEFAULT_IMAGE}})]
+
+
+__all__ = ["SYSTEM_PROMPT", "TOOL_NAMES", "WorkspaceEnv", "make_tools"]

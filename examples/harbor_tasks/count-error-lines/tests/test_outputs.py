@@ -1,0 +1,2 @@
+def test_count():
+    assert open("/app/error_count.txt").read().strip() == "4"

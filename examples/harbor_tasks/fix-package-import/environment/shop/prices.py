@@ -1,0 +1,5 @@
+from shop import run  # noqa: F401 (left over)
+
+
+def total(values):
+    return sum(values)

@@ -1,0 +1,1 @@
+foo_client = object()

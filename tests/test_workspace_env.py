@@ -1,0 +1,238 @@
+"""WorkspaceEnv's tools in a real container, through `run_episode` with exact ledgers, and black-box harnesses
+(mini-swe-agent unchanged, a plain OpenAI-SDK loop) through the gateway into a workspace.
+
+The policies are `ScriptedPolicy`s on real tokenizers and templates: the tool calls are scripted (no small model makes
+them on cue) — a stand-in for the engine only; the env, the workspace, the gateway and the harnesses are real."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from slime_env import ScriptedPolicy, Task, get_renderer, run_episode
+from slime_env.envs.workspace import WorkspaceEnv
+from slime_env.envs.workspace.editor import insert, str_replace, view_file
+from slime_env.tools import ToolError
+from slime_env.tools_sandbox.workspace import WorkspaceSpec
+from slime_env.tools_sandbox.workspace.pool import WorkspacePool
+from workspace_support import require_backend, workspace_image
+
+
+
+def _require_mini_swe_agent() -> None:
+    """Skip without mini-swe-agent (`make` installs it; CI fails instead). Found, not imported: importing it here,
+    before our harness sets its environment, would print its banner and make ~/.config/mini-swe-agent."""
+    import importlib.util
+    import os
+
+    if importlib.util.find_spec("minisweagent") is None:
+        if os.environ.get("CI"):
+            pytest.fail("CI must have mini-swe-agent (the dev extra)")
+        pytest.skip("mini-swe-agent is not installed")
+
+
+def call(name: str, **arguments) -> str:
+    return f'<tool_call>\n{json.dumps({"name": name, "arguments": arguments})}\n</tool_call>'
+
+
+def test_editor_rules_without_a_workspace():
+    text = "a = 1\nb = 2\na = 1\n"
+    with pytest.raises(ToolError, match=r"Multiple occurrences .* lines \[1, 3\]"):
+        str_replace("/f.py", text, "a = 1", "a = 3")
+    with pytest.raises(ToolError, match="did not appear verbatim"):
+        str_replace("/f.py", text, "c = 3", "")
+    new, message = str_replace("/f.py", text, "b = 2", "b = 20")
+    assert new == "a = 1\nb = 20\na = 1\n" and "     2\tb = 20" in message
+    assert insert("/f.py", text, 0, "# top")[0].startswith("# top\na = 1")
+    assert insert("/f.py", text, 3, "end")[0] == text + "end\n"
+    with pytest.raises(ToolError, match="outside"):
+        insert("/f.py", text, 9, "x")
+    assert view_file("/f.py", text, [2, 3]).splitlines()[1:] == ["     2\tb = 2", "     3\ta = 1"]
+    with pytest.raises(ToolError, match="view_range"):
+        view_file("/f.py", text, [3, 1])
+
+
+async def _episode(tok, replies, task, *, pool, max_turns=20, **env_kw):
+    env = WorkspaceEnv(spec=WorkspaceSpec(image=workspace_image(), workdir="/app"), pool=pool, **env_kw)
+    try:
+        return await run_episode(env, ScriptedPolicy(tok, replies), task, renderer=get_renderer(tok, strict=True),
+                                 max_turns=max_turns)
+    finally:
+        await env.close()
+
+
+def test_the_tools_in_a_workspace_with_exact_ledgers(smollm2_tok):
+    require_backend("docker")
+    replies = [
+        call("bash", command="mkdir -p /app/proj && cd /app/proj && export FOO=bar && x=5 && f() { echo fn$1; }"),
+        call("bash", command='pwd; echo "$FOO $x"; f 7; exit 4'),
+        call("bash", command="pwd"),  # the state survived the `exit`
+        call("str_replace_editor", command="create", path="/app/proj/m.py", file_text="def f(x):\n    return x < 3\n"),
+        call("str_replace_editor", command="create", path="/app/proj/m.py", file_text="again"),
+        call("str_replace_editor", command="str_replace", path="proj/m.py", old_str="x < 3", new_str="x <= 3"),
+        call("str_replace_editor", command="insert", path="/app/proj/m.py", insert_line=0, new_str="import os"),
+        call("str_replace_editor", command="undo_edit", path="/app/proj/m.py"),
+        call("str_replace_editor", command="view", path="/app/proj/m.py", view_range=[2, 2]),
+        call("str_replace_editor", command="view", path="/app/proj"),
+        call("search", pattern="x <= [0-9]", path="/app", include="*.py"),
+        call("search", pattern="nothing-like-this"),
+        call("bash", command="sleep 30", timeout=1),
+        call("bash", command="yes | head -c 100000"),
+        call("submit"),
+    ]
+
+    async def main():
+        async with WorkspacePool(warm=0) as pool:
+            return await _episode(smollm2_tok, replies, "Fix the comparison.", pool=pool)
+
+    traj = asyncio.run(main())
+    assert traj.status == "completed", traj.reason
+    tools = [m.content for m in traj.messages if m.role == "tool"]
+    assert tools[0] == "(no output)"
+    assert tools[1] == "/app/proj\nbar 5\nfn7\n[exit code 4]"
+    assert tools[2] == "/app/proj"
+    assert tools[3] == "File created successfully at: /app/proj/m.py"
+    assert tools[4].startswith("error: File already exists at: /app/proj/m.py")
+    assert "     2\t    return x <= 3" in tools[5]
+    assert "     1\timport os" in tools[6]
+    assert tools[7].startswith("Last edit to /app/proj/m.py undone successfully")
+    assert tools[8].splitlines()[1:] == ["     2\t    return x <= 3"]
+    assert "/app/proj/m.py" in tools[9]
+    assert tools[10] == "/app/proj/m.py:2:    return x <= 3"
+    assert tools[11].startswith("No matches")
+    assert tools[12] == "[the command timed out after 1s and was killed]"
+    assert "[output cut" in tools[13] or "characters cut]" in tools[13]
+    # the system message carries the tools in hermes format: SmolLM2's template has no tool section
+    assert '"name": "str_replace_editor"' in traj.messages[0].content and "<tool_call>" in traj.messages[0].content
+    traj.check()
+    generated = sum(sp.end - sp.start for sp in traj.spans if sp.kind == "generated")
+    assert sum(traj.loss_mask) == generated > 0
+
+
+def test_a_template_with_a_tool_section_gets_the_tools_there(qwen3_tok):
+    require_backend("docker")
+
+    async def main():
+        async with WorkspacePool(warm=0) as pool:
+            return await _episode(qwen3_tok, [call("submit")], "Nothing to do.", pool=pool)
+
+    traj = asyncio.run(main())
+    assert traj.status == "completed"
+    assert "str_replace_editor" not in traj.messages[0].content  # the template writes its own tool section
+    assert "str_replace_editor" in qwen3_tok.decode(traj.prompt_ids)
+
+
+def test_verify_runs_on_submit_and_when_the_turns_run_out(smollm2_tok):
+    require_backend("docker")
+
+    class FileTask(WorkspaceEnv):
+        async def verify(self, task, ws):
+            try:
+                return float(await ws.read_file("/app/out.txt") == b"42\n"), {"checked": True}
+            except FileNotFoundError:
+                return 0.0, {"checked": True}
+
+    async def episode(replies, max_turns):
+        async with WorkspacePool(warm=0) as pool:
+            env = FileTask(spec=WorkspaceSpec(image=workspace_image(), workdir="/app"), pool=pool, max_turns=max_turns)
+            try:
+                return await run_episode(env, ScriptedPolicy(smollm2_tok, replies), "Write 42 to /app/out.txt.",
+                                         renderer=get_renderer(smollm2_tok), max_turns=10)
+            finally:
+                await env.close()
+
+    done = asyncio.run(episode([call("bash", command="echo 42 > /app/out.txt"), call("submit")], 5))
+    assert (done.status, done.reward) == ("completed", 1.0)
+    cut = asyncio.run(episode([call("bash", command="echo 42 > /app/out.txt"), call("bash", command="ls")], 2))
+    assert (cut.status, cut.reward) == ("truncated", 1.0)  # the env's turn limit: the work is still checked
+    forged = asyncio.run(episode([call("bash", command="echo 41 > /app/out.txt"), call("submit")], 5))
+    assert forged.reward == 0.0
+
+
+def _gateway(tok, replies):
+    from slime_env.gateway import Gateway
+
+    return Gateway(ScriptedPolicy(tok, replies), get_renderer(tok, strict=True), "hermes", strict=True)
+
+
+async def _hello_verify(task, ws):
+    try:
+        return float((await ws.read_file("/app/hello.txt")).strip() == b"hello"), {"checked": "hello.txt"}
+    except FileNotFoundError:
+        return 0.0, {"checked": "missing"}
+
+
+def test_mini_swe_agent_unchanged_runs_its_commands_in_the_workspace(smollm2_tok):
+    require_backend("docker")
+    _require_mini_swe_agent()
+    from slime_env.envs.workspace.harness import WorkspaceAgentEnv
+    from slime_env.envs.workspace.mini_swe import mini_swe_agent
+
+    replies = ["THOUGHT: write it.\n\n```mswea_bash_command\necho hello > /app/hello.txt && hostname\n```",
+               "THOUGHT: done.\n\n```mswea_bash_command\necho COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT\n```"]
+
+    async def main():
+        gw = _gateway(smollm2_tok, replies)
+        async with WorkspacePool(warm=0) as pool:
+            env = WorkspaceAgentEnv(mini_swe_agent(), _hello_verify, pool=pool,
+                                    spec=WorkspaceSpec(image=workspace_image(), workdir="/app"))
+            await gw.start()
+            try:
+                return await env.run(gw, Task.coerce({"prompt": "Create /app/hello.txt with hello."}, "t"))
+            finally:
+                await gw.stop()
+
+    (traj,) = asyncio.run(main())
+    assert (traj.status, traj.reward) == ("completed", 1.0), traj.reason
+    assert traj.metadata["workspace"]["checked"] == "hello.txt"
+    text = smollm2_tok.decode(traj.response_ids)
+    assert "<output>\nworkspace\n</output>" in text  # the command ran in the workspace (its hostname), not here
+    traj.check()
+    assert len(traj.metadata["calls"]) == 2
+
+
+def test_an_agent_that_only_claims_success_scores_zero(smollm2_tok):
+    require_backend("docker")
+    _require_mini_swe_agent()
+    from slime_env.envs.workspace.harness import WorkspaceAgentEnv
+    from slime_env.envs.workspace.mini_swe import mini_swe_agent
+
+    replies = ["All done, the file exists.\n\n```mswea_bash_command\necho COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT\n```"]
+
+    async def main():
+        gw = _gateway(smollm2_tok, replies)
+        async with WorkspacePool(warm=0) as pool:
+            env = WorkspaceAgentEnv(mini_swe_agent(), _hello_verify, pool=pool,
+                                    spec=WorkspaceSpec(image=workspace_image(), workdir="/app"))
+            await gw.start()
+            try:
+                return await env.run(gw, Task.coerce({"prompt": "Create /app/hello.txt with hello."}, "t"))
+            finally:
+                await gw.stop()
+
+    (traj,) = asyncio.run(main())
+    assert traj.status == "completed" and traj.reward == 0.0
+
+
+def test_the_plain_openai_sdk_agent_example_in_a_workspace(qwen3_tok):
+    require_backend("docker")
+    from slime_env.loading import load_object
+
+    make_env = load_object("examples/workspace_openai_agent.py:make_env")
+    replies = [call("bash", command="echo hello > /app/hello.txt"), call("submit")]
+
+    async def main():
+        gw = _gateway(qwen3_tok, replies)
+        async with WorkspacePool(warm=0) as pool:
+            env = make_env(verify=_hello_verify, pool=pool, image=workspace_image())
+            await gw.start()
+            try:
+                return await env.run(gw, Task.coerce({"prompt": "Create /app/hello.txt with hello."}, "t"))
+            finally:
+                await gw.stop()
+
+    (traj,) = asyncio.run(main())
+    assert (traj.status, traj.reward) == ("completed", 1.0), traj.reason
+    traj.check()
