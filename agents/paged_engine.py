@@ -11,30 +11,33 @@ One thread runs steps. A step is either
 Every step ends with one batched draw on the GPU (`slime_env.agents.sampler`) and one copy of (token, log-prob) per row to
 the host. K/V blocks are allocated as sequences grow; when the pool runs out, the most recently admitted sequence
 is preempted — its blocks released (its full ones stay cached and are usually matched again), its tokens kept —
-and resumed later by recomputation. Requests, stop rules and results are `TransformersPolicy`'s: this class only
-replaces `slime_env.agents.engine.ContinuousEngine` for Llama / Qwen2 / Qwen3 models on CUDA (`slime_env.agents.model_runner`).
+and resumed later by recomputation. Requests, stop rules and results are `TransformersPolicy`'s (passed in as an
+`EngineFront`; the thread is `slime_env.agents.worker.EngineWorker`'s): this class only replaces
+`slime_env.agents.engine.ContinuousEngine` for Llama / Qwen2 / Qwen3 models on CUDA (`slime_env.agents.model_runner`).
 """
 
 from __future__ import annotations
 
 import bisect
 import collections
-import threading
-import time
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
+
 from slime_env.agents.kv_blocks import BlockPool, chain_digest
 from slime_env.agents.model_runner import ModelRunner, Step, pool_blocks
 from slime_env.agents.paged_attention import triton_usable
 from slime_env.agents.sampler import SamplingBatch, sample
+from slime_env.agents.worker import EngineFront, EngineWorker
 
 
 @dataclass(eq=False)  # identity: `list.remove(seq)` must not compare token lists field by field
 class _Seq:
-    req: Any                 # slime_env.agents.transformers_policy._Request
+    req: Any                 # its request (slime_env.agents.worker.Request)
     ids: list[int]           # prompt + generated tokens; the K/V of ids[:computed] is in `blocks`
     order: int               # admission order (the youngest is preempted first)
     blocks: list[int] = field(default_factory=list)
@@ -45,24 +48,25 @@ class _Seq:
     started: bool = False    # its request has been claimed (weight version set, counted)
 
 
-class PagedEngine:
-    """See the module docstring. `submit(req)` from the event loop; results through `policy._complete(req)`.
+class PagedEngine(EngineWorker):
+    """See the module docstring. An `EngineWorker`: `submit(req)` from the event loop; requests are `resolve()`d from
+    its thread.
 
     `block_size` tokens per K/V block; the pool takes `kv_memory_fraction` of the free device memory (or
     `max_kv_tokens`); `max_step_tokens` bounds the tokens of one mixed step; `max_model_len` bounds a sequence
     (default: the model's `max_position_embeddings`); `cuda_graphs` replays decode steps from CUDA graphs.
     """
 
-    def __init__(self, policy: Any, *, max_batch_size: int, block_size: int = 16, kv_memory_fraction: float = 0.4,
-                 max_kv_tokens: int | None = None, max_step_tokens: int = 8192, max_model_len: int | None = None,
-                 cuda_graphs: bool = True, use_triton: bool | None = None):
-        self.policy = policy
-        model = policy.model
+    def __init__(self, front: EngineFront, *, max_batch_size: int, block_size: int = 16,
+                 kv_memory_fraction: float = 0.4, max_kv_tokens: int | None = None, max_step_tokens: int = 8192,
+                 max_model_len: int | None = None, cuda_graphs: bool = True, use_triton: bool | None = None):
+        super().__init__(front, name="slime_env-paged-engine")
+        model = front.model
         self.max_batch_size = max_batch_size
         self.block_size = block_size
         self.max_step_tokens = max(max_step_tokens, max_batch_size + 1)
         self.max_model_len = int(max_model_len or getattr(model.config, "max_position_embeddings", 4096))
-        device = policy.device
+        device = front.device
         self.use_triton = triton_usable(device) if use_triton is None else use_triton
         # Without a bound the pool is a fraction of free memory, but never more than every row at full length
         # (millions of blocks of a small model would only cost host-side bookkeeping).
@@ -74,22 +78,17 @@ class PagedEngine:
         self.runner = ModelRunner(model, num_blocks=num_blocks, block_size=block_size, max_rows=max_batch_size,
                                   max_model_len=self.max_model_len, max_step_tokens=self.max_step_tokens,
                                   graphs=cuda_graphs, use_triton=self.use_triton)
-        self._waiting: collections.deque = collections.deque()  # from the event loop (under _wake)
         self._queue: collections.deque[_Seq] = collections.deque()  # waiting here: new and preempted sequences
         self._running: list[_Seq] = []
         self._free_rows = list(range(max_batch_size - 1, -1, -1))
-        self._wake = threading.Condition()
-        self._closed = self._hold = False
         self._released = False
-        self.model_lock = threading.Lock()
         self._order = 0
         self.steps = self.decode_steps = self.mixed_steps = self.preemptions = 0
         self.decode_rows = self.decode_ctx = 0  # decoding rows and their context lengths, summed over steps
         # The engine's kernels go to a stream of its own: a trainer in another thread of this process (asynchronous
         # training) then runs beside it on the GPU instead of queueing behind it on the shared default stream.
         self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
-        self._thread = threading.Thread(target=self._run, name="slime_env-paged-engine", daemon=True)
-        self._thread.start()
+        self.start()
 
     # --- from the event loop ------------------------------------------------------------------------------
     def submit(self, req: Any) -> None:
@@ -97,26 +96,9 @@ class PagedEngine:
         if len(req.input_ids) + 1 > limit:
             req.error = ValueError(f"input_ids has {len(req.input_ids)} tokens; the engine's max_model_len is "
                                    f"{limit}")
-            self.policy._complete(req)
+            req.resolve()
             return
-        with self._wake:
-            self._waiting.append(req)
-            self._wake.notify()
-
-    def hold(self, on: bool) -> None:
-        with self._wake:
-            self._hold = on
-            self._wake.notify()
-
-    def idle(self) -> bool:
-        return not self._running
-
-    def close(self) -> None:
-        with self._wake:
-            self._closed = True
-            self._wake.notify()
-        if threading.current_thread() is not self._thread:
-            self._thread.join(timeout=30)
+        super().submit(req)
 
     def release_memory(self) -> None:
         """Free the K/V pool and CUDA graphs (call while idle and held, e.g. around a colocated training step)."""
@@ -139,51 +121,51 @@ class PagedEngine:
         """New weights: no cached K/V is valid (call while idle, holding `model_lock`)."""
         self.prefix.clear()
 
-    # --- the loop -----------------------------------------------------------------------------------------
-    def _run(self) -> None:
+    # --- the worker's loop: what there is to do, one step ----------------------------------------------------
+    @contextlib.contextmanager
+    def _thread_context(self) -> Iterator[None]:
         if self._stream is None:
-            return self._serve()
+            yield
+            return
         torch.cuda.synchronize(self._stream.device)  # the pool and weights were made on the default stream
         with torch.cuda.stream(self._stream):
-            return self._serve()
+            yield
 
-    def _serve(self) -> None:
-        while True:
-            with self._wake:
-                while not self._closed and not self._running and (self._hold or not (self._waiting or self._queue)):
-                    self._wake.wait()
-                if self._closed:
-                    break
-                while self._waiting:
-                    self._queue.append(self._new_seq(self._waiting.popleft()))
-                hold = self._hold
-            try:
-                with self.model_lock, torch.inference_mode():
-                    if self._released:
-                        self.runner.resume()
-                        self._released = False
-                    t0 = time.perf_counter()
-                    self._step(admit=not hold)
-                    self.policy.usage["generate_s"] += time.perf_counter() - t0
-            except Exception as e:  # noqa: BLE001 - fail what is running, keep serving
-                for seq in self._running:
-                    seq.req.error = e
-                    self.policy._complete(seq.req)
-                    self._drop(seq)
-                self._running = []
-        with self._wake:
-            pending = [s.req for s in self._queue] + list(self._waiting) + [s.req for s in self._running]
-            self._queue.clear()
-            self._waiting.clear()
-        for r in pending:
-            r.finish = "abort"
-            self.policy._complete(r)
+    def _busy(self) -> bool:
+        return bool(self._running)
+
+    def _pending(self) -> bool:
+        return bool(self._waiting or self._queue)
+
+    def _take(self, hold: bool) -> bool:
+        while self._waiting:
+            self._queue.append(self._new_seq(self._waiting.popleft()))
+        return not hold  # whether this step admits
+
+    def _step(self, admit: bool) -> None:
+        if self._released:
+            self.runner.resume()
+            self._released = False
+        self._schedule_and_run(admit)
+
+    def _fail(self, error: Exception, admit: bool) -> None:
+        for seq in self._running:
+            seq.req.error = error
+            seq.req.resolve()
+            self._drop(seq)
+        self._running = []
+
+    def _drain(self) -> list[Any]:
+        left = [s.req for s in self._queue] + list(self._waiting) + [s.req for s in self._running]
+        self._queue.clear()
+        self._waiting.clear()
+        return left
 
     def _new_seq(self, req: Any) -> _Seq:
         self._order += 1
         return _Seq(req, list(req.input_ids), self._order)
 
-    def _step(self, admit: bool) -> None:
+    def _schedule_and_run(self, admit: bool) -> None:
         bs = self.block_size
         pool = self.prefix
         # Aborted requests leave (running or waiting).
@@ -225,7 +207,7 @@ class PagedEngine:
                     s.req.error = ValueError(f"a sequence of {len(s.ids)} tokens does not fit in the K/V pool "
                                              f"({pool.num_blocks - 1} blocks of {bs}); give the engine more "
                                              "memory (kv_memory_fraction / max_kv_tokens)")
-                    self.policy._complete(s.req)
+                    s.req.resolve()
                 break
             self._queue.popleft()
             s.row = self._free_rows.pop()
@@ -233,14 +215,14 @@ class PagedEngine:
             bisect.insort(self._running, s, key=lambda o: o.order)  # a preempted one goes back to its place
             if not s.started:
                 s.started = True
-                s.req.weight_version = self.policy.weight_version  # the weights its tokens come from
+                s.req.weight_version = self.front.version()  # the weights its tokens come from
                 joined = True
             chunks.append((s, n))
             budget -= n
         if not decoding and not chunks:
             return
         if joined:
-            self.policy.usage["batches"] += 1  # an admission wave: requests that joined the batch together
+            self.front.usage["batches"] += 1  # an admission wave: requests that joined the batch together
         self._sync_tables()
         step, sampled = self._build(decoding, chunks)
         logits = self.runner.run(step)
@@ -262,12 +244,12 @@ class PagedEngine:
             r = s.req
             if not r.out_ids:  # its prompt is done: this is its first generated token
                 r.cached_tokens = s.cached
-                self.policy.usage["prompt_tokens"] += len(s.ids) - s.cached
-                self.policy.usage["cached_tokens"] += s.cached
+                self.front.usage["prompt_tokens"] += len(s.ids) - s.cached
+                self.front.usage["cached_tokens"] += s.cached
             s.ids.append(token)
             r.out_ids.append(token)
             r.out_logprobs.append(logprob)
-            finish = self.policy._finished(r) or ("abort" if r.aborted else None)
+            finish = self.front.finished(r) or ("abort" if r.aborted else None)
             if finish is None and len(s.ids) >= self.max_model_len:
                 finish = "length"  # no position left for another token
             if finish is not None:
@@ -363,10 +345,10 @@ class PagedEngine:
         s.req.finish = finish
         self._running.remove(s)
         self._drop(s)
-        self.policy.usage["completion_tokens"] += len(s.req.out_ids)
-        self.policy._complete(s.req)
+        self.front.usage["completion_tokens"] += len(s.req.out_ids)
+        s.req.resolve()
 
     def _abort_waiting(self, s: _Seq) -> None:
         s.req.finish = "abort"
         self._release(s)
-        self.policy._complete(s.req)
+        s.req.resolve()

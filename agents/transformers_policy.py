@@ -19,39 +19,15 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from slime_env.agents.session import EpisodeSession
 
 from slime_env import Generation
+from slime_env.agents.worker import EngineFront, Request
+from slime_env.clients.session import EpisodeSession
 from slime_env.errors import InvalidInput
 from slime_env.policy import check_sampling_seed
-
-
-@dataclass
-class _Request:
-    input_ids: list[int]
-    max_new_tokens: int
-    temperature: float
-    top_p: float
-    top_k: int
-    stop: tuple[str, ...]
-    stop_token_ids: frozenset[int]
-    generator: torch.Generator | None
-    future: asyncio.Future
-    rid: str = ""
-    out_ids: list[int] = field(default_factory=list)
-    out_logprobs: list[float] = field(default_factory=list)
-    finish: str | None = None
-    aborted: bool = False  # set from the event loop; read by the worker between decoding steps
-    session: str | None = None  # prefix-cache key (the episode session)
-    loop: asyncio.AbstractEventLoop | None = None
-    error: BaseException | None = None
-    cached_tokens: int = 0
-    weight_version: str | None = None
-    seed: int = 0  # the request's sampling seed (the paged engine draws from it on the device)
 
 
 def _check_ids(input_ids: Any, vocab_size: int) -> list[int]:
@@ -97,11 +73,11 @@ class TransformersPolicy:
         self.eos_id = tokenizer.eos_token_id
         self._rng = random.Random(seed)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="slime_env-engine")
-        self._queue: asyncio.Queue[_Request] | None = None
+        self._queue: asyncio.Queue[Request] | None = None
         self._worker: asyncio.Task | None = None
         self._running = asyncio.Event()  # cleared while paused (asyncio binds it to a loop on first use)
         self._running.set()
-        self._live: dict[str, _Request] = {}
+        self._live: dict[str, Request] = {}
         self._ids = itertools.count()
         self._decode_lock = threading.Lock()
         self.usage = {"prompt_tokens": 0, "completion_tokens": 0, "batches": 0, "requests": 0, "aborted": 0,
@@ -109,14 +85,17 @@ class TransformersPolicy:
         self.batching = batching
         self._engine = None
         self.paged = batching == "continuous" and (paged_usable(model) if paged is None else paged)
+        if batching == "continuous":  # the engine behind this front gets what it needs, passed in
+            front = EngineFront(model=self.model, device=self.device, pad_id=self.pad_id, usage=self.usage,
+                                version=lambda: self.weight_version, finished=self._finished, sample=sample_rows)
         if self.paged:
             from slime_env.agents.paged_engine import PagedEngine
 
-            self._engine = PagedEngine(self, max_batch_size=max_batch_size, **dict(paged_options or {}))
+            self._engine = PagedEngine(front, max_batch_size=max_batch_size, **dict(paged_options or {}))
         elif batching == "continuous":
             from slime_env.agents.engine import ContinuousEngine
 
-            self._engine = ContinuousEngine(self, max_batch_size=max_batch_size,
+            self._engine = ContinuousEngine(front, max_batch_size=max_batch_size,
                                             prefix_cache_tokens=prefix_cache_tokens)
 
     # --- public API ------------------------------------------------------------------------------
@@ -166,21 +145,6 @@ class TransformersPolicy:
                           finish_reason=req.finish or "length", text=self._decode(req.out_ids),
                           weight_version=req.weight_version or self.weight_version, prompt_tokens=len(req.input_ids),
                           cached_tokens=req.cached_tokens, latency_s=time.perf_counter() - t0)
-
-    def _complete(self, req: _Request) -> None:
-        """Called on the engine's thread when a request is done: resolve its future on its loop."""
-        def resolve() -> None:
-            if req.future.done():
-                return
-            if req.error is not None:
-                req.future.set_exception(req.error)
-            else:
-                req.future.set_result(None)
-
-        try:
-            req.loop.call_soon_threadsafe(resolve)
-        except RuntimeError:
-            pass  # its event loop is closed: nobody waits for it
 
     def for_episode(self, session_id: str) -> EpisodeSession:
         """A per-episode view: one rid per call, `abort()` stops the live one; with continuous batching the
@@ -322,7 +286,7 @@ class TransformersPolicy:
                 if not r.future.done():
                     r.future.set_result(None)
 
-    def _request(self, ids: list[int], p: Mapping[str, Any], future: asyncio.Future) -> _Request:
+    def _request(self, ids: list[int], p: Mapping[str, Any], future: asyncio.Future) -> Request:
         try:
             max_new = int(p.get("max_new_tokens", 128))
             temperature = float(p.get("temperature", 1.0))
@@ -345,11 +309,11 @@ class TransformersPolicy:
         if temperature > 0 and not self.paged:  # the paged engine samples from the seed on the device
             gen = torch.Generator(device=self.device)
             gen.manual_seed(seed)
-        return _Request(ids, max_new, temperature, top_p, top_k, stop, stop_ids, gen, future, seed=seed)
+        return Request(ids, max_new, temperature, top_p, top_k, stop, stop_ids, gen, future, seed=seed)
 
     # --- generation (worker thread) --------------------------------------------------------------
     @torch.inference_mode()
-    def _generate_batch(self, batch: list[_Request]) -> None:
+    def _generate_batch(self, batch: list[Request]) -> None:
         t0 = time.perf_counter()
         n = len(batch)
         width = max(len(r.input_ids) for r in batch)
@@ -370,7 +334,7 @@ class TransformersPolicy:
                 if r.finish is None and r.aborted:
                     r.finish = "abort"
             active = [i for i, r in enumerate(batch) if r.finish is None]
-            for i, (token, logprob) in zip(active, self._sample([batch[i] for i in active], logits[active])):
+            for i, (token, logprob) in zip(active, sample_rows([batch[i] for i in active], logits[active])):
                 r = batch[i]
                 r.out_ids.append(token)
                 r.out_logprobs.append(logprob)
@@ -390,38 +354,7 @@ class TransformersPolicy:
         self.usage["aborted"] += sum(r.finish == "abort" for r in batch)
         self.usage["generate_s"] += time.perf_counter() - t0
 
-    @staticmethod
-    def _sample(reqs: list[_Request], logits: torch.Tensor) -> list[tuple[int, float]]:
-        """Next token and its log-prob for each row. Rows sharing sampling params are processed as one
-        tensor; only the draw itself is per row (each request has its own seeded generator)."""
-        out: list[tuple[int, float] | None] = [None] * len(reqs)
-        groups: dict[tuple, list[int]] = {}
-        for j, r in enumerate(reqs):
-            greedy = r.temperature == 0 or r.top_k == 1
-            groups.setdefault((greedy, r.temperature, r.top_p, r.top_k), []).append(j)
-        for (greedy, temperature, top_p, top_k), rows in groups.items():
-            x = logits[rows]
-            if greedy:
-                logp = torch.log_softmax(x, dim=-1)
-                picks = torch.argmax(x, dim=-1).tolist()
-            else:
-                x = x / temperature
-                if 0 < top_k < x.shape[-1]:
-                    kth = torch.topk(x, top_k, dim=-1).values[:, -1:]
-                    x = x.masked_fill(x < kth, float("-inf"))
-                if top_p < 1.0:
-                    sorted_x, order = torch.sort(x, dim=-1, descending=True)
-                    probs = torch.softmax(sorted_x, dim=-1)
-                    drop = probs.cumsum(-1) - probs > top_p  # keep the token that crosses top_p
-                    x = x.masked_fill(torch.zeros_like(drop).scatter(-1, order, drop), float("-inf"))
-                logp = torch.log_softmax(x, dim=-1)
-                picks = _draw(logp.exp(), [reqs[j].generator for j in rows])
-            chosen = logp.gather(-1, torch.tensor(picks, device=logp.device).unsqueeze(-1)).squeeze(-1).tolist()
-            for k, j in enumerate(rows):
-                out[j] = (picks[k], chosen[k])
-        return out  # type: ignore[return-value]
-
-    def _finished(self, r: _Request) -> str | None:
+    def _finished(self, r: Request) -> str | None:
         if r.out_ids[-1] in r.stop_token_ids:
             return "stop"
         if r.stop:
@@ -450,14 +383,48 @@ class TransformersPolicy:
             for f in files:
                 state.update(load_file(str(f)))
             weights = state
-        try:
-            missing, unexpected = self.model.load_state_dict(dict(weights), strict=False)
+        from slime_env.agents.weight_layout import load_state
+
+        try:  # either layout: the model's own, or the engine-bound one (MoE experts one matrix each)
+            missing, unexpected = load_state(self.model, weights, partial=partial)
         except RuntimeError as e:  # a shape that differs: another model's weights
             raise InvalidInput(f"weights do not match the model: {e}") from None
         # Tied embeddings are saved once; every other parameter must be present (unless only a part is sent).
         missing = [] if partial else [k for k in missing if k != "lm_head.weight"]
         if missing or unexpected:
             raise InvalidInput(f"weights do not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
+
+
+def sample_rows(reqs: list[Request], logits: torch.Tensor) -> list[tuple[int, float]]:
+    """Next token and its log-prob for each row: the host-side sampler of the static loop and `ContinuousEngine`.
+    Rows sharing sampling params are processed as one tensor; only the draw itself is per row (each request has its
+    own seeded generator)."""
+    out: list[tuple[int, float] | None] = [None] * len(reqs)
+    groups: dict[tuple, list[int]] = {}
+    for j, r in enumerate(reqs):
+        greedy = r.temperature == 0 or r.top_k == 1
+        groups.setdefault((greedy, r.temperature, r.top_p, r.top_k), []).append(j)
+    for (greedy, temperature, top_p, top_k), rows in groups.items():
+        x = logits[rows]
+        if greedy:
+            logp = torch.log_softmax(x, dim=-1)
+            picks = torch.argmax(x, dim=-1).tolist()
+        else:
+            x = x / temperature
+            if 0 < top_k < x.shape[-1]:
+                kth = torch.topk(x, top_k, dim=-1).values[:, -1:]
+                x = x.masked_fill(x < kth, float("-inf"))
+            if top_p < 1.0:
+                sorted_x, order = torch.sort(x, dim=-1, descending=True)
+                probs = torch.softmax(sorted_x, dim=-1)
+                drop = probs.cumsum(-1) - probs > top_p  # keep the token that crosses top_p
+                x = x.masked_fill(torch.zeros_like(drop).scatter(-1, order, drop), float("-inf"))
+            logp = torch.log_softmax(x, dim=-1)
+            picks = _draw(logp.exp(), [reqs[j].generator for j in rows])
+        chosen = logp.gather(-1, torch.tensor(picks, device=logp.device).unsqueeze(-1)).squeeze(-1).tolist()
+        for k, j in enumerate(rows):
+            out[j] = (picks[k], chosen[k])
+    return out  # type: ignore[return-value]
 
 
 def _draw(probs: torch.Tensor, generators: list[torch.Generator | None]) -> list[int]:

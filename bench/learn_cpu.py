@@ -19,7 +19,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from slime_env.trainers.train_loop import TrainConfig, train  # noqa: E402
+from slime_env.trainers.run import TrainConfig, train  # noqa: E402
 
 TASK = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}
 

@@ -21,7 +21,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from slime_env.trainers.train_loop import TrainConfig, train  # noqa: E402
+from slime_env.trainers.run import TrainConfig, train  # noqa: E402
 
 TASKS = {"generator": "slime_env.envs.math.retry_env:arithmetic_tasks", "digits": [2, 1], "ops": "+-"}
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from slime_env.trainers.train_loop import TrainConfig, train  # noqa: E402
+from slime_env.trainers.run import TrainConfig, train  # noqa: E402
 
 TASK = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}
 SYSTEM = "Answer the question. Put only the final number inside <answer></answer>."

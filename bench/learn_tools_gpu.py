@@ -36,7 +36,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from slime_env.trainers.train_loop import TrainConfig, train  # noqa: E402
+from slime_env.trainers.run import TrainConfig, train  # noqa: E402
 
 # task -> (env, its task generator, training tasks, max_turns, max_new_tokens, the scripted teacher)
 TASKS = {"calculator": ("Calculator-v0", "slime_env.envs.calculator:calculator_tasks", 20000, 3, 64,

@@ -39,9 +39,9 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from slime_env.agents.launcher import ServeProcess  # noqa: E402
-from slime_env.agents.sglang_policy import SGLangPolicy  # noqa: E402
+from slime_env.clients.sglang import SGLangPolicy  # noqa: E402
 from slime_env.trainers import weight_sync as ws  # noqa: E402
-from slime_env.trainers.engines import gpu_env  # noqa: E402
+from slime_env.trainers.run.engines import gpu_env  # noqa: E402
 
 
 def make_model_folder(hidden: int, layers: int, folder: Path) -> tuple[Path, dict[str, torch.Tensor]]:
@@ -183,7 +183,7 @@ def cmd_sync(args) -> None:
 
 
 def run_config(run_dir: str, engine: dict, steps: int, on_step=None) -> list[dict]:
-    from slime_env.trainers.train_loop import TrainConfig, train
+    from slime_env.trainers.run import TrainConfig, train
 
     tasks = {"generator": "slime_env.envs.math.retry_env:arithmetic_tasks", "digits": [2, 1], "ops": "+-"}
     cfg = TrainConfig.from_dict({

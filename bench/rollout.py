@@ -29,6 +29,7 @@ from pathlib import Path
 import slime_env
 from slime_env import Env, Generation, Message, RolloutManager, Task, get_renderer
 from slime_env.offline_tokenizers import smollm2
+from slime_env.rollout import EpisodeOptions, ExecutionOptions, GroupOptions
 
 HERE = Path(__file__).resolve().parent
 CANNED = (28120, 905, 30, 2)  # "hello world." + <|im_end|> in SmolLM2's vocabulary
@@ -84,8 +85,9 @@ async def measure(policy, renderer, concurrency: int, turns: int, env_factory=No
     warm = concurrency // n
     tasks = [Task(prompt=f"task {i}", id=str(i)) for i in range(groups + warm)]
     manager = RolloutManager(tasks, env_id="BenchTurns-v0", env_kwargs={"turns": turns}, env_factory=env_factory,
-                             policy=policy, renderer=renderer, n_samples_per_prompt=n, max_concurrency=concurrency,
-                             max_turns=turns, backend=backend, **({"workers": workers} if workers else {}))
+                             policy=policy, renderer=renderer, episode=EpisodeOptions(max_turns=turns),
+                             groups=GroupOptions(n_samples_per_prompt=n, max_concurrency=concurrency),
+                             execution=ExecutionOptions(backend=backend, workers=workers))
     if warm:
         await manager.generate_batch(warm)
     # Workers tokenize in their own processes: only an in-process row can time its tokenizer calls.
@@ -204,7 +206,7 @@ def _at_revision(rev: str, concurrency: int, turns: int, latency_ms: float, engi
 
 
 async def _with_http(url, c, renderer, turns, env_factory=None, backend="local"):
-    from slime_env.agents import SGLangPolicy
+    from slime_env.clients import SGLangPolicy
 
     policy = SGLangPolicy(url, max_connections=c, timeout_s=600)
     from slime_env.rollout.env_server import close_shared_clients

@@ -13,7 +13,7 @@ import re
 
 from slime_env import RolloutManager, ScriptedPolicy, Task, get_renderer
 from slime_env.offline_tokenizers import smollm2
-from slime_env.rollout import run_loop
+from slime_env.rollout import EpisodeOptions, ExecutionOptions, GroupOptions, run_loop
 
 
 def agent(context: str) -> str:
@@ -29,8 +29,9 @@ async def main() -> None:
     tok = smollm2()
     tasks = [Task(prompt=f"What is {a} * {a + 3}?", label=a * (a + 3), id=str(a)) for a in range(64)]
     manager = RolloutManager(tasks, env_id="Calculator-v0", policy=ScriptedPolicy(tok, agent),
-                             renderer=get_renderer(tok), n_samples_per_prompt=8, max_concurrency=256, max_turns=3,
-                             workers=2)
+                             renderer=get_renderer(tok), episode=EpisodeOptions(max_turns=3),
+                             groups=GroupOptions(n_samples_per_prompt=8, max_concurrency=256),
+                             execution=ExecutionOptions(workers=2))
     try:
         batch = await manager.generate_batch(len(tasks))
     finally:

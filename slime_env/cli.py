@@ -87,11 +87,11 @@ def _policy_and_tokenizer(spec: str, tokenizer: str, seed: int):
 
     parts = urlsplit(spec)
     if parts.scheme == "sglang":
-        from slime_env.agents import SGLangPolicy
+        from slime_env.clients import SGLangPolicy
 
         return SGLangPolicy(f"http://{parts.netloc}"), tok or smollm2()
     if parts.scheme == "openai":
-        from slime_env.agents import OpenAIPolicy
+        from slime_env.clients import OpenAIPolicy
 
         model = (parse_qs(parts.query).get("model") or [""])[0]
         return OpenAIPolicy(f"http://{parts.netloc}{parts.path}", model), tok or smollm2()
@@ -122,17 +122,20 @@ def rollout(env: str = typer.Option(..., help="registered env id (tasks may over
 
     from slime_env.errors import InvalidInput
     from slime_env.renderers import get_renderer
-    from slime_env.rollout import RolloutManager, load_tasks
+    from slime_env.rollout import (EpisodeOptions, ExecutionOptions, GroupOptions, RolloutManager, StoreOptions,
+                                   load_tasks)
     from slime_env.rollout.loop import run_loop
 
     tasks = load_tasks(data, input_key=input_key, label_key=label_key, metadata_key=metadata_key)
     pol, tok = _policy_and_tokenizer(policy, tokenizer, seed)
     try:
-        manager = RolloutManager(tasks, env_id=env, policy=pol, renderer=get_renderer(tok),
-                                 sampling_params={"temperature": temperature}, n_samples_per_prompt=n,
-                                 max_concurrency=max(concurrency, n), max_turns=max_turns,
-                                 max_new_tokens=max_new_tokens, dynamic_filter=dynamic_filter, out_dir=out,
-                                 resume=resume, parquet=parquet, progress=True, seed=seed, workers=workers)
+        manager = RolloutManager(
+            tasks, env_id=env, policy=pol, renderer=get_renderer(tok), sampling_params={"temperature": temperature},
+            seed=seed, episode=EpisodeOptions(max_turns=max_turns, max_new_tokens=max_new_tokens),
+            groups=GroupOptions(n_samples_per_prompt=n, max_concurrency=max(concurrency, n),
+                                dynamic_filter=dynamic_filter),
+            store=StoreOptions(out_dir=out, resume=resume, parquet=parquet),
+            execution=ExecutionOptions(progress=True, workers=workers))
     except InvalidInput as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(1) from None

@@ -26,7 +26,7 @@ import async_support  # noqa: E402
 from async_support import GATE, tiny_model_dir, write_tasks  # noqa: E402
 from slime_env.trainers import algorithms as alg  # noqa: E402
 from slime_env.trainers.torch_trainer import TorchTrainer  # noqa: E402
-from slime_env.trainers.train_loop import TrainConfig, train  # noqa: E402
+from slime_env.trainers.run import TrainConfig, train  # noqa: E402
 
 from slime_env.errors import InvalidInput  # noqa: E402
 
@@ -139,8 +139,8 @@ def test_off_equals_the_synchronous_loop_written_by_hand(tmp_path, model_dir, mo
         import random
 
         from slime_env.agents.default_model import load_policy
-        from slime_env.trainers.engines import load_tokenizer
-        from slime_env.trainers.train_loop import load_split, make_trainer, trainer_config
+        from slime_env.trainers.run.engines import load_tokenizer
+        from slime_env.trainers.run import load_split, make_trainer, trainer_config
 
         from slime_env import RolloutManager, get_renderer
 
@@ -265,7 +265,7 @@ import asyncio, json, sys
 sys.path.insert(0, {tests!r})
 import async_support
 async_support.GATE["open"] = True
-from slime_env.trainers.train_loop import TrainConfig, train
+from slime_env.trainers.run import TrainConfig, train
 cfg = TrainConfig.from_dict(json.loads({raw!r}))
 asyncio.run(train(cfg, log=print))
 """

@@ -34,7 +34,7 @@ def test_every_training_config_field_is_documented():
     import dataclasses
 
     from slime_env.trainers.torch_trainer import TrainerConfig
-    from slime_env.trainers.train_loop import TrainConfig
+    from slime_env.trainers.run import TrainConfig
 
     text = (ROOT / "docs" / "trainers.md").read_text() + (ROOT / "docs" / "megatron.md").read_text()
     fields = [f.name.rstrip("_") for f in dataclasses.fields(TrainConfig) + dataclasses.fields(TrainerConfig)]

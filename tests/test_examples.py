@@ -146,8 +146,8 @@ def test_pipeline_example_trains_against_two_engine_servers(tmp_path):
 def test_two_gpu_async_example_places_the_engine_on_gpu_1():
     """examples/async_two_gpu.yaml (a GPU run: on two H100s in docs/benchmarks.md) is a valid config that puts the
     engine on GPU 1 and trains asynchronously."""
-    from slime_env.trainers.engines import EngineConfig
-    from slime_env.trainers.train_loop import TrainConfig
+    from slime_env.trainers.run.engines import EngineConfig
+    from slime_env.trainers.run import TrainConfig
 
     cfg = TrainConfig.from_yaml(ROOT / "examples" / "async_two_gpu.yaml")
     engine = EngineConfig.from_dict(cfg.engine)

@@ -72,7 +72,7 @@ def test_train_loop_with_the_fsdp_backend_from_the_example_config(tmp_path):
     import os
 
     import yaml
-    from slime_env.trainers.train_loop import TrainConfig, train
+    from slime_env.trainers.run import TrainConfig, train
     from transformers import AutoModelForCausalLM
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -358,7 +358,7 @@ def test_megatron_step_save_load_and_sync_round_trip(parallel, tmp_path):
 
 def test_yaml_backend_switch_and_its_errors():
     from slime_env.errors import InvalidInput
-    from slime_env.trainers.train_loop import TrainConfig
+    from slime_env.trainers.run import TrainConfig
 
     TrainConfig.from_dict({"trainer": {"backend": "megatron", "tp": 2}})
     with pytest.raises(InvalidInput, match="backend 'deepspeed'"):
@@ -529,7 +529,7 @@ def test_train_loop_with_the_megatron_backend_from_the_example_config(tmp_path):
     import yaml
 
     from slime_env.agents import load_default_model
-    from slime_env.trainers.train_loop import TrainConfig, train
+    from slime_env.trainers.run import TrainConfig, train
 
     raw = yaml.safe_load(open(os.path.join(ROOT, "examples", "megatron_train.yaml")))
     raw.update(run_dir=str(tmp_path / "run"), steps=1, prompts_per_step=2, n_samples_per_prompt=2, eval_every=1,
@@ -559,7 +559,7 @@ def test_train_loop_trains_a_qwen3_moe_from_the_moe_example_config(tmp_path):
     from transformers import AutoModelForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     from slime_env.agents import load_default_model
-    from slime_env.trainers.train_loop import TrainConfig, train
+    from slime_env.trainers.run import TrainConfig, train
 
     _, tokenizer = load_default_model()
     torch.manual_seed(0)

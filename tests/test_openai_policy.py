@@ -13,7 +13,7 @@ import os
 import pytest
 from aiohttp import web
 from helpers import LocalServer
-from slime_env.agents.openai_policy import OpenAIPolicy, completion_request, parse_completion
+from slime_env.clients.openai import OpenAIPolicy, completion_request, parse_completion
 
 from slime_env.http import ProtocolError, RemoteError
 

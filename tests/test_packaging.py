@@ -22,7 +22,7 @@ FOLDERS = {"slime_env": "slime_env", "envs": "slime_env.envs", "agents": "slime_
 OUTER = ("slime_env.envs", "slime_env.agents", "slime_env.tools_sandbox", "slime_env.trainers")
 # Core modules that may import the outer packages, inside functions only: the application layer (the CLI), and the
 # slime plug-in's engine client until the HTTP clients move into the core.
-LAZY_OUTER_IMPORTS = {"slime_env/cli.py", "slime_env/integrations/slime.py"}
+LAZY_OUTER_IMPORTS = {"slime_env/cli.py"}
 
 
 def _setuptools() -> dict:

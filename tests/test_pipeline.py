@@ -16,7 +16,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from slime_env.trainers.train_loop import TrainConfig, train  # noqa: E402
+from slime_env.trainers.run import TrainConfig, train  # noqa: E402
 
 from slime_env.errors import InvalidInput  # noqa: E402
 
@@ -101,7 +101,7 @@ def test_an_engine_killed_mid_step_loses_no_episode_and_returns_with_the_new_wei
                 {"model.norm.weight": trainer.weights()["model.norm.weight"]})["model.norm.weight"]
             state["failovers"] = engines.pool.failovers
 
-    import slime_env.trainers.train_loop as tl
+    import slime_env.trainers.run.recorder as tl
 
     original = tl._save_samples
 
@@ -156,7 +156,7 @@ def test_engines_on_gpus_of_their_own_see_only_their_gpu_and_get_weights_over_nc
     tests/gpu/test_pipeline_gpu.py on two GPUs."""
     from types import SimpleNamespace
 
-    from slime_env.trainers.engines import EngineConfig, Engines
+    from slime_env.trainers.run.engines import EngineConfig, Engines
 
     with pytest.raises(InvalidInput, match=r"engine\.gpus: only engines this run starts"):
         EngineConfig.from_dict({"kind": "sglang", "urls": ["http://x"], "gpus": [1]})
@@ -223,7 +223,7 @@ def test_an_engine_serving_another_model_is_refused_before_training(tmp_path, sm
 def test_a_weight_update_group_with_impossible_ranks_is_refused_by_the_engine(tmp_path):
     from slime_env.agents.default_model import default_model_path
     from slime_env.agents.launcher import ServeProcess
-    from slime_env.agents.sglang_policy import SGLangPolicy
+    from slime_env.clients.sglang import SGLangPolicy
 
     from slime_env.http import RemoteError
 

@@ -1,4 +1,4 @@
-"""Learned rewards (slime_env.trainers.reward_models): a classifier RM loaded here (batched forwards equal one-at-a-time
+"""Learned rewards (slime_env.trainers.run.reward_models): a classifier RM loaded here (batched forwards equal one-at-a-time
 ones), slime's remote_rm protocol against a real HTTP server on 127.0.0.1 (scores, 5xx retries, timeouts), a
 generative judge on an engine, the combination with the env's reward, failures recorded as failed episodes, config
 errors by field, and a GRPO step of `slime-env train` whose rewards come from a classifier RM."""
@@ -17,7 +17,7 @@ from aiohttp import web  # noqa: E402
 from helpers import trajectories  # noqa: E402
 from slime_env import Message, ScriptedPolicy, get_renderer  # noqa: E402
 from slime_env.errors import InvalidInput  # noqa: E402
-from slime_env.trainers.reward_models import (  # noqa: E402
+from slime_env.trainers.run.reward_models import (  # noqa: E402
     ClassifierRM,
     JudgeRM,
     RemoteRM,
@@ -171,7 +171,7 @@ def test_slime_reward_combines_the_plugin_reward_with_the_rm_and_removes_what_it
             self.prompt, self.label, self.response, self.reward = "What is 2 + 2?", 4, response, reward
             self.metadata, self.remove_sample, self.loss_mask = {"slime_env": {"reward": reward}}, False, [1, 1, 0]
 
-    import slime_env.trainers.reward_models as rms
+    import slime_env.trainers.run.reward_models as rms
 
     class Judge:  # the judge server's verdicts, as JudgeRM parses them; the plug-in path is what is tested here
         async def score(self, x):
@@ -213,7 +213,7 @@ def test_reward_configs_are_checked_by_field(spec, match):
 
 
 def test_a_grpo_step_trains_on_classifier_rm_rewards(tmp_path, smollm2_tok):
-    from slime_env.trainers.train_loop import TrainConfig, train
+    from slime_env.trainers.run import TrainConfig, train
 
     base = {"model": "default", "env": "Calculator-v0",
             "train_data": {"generator": "slime_env.envs.calculator:calculator_tasks", "n": 8, "seed": 1, "split": "train"},

@@ -161,7 +161,7 @@ def test_a_served_teacher_scores_like_the_model_it_serves_and_a_mismatched_one_i
     from slime_env.agents.transformers_policy import sequence_logprobs
     from transformers import AutoModelForCausalLM
 
-    from slime_env.trainers.teacher import ServerTeacher, annotate
+    from slime_env.trainers.run.teacher import ServerTeacher, annotate
 
     ids = smollm2_tok.encode("The calculator says 12 * 7 + 5 = 89.", add_special_tokens=False)
     model = AutoModelForCausalLM.from_pretrained(str(default_model_path()), dtype=torch.float32)
@@ -188,7 +188,7 @@ def test_a_served_teacher_scores_like_the_model_it_serves_and_a_mismatched_one_i
 
 
 def test_train_configs_for_sft_and_opd_are_checked_by_field(tmp_path):
-    from slime_env.trainers.train_loop import TrainConfig
+    from slime_env.trainers.run import TrainConfig
 
     base = {"env": "Calculator-v0", "train_data": {"generator": "slime_env.envs.calculator:calculator_tasks", "n": 4, "seed": 0}}
     with pytest.raises(InvalidInput, match="opd_coef > 0 and a teacher"):
@@ -209,7 +209,7 @@ def test_train_configs_for_sft_and_opd_are_checked_by_field(tmp_path):
 def test_pass_at_k_equals_counting_the_k_subsets_that_hold_a_correct_sample():
     from itertools import combinations
 
-    from slime_env.trainers.evaluation import pass_at_k
+    from slime_env.trainers.run.evaluation import pass_at_k
 
     for n in range(1, 7):
         for c in range(n + 1):
@@ -222,7 +222,7 @@ def test_pass_at_k_equals_counting_the_k_subsets_that_hold_a_correct_sample():
 
 
 def test_set_metrics_count_pass_at_k_majority_votes_and_tool_use():
-    from slime_env.trainers.evaluation import set_metrics
+    from slime_env.trainers.run.evaluation import set_metrics
 
     base = trajectories(1)[0]
 
@@ -243,7 +243,7 @@ def test_set_metrics_count_pass_at_k_majority_votes_and_tool_use():
 
 
 def test_eval_sets_are_checked_by_field():
-    from slime_env.trainers.train_loop import TrainConfig
+    from slime_env.trainers.run import TrainConfig
 
     base = {"env": "Calculator-v0", "train_data": {"generator": "slime_env.envs.calculator:calculator_tasks", "n": 4}}
     data = {"generator": "slime_env.envs.calculator:calculator_tasks", "n": 4}
@@ -273,7 +273,7 @@ def test_a_cold_start_warm_up_teaches_the_tool_format_before_rl(tmp_path):
     """examples/calculator_sft_grpo.yaml (shrunk): SmolLM2 never writes a calculator call by itself (held-out 0);
     four SFT steps on a scripted teacher's successful episodes (no held-out problem among them) and it calls the
     tool and answers."""
-    from slime_env.trainers.train_loop import TrainConfig, train
+    from slime_env.trainers.run import TrainConfig, train
 
     sampled = {"data": {"generator": "slime_env.envs.calculator:calculator_tasks", "n": 3, "seed": 3, "split": "test"}, "n_samples": 4,
                "temperature": 1.0}
@@ -302,7 +302,7 @@ def test_a_cold_start_warm_up_teaches_the_tool_format_before_rl(tmp_path):
 def test_a_served_teacher_plays_the_warm_up_and_only_successes_are_kept(tmp_path):
     """`policy: {url}`: episodes played by a model behind a real SGLang-protocol server (serve-engine); SmolLM2 never
     solves Calculator-v0 by itself, so rejection sampling keeps nothing and says so, with the statuses it saw."""
-    from slime_env.trainers.train_loop import TrainConfig, train
+    from slime_env.trainers.run import TrainConfig, train
 
     with serve_engine() as url:
         cfg = _calc_config(run_dir=str(tmp_path / "run"), eval_data={})
@@ -344,7 +344,7 @@ def test_a_cold_start_warm_up_teaches_search_r1_on_topics_never_trained_on(tmp_p
     topics) no training question has — read from the retrieved passages, not remembered."""
     import yaml
 
-    from slime_env.trainers.train_loop import TrainConfig, train
+    from slime_env.trainers.run import TrainConfig, train
 
     cfg = yaml.safe_load((Path(__file__).parents[1] / "examples" / "search_sft_grpo.yaml").read_text())
     cfg["eval_data"] = {**cfg["eval_data"], "n": 6}

@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 from aiohttp import ClientSession, web  # noqa: E402
 from helpers import LocalServer, serve_engine  # noqa: E402
 from slime_env.agents.default_model import default_model_path, load_default_model  # noqa: E402
-from slime_env.agents.sglang_policy import SGLangPolicy, parse_generate_response  # noqa: E402
+from slime_env.clients.sglang import SGLangPolicy, parse_generate_response  # noqa: E402
 from slime_env.agents.transformers_policy import TransformersPolicy  # noqa: E402
 
 from slime_env import Message, Task, get_renderer, make, run_episode  # noqa: E402

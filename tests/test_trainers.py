@@ -162,7 +162,7 @@ def test_training_moves_probability_toward_rewarded_answers_and_sync_reaches_the
 
 
 def test_config_errors_name_the_field(tmp_path):
-    from slime_env.trainers.train_loop import TrainConfig
+    from slime_env.trainers.run import TrainConfig
 
     from slime_env.errors import InvalidInput
 

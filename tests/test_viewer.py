@@ -244,7 +244,7 @@ def _fake_run(directory: Path, store_dir: Path) -> Path:
 
 
 def test_training_report_in_the_browser(store, driver, tmp_path):
-    from slime_env.trainers.report import write_report
+    from slime_env.trainers.run.report import write_report
 
     directory, _, _, _ = store
     run = _fake_run(tmp_path, directory)

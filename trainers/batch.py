@@ -123,7 +123,7 @@ def pack(trajectories: Sequence[Trajectory], *, group_size: int, pad_id: int, es
     turn_of = torch.zeros((B, L), dtype=torch.long)
     turn_rewards = torch.zeros((B, K), dtype=torch.float32)
     rewards = torch.zeros(B, dtype=torch.float32)
-    # On-policy distillation: a teacher's log-probs of the response tokens (slime_env.trainers.teacher), when every row has them
+    # On-policy distillation: a teacher's log-probs of the response tokens (slime_env.trainers.run.teacher), when every row has them
     with_teacher = all("teacher_logprobs" in t.metadata or t.status == "failed" for t in trajectories) and \
         any("teacher_logprobs" in t.metadata for t in trajectories)
     teacher = torch.zeros((B, L), dtype=torch.float32) if with_teacher else None

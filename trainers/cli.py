@@ -22,8 +22,8 @@ def train(config: str = typer.Option(None, help="run config (YAML); default: the
     import asyncio
     from importlib.resources import files
 
-    from slime_env.trainers.train_loop import TrainConfig
-    from slime_env.trainers.train_loop import train as run_train
+    from slime_env.trainers.run import TrainConfig
+    from slime_env.trainers.run import train as run_train
 
     from slime_env.errors import InvalidInput
 
@@ -49,8 +49,8 @@ def sft(config: str = typer.Option(..., help="run config (YAML) with a warmup se
     env), held-out accuracy before and after, the model saved as an HF folder a later run's `model:` can name."""
     import asyncio
 
-    from slime_env.trainers.train_loop import TrainConfig
-    from slime_env.trainers.train_loop import train as run_train
+    from slime_env.trainers.run import TrainConfig
+    from slime_env.trainers.run import train as run_train
 
     from slime_env.errors import InvalidInput
 
@@ -70,7 +70,7 @@ def sft(config: str = typer.Option(..., help="run config (YAML) with a warmup se
 def report(run_dir: str = typer.Argument(..., help="a `slime-env train` run directory"),
            out: str = typer.Option(None, help="HTML file to write (default: RUN_DIR/report.html)")) -> None:
     """Write the training report: curves, summary, config and the first/last steps' trajectories in the viewer."""
-    from slime_env.trainers.report import write_report
+    from slime_env.trainers.run.report import write_report
 
     from slime_env.errors import InvalidInput
 

@@ -165,14 +165,6 @@ class FSDPTrainer(TorchTrainer):
         self.optimizer.load_state_dict({"state": state, "param_groups": saved["param_groups"]})
         self.step_count = int(saved["step"])
 
-    async def sync(self, policy: Any, *, version: str | None = None, path: str | Path | None = None) -> str:
-        """Push the full weights (HF names) to `policy` from rank 0, as `TorchTrainer.sync` does; every rank calls it."""
-        from slime_env.trainers.torch_trainer import push_weights
-
-        version = version or str(self.step_count)
-        state = self.weights()
-        if path is not None:
-            self.save_weights(path)
-        if self.rank == 0:
-            await push_weights(policy, state, version, path, save=lambda p: Path(p))
-        return version
+    @property
+    def pushes(self) -> bool:
+        return self.rank == 0  # every rank gathers the weights in `sync`; rank 0 pushes them

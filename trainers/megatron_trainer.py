@@ -69,7 +69,7 @@ class MegatronTrainer(TorchTrainer):
     `hf_model` gives the architecture and the initial weights (any device; it is not kept). Run one process
     per GPU under `torchrun` for TP x CP x PP x DP (`config.tp`, `config.cp`, `config.pp`; MoE: `config.ep`); every
     rank must call `step` with the same trajectories.
-    `step(trajectories, group_size) -> metrics`, `save(path)`, `load(path)`, `await sync(policy)`,
+    `step(trajectories, group_size) -> metrics`, `save(path)`, `load(path)`, `await sync(policy)` (`TorchTrainer`'s),
     `hf_state_dict()` (the current weights with HF names, on every rank).
     """
 
@@ -674,43 +674,26 @@ class MegatronTrainer(TorchTrainer):
                 _restore_optimizer(self.critic_optimizer, self.critic_ddp, saved["critic_optimizer"], state)
             self.step_count = int(saved["step"])
 
-    async def sync(self, policy: Any, *, version: str | None = None, path: str | Path | None = None) -> str:
-        """Push the weights (HF names) to `policy`, as `TorchTrainer.sync` does: in place, from memory
-        (`update_weights_from_tensor`) or through `path`. Every rank must call it (TP gathers); rank 0 pushes."""
-        from slime_env.trainers.torch_trainer import push_weights
+    @property
+    def pushes(self) -> bool:
+        return dist.get_rank() == 0  # every rank gathers the weights in `sync`; rank 0 pushes them
 
-        version = version or str(self.step_count)
-        state = self.weights()
-        if self.moe and not hasattr(policy, "update_weights"):  # an engine server loads checkpoint names
-            from slime_env.trainers.megatron import moe
+    def weight_layout(self) -> Any:
+        from slime_env.agents.weight_layout import WeightLayout
 
-            state = moe.per_expert_layout(state, self.hf_config)
-        if dist.get_rank() == 0:
-            await push_weights(policy, state, version, path, save=lambda p: self._save_hf(p, state))
-        return version
+        return WeightLayout.of(self.hf_config)
 
     def weights(self) -> dict[str, torch.Tensor]:
         """The current weights with Hugging Face names (gathered across TP: every rank calls it)."""
         return self.hf_state_dict()
 
     def save_weights(self, path: str | Path) -> Path:
-        """Only the HF model folder (safetensors + config.json) — what an engine loads. Every rank calls it."""
+        """Only the HF model folder (safetensors + config.json) — what an engine loads, in the layout every weight
+        channel sends (experts one matrix each, as Hugging Face, SGLang and vLLM read them). Every rank calls it."""
         hf = self.hf_state_dict()
         if dist.get_rank() == 0:
-            self._save_hf(path, hf)
+            self.weight_layout().save_folder(path, hf)
         return Path(path)
-
-    def _save_hf(self, path: str | Path, hf: dict[str, torch.Tensor]) -> None:
-        from safetensors.torch import save_file
-
-        from slime_env.trainers.megatron import moe
-
-        if self.moe:  # files hold one tensor per expert, as Hugging Face, SGLang and vLLM read them
-            hf = moe.per_expert_layout(hf, self.hf_config)
-        Path(path).mkdir(parents=True, exist_ok=True)
-        save_file({k: v.detach().to("cpu").contiguous() for k, v in hf.items()}, str(Path(path) / "model.safetensors"),
-                  metadata={"format": "pt"})
-        self.hf_config.save_pretrained(str(path))
 
 
 def _gather(local: dict[str, torch.Tensor], size: int, group: Any) -> list[dict[str, torch.Tensor]]:

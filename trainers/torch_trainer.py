@@ -5,8 +5,9 @@ reference model's, for a KL term) without gradient, then for `ppo_epochs` x `n_m
 steps: forward the actor micro-batch by micro-batch with the right shift (logits at position p score
 token p + 1), the clipped policy loss (+ KL, − entropy, TIS weights) from `slime_env.trainers.algorithms`,
 gradient accumulation weighted so the reduction is exact over the whole mini-batch, gradient clipping,
-AdamW. `save`/`load` checkpoint model, optimizer and step; `sync` pushes the new weights to the engine
-(in place for a `TransformersPolicy`, `update_weights_from_disk` for SGLang or `serve-engine`).
+AdamW. `save`/`load` checkpoint model, optimizer and step; `sync` pushes the new weights to an engine through the
+weight channels of `slime_env.trainers.weight_sync` (in place for a `TransformersPolicy`, from memory or a model
+folder for SGLang or `serve-engine`), the same ones `slime-env train` uses.
 """
 
 from __future__ import annotations
@@ -23,20 +24,29 @@ from typing import Any
 import torch
 from slime_env.trainers import algorithms as alg
 from slime_env.trainers.batch import TrainBatch, pack
+from slime_env.trainers.fsdp_options import FSDPOptions
+from slime_env.trainers.megatron.options import MegatronOptions
 
 from slime_env.trajectory import Trajectory
 
 
+BACKENDS = ("torch", "megatron", "fsdp")
+
+
 @dataclass
-class TrainerConfig:
-    """What one RL step does. Defaults: GRPO, DAPO clip (0.2 / 0.28), token-mean, no KL, one update."""
+class TrainerConfig(MegatronOptions, FSDPOptions):
+    """The run config's `trainer:` section: what one RL step does (the fields here; defaults: GRPO, DAPO clip
+    (0.2 / 0.28), token-mean, no KL, one update), which backend runs it, and that backend's own fields, which live
+    with it (`slime_env.trainers.megatron.options.MegatronOptions`, `slime_env.trainers.fsdp_options.FSDPOptions`)
+    and are taken flat, as the YAML writes them. A field of another backend than `backend` is refused by name."""
 
     estimator: str = "grpo"
     # "rl": the policy-gradient loss of `estimator`; "sft": the negative log-likelihood of the loss-masked tokens
     # (supervised fine-tuning on trajectories or rendered conversations; `sft_step` runs one without changing this).
     loss: str = "rl"
     # On-policy distillation (slime's --use-opd): the advantages get -opd_coef * (log p_student - log p_teacher) per
-    # token; the teacher's log-probs ride on each trajectory (metadata["teacher_logprobs"], slime_env.trainers.teacher).
+    # token; the teacher's log-probs ride on each trajectory (metadata["teacher_logprobs"],
+    # slime_env.trainers.run.teacher).
     opd_coef: float = 0.0
     lr: float = 1e-6
     weight_decay: float = 0.0
@@ -53,9 +63,9 @@ class TrainerConfig:
     entropy_coef: float = 0.0
     use_tis: bool = False
     tis_cap: float = 2.0
-    # Off-policy correction against the engine's log-probs (slime_env.trainers.algorithms.off_policy_weights): "auto" is "tis"
-    # when the run is asynchronous (train_loop resolves it) and otherwise none (or the legacy `use_tis` above);
-    # "none" | "tis" | "mis" | "decoupled" (AReaL's decoupled PPO: proximal = the step's recomputed log-probs).
+    # Off-policy correction against the engine's log-probs (slime_env.trainers.algorithms.off_policy_weights): "auto"
+    # is "tis" when the run is asynchronous (its RunSections resolve it) and otherwise none (or the legacy `use_tis`
+    # above); "none" | "tis" | "mis" | "decoupled" (AReaL's decoupled PPO: proximal = the step's recomputed log-probs).
     off_policy: str = "auto"
     off_policy_level: str = "token"
     off_policy_low: float = 0.5
@@ -70,57 +80,22 @@ class TrainerConfig:
     # RAE (estimator: rae, multi-agent self-play): the decay of the running (game, role) baselines.
     rae_decay: float = 0.95
     # Which trainer runs the step: "torch" (TorchTrainer), "megatron" (MegatronTrainer) or "fsdp" (FSDPTrainer:
-    # TorchTrainer's step on FSDP2-sharded HF models). The fields below are the Megatron trainer's: TP size, the token
-    # budget of a packed micro-batch, the parameter dtype ("auto": bfloat16 on CUDA, float32 on CPU).
+    # TorchTrainer's step on FSDP2-sharded HF models). Each backend's own fields are its options' (`MegatronOptions`,
+    # `FSDPOptions`); the two below are both sharded backends': the parameter / compute dtype ("auto": bfloat16 on
+    # CUDA, float32 on CPU) and activation recompute ("none" | "selective": megatron's recompute_modules, default the
+    # core attention | "full": megatron keeps only the input of every `recompute_layers` layers, FSDP checkpoints
+    # each decoder layer).
     backend: str = "torch"
-    tp: int = 1
-    max_tokens_per_micro_batch: int = 8192
     dtype: str = "auto"
-    offload: bool = False  # megatron on CUDA: optimizer state and gradient buffers leave the GPU between steps
-    # Scale (megatron): expert-parallel size (MoE models), sequence parallelism over the TP group, activation
-    # recompute ("none" | "selective": megatron's recompute_modules, default the core attention | "full": every
-    # `recompute_layers` layers keep only their input; fsdp: "full" checkpoints each decoder layer).
-    ep: int = 1
-    cp: int = 1  # context parallel (megatron): every packed sequence split over `cp` ranks, two balanced chunks each
-    pp: int = 1  # pipeline parallel (megatron): the layers in `pp` stages, micro-batches on megatron's 1F1B schedule
-    sequence_parallel: bool = False
     recompute: str = "none"
-    recompute_layers: int = 1
-    recompute_modules: list[str] | None = None
-    # MoE routers (megatron): the load-balancing loss kind and its coefficient (None: the model's
-    # router_aux_loss_coef), the token dispatcher (None: alltoall on CUDA, allgather on CPU).
-    moe_load_balancing: str = "aux_loss"
-    moe_aux_loss_coeff: float | None = None
-    moe_token_dispatcher: str | None = None
-    moe_grouped_gemm: bool = True  # experts as two grouped GEMMs per layer (GroupedExperts); false: SequentialMLP
-    # FSDP2 (backend: fsdp): parameters, gradients and optimizer state in CPU memory between uses.
-    fsdp_cpu_offload: bool = False
 
     def __post_init__(self) -> None:
-        if self.backend not in ("torch", "megatron", "fsdp"):
+        if self.backend not in BACKENDS:
             raise ValueError(f"backend {self.backend!r}: 'torch', 'megatron' or 'fsdp'")
-        if self.backend != "megatron":
-            for name in ("tp", "ep", "cp", "pp"):
-                if getattr(self, name) != 1:
-                    raise ValueError(f"{name}={getattr(self, name)} needs backend: megatron "
-                                     f"(the {self.backend} trainer has no {name.upper()} groups)")
-            if self.sequence_parallel:
-                raise ValueError("sequence_parallel needs backend: megatron with tp > 1")
-        if min(self.tp, self.ep, self.cp, self.pp, self.max_tokens_per_micro_batch, self.recompute_layers) < 1:
-            raise ValueError(f"tp ({self.tp}), ep ({self.ep}), cp ({self.cp}), pp ({self.pp}), max_tokens_per_"
-                             f"micro_batch ({self.max_tokens_per_micro_batch}) and recompute_layers "
-                             f"({self.recompute_layers}) must be >= 1")
-        if self.sequence_parallel and self.tp == 1:
-            raise ValueError("sequence_parallel splits activations over the TP group: it needs tp > 1")
-        if self.pp > 1 and self.estimator == "ppo":
-            raise ValueError("estimator: ppo with pp > 1: the critic is not pipelined; use pp: 1 (TP / CP / DP scale "
-                             "the critic)")
         if self.recompute not in ("none", "selective", "full"):
             raise ValueError(f"recompute {self.recompute!r}: 'none', 'selective' or 'full'")
-        if self.backend != "megatron" and self.recompute == "selective":
-            raise ValueError(f"recompute: selective is megatron's; the {self.backend} trainer takes 'none' or 'full'")
-        if self.backend == "torch" and self.fsdp_cpu_offload:
-            raise ValueError("fsdp_cpu_offload needs backend: fsdp")
+        self.check_megatron(self.backend, self.estimator, self.recompute)
+        self.check_fsdp(self.backend)
         if self.dtype not in ("auto", "bfloat16", "float32"):
             raise ValueError(f"dtype {self.dtype!r}: 'auto', 'bfloat16' or 'float32'")
         if self.loss not in ("rl", "sft"):
@@ -456,10 +431,12 @@ class TorchTrainer:
         path = Path(path)
         from safetensors.torch import load_file
 
+        from slime_env.agents.weight_layout import load_state
+
         state = {}
         for f in sorted((path / "model").glob("*.safetensors")):
             state.update(load_file(str(f)))
-        self.model.load_state_dict(state, strict=False)
+        load_state(self.model, state)  # either layout: checkpoints hold MoE experts one matrix each
         if (path / "trainer.pt").exists():  # a MegatronTrainer checkpoint holds the same HF weights, not this state
             saved = torch.load(path / "trainer.pt", map_location=self.device, weights_only=False)
             self.optimizer.load_state_dict(saved["optimizer"])
@@ -472,12 +449,31 @@ class TorchTrainer:
             self.critic_optimizer.load_state_dict(saved["optimizer"])
 
     async def sync(self, policy: Any, *, version: str | None = None, path: str | Path | None = None) -> str:
-        """Push the current weights to `policy`: in place when it has `update_weights` (TransformersPolicy);
-        to an engine server (SGLangPolicy: SGLang or serve-engine) through `path` and `update_weights_from_disk`
-        when `path` is given, else from memory (`update_weights_from_tensor`: CUDA IPC / shared memory, same host)."""
+        """Push the current weights to `policy` through the run's own weight channels (`weight_sync.channel_for`):
+        in place when it has `update_weights` (TransformersPolicy); to an engine server (SGLangPolicy: SGLang or
+        serve-engine) through a model folder at `path` and `update_weights_from_disk` when `path` is given, else from
+        memory (`update_weights_from_tensor`: CUDA IPC / shared memory, same host). What leaves this process takes
+        the engine-bound layout (`weight_layout()`). Every rank of a sharded trainer calls it; rank 0 pushes."""
+        from slime_env.trainers.weight_sync import channel_for
+
         version = version or str(self.step_count)
-        await push_weights(policy, self.weights(), version, path, save=self.save_weights)
+        channel = channel_for(policy, self.weight_layout(), path=path)
+        weights = self.weights()  # a collective where the weights are sharded
+        if self.pushes:
+            await channel.push(weights, version)
+        await channel.close()
         return version
+
+    @property
+    def pushes(self) -> bool:
+        """Whether this process sends the weights to engines (rank 0 of a sharded trainer; this one always)."""
+        return True
+
+    def weight_layout(self) -> Any:
+        """How these weights reach an engine (`slime_env.agents.weight_layout.WeightLayout` of the model's config)."""
+        from slime_env.agents.weight_layout import WeightLayout
+
+        return WeightLayout.of(self.model.config)
 
     def weights(self) -> dict[str, torch.Tensor]:
         """The current weights with Hugging Face names (views, not copies: consume them before the next step)."""
@@ -487,21 +483,6 @@ class TorchTrainer:
         """Only the Hugging Face model folder (safetensors + config.json): what an engine loads."""
         self.model.save_pretrained(path, safe_serialization=True)
         return Path(path)
-
-
-async def push_weights(policy: Any, state: dict[str, torch.Tensor], version: str, path: str | Path | None,
-                       save: Any) -> None:
-    """The one weight-sync dispatch of both trainers (see `TorchTrainer.sync`); `save(path)` writes an HF folder."""
-    if hasattr(policy, "update_weights"):
-        await policy.update_weights({k: v.clone() for k, v in state.items()}, version)
-    elif path is not None and hasattr(policy, "update_weights_from_disk"):
-        save(path)
-        await policy.update_weights_from_disk(str(path), weight_version=version)
-    elif hasattr(policy, "update_weights_from_tensor"):
-        await policy.update_weights_from_tensor(list(state.items()), weight_version=version)
-    else:
-        raise TypeError(f"{type(policy).__name__} takes no weights: it has neither update_weights, "
-                        "update_weights_from_tensor nor update_weights_from_disk")
 
 
 def read_hf_weights(path: str | Path) -> dict[str, torch.Tensor]:

@@ -1,6 +1,7 @@
-"""The weight-sync channel: the trainer's new weights reach every engine before the next generation.
+"""The weight-sync channels: the trainer's new weights reach every engine before the next generation.
 
-One object per run, chosen by `engine.weight_sync` in the run config (`make_channel`):
+One channel per run, chosen by `engine.weight_sync` in the run config (`slime_env.trainers.run.engines`), and one per
+call of `trainer.sync(policy)` (`channel_for`): the run and the library API push through the same objects.
 
 - `InPlace` — the embedded `TransformersPolicy`: `update_weights(state_dict)` in the trainer's process.
 - `Distributed` — servers (SGLang, `serve-engine`) on any host: SGLang's `update_weights_from_distributed`, a
@@ -11,12 +12,17 @@ One object per run, chosen by `engine.weight_sync` in the run config (`make_chan
 - `FromDisk` — servers sharing a filesystem: a Hugging Face folder, then `update_weights_from_disk`.
 - `Frozen` — nothing (evaluation-only runs).
 
-`await channel.push(weights, version)` with `weights` the trainer's HF-named tensors. No request sees half of a new
-set: an update that takes several calls (`Distributed`'s buckets) is wrapped in `/pause_generation` ...
-`/continue_generation`; a one-call update is atomic on the engine (it admits nothing, lets the running requests
-finish, then loads). A channel
-over servers takes `engines()`, a function returning the live engines: when the set changes (an engine died and was
-restarted), `Distributed` forms a new group with the engines there are. Returns seconds and bytes for the metrics.
+Every channel keeps the `WeightChannel` contract (`slime_env.trainers.run.roles`): `await channel.push(weights,
+version)` with `weights` the trainer's HF-named tensors in its model's layout, `await channel.close()`. Whatever leaves
+the trainer's process leaves in the **engine-bound layout**, decided here and nowhere else: `layout.engine_tensors`
+(`slime_env.agents.weight_layout`: one matrix per MoE expert as SGLang / vLLM / checkpoints name them, one copy of
+tied embeddings, the layout's dtype). `InPlace` hands the model's own layout to a model of the same class.
+
+No request sees half of a new set: an update that takes several calls (`Distributed`'s buckets) is wrapped in
+`/pause_generation` ... `/continue_generation`; a one-call update is atomic on the engine (it admits nothing, lets the
+running requests finish, then loads). A channel over servers takes `engines()`, a function returning the live
+engines: when the set changes (an engine died and was restarted), `Distributed` forms a new group with the engines
+there are. `push` returns seconds and bytes for the metrics.
 """
 
 from __future__ import annotations
@@ -32,22 +38,10 @@ from typing import Any
 
 import torch
 
+from slime_env.agents.weight_layout import WeightLayout
 from slime_env.errors import InvalidInput
 
 CHANNELS = ("auto", "distributed", "tensor", "disk", "none")
-
-
-def dedup_tied(weights: Mapping[str, torch.Tensor]) -> list[tuple[str, torch.Tensor]]:
-    """The tensors to send: one copy of tensors that share storage (tied embeddings: the engine ties them too)."""
-    seen: set[tuple[int, int]] = set()
-    out = []
-    for name, t in weights.items():
-        key = (t.untyped_storage().data_ptr(), t.storage_offset())
-        if key in seen and t.numel():
-            continue
-        seen.add(key)
-        out.append((name, t))
-    return out
 
 
 class InPlace:
@@ -66,10 +60,12 @@ class InPlace:
 
 
 class _Servers:
-    """Shared by the channels over engine servers: the engines of the moment, and a call made on each of them."""
+    """Shared by the channels over engine servers: the engines of the moment, the layout their weights take, and a
+    call made on each of them."""
 
-    def __init__(self, engines: Callable[[], Sequence[Any]]):
+    def __init__(self, engines: Callable[[], Sequence[Any]], layout: WeightLayout | None = None):
         self.engines = engines
+        self.layout = layout or WeightLayout()
 
     async def _each(self, fn: Callable[[Any], Any]) -> list[Any]:
         return await asyncio.gather(*(fn(e) for e in self.engines()))
@@ -85,13 +81,14 @@ class Distributed(_Servers):
     """SGLang's disaggregated update: see the module docstring. `backend` "nccl" (GPUs) or "gloo" (CPUs);
     `master_address` is this host as the engines reach it; `bucket_bytes` bounds one update call."""
 
-    def __init__(self, engines: Callable[[], Sequence[Any]], *, backend: str, master_address: str = "127.0.0.1",
-                 bucket_bytes: int = 512 << 20, group_name: str = "weight_update_group", wire_dtype: Any = None):
-        super().__init__(engines)
+    def __init__(self, engines: Callable[[], Sequence[Any]], *, backend: str, layout: WeightLayout | None = None,
+                 master_address: str = "127.0.0.1", bucket_bytes: int = 512 << 20,
+                 group_name: str = "weight_update_group"):
+        super().__init__(engines, layout)
         if backend not in ("nccl", "gloo"):
             raise InvalidInput(f"engine.weight_sync distributed: backend {backend!r} is not 'nccl' or 'gloo'")
         self.backend, self.master_address, self.bucket_bytes = backend, master_address, bucket_bytes
-        self.base_name, self.wire_dtype = group_name, wire_dtype
+        self.base_name = group_name
         self.group, self.name = None, group_name
         # The engine clients of the group (by identity: a restarted engine is a new client at the same URL, and its
         # old rank is gone from the group).
@@ -153,8 +150,7 @@ class Distributed(_Servers):
             await self._form(engines)
         formed = time.perf_counter()
         device = torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else torch.device("cpu")
-        named = [(n, t.detach().to(device=device, dtype=self.wire_dtype or t.dtype).contiguous())
-                 for n, t in dedup_tied(weights)]
+        named = [(n, t.detach().to(device=device).contiguous()) for n, t in self.layout.engine_tensors(weights)]
         sent = 0
         await asyncio.gather(*(e.pause_generation() for e in engines))
         try:
@@ -191,23 +187,32 @@ class FromTensor(_Servers):
 
     async def push(self, weights: Mapping[str, torch.Tensor], version: str) -> dict[str, float]:
         t0 = time.perf_counter()
-        named = _flat_views([(n, t.detach().contiguous()) for n, t in dedup_tied(weights)])
+        named = _flat_views([(n, t.detach().contiguous()) for n, t in self.layout.engine_tensors(weights)])
         # One call per engine, atomic there (admission held, running requests finished, then the load): no pause.
         await self._each(lambda e: e.update_weights_from_tensor(named, weight_version=version))
         return {"sync/s": time.perf_counter() - t0}
 
 
 class FromDisk(_Servers):
-    """A Hugging Face folder under `folder` (visible to every engine), then `update_weights_from_disk`."""
+    """A model folder visible to every engine, then `update_weights_from_disk`. The folder is
+    `folder/weights_{version}`, or exactly `path` when given (`trainer.sync(policy, path=...)`); it is written by
+    `save(path)` when given (a function writing the weights being pushed), else as `layout.save_folder` writes it."""
 
-    def __init__(self, engines: Callable[[], Sequence[Any]], *, folder: str | Path, save: Callable[[Path], Any]):
-        super().__init__(engines)
-        self.folder, self.save = Path(folder), save
+    def __init__(self, engines: Callable[[], Sequence[Any]], *, folder: str | Path | None = None,
+                 layout: WeightLayout | None = None, save: Callable[[Path], Any] | None = None,
+                 path: str | Path | None = None):
+        super().__init__(engines, layout)
+        if folder is None and path is None:
+            raise ValueError("FromDisk needs a folder (one model folder per version) or a path")
+        self.folder, self.path, self.save = folder and Path(folder), path and Path(path), save
 
     async def push(self, weights: Mapping[str, torch.Tensor], version: str) -> dict[str, float]:
         t0 = time.perf_counter()
-        path = self.folder / f"weights_{version}"
-        await asyncio.to_thread(self.save, path)
+        path = self.path or self.folder / f"weights_{version}"
+        if self.save is not None:
+            await asyncio.to_thread(self.save, path)
+        else:
+            await asyncio.to_thread(self.layout.save_folder, path, weights)
         saved = time.perf_counter()
         await self._each(lambda e: e.update_weights_from_disk(str(path), weight_version=version))  # atomic there
         return {"sync/s": time.perf_counter() - t0, "sync/save_s": saved - t0}
@@ -221,6 +226,20 @@ class Frozen:
 
     async def close(self) -> None:
         return None
+
+
+def channel_for(policy: Any, layout: WeightLayout, *, path: str | Path | None = None) -> Any:
+    """The channel `trainer.sync(policy)` pushes through: in place for a policy that takes a state dict
+    (`TransformersPolicy`), a model folder at `path` for an engine server when `path` is given, else its memory
+    (`update_weights_from_tensor`: CUDA IPC / shared memory, same host)."""
+    if hasattr(policy, "update_weights"):
+        return InPlace(policy)
+    if path is not None and hasattr(policy, "update_weights_from_disk"):
+        return FromDisk(lambda: [policy], path=path, layout=layout)
+    if hasattr(policy, "update_weights_from_tensor"):
+        return FromTensor(lambda: [policy], layout)
+    raise TypeError(f"{type(policy).__name__} takes no weights: it has neither update_weights, "
+                    "update_weights_from_tensor nor update_weights_from_disk")
 
 
 def _flat_views(named: list[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:

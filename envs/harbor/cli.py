@@ -108,7 +108,7 @@ def harbor_eval(path: str = typer.Argument(..., help="a task folder, a folder of
     from slime_env.renderers import get_renderer
     from slime_env.rollout import RolloutManager
     from slime_env.rollout.loop import run_loop
-    from slime_env.trainers.evaluation import pass_at_k
+    from slime_env.trainers.run.evaluation import pass_at_k
 
     if any(not 1 <= x <= samples for x in k):
         raise typer.BadParameter(f"--k {k}: each k must be in [1, --samples={samples}]")

@@ -85,7 +85,7 @@ def _policy(url: str) -> Any:
     loop = asyncio.get_running_loop()
     key = (id(loop), url)
     if key not in _POLICIES:
-        from slime_env.agents import SGLangPolicy  # lazy: the core never imports agents at import time
+        from slime_env.clients import SGLangPolicy
 
         _POLICIES[key] = SGLangPolicy(url)
     return _POLICIES[key]

@@ -6,6 +6,7 @@ import asyncio
 import math
 import time
 from collections import deque
+from dataclasses import asdict
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
@@ -15,6 +16,7 @@ from slime_env.rollout.filters import get_filter
 from slime_env.rollout.groups import Batch, Group, GroupRunner, RunningGroup
 from slime_env.rollout.heap import quiet_gc
 from slime_env.rollout.metrics import batch_metrics
+from slime_env.rollout.options import EpisodeOptions, ExecutionOptions, GroupOptions, StoreOptions, fold_options
 from slime_env.rollout.store import RolloutStore
 from slime_env.types import Task
 
@@ -24,6 +26,11 @@ ABORTED = "aborted by the rollout manager: the batch was full"
 class RolloutManager:
     """Runs `n_samples_per_prompt` episodes per task as a group, at most `max_concurrency` episodes
     in flight, and hands out finished groups.
+
+    Options come in four groups (`slime_env.rollout.options`): `episode=EpisodeOptions(...)` (turns, tokens,
+    context, deadline, strict), `groups=GroupOptions(...)` (samples per task, concurrency, over-sampling, filter,
+    partial rollouts, skip), `store=StoreOptions(...)` (out_dir, resume, parquet), `execution=ExecutionOptions(...)`
+    (backend, Ray actors, workers, quiet_gc, progress); each option is also taken as a keyword of its own.
 
     `generate_batch(k)` returns exactly `k` accepted groups (fewer only when the tasks run out).
     `over_sampling` > 1 starts up to `ceil(k * over_sampling)` groups at once; `dynamic_filter`
@@ -55,75 +62,72 @@ class RolloutManager:
     def __init__(self, tasks: Sequence[Task | Mapping[str, Any] | str], *, policy: Any,
                  renderer: TemplateRenderer, env_id: str | None = None, env_kwargs: Mapping[str, Any] | None = None,
                  env_factory: Callable[[Task, str], Any] | None = None,
-                 sampling_params: Mapping[str, Any] | None = None, n_samples_per_prompt: int = 8,
-                 max_concurrency: int = 256, max_turns: int = 8, max_new_tokens: int = 1024,
-                 max_context_tokens: int | None = None, deadline_s: float | None = None,
-                 dynamic_filter: Any = None, over_sampling: float = 1.0, partial_rollout: bool = False,
-                 mask_offpolicy: bool = False, out_dir: str | None = None, resume: bool = False,
-                 parquet: bool = False, progress: bool = False, seed: int = 0, strict: bool | None = None,
-                 backend: str = "local", ray_actors: int = 2, ray_actor_options: Mapping[str, Any] | None = None,
-                 train_agents: Sequence[str] | None = None,
-                 policy_for: Callable[[int, str], Any] | None = None, workers: int = 0,
-                 quiet_gc: bool = True, skip: Sequence[int] = ()):
-        if n_samples_per_prompt < 1:
-            raise InvalidInput(f"n_samples_per_prompt must be >= 1, got {n_samples_per_prompt}")
-        if max_concurrency < n_samples_per_prompt:
-            raise InvalidInput(f"max_concurrency={max_concurrency} cannot hold one group of {n_samples_per_prompt}")
-        if over_sampling < 1.0:
-            raise InvalidInput(f"over_sampling must be >= 1.0, got {over_sampling}")
+                 sampling_params: Mapping[str, Any] | None = None, seed: int = 0,
+                 train_agents: Sequence[str] | None = None, policy_for: Callable[[int, str], Any] | None = None,
+                 episode: EpisodeOptions | None = None, groups: GroupOptions | None = None,
+                 store: StoreOptions | None = None, execution: ExecutionOptions | None = None, **options: Any):
+        self.options = fold_options({"episode": episode, "groups": groups, "store": store, "execution": execution},
+                                    options)
+        ep, gr, st, ex = (self.options[k] for k in ("episode", "groups", "store", "execution"))
+        if gr.n_samples_per_prompt < 1:
+            raise InvalidInput(f"n_samples_per_prompt must be >= 1, got {gr.n_samples_per_prompt}")
+        if gr.max_concurrency < gr.n_samples_per_prompt:
+            raise InvalidInput(f"max_concurrency={gr.max_concurrency} cannot hold one group of "
+                               f"{gr.n_samples_per_prompt}")
+        if gr.over_sampling < 1.0:
+            raise InvalidInput(f"over_sampling must be >= 1.0, got {gr.over_sampling}")
         self.tasks = [Task.coerce(t, f"tasks[{i}]") for i, t in enumerate(tasks)]
         if env_id is None and env_factory is None and any("env_id" not in t.metadata for t in self.tasks):
             raise InvalidInput("give env_id=, env_factory=, or metadata['env_id'] on every task")
         self.policy, self.renderer = policy, renderer
         self.env_id, self.env_kwargs, self.env_factory = env_id, dict(env_kwargs or {}), env_factory
         self.sampling_params = dict(sampling_params or {})
-        self.n = n_samples_per_prompt
-        self.max_concurrency = max_concurrency
-        self.episode_kwargs = {"max_turns": max_turns, "max_new_tokens": max_new_tokens,
-                               "max_context_tokens": max_context_tokens, "deadline_s": deadline_s, "strict": strict}
-        if backend not in ("local", "ray"):
-            raise InvalidInput(f"backend must be 'local' or 'ray', got {backend!r}")
-        self.backend = backend
-        self.filter = get_filter(dynamic_filter)
-        self.over_sampling = over_sampling
-        self.partial_rollout = partial_rollout
-        self.progress = progress
+        self.n = gr.n_samples_per_prompt
+        self.max_concurrency = gr.max_concurrency
+        self.episode_kwargs = asdict(ep)
+        if ex.backend not in ("local", "ray"):
+            raise InvalidInput(f"backend must be 'local' or 'ray', got {ex.backend!r}")
+        self.backend = ex.backend
+        self.filter = get_filter(gr.dynamic_filter)
+        self.over_sampling = gr.over_sampling
+        self.partial_rollout = gr.partial_rollout
+        self.progress = ex.progress
         self.seed = seed
         self.runner = GroupRunner(self.tasks, policy=policy, renderer=renderer, env_id=env_id,
                                   env_kwargs=self.env_kwargs,
                                   env_factory=env_factory, sampling_params=self.sampling_params, n=self.n,
                                   episode_kwargs=self.episode_kwargs, seed=seed, train_agents=train_agents,
-                                  policy_for=policy_for, partial_rollout=partial_rollout,
-                                  mask_offpolicy=mask_offpolicy, backend=backend, ray_actors=ray_actors,
-                                  ray_actor_options=ray_actor_options)
+                                  policy_for=policy_for, partial_rollout=gr.partial_rollout,
+                                  mask_offpolicy=gr.mask_offpolicy, backend=ex.backend, ray_actors=ex.ray_actors,
+                                  ray_actor_options=ex.ray_actor_options)
         self.store = None
-        if out_dir is not None:
+        if st.out_dir is not None:
             config = {"env_id": env_id, "n_samples_per_prompt": self.n, "num_tasks": len(self.tasks),
                       "task_ids": _fingerprint(self.tasks)}
-            self.store = RolloutStore(out_dir, config, resume=resume, parquet=parquet)
-        done = (set(self.store.done) if self.store else set()) | set(skip)
+            self.store = RolloutStore(st.out_dir, config, resume=st.resume, parquet=st.parquet)
+        done = (set(self.store.done) if self.store else set()) | set(gr.skip)
         self._queue: deque[int] = deque(i for i in range(len(self.tasks)) if i not in done)
         self._carry: deque[RunningGroup] = deque()  # suspended groups (partial rollout), resumed first
         self._ready: deque[Group] = deque()      # accepted beyond a batch's target, delivered next time
         self._ready_dropped: list[Group] = []    # dropped after a batch closed, delivered with the next one
         self.batches = 0
-        self.workers = workers
-        self.quiet_gc = quiet_gc
+        self.workers = ex.workers
+        self.quiet_gc = ex.quiet_gc
         self._pool = None
-        if workers:
-            if partial_rollout:
+        if ex.workers:
+            if gr.partial_rollout:
                 raise InvalidInput("partial_rollout keeps suspended episodes in the driver: use workers=0 with it")
-            if backend != "local":
+            if ex.backend != "local":
                 raise InvalidInput("workers run envs in their own processes: use backend='local' with workers")
             from slime_env.registry import _REGISTRY
             from slime_env.rollout.workers import WorkerPool
 
             env_ids = {env_id, *(t.metadata.get("env_id") for t in self.tasks)} - {None}
-            self._pool = WorkerPool(workers, {
+            self._pool = WorkerPool(ex.workers, {
                 "tasks": self.tasks, "policy": policy, "renderer": renderer, "env_id": env_id,
                 "env_kwargs": self.env_kwargs, "env_factory": env_factory, "sampling_params": self.sampling_params,
                 "n": self.n, "episode_kwargs": self.episode_kwargs, "seed": seed, "train_agents": train_agents,
-                "policy_for": policy_for}, quiet_gc=quiet_gc,
+                "policy_for": policy_for}, quiet_gc=ex.quiet_gc,
                 env_specs={e: _REGISTRY[e] for e in env_ids if e in _REGISTRY})
 
     # --- public API ------------------------------------------------------------------------------

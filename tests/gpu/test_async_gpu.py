@@ -9,7 +9,7 @@ import asyncio
 
 import pytest
 import torch
-from slime_env.trainers.train_loop import TrainConfig, train
+from slime_env.trainers.run import TrainConfig, train
 
 
 @pytest.mark.parametrize("mode", ["overlap", "full"])

@@ -10,7 +10,7 @@ import hashlib
 
 import pytest
 import torch
-from slime_env.trainers.train_loop import TrainConfig, train
+from slime_env.trainers.run import TrainConfig, train
 
 
 def test_train_with_a_serve_engine_on_the_same_gpu_syncs_by_cuda_ipc(tmp_path, model_folder):

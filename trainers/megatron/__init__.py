@@ -9,16 +9,23 @@
 - `convert`: Hugging Face <-> megatron-core state dicts for Llama (SmolLM2), Qwen2/2.5, Qwen3 and Qwen3-MoE, with
   TP shards and pipeline stages.
 - `logprobs`: vocab-parallel per-token log-probs and entropy.
+- `options`: `MegatronOptions`, the backend's fields of the run config's `trainer:` section (no megatron-core import).
 
-Imported only by `slime_env.trainers.megatron_trainer` (and tests/benchmarks): megatron-core is an optional dependency.
+Names are imported on first use: megatron-core is an optional dependency, needed only by the modules that build and
+run the model (`slime_env.trainers.megatron_trainer`, tests, benchmarks).
 """
 
-from slime_env.trainers.megatron.attention import SDPAttention
-from slime_env.trainers.megatron.convert import hf_to_mcore, mcore_to_hf, model_family
-from slime_env.trainers.megatron.logprobs import vocab_parallel_logprobs
-from slime_env.trainers.megatron.model import build_gpt, transformer_config
-from slime_env.trainers.megatron.parallel import init_parallel
-from slime_env.trainers.megatron.rope import apply_rotary_pos_emb_thd, install_rope_patch
+from slime_env.loading import lazy_exports
 
-__all__ = ["SDPAttention", "apply_rotary_pos_emb_thd", "build_gpt", "hf_to_mcore", "init_parallel",
-           "install_rope_patch", "mcore_to_hf", "model_family", "transformer_config", "vocab_parallel_logprobs"]
+_EXPORTS = {
+    "SDPAttention": "slime_env.trainers.megatron.attention", "hf_to_mcore": "slime_env.trainers.megatron.convert",
+    "mcore_to_hf": "slime_env.trainers.megatron.convert", "model_family": "slime_env.trainers.megatron.convert",
+    "vocab_parallel_logprobs": "slime_env.trainers.megatron.logprobs",
+    "build_gpt": "slime_env.trainers.megatron.model", "transformer_config": "slime_env.trainers.megatron.model",
+    "init_parallel": "slime_env.trainers.megatron.parallel",
+    "apply_rotary_pos_emb_thd": "slime_env.trainers.megatron.rope",
+    "install_rope_patch": "slime_env.trainers.megatron.rope", "MegatronOptions": "slime_env.trainers.megatron.options",
+}
+
+__all__ = sorted(_EXPORTS)
+__getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -27,7 +27,6 @@ import torch
 MOE_TYPES = ("qwen3_moe",)
 _LOCAL = re.compile(r"^(.*\.mlp\.experts\.local_experts\.)(\d+)(\..*)$")
 _STACKED = re.compile(r"^(.*\.mlp\.experts\.)weight([12])$")
-_PER_EXPERT = re.compile(r"^(model\.layers\.\d+\.mlp\.experts\.)(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
 
 
 def is_moe(hf_config: Any) -> bool:
@@ -69,37 +68,18 @@ def moe_config(c: Any, *, ep: int = 1, aux_loss_coeff: float | None = None, load
 # --- Hugging Face <-> megatron, one layer's experts ------------------------------------------------------------
 def fused_layout(hf: Mapping[str, torch.Tensor], c: Any) -> dict[str, torch.Tensor]:
     """`hf` with per-expert (on-disk) expert weights stacked into transformers' fused in-memory ones."""
-    out = {k: v for k, v in hf.items() if not _PER_EXPERT.match(k)}
-    for i, sparse in enumerate(sparse_layers(c)):
-        p = f"model.layers.{i}.mlp.experts."
-        if not sparse or p + "gate_up_proj" in out or p + "0.gate_proj.weight" not in hf:
-            continue
-        try:
-            out[p + "gate_up_proj"] = torch.stack([torch.cat([hf[f"{p}{e}.gate_proj.weight"],
-                                                              hf[f"{p}{e}.up_proj.weight"]], 0)
-                                                   for e in range(c.num_experts)])
-            out[p + "down_proj"] = torch.stack([hf[f"{p}{e}.down_proj.weight"] for e in range(c.num_experts)])
-        except KeyError as missing:
-            raise KeyError(f"HF state dict lacks expert weight {missing} of layer {i}") from None
-    return out
+    from slime_env.agents.weight_layout import fused
+
+    return fused(hf, {f"model.layers.{i}.mlp.experts.": c.num_experts for i, sparse in enumerate(sparse_layers(c))
+                      if sparse})
 
 
 def per_expert_layout(hf: Mapping[str, torch.Tensor], c: Any) -> dict[str, torch.Tensor]:
-    """`hf` with fused expert weights written per expert: the checkpoint layout engines and HF files use."""
-    out = {}
-    for k, v in hf.items():
-        if k.endswith(".mlp.experts.gate_up_proj"):
-            p = k[: -len("gate_up_proj")]
-            for e, w in enumerate(v):
-                gate, up = w.chunk(2, dim=0)
-                out[f"{p}{e}.gate_proj.weight"], out[f"{p}{e}.up_proj.weight"] = gate, up
-        elif k.endswith(".mlp.experts.down_proj"):
-            p = k[: -len("down_proj")]
-            for e, w in enumerate(v):
-                out[f"{p}{e}.down_proj.weight"] = w
-        else:
-            out[k] = v
-    return out
+    """`hf` with fused expert weights written per expert: the checkpoint layout engines and HF files use
+    (`slime_env.agents.weight_layout`, where every weight channel decides it)."""
+    from slime_env.agents.weight_layout import per_expert
+
+    return per_expert(hf)
 
 
 def experts_to_mcore(hf: Mapping[str, torch.Tensor], layer: int) -> dict[str, torch.Tensor]:

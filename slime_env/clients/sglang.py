@@ -14,9 +14,8 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from slime_env.agents.session import EpisodeSession, Usage
-
 from slime_env import Generation
+from slime_env.clients.session import EpisodeSession, Usage
 from slime_env.http import HttpClient, ProtocolError, RemoteError
 from slime_env.policy import check_sampling_seed
 
@@ -117,9 +116,9 @@ class SGLangPolicy:
                                           f"update_weights_from_disk({model_path!r})")
 
     async def update_weights_from_tensor(self, named_tensors, weight_version: str | None = None) -> dict[str, Any]:
-        """Weights from this host's memory (CUDA IPC or shared memory; `slime_env.agents.weight_transfer`), SGLang's
+        """Weights from this host's memory (CUDA IPC or shared memory; `slime_env.clients.tensor_payload`), SGLang's
         `/update_weights_from_tensor`. The tensors must stay alive until this returns."""
-        from slime_env.agents.weight_transfer import serialize_named_tensors
+        from slime_env.clients.tensor_payload import serialize_named_tensors
 
         body = {"serialized_named_tensors": [serialize_named_tensors(list(named_tensors))], "flush_cache": True}
         return await self._update_weights("update_weights_from_tensor", body, weight_version,

@@ -16,9 +16,8 @@ import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from slime_env.agents.session import Usage
-
 from slime_env import Generation
+from slime_env.clients.session import Usage
 from slime_env.http import HttpClient, ProtocolError
 
 _FINISH = {"stop": "stop", "length": "length", "abort": "abort", "eos": "stop"}

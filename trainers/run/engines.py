@@ -10,11 +10,13 @@ engine:
   weight_sync: auto     # auto | distributed | tensor | disk | none
 ```
 
-`Engines` is the role: `policy` (what the rollout manager and the evaluation generate with — the embedded policy or
-an `slime_env.agents.EnginePool`), `tokenizer`, `channel(trainer)` (`slime_env.trainers.weight_sync`) and the engines a sync must reach.
-`start()` checks, before any training, that every engine answers and serves the trainer's model; a problem is an
-`InvalidInput` naming the config field. Engines this run started are watched: one that dies is restarted and
-rejoins once the next weight sync has reached it (`slime_env.agents.engine_pool`).
+`Engines` keeps the engines role (`slime_env.trainers.run.roles.Engines`): `policy` (what the rollout manager and the
+evaluation generate with — the embedded policy or an `slime_env.agents.EnginePool`), `tokenizer`, `channel(layout)`
+(`slime_env.trainers.weight_sync`) to the engines a sync must reach, their health (`gone`, `metrics`). `start()`
+checks, before any training, that every engine answers and serves the trainer's model; a problem is an `InvalidInput`
+naming the config field. Engines this run started are watched: one that dies is restarted and rejoins once the next
+weight sync has reached it (`slime_env.agents.engine_pool`). How each `kind` starts is `STARTS`; how each
+`weight_sync` channel is made is `CHANNELS`.
 
 `weight_sync: auto` picks: embedded → in place; `serve` on this host → `tensor` (CUDA IPC) where an engine shares the
 trainer's GPU, `distributed` over NCCL where every engine has a GPU of its own (`gpus`), over gloo on CPUs; `sglang` →
@@ -31,9 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from slime_env.trainers.sections import parse_section
-
 from slime_env.errors import InvalidInput
+from slime_env.trainers.run.sections import parse_section
 
 KINDS = ("embedded", "serve", "sglang", "openai")
 
@@ -100,7 +101,7 @@ class EngineConfig:
 
 
 class Engines:
-    """The engines role (see the module docstring). Made by `make_engines`; `await start()` before use."""
+    """The engines role (see the module docstring); `await start()` before use."""
 
     def __init__(self, cfg: EngineConfig, *, model_path: str, max_concurrency: int, run_dir: Path, seed: int,
                  device: str, dtype: str, spawn: Any = None):
@@ -116,23 +117,28 @@ class Engines:
 
     # --- start -------------------------------------------------------------------------------------------------
     async def start(self) -> None:
-        if self.embedded:
-            from slime_env.agents.default_model import load_policy
+        await STARTS[self.cfg.kind](self)
 
-            self.policy, self.model_path = load_policy(self.model_path, max_batch_size=self.max_concurrency,
-                                                       batch_window_s=0.005, device=self.device, dtype=self.dtype,
-                                                       seed=self.seed)
-            self.tokenizer = self.policy.tokenizer
-            return
+    async def _start_embedded(self) -> None:
+        from slime_env.agents.default_model import load_policy
+
+        self.policy, self.model_path = load_policy(self.model_path, max_batch_size=self.max_concurrency,
+                                                   batch_window_s=0.005, device=self.device, dtype=self.dtype,
+                                                   seed=self.seed)
+        self.tokenizer = self.policy.tokenizer
+
+    async def _start_openai(self) -> None:
+        from slime_env.clients.openai import OpenAIPolicy
+
         self.tokenizer = load_tokenizer(self.model_path)
-        if self.cfg.kind == "openai":
-            from slime_env.agents.openai_policy import OpenAIPolicy
+        self.policy = OpenAIPolicy(self.cfg.urls[0], self.cfg.model_name or "default")
 
-            self.policy = OpenAIPolicy(self.cfg.urls[0], self.cfg.model_name or "default")
-            return
+    async def _start_servers(self) -> None:
+        """SGLang-API servers: given by URL (sglang, serve with urls) or started by this run (serve)."""
         from slime_env.agents.engine_pool import EnginePool
-        from slime_env.agents.sglang_policy import SGLangPolicy
+        from slime_env.clients.sglang import SGLangPolicy
 
+        self.tokenizer = load_tokenizer(self.model_path)
         urls = list(self.cfg.urls)
         if not urls:  # serve: this run starts its engines
             urls = await self._launch()
@@ -200,12 +206,18 @@ class Engines:
                                    f"{want[:4]} here)")
 
     # --- weight sync -------------------------------------------------------------------------------------------
-    def channel(self, save: Any = None) -> Any:
-        """The weight-sync channel to these engines (`save(path)` writes the trainer's HF folder, for `disk`)."""
-        from slime_env.trainers import weight_sync as ws
+    def channel(self, layout: Any = None, *, save: Any = None) -> Any:
+        """The weight-sync channel to these engines. `layout` (`slime_env.agents.weight_layout.WeightLayout`): how
+        the trainer's weights reach them; `save(path)`, for `disk`: a writer of the model folder other than the
+        layout's own."""
+        from slime_env.agents.weight_layout import WeightLayout
 
-        if self.embedded:
-            return ws.InPlace(self.policy)
+        kind = "inplace" if self.embedded else self.channel_kind()
+        return CHANNELS[kind](self, layout or WeightLayout(), save)
+
+    def channel_kind(self) -> str:
+        """`engine.weight_sync` with `auto` resolved (see the module docstring), refused by name where it cannot
+        reach the engines."""
         kind = self.cfg.weight_sync
         if kind == "auto":
             kind = "none" if self.cfg.kind == "openai" else "distributed"
@@ -216,17 +228,11 @@ class Engines:
                 # GPU of its own: NCCL, GPU to GPU.
                 kind = "distributed" if self.engine_gpus() - {torch.cuda.current_device()} else "tensor"
         self._check_reach(kind)
-        if kind == "none":
-            return ws.Frozen()
-        if kind == "tensor":
-            return ws.FromTensor(self.pool.targets)
-        if kind == "disk":
-            if save is None:
-                raise InvalidInput("engine.weight_sync: disk needs a trainer that can write its weights")
-            return ws.FromDisk(self.pool.targets, folder=Path(tempfile.mkdtemp(prefix="slime_env_sync_")), save=save)
-        backend = self.cfg.backend if self.cfg.backend != "auto" else ("nccl" if _cuda() else "gloo")
-        return ws.Distributed(self.pool.targets, backend=backend, master_address=self.cfg.master_address,
-                              bucket_bytes=self.cfg.bucket_mb << 20)
+        return kind
+
+    def backend(self) -> str:
+        """The `distributed` channel's torch.distributed backend."""
+        return self.cfg.backend if self.cfg.backend != "auto" else ("nccl" if _cuda() else "gloo")
 
     def _check_reach(self, kind: str) -> None:
         """CUDA IPC reaches only engines that see the trainer's GPU; NCCL only engines on other GPUs."""
@@ -247,6 +253,23 @@ class Engines:
         if self.pool is not None:
             self.pool.mark_synced(self.pool.targets())
 
+    def gone(self) -> str | None:
+        """Why no engine is left to generate (None while one is up, or for the embedded engine)."""
+        if self.pool is None or self.pool.targets():
+            return None
+        return "; ".join(sorted({f"{u}: {r}" for u, state, r in self.pool.events if state == "down"}))
+
+    def metrics(self) -> dict[str, float]:
+        """`engines/failovers` and `engines/up` of a pool of servers (nothing for the embedded engine)."""
+        if self.pool is None:
+            return {}
+        return {"engines/failovers": float(self.pool.failovers), "engines/up": float(len(self.pool.up()))}
+
+    def release_memory(self) -> None:
+        """The embedded engine's K/V memory leaves the GPU while a colocated trainer runs (a no-op elsewhere)."""
+        if self.embedded and hasattr(self.policy, "release_memory"):
+            self.policy.release_memory()
+
     # --- faults ------------------------------------------------------------------------------------------------
     def _on_down(self, engine: Any, reason: str) -> None:
         process = next((p for p in self.processes if p.url == engine.url), None)
@@ -260,7 +283,7 @@ class Engines:
         if await asyncio.to_thread(process.alive):  # it answers no more but runs: stop it first (a hung engine)
             await asyncio.to_thread(process.stop)
         url = await process.start()
-        from slime_env.agents.sglang_policy import SGLangPolicy
+        from slime_env.clients.sglang import SGLangPolicy
 
         self.pool.replace(engine, SGLangPolicy(url, max_connections=max(256, self.max_concurrency)))
 
@@ -280,6 +303,44 @@ class Engines:
                 await result
         for p in self.processes:
             await asyncio.to_thread(p.stop)
+
+
+def _distributed(engines: Engines, layout: Any, save: Any) -> Any:
+    from slime_env.trainers import weight_sync as ws
+
+    return ws.Distributed(engines.pool.targets, backend=engines.backend(), layout=layout,
+                          master_address=engines.cfg.master_address, bucket_bytes=engines.cfg.bucket_mb << 20)
+
+
+def _disk(engines: Engines, layout: Any, save: Any) -> Any:
+    from slime_env.trainers import weight_sync as ws
+
+    return ws.FromDisk(engines.pool.targets, folder=Path(tempfile.mkdtemp(prefix="slime_env_sync_")), layout=layout,
+                       save=save)
+
+
+def _tensor(engines: Engines, layout: Any, save: Any) -> Any:
+    from slime_env.trainers import weight_sync as ws
+
+    return ws.FromTensor(engines.pool.targets, layout)
+
+
+def _in_place(engines: Engines, layout: Any, save: Any) -> Any:
+    from slime_env.trainers import weight_sync as ws
+
+    return ws.InPlace(engines.policy)
+
+
+def _frozen(engines: Engines, layout: Any, save: Any) -> Any:
+    from slime_env.trainers import weight_sync as ws
+
+    return ws.Frozen()
+
+
+# engine.kind -> how its engines start; weight-sync kind -> its channel, made as CHANNELS[kind](engines, layout, save)
+STARTS = {"embedded": Engines._start_embedded, "openai": Engines._start_openai, "serve": Engines._start_servers,
+          "sglang": Engines._start_servers}
+CHANNELS = {"inplace": _in_place, "distributed": _distributed, "tensor": _tensor, "disk": _disk, "none": _frozen}
 
 
 def load_tokenizer(model_path: str) -> Any:

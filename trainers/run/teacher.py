@@ -87,7 +87,7 @@ class LocalTeacher:
     def __init__(self, path: str, *, device: str = "auto"):
         import torch
         from slime_env.agents.default_model import resolve_device
-        from slime_env.trainers.engines import resolve_model_path
+        from slime_env.trainers.run.engines import resolve_model_path
         from transformers import AutoModelForCausalLM
 
         self.path = resolve_model_path(path)

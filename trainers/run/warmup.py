@@ -77,6 +77,7 @@ async def warmup_trajectories(wc: WarmupConfig, cfg: Any, policy: Any, renderer:
         trajs = [conversation_trajectory(c, renderer) for c in load_conversations(data["path"])]
         return trajs, {"warmup/examples": float(len(trajs))}
     from slime_env import RolloutManager, ScriptedPolicy
+    from slime_env.rollout import EpisodeOptions, GroupOptions
     from slime_env.loading import load_object
 
     ro = data["rollouts"]
@@ -85,7 +86,7 @@ async def warmup_trajectories(wc: WarmupConfig, cfg: Any, policy: Any, renderer:
     if ro["policy"] == "engine":
         teacher = policy
     elif isinstance(ro["policy"], dict):
-        from slime_env.agents.sglang_policy import SGLangPolicy
+        from slime_env.clients.sglang import SGLangPolicy
 
         teacher = owned = SGLangPolicy(ro["policy"]["url"])
     else:
@@ -93,8 +94,9 @@ async def warmup_trajectories(wc: WarmupConfig, cfg: Any, policy: Any, renderer:
     n = int(ro.get("n_samples", 1))
     manager = RolloutManager(tasks, env_id=cfg.env, env_kwargs=cfg.env_kwargs, policy=teacher, renderer=renderer,
                              sampling_params={"temperature": float(ro.get("temperature", cfg.temperature))},
-                             n_samples_per_prompt=n, max_concurrency=max(cfg.max_concurrency, n),
-                             max_turns=cfg.max_turns, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed)
+                             seed=cfg.seed, episode=EpisodeOptions(max_turns=cfg.max_turns,
+                                                                   max_new_tokens=cfg.max_new_tokens),
+                             groups=GroupOptions(n_samples_per_prompt=n, max_concurrency=max(cfg.max_concurrency, n)))
     try:
         played = [t for g in (await manager.generate_batch(len(tasks))).groups for t in g.trajectories]
     finally:
@@ -136,3 +138,24 @@ async def run_warmup(wc: WarmupConfig, trainer: Any, trajectories: list[Any], ru
             log(f"sft step {step}/{wc.steps}: loss {metrics.get('sft/loss', float('nan')):.4f}, "
                 f"grad {metrics.get('sft/grad_norm', 0):.3f}")
     return rows
+
+
+async def warm_up(wc: WarmupConfig, cfg: Any, run: Path, engines: Any, trainer: Any, channel: Any,
+                  train_tasks: list[Any], log: Callable[[str], None]) -> dict[str, float]:
+    """The whole warm-up of a run: its data, its SFT steps, its weights pushed to the engines (still weight version 0:
+    RL steps count from there); returns its `warmup/*` metrics."""
+    import math
+    import time
+
+    from slime_env import get_renderer
+    from slime_env.trainers.run.data import load_split
+
+    t0 = time.perf_counter()
+    ro = wc.data.get("rollouts") or {}
+    tasks = load_split(ro["tasks"], "warmup.data.rollouts.tasks") if "tasks" in ro else train_tasks
+    trajs, stats = await warmup_trajectories(wc, cfg, engines.policy, get_renderer(engines.tokenizer), tasks, log)
+    rows = await run_warmup(wc, trainer, trajs, run, cfg.seed, log)
+    await trainer.sync(channel, "0")
+    engines.synced()
+    return {**stats, "warmup/steps": float(len(rows)), "warmup/loss_first": rows[0].get("sft/loss", math.nan),
+            "warmup/loss_last": rows[-1].get("sft/loss", math.nan), "warmup/s": time.perf_counter() - t0}

@@ -59,3 +59,25 @@ class OpponentPool:
         close = getattr(policy, "close", None)
         if callable(close):
             close()
+
+
+class League:
+    """A run's league self-play (`opponent_pool:` of the run config): the seats in `config.agents` are played by
+    snapshots of the embedded engine's policy — the one it starts from, then one every `config.every` steps."""
+
+    def __init__(self, config: Any, policy: Any, *, seed: int, version: int):
+        self.config, self.policy = config, policy
+        self.pool = OpponentPool(policy, size=config.size, latest_p=config.latest_p, seed=seed)
+        self.pool.add(snapshot(policy, version=str(version)))
+        self.seats = set(config.agents)
+
+    def policy_for(self, index: int, agent: str) -> Any:
+        """The rollout manager's `policy_for`: a seat's opponent for episode `index` (None: the live policy)."""
+        return self.pool.opponent(index) if agent in self.seats else None
+
+    def after_step(self, step: int) -> None:
+        if step % self.config.every == 0:
+            self.pool.add(snapshot(self.policy, version=str(step)))
+
+    def close(self) -> None:
+        self.pool.close()

@@ -15,7 +15,7 @@ is kept in `metadata["env_reward"]`, the score in `info["rm_score"]`). Kinds:
   `max_new_tokens`.
 An episode whose scoring fails — the RM raised, timed out after its retries, or the judge's answer held no verdict —
 is marked failed with the reason (no loss on it), never scored 0 silently. Failed episodes are not scored.
-In slime: `--custom-rm-path slime_env.trainers.reward_models.slime_reward` with the same mapping as `slime_env_reward`.
+In slime: `--custom-rm-path slime_env.trainers.run.reward_models.slime_reward` with the same mapping as `slime_env_reward`.
 """
 
 from __future__ import annotations
@@ -234,7 +234,7 @@ def make_reward_model(spec: Mapping[str, Any], *, policy: Any = None, renderer: 
                         timeout_s=float(spec.get("timeout_s", 120.0)), retries=int(spec.get("retries", 3)))
     owned = "url" in spec
     if owned:
-        from slime_env.agents.sglang_policy import SGLangPolicy
+        from slime_env.clients.sglang import SGLangPolicy
 
         policy = SGLangPolicy(str(spec["url"]))
     if policy is None or renderer is None:
@@ -269,7 +269,7 @@ _SLIME_RMS: dict[str, Any] = {}
 
 
 async def slime_reward(args: Any, sample: Any, **kwargs: Any) -> float | list[float]:
-    """`--custom-rm-path slime_env.trainers.reward_models.slime_reward` in slime: the env's reward (the slime_env plug-in's
+    """`--custom-rm-path slime_env.trainers.run.reward_models.slime_reward` in slime: the env's reward (the slime_env plug-in's
     `reward`) combined with the reward model of `slime_env_reward` in `--custom-config-path` (the same mapping as
     the `reward:` section; a judge needs its `url`). A sample the RM fails to score comes back in slime's safe form
     (`remove_sample`, reward 0.0, a mask of zeros) with the reason in `metadata["slime_env"]`."""

@@ -203,3 +203,32 @@ async def _evaluate_games(tasks: list[Task], policy: Any, renderer: Any, cfg: An
             "eval/illegal_rate": sum(bool(t.info.get("illegal")) and t.info.get("loser") == t.agent_id
                                      for t in trajs) / n,
             "eval/reward_mean": sum(t.reward for t in trajs) / n, "eval/failed": sum(t.status == "failed" for t in trajs)}
+
+
+@dataclass
+class Evals:
+    """The run's evaluations: the held-out split (`eval/*`, every `cfg.eval_every` steps) and the named sets
+    (`eval/<name>/*`, every `every` steps, default `eval_every`); all of them at step 0 and at the last step.
+    `seconds`: the time spent evaluating so far."""
+
+    cfg: Any
+    tasks: list[Task]
+    sets: list[EvalSet]
+    every: int | None = None
+    seconds: float = 0.0
+
+    def __bool__(self) -> bool:
+        return bool(self.tasks or self.sets)
+
+    async def run(self, policy: Any, renderer: Any, step: int, final: bool = False) -> dict[str, float]:
+        import time
+
+        t0, out = time.perf_counter(), {}
+        due = final or step == 0
+        if self.tasks and (due or step % max(self.cfg.eval_every, 1) == 0):
+            out.update(await evaluate(self.tasks, policy, renderer, self.cfg))
+        for s in self.sets:
+            if due or step % (self.every or max(self.cfg.eval_every, 1)) == 0:
+                out.update(await evaluate_set(s, policy, renderer, self.cfg))
+        self.seconds += time.perf_counter() - t0
+        return out

@@ -1,0 +1,22 @@
+"""Clients of engine servers, for the core and every package above it (no engine code, no torch at import).
+
+- `SGLangPolicy(url)`: SGLang's native `/generate` (engine or router; `serve-engine` speaks it too), session
+  affinity, abort, and SGLang's weight-update routes (`update_weights_from_distributed` / `_from_tensor` /
+  `_from_disk`).
+- `OpenAIPolicy(base_url, model)`: OpenAI-compatible `/completions` (vLLM), exact ids or refusal.
+- `EpisodeSession`: the per-episode view of a policy (one rid per call, abort of the live one); `Usage`.
+- `tensor_payload`: the same-host tensor payload of `update_weights_from_tensor`.
+
+`slime_env.agents` re-exports the two policies beside the engines; `slime_env.integrations` uses them from here.
+"""
+
+from slime_env.loading import lazy_exports
+
+_EXPORTS = {
+    "SGLangPolicy": "slime_env.clients.sglang", "parse_generate_response": "slime_env.clients.sglang",
+    "OpenAIPolicy": "slime_env.clients.openai", "EpisodeSession": "slime_env.clients.session",
+    "Usage": "slime_env.clients.session",
+}
+
+__all__ = sorted(_EXPORTS)
+__getattr__ = lazy_exports(__name__, _EXPORTS)

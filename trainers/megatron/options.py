@@ -1,0 +1,54 @@
+"""`MegatronOptions`: the fields of the run config's `trainer:` section that only `MegatronTrainer` reads.
+
+`TrainerConfig` (`slime_env.trainers.torch_trainer`) takes them flat beside the RL step's fields (`trainer: {backend:
+megatron, tp: 2, ...}`); `check_megatron` refuses them, by name, under another backend. No megatron-core import here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class MegatronOptions:
+    """Parallel layout and scale of `backend: megatron` (docs/megatron.md)."""
+
+    # TP size, the token budget of a packed micro-batch.
+    tp: int = 1
+    max_tokens_per_micro_batch: int = 8192
+    offload: bool = False  # on CUDA: optimizer state and gradient buffers leave the GPU between steps
+    # Expert-parallel size (MoE models), sequence parallelism over the TP group, activation recompute's layers and
+    # modules (`recompute: selective` | `full`, a field of TrainerConfig shared with FSDP).
+    ep: int = 1
+    cp: int = 1  # context parallel: every packed sequence split over `cp` ranks, two balanced chunks each
+    pp: int = 1  # pipeline parallel: the layers in `pp` stages, micro-batches on megatron's 1F1B schedule
+    sequence_parallel: bool = False
+    recompute_layers: int = 1
+    recompute_modules: list[str] | None = None
+    # MoE routers: the load-balancing loss kind and its coefficient (None: the model's router_aux_loss_coef), the
+    # token dispatcher (None: alltoall on CUDA, allgather on CPU).
+    moe_load_balancing: str = "aux_loss"
+    moe_aux_loss_coeff: float | None = None
+    moe_token_dispatcher: str | None = None
+    moe_grouped_gemm: bool = True  # experts as two grouped GEMMs per layer (GroupedExperts); false: SequentialMLP
+
+    def check_megatron(self, backend: str, estimator: str, recompute: str) -> None:
+        """ValueError naming the field that does not fit `backend` (and the estimator, the recompute kind)."""
+        if backend != "megatron":
+            for name in ("tp", "ep", "cp", "pp"):
+                if getattr(self, name) != 1:
+                    raise ValueError(f"{name}={getattr(self, name)} needs backend: megatron "
+                                     f"(the {backend} trainer has no {name.upper()} groups)")
+            if self.sequence_parallel:
+                raise ValueError("sequence_parallel needs backend: megatron with tp > 1")
+        if min(self.tp, self.ep, self.cp, self.pp, self.max_tokens_per_micro_batch, self.recompute_layers) < 1:
+            raise ValueError(f"tp ({self.tp}), ep ({self.ep}), cp ({self.cp}), pp ({self.pp}), max_tokens_per_"
+                             f"micro_batch ({self.max_tokens_per_micro_batch}) and recompute_layers "
+                             f"({self.recompute_layers}) must be >= 1")
+        if self.sequence_parallel and self.tp == 1:
+            raise ValueError("sequence_parallel splits activations over the TP group: it needs tp > 1")
+        if self.pp > 1 and estimator == "ppo":
+            raise ValueError("estimator: ppo with pp > 1: the critic is not pipelined; use pp: 1 (TP / CP / DP scale "
+                             "the critic)")
+        if backend != "megatron" and recompute == "selective":
+            raise ValueError(f"recompute: selective is megatron's; the {backend} trainer takes 'none' or 'full'")

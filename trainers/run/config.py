@@ -1,0 +1,227 @@
+"""The run config of `slime-env train`: the YAML document (`TrainConfig`) and its sections, parsed once.
+
+`TrainConfig` is the file as written: top-level scalars and one mapping per section (`engine:`, `cluster:`,
+`trainer:`, `async:`, `warmup:`, `eval:`, `teacher:`, `reward:`, `opponent_pool:`). `TrainConfig.from_yaml` /
+`from_dict` check it and parse every section into its typed object once, `RunSections` (`cfg.sections`), which is
+all the run reads; a bad field is an `InvalidInput` naming its YAML path (`config.yaml: engine.kind: ...`). Every
+field is documented in docs/trainers.md.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from slime_env.errors import InvalidInput
+from slime_env.trainers.run.engines import EngineConfig
+from slime_env.trainers.run.evaluation import EvalSet, eval_sets
+from slime_env.trainers.run.placement import ClusterConfig
+from slime_env.trainers.run.sources import AsyncConfig
+from slime_env.trainers.run.warmup import WarmupConfig
+from slime_env.trainers.torch_trainer import TrainerConfig
+
+
+_PARSED: dict[int, RunSections] = {}  # id(a TrainConfig) -> its sections, while it lives
+
+
+@dataclass
+class TrainConfig:
+    """The whole run; every field can be set in the YAML file (see docs/trainers.md)."""
+
+    run_dir: str = "runs/demo"
+    model: str = "default"
+    env: str = "ReasoningGym-v0"
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    train_data: dict[str, Any] = field(default_factory=dict)
+    eval_data: dict[str, Any] = field(default_factory=dict)
+    steps: int = 10
+    prompts_per_step: int = 8
+    n_samples_per_prompt: int = 4
+    max_turns: int = 1
+    max_new_tokens: int = 64
+    temperature: float = 1.0
+    top_p: float = 1.0
+    # Each turn samples with a seed drawn from (the run's seed, the episode, the turn): rollouts repeat exactly on
+    # any engine that honours `sampling_seed` (ours, SGLang, vLLM), e.g. to compare two placements of one run.
+    seed_sampling: bool = False
+    max_concurrency: int = 64
+    eval_every: int = 5
+    eval_max_new_tokens: int | None = None
+    save_every: int = 0
+    time_budget_s: float | None = None
+    resume: bool = False
+    seed: int = 0
+    device: str = "auto"
+    engine_dtype: str = "auto"
+    trainer: dict[str, Any] = field(default_factory=dict)
+    # Groups per step written to samples.jsonl (the report shows the first and last steps' in the viewer).
+    sample_groups: int = 4
+    # Multi-agent envs: whose trajectories train (None: every agent's, e.g. both seats in self-play), and
+    # the env kwargs of the evaluation episodes (e.g. a fixed bot in one seat: win rate against it).
+    train_agents: list[str] | None = None
+    eval_env_kwargs: dict[str, Any] | None = None
+    # League self-play: the seats in `agents` are played by frozen snapshots of the trained policy taken
+    # every `every` steps (the initial policy first), `size` kept, the live policy with probability `latest_p`.
+    opponent_pool: dict[str, Any] | None = None
+    # The engines (slime_env.trainers.run.engines: embedded, serve, sglang, openai; the weight-sync channel) and where
+    # the roles run (slime_env.trainers.run.placement: this process, or Ray).
+    engine: dict[str, Any] = field(default_factory=dict)
+    cluster: dict[str, Any] = field(default_factory=dict)
+    # Asynchronous training (slime_env.trainers.run.sources; the YAML key is `async`): mode off | overlap | full,
+    # max_staleness, in_flight, interrupt.
+    async_: dict[str, Any] = field(default_factory=dict)
+    # SFT warm-up before RL (slime_env.trainers.run.warmup: steps, lr, batch_size, data: conversations or teacher
+    # rollouts).
+    warmup: dict[str, Any] = field(default_factory=dict)
+    # On-policy distillation's teacher (slime_env.trainers.run.teacher: {url} of an engine server or {model} loaded
+    # here); its weight in the loss is trainer.opd_coef.
+    teacher: dict[str, Any] = field(default_factory=dict)
+    # A learned reward (slime_env.trainers.run.reward_models: a classifier RM, slime's remote_rm protocol, or an LLM
+    # judge) combined with the env's: env_weight * env reward + weight * score.
+    reward: dict[str, Any] = field(default_factory=dict)
+    # Named eval sets beside the held-out split (slime_env.trainers.run.evaluation: several samples per task, pass@k,
+    # maj@k).
+    eval: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_yaml(cls, path: str | Path, **overrides: Any) -> TrainConfig:
+        """The run config in a YAML file, with top-level `overrides` (e.g. `env=`) applied before it is checked."""
+        import yaml
+
+        try:
+            raw = yaml.safe_load(Path(path).read_text()) or {}
+        except FileNotFoundError:
+            raise InvalidInput(f"config file {path} does not exist") from None
+        except yaml.YAMLError as e:
+            raise InvalidInput(f"{path}: not valid YAML: {e}") from None
+        if not isinstance(raw, Mapping):
+            raise InvalidInput(f"{path}: expected a mapping of run settings, got {type(raw).__name__}")
+        return cls.from_dict({**raw, **overrides}, str(path))
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any], where: str = "config") -> TrainConfig:
+        """The config of a mapping (the YAML document), checked and its sections parsed (`sections`)."""
+        if not isinstance(raw, Mapping):
+            raise InvalidInput(f"{where}: expected a mapping at the top level")
+        raw = dict(raw)
+        if "async" in raw:  # `async` is a Python keyword: the field is `async_`
+            raw["async_"] = raw.pop("async")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise InvalidInput(f"{where}: unknown field(s) {[u.rstrip('_') for u in unknown]}; known: "
+                               f"{sorted(k.rstrip('_') for k in known)}")
+        cfg = cls(**raw)
+        cfg._keep(RunSections.parse(cfg, where))
+        return cfg
+
+    @property
+    def sections(self) -> RunSections:
+        """The typed sections, parsed when the config was loaded (or now, for a config built directly)."""
+        parsed = _PARSED.get(id(self))
+        return parsed if parsed is not None else self._keep(RunSections.parse(self, "config"))
+
+    def _keep(self, sections: RunSections) -> RunSections:
+        # Kept beside the instance, not in it: its fields (its __dict__) are the document, as written.
+        _PARSED[id(self)] = sections
+        weakref.finalize(self, _PARSED.pop, id(self), None)
+        return sections
+
+    def document(self) -> dict[str, Any]:
+        """The fields as the YAML names them (`async` is `async_`): what the run writes to config.json."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass(frozen=True)
+class OpponentPoolConfig:
+    """`opponent_pool:` (league self-play; see `TrainConfig`)."""
+
+    agents: tuple[str, ...]
+    every: int = 5
+    size: int = 4
+    latest_p: float = 0.0
+
+
+@dataclass(frozen=True)
+class RunSections:
+    """Every section of a run config as the run uses it, parsed once (`RunSections.parse`).
+
+    `trainer` has `off_policy: auto` resolved (token-level TIS when the run is asynchronous, else none)."""
+
+    trainer: TrainerConfig
+    engine: EngineConfig
+    cluster: ClusterConfig
+    asynchrony: AsyncConfig
+    warmup: WarmupConfig
+    eval_sets: list[EvalSet]
+    eval_every: int | None  # the eval sets' own `every` (None: the run's eval_every)
+    opponent_pool: OpponentPoolConfig | None = None
+    teacher: Mapping[str, Any] | None = None
+    reward: Mapping[str, Any] | None = None
+
+    @classmethod
+    def parse(cls, cfg: TrainConfig, where: str) -> RunSections:
+        """Check `cfg` and parse its sections; `InvalidInput` naming `where` and the field's YAML path."""
+        try:
+            trainer = TrainerConfig(**cfg.trainer)
+        except (TypeError, ValueError) as e:
+            raise InvalidInput(f"{where}: trainer: {e}") from None
+        pool = _opponent_pool(cfg.opponent_pool, where)
+        for name in ("steps", "prompts_per_step", "n_samples_per_prompt", "max_turns", "max_new_tokens"):
+            if getattr(cfg, name) < 1:
+                raise InvalidInput(f"{where}: {name} must be >= 1, got {getattr(cfg, name)}")
+        engine = EngineConfig.from_dict(cfg.engine, f"{where}: engine")
+        cluster = ClusterConfig.from_dict(cfg.cluster, f"{where}: cluster")
+        cluster.check(engine, trainer, where)
+        if pool and engine.kind != "embedded":
+            raise InvalidInput(f"{where}: opponent_pool snapshots the embedded engine's model; it needs engine.kind "
+                               f"embedded, not {engine.kind!r}")
+        asynchrony = AsyncConfig.from_dict(cfg.async_, f"{where}: async")
+        asynchrony.check(cfg.n_samples_per_prompt, offload=trainer.offload and engine.kind == "embedded", where=where)
+        warmup = WarmupConfig.from_dict(cfg.warmup, f"{where}: warmup")
+        sets, every = eval_sets(cfg.eval, f"{where}: eval")
+        for s in sets:
+            if s.env is not None:
+                from slime_env.registry import spec as env_spec
+
+                try:
+                    env_spec(s.env)
+                except Exception as e:  # noqa: BLE001 - an unknown env id is a config error, named here
+                    raise InvalidInput(f"{where}: eval.sets.{s.name}.env: {e}") from None
+        if (trainer.opd_coef > 0) != bool(cfg.teacher):
+            raise InvalidInput(f"{where}: on-policy distillation needs both trainer.opd_coef > 0 and a teacher "
+                               f"section; got opd_coef={trainer.opd_coef}, teacher={cfg.teacher or None}")
+        if cfg.teacher:
+            from slime_env.trainers.run.teacher import check_spec
+
+            check_spec(cfg.teacher, f"{where}: teacher")
+        if cfg.reward:
+            from slime_env.trainers.run import reward_models
+
+            reward_models.check_spec(cfg.reward, f"{where}: reward")
+        if engine.kind == "openai":
+            raise InvalidInput(f"{where}: engine.kind openai serves a frozen policy (no weight-update route): it "
+                               "can evaluate, not train; use kind: sglang or serve")
+        if trainer.off_policy == "auto" and not trainer.legacy_tis and asynchrony.mode != "off":
+            trainer.off_policy = "tis"
+        return cls(trainer=trainer, engine=engine, cluster=cluster, asynchrony=asynchrony, warmup=warmup,
+                   eval_sets=sets, eval_every=every, opponent_pool=pool, teacher=cfg.teacher or None,
+                   reward=cfg.reward or None)
+
+
+def _opponent_pool(raw: Mapping[str, Any] | None, where: str) -> OpponentPoolConfig | None:
+    if raw is None:
+        return None
+    if sorted(set(raw) - {"agents", "every", "size", "latest_p"}) or not raw.get("agents"):
+        raise InvalidInput(f"{where}: opponent_pool needs 'agents' (the seats it plays) and takes 'every', "
+                           f"'size', 'latest_p'; got {sorted(raw)}")
+    return OpponentPoolConfig(agents=tuple(raw["agents"]), every=max(int(raw.get("every", 5)), 1),
+                              size=int(raw.get("size", 4)), latest_p=float(raw.get("latest_p", 0.0)))
+
+
+def trainer_config(cfg: TrainConfig) -> TrainerConfig:
+    """The run's `TrainerConfig` (`cfg.sections.trainer`: `off_policy: auto` resolved)."""
+    return cfg.sections.trainer

@@ -1,0 +1,214 @@
+"""What a run leaves in its `run_dir`, and the only part of the run that writes there.
+
+- `config.json`: the run config as loaded;
+- `metrics.jsonl`: one row per step (and step 0's evaluation, the warm-up's), also as TensorBoard scalars
+  (`tensorboard/`, when tensorboard is installed);
+- `samples.jsonl`: each step's first `sample_groups` groups, whole (the report's trajectory viewer);
+- `checkpoints/step_N/` (the trainer's `save`, plus the batch source's state) and `checkpoints/latest`;
+- `curves.png`, `summary.json`, `report.html` at the end.
+
+`Recorder.step_metrics` adds a step's timing, engine-idle and rollout metrics to the trainer's; `line` is the log
+line of a step.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from slime_env.rollout.metrics import tool_metrics
+
+
+class Recorder:
+    """The run directory of one run (see the module docstring)."""
+
+    def __init__(self, run_dir: str | Path, *, sample_groups: int, log: Callable[[str], None]):
+        self.run = Path(run_dir)
+        self.metrics_path, self.samples_path = self.run / "metrics.jsonl", self.run / "samples.jsonl"
+        self.sample_groups, self.log = sample_groups, log
+        self.writer: Any = None
+        self.t_start = self._t_prev = time.perf_counter()
+        self._busy_prev = self._tokens_prev = 0.0
+        self.t_rollout = self.t_sync = 0.0
+
+    def open(self, document: Mapping[str, Any]) -> None:
+        """Create the run directory and write `config.json`."""
+        self.run.mkdir(parents=True, exist_ok=True)
+        (self.run / "config.json").write_text(json.dumps(dict(document), indent=1, default=str))
+
+    def begin(self, resume: bool) -> None:
+        """Open TensorBoard; a run not asked to resume starts with no metrics or samples."""
+        self.writer = _tensorboard(self.run)
+        if not resume:
+            self.metrics_path.unlink(missing_ok=True)
+            self.samples_path.unlink(missing_ok=True)
+        self.t_start = time.perf_counter()
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+    # --- checkpoints -----------------------------------------------------------------------------------------
+    def resume(self, trainer: Any) -> tuple[int, dict[str, Any]]:
+        """Load the latest checkpoint into `trainer`: (its step, the batch source's saved state). Rows after that step
+        are dropped (they are rolled back with the weights). (0, {}) when there is none."""
+        latest = self.run / "checkpoints" / "latest"
+        if not latest.exists():
+            return 0, {}
+        ckpt = self.run / "checkpoints" / latest.read_text().strip()
+        trainer.load(ckpt)
+        start = trainer.step_count
+        state = json.loads((ckpt / "async_state.json").read_text()) if (ckpt / "async_state.json").exists() else {}
+        _truncate_rows(self.metrics_path, start)
+        self.log(f"resumed from {ckpt} (step {start})")
+        return start, state
+
+    def checkpoint(self, trainer: Any, name: str, state: Mapping[str, Any] | None) -> Path:
+        """Save the trainer under checkpoints/NAME (with the batch source's `state`, if any) and point `latest` at
+        it."""
+        where = self.run / "checkpoints" / name
+        trainer.save(where)
+        if state is not None:
+            (where / "async_state.json").write_text(json.dumps(dict(state)))
+        tmp = self.run / "checkpoints" / "latest.tmp"
+        tmp.write_text(name)
+        tmp.replace(self.run / "checkpoints" / "latest")  # atomic: a kill mid-write never leaves `latest` empty
+        return where
+
+    # --- rows --------------------------------------------------------------------------------------------------
+    def record(self, step: int, metrics: dict[str, Any]) -> dict[str, Any]:
+        """Append the row of `step` to metrics.jsonl (and TensorBoard)."""
+        row = {"step": step, **metrics}
+        with self.metrics_path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        if self.writer is not None:
+            for k, v in metrics.items():
+                if isinstance(v, (int, float)) and math.isfinite(v):
+                    self.writer.add_scalar(k, v, step)
+            self.writer.flush()
+        return row
+
+    def samples(self, step: int, groups: list[Any]) -> None:
+        _save_samples(self.samples_path, step, groups[:max(self.sample_groups, 0)])
+
+    # --- a step's timing ---------------------------------------------------------------------------------------
+    def step_started(self, meter: Any) -> None:
+        """A step (or the run's steps) starts now: the engine-idle and token counts restart here."""
+        self._t_prev, self._busy_prev, self._tokens_prev = time.perf_counter(), meter.busy(), meter.tokens
+
+    def step_metrics(self, metrics: Mapping[str, Any], trajectories: list[Any], meter: Any, *, rollout_s: float,
+                     sync_s: float) -> dict[str, Any]:
+        """Time, idle shares and rollout counts of the step that ends now."""
+        now = time.perf_counter()
+        wall = max(now - self._t_prev, 1e-9)
+        return {"rollout/s": rollout_s, "rollout/statuses": _statuses(trajectories),
+                "time/elapsed_s": now - self.t_start, "time/step_s": wall, "time/sync_s": sync_s,
+                "time/trainer_idle_frac": max(0.0, 1.0 - metrics.get("train/step_s", 0.0) / wall),
+                "time/engine_idle_frac": max(0.0, 1.0 - (meter.busy() - self._busy_prev) / wall),
+                "rollout/generated_tokens_per_s": (meter.tokens - self._tokens_prev) / wall,
+                **tool_metrics(trajectories)}
+
+    @staticmethod
+    def line(step: int, metrics: Mapping[str, Any]) -> str:
+        """The log line of a step."""
+        return (f"step {step}: reward {metrics['train/reward_mean']:.3f}, loss {metrics.get('train/loss', 0):+.4f}, "
+                f"grad {metrics.get('train/grad_norm', 0):.3f}, rollout {metrics['rollout/s']:.1f}s, train "
+                f"{metrics['train/step_s']:.1f}s" + (f", {eval_line(metrics)}" if "eval/" in "".join(metrics) else ""))
+
+    # --- the end -------------------------------------------------------------------------------------------------
+    def finish(self, *, env: str, estimator: str, steps: int, games: bool) -> dict[str, Any]:
+        """Curves, summary.json and the report of the rows written; the summary."""
+        rows = [json.loads(line) for line in self.metrics_path.read_text().splitlines() if line.strip()]
+        curves = plot_curves(rows, self.run / "curves.png", f"{env} — {estimator}",
+                             "win rate against the evaluation opponent (greedy)" if games
+                             else "held-out accuracy (greedy)")  # zero-sum self-play: the mean reward is 0
+        accs = [(r["step"], r["eval/accuracy"]) for r in rows if "eval/accuracy" in r]
+        summary = {"run_dir": str(self.run), "curves": str(curves), "metrics": str(self.metrics_path),
+                   "first_accuracy": accs[0][1] if accs else math.nan,
+                   "last_accuracy": accs[-1][1] if accs else math.nan,
+                   "steps": steps, "elapsed_s": time.perf_counter() - self.t_start}
+        warm = [r for r in rows if "warmup/steps" in r]
+        if warm and "eval/accuracy" in warm[0]:
+            summary["after_warmup_accuracy"] = warm[0]["eval/accuracy"]
+        self.write_summary(summary)
+        from slime_env.trainers.run.report import write_report
+
+        summary["report"] = str(write_report(self.run))
+        self.write_summary(summary)
+        self.log(f"report: {summary['report']}")
+        return summary
+
+    def write_summary(self, summary: Mapping[str, Any]) -> None:
+        (self.run / "summary.json").write_text(json.dumps(summary, indent=1))
+
+
+def eval_line(metrics: Mapping[str, Any]) -> str:
+    """The log line's evaluation part: held-out accuracy, and each named set's accuracy and largest pass@k."""
+    parts = [f"held-out accuracy {metrics['eval/accuracy']:.3f}"] if "eval/accuracy" in metrics else []
+    for key in sorted(k for k in metrics if k.endswith("/accuracy") and k.count("/") == 2):
+        name = key.split("/")[1]
+        passes = sorted((int(k.rsplit("@", 1)[1]), k) for k in metrics if k.startswith(f"eval/{name}/pass@"))
+        parts.append(f"{name} {metrics[key]:.3f}" + (f" (pass@{passes[-1][0]} {metrics[passes[-1][1]]:.3f})"
+                                                      if passes else ""))
+    return ", ".join(parts)
+
+
+def plot_curves(rows: list[dict[str, Any]], path: Path, title: str,
+                eval_label: str = "held-out accuracy (greedy)") -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    steps = [r["step"] for r in rows if "train/reward_mean" in r]
+    ax.plot(steps, [r["train/reward_mean"] for r in rows if "train/reward_mean" in r], label="train reward (mean)",
+            color="tab:blue", alpha=0.7)
+    ev = [(r["step"], r["eval/accuracy"]) for r in rows if "eval/accuracy" in r]
+    if ev:
+        ax.plot([s for s, _ in ev], [a for _, a in ev], marker="o", label=eval_label,
+                color="tab:red")
+    ax.set_xlabel("step")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="best")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _truncate_rows(path: Path, last_step: int) -> None:
+    """Keep the metrics rows up to `last_step` (a resumed run redoes the later ones)."""
+    if path.exists():
+        keep = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= last_step]
+        path.write_text("".join(line + "\n" for line in keep))
+
+
+def _save_samples(path: Path, step: int, groups: list[Any]) -> None:
+    """This step's first groups, whole, for the report's trajectory viewer."""
+    if not groups:
+        return
+    with path.open("a", encoding="utf-8") as f:
+        for g in groups:
+            f.write(json.dumps({**g.to_record(), "step": step}, ensure_ascii=False) + "\n")
+
+
+def _statuses(trajs) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for t in trajs:
+        out[t.status] = out.get(t.status, 0) + 1
+    return out
+
+
+def _tensorboard(run: Path):
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:  # tensorboard not installed: metrics.jsonl and the PNG still get written
+        return None
+    return SummaryWriter(str(run / "tensorboard"))

@@ -1,0 +1,182 @@
+"""The roles of a training run, stated as contracts: what `slime_env.trainers.run.loop` may rely on, and all it uses.
+
+A run is four roles and the loop between them (DESIGN.md, "three roles and one channel"):
+
+- `Engines` generate (the embedded engine, or servers speaking SGLang's or OpenAI's API);
+- the `TrainerGroup` turns batches into gradient steps (one process, or ranks as Ray actors);
+- a `WeightChannel` carries the trainer's weights to the engines;
+- the `BatchSource` hands the trainer its batches — the async mode lives in it and nowhere else.
+
+Each kind is picked from a small registry: `engines.STARTS` / `engines.CHANNELS` (by `engine.kind` /
+`engine.weight_sync`), `trainer_group.TRAINER_GROUPS` / `trainer_group.BACKENDS` (by `cluster.backend` /
+`trainer.backend`), `sources.SOURCES` (by `async.mode`). These Protocols are checked by nothing at run time; they are
+the documentation of what an implementation must do, and `isinstance` works on them (`runtime_checkable`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+
+@runtime_checkable
+class WeightChannel(Protocol):
+    """Carries one trainer's weights to every engine (`slime_env.trainers.weight_sync`)."""
+
+    async def push(self, weights: Mapping[str, Any], version: str) -> dict[str, float]:
+        """Make `weights` (HF names, the trainer model's own layout) the engines' weights, as version `version`.
+
+        When it returns, every engine the channel reaches generates with the new weights, and no request saw half of
+        them (a multi-call update pauses generation; a one-call update is atomic on the engine). Whatever leaves the
+        trainer's process is sent in the engine-bound layout (`slime_env.agents.weight_layout`: per-expert MoE
+        names, one copy of tied tensors, the layout's dtype) — the same tensors as the trainer's checkpoint. Returns
+        metrics (`sync/s`, and per channel `sync/bytes`, `sync/group_s`, `sync/save_s`). Raises on failure; the
+        engines may then hold either version, and the next push starts over."""
+        ...
+
+    async def close(self) -> None:
+        """Release what the channel holds (a torch.distributed group, a folder); idempotent."""
+        ...
+
+
+@runtime_checkable
+class Engines(Protocol):
+    """The engines of a run (`slime_env.trainers.run.engines.Engines`)."""
+
+    policy: Any
+    """The `slime_env.Policy` the rollout manager and the evaluation generate with (one engine, or a pool)."""
+    tokenizer: Any
+    """The model's tokenizer (the renderer's, the trainer's pad id)."""
+    model_path: str
+    """The model folder the trainer starts from (the same weights the engines serve)."""
+    embedded: bool
+    """The engine runs in this process (its model can be snapshotted, its K/V memory released)."""
+
+    async def start(self) -> None:
+        """Start or reach every engine. Returns once each answers and serves the trainer's model; otherwise an
+        `InvalidInput` naming the config field (`engine.urls[0]: ...`), before any training."""
+        ...
+
+    def channel(self, layout: Any = None, *, save: Any = None) -> WeightChannel:
+        """The weight channel of `engine.weight_sync` to these engines, sending tensors in `layout`."""
+        ...
+
+    def synced(self) -> None:
+        """A push reached every target: engines that came back (restarted, stale) rejoin the rotation."""
+        ...
+
+    async def wait_restarts(self) -> None:
+        """Return once the engine restarts under way are done (those engines then wait for the next push)."""
+        ...
+
+    def gone(self) -> str | None:
+        """Why no engine is left to generate with (the engines' last errors), or None while one is up."""
+        ...
+
+    def metrics(self) -> dict[str, float]:
+        """Health of the engines for the step's row (`engines/up`, `engines/failovers`; empty when embedded)."""
+        ...
+
+    def release_memory(self) -> None:
+        """An embedded engine gives its K/V memory back while a colocated trainer steps (a no-op elsewhere)."""
+        ...
+
+    async def close(self) -> None:
+        """Stop what this run started and close every client; idempotent."""
+        ...
+
+
+@runtime_checkable
+class TrainerGroup(Protocol):
+    """The trainer of a run over one process or many ranks (`slime_env.trainers.run.trainer_group`)."""
+
+    @property
+    def step_count(self) -> int:
+        """RL steps taken (a resumed run continues from its checkpoint's)."""
+        ...
+
+    async def step(self, trajectories: Sequence[Any], group_size: int) -> dict[str, float]:
+        """One RL update on consecutive groups of `group_size` trajectories; its `train/*` metrics (at least
+        `train/reward_mean` and `train/step_s`). Every rank takes the same trajectories; the event loop is never
+        blocked (the step runs in a thread or in the actors)."""
+        ...
+
+    async def sft_step(self, trajectories: Sequence[Any], lr: float | None = None) -> dict[str, float]:
+        """One supervised step on the trajectories' loss-masked tokens (not counted in `step_count`); `sft/*`."""
+        ...
+
+    def channel(self, engines: Engines) -> Any:
+        """What `sync` pushes through: the engines' channel in this trainer's weight layout (or, for ranks in other
+        processes, the spec from which rank 0 builds it there)."""
+        ...
+
+    async def sync(self, channel: Any, version: str) -> dict[str, float]:
+        """Push the current weights through `channel` as `version` (every rank gathers; rank 0 sends)."""
+        ...
+
+    def weights(self) -> dict[str, Any]:
+        """The current full weights with HF names, in the model's own layout (a collective under TP / PP / EP)."""
+        ...
+
+    def save(self, path: str | Path) -> None:
+        """A checkpoint under `path`: `path/model` (an HF folder in the engine-bound layout), optimizer, step."""
+        ...
+
+    def load(self, path: str | Path) -> None:
+        """Resume from a `save` (or weights alone from any HF folder of the architecture)."""
+        ...
+
+    def close(self) -> None:
+        """Give the trainer's processes back."""
+        ...
+
+
+@runtime_checkable
+class BatchSource(Protocol):
+    """Where each step's batch comes from (`slime_env.trainers.run.sources`): the async mode lives here only."""
+
+    def tasks(self, train_tasks: Sequence[Any], steps: int, start: int) -> list[Any]:
+        """The tasks the rollout manager runs, in order, for steps `start + 1 .. steps`."""
+        ...
+
+    def manager_options(self) -> dict[str, Any]:
+        """The `RolloutManager` keywords the mode decides (groups to skip, partial rollouts)."""
+        ...
+
+    def attach(self, manager: Any, version: int) -> None:
+        """Generate with `manager`; the engines hold weight version `version`. Called once, before `next`."""
+        ...
+
+    async def next(self, step: int, last: bool) -> Any:
+        """Step `step`'s batch (a `slime_env.rollout.Batch` of `prompts_per_step` groups); `last`: no step follows,
+        so nothing is generated ahead."""
+        ...
+
+    def trained(self, batch: Any) -> None:
+        """`batch` is in the trainer's weights now."""
+        ...
+
+    async def before_sync(self) -> None:
+        """A weight update is about to start: generation in flight finishes or pauses, as the mode says."""
+        ...
+
+    def after_sync(self, version: int) -> None:
+        """The engines hold `version`: generation goes on with it."""
+        ...
+
+    def metrics(self, batch: Any, step: int) -> dict[str, Any]:
+        """The mode's metrics of the batch trained at `step` (staleness, stale groups)."""
+        ...
+
+    def state(self) -> dict[str, Any] | None:
+        """What a checkpoint keeps for a resumed run of this mode (None: nothing)."""
+        ...
+
+    def restore(self, state: Mapping[str, Any]) -> None:
+        """Take back a checkpoint's `state()` (before `tasks`)."""
+        ...
+
+    async def close(self) -> None:
+        """Stop generating (in-flight episodes are aborted); idempotent."""
+        ...
