@@ -169,8 +169,15 @@ async def build_repo(spec: RepoSpec, config: BuildConfig, *, log: Callable[[str]
         log(f"{spec.name} {spec.version}: image {image_s:.0f}s, {len(baseline)} baseline tests "
             f"({len(flaky)} flaky, {len(failing)} failing on clean), clean run {clean_s:.1f}s, "
             f"{len(candidates)} candidates, {len(ordered)} planned")
+        async def respawn(dead):
+            """A worker whose workspace died (a mutant hung it past the agent's deadline) gets a fresh one."""
+            await asyncio.gather(dead.close(), return_exceptions=True)
+            fresh = await start_workspace(ws_spec)
+            workers[workers.index(dead)] = fresh
+            return fresh
+
         verdicts = await _validate_all(spec, config, workers, ordered, sources, baseline, targets, deselect,
-                                       timeout_s, log, files)
+                                       timeout_s, log, files, respawn)
     finally:
         await asyncio.gather(*(w.close() for w in workers), return_exceptions=True)
     kind_cap = max(2, math.ceil(config.per_repo * config.max_kind_share))
@@ -195,8 +202,12 @@ async def build_repo(spec: RepoSpec, config: BuildConfig, *, log: Callable[[str]
     return out
 
 
-async def _validate_all(spec, config, workers, ordered, sources, baseline, targets, deselect, timeout_s, log, files):
-    """Validate `ordered` candidates on the workers, stopping once enough are kept among the first ones."""
+async def _validate_all(spec, config, workers, ordered, sources, baseline, targets, deselect, timeout_s, log, files,
+                        respawn):
+    """Validate `ordered` candidates on the workers, stopping once enough are kept among the first ones. A
+    candidate whose run kills its workspace is rejected as a timeout, and the worker goes on in a fresh one."""
+    from slime_env.tools_sandbox.workspace import WorkspaceError
+
     verdicts: dict[int, dict] = {}
     kind_cap = max(2, math.ceil(config.per_repo * config.max_kind_share))
     state = {"next": 0}
@@ -214,6 +225,7 @@ async def _validate_all(spec, config, workers, ordered, sources, baseline, targe
         return kept, kinds
 
     async def worker(ws) -> None:
+        ws = workers[ws]
         while True:
             kept, kinds = settled()
             if kept >= config.per_repo or state["next"] >= len(ordered):
@@ -223,14 +235,21 @@ async def _validate_all(spec, config, workers, ordered, sources, baseline, targe
             if kinds[ordered[i].kind] >= kind_cap:
                 verdicts[i] = {"record": {"status": "rejected", "reason": "kind quota", "seconds": 0.0}}
                 continue
-            verdicts[i] = await _validate(ws, spec, ordered[i], sources, baseline, targets, deselect, timeout_s,
-                                          config, files)
+            t = time.monotonic()
+            try:
+                verdicts[i] = await _validate(ws, spec, ordered[i], sources, baseline, targets, deselect, timeout_s,
+                                              config, files)
+            except WorkspaceError as e:
+                verdicts[i] = {"record": {"status": "rejected", "reason": "the suite timed out",
+                                          "detail": f"its workspace stopped answering: {e}",
+                                          "seconds": round(time.monotonic() - t, 2)}}
+                ws = await respawn(ws)
             r = verdicts[i]["record"]
             log(f"  [{i}] {ordered[i].kind} {ordered[i].file}:{ordered[i].line} {ordered[i].function}: "
                 f"{r['status']}{'' if r['status'] == 'kept' else ' (' + r['reason'] + ')'} "
                 f"{r.get('fail_to_pass', '')} {r['seconds']:.1f}s")
 
-    await asyncio.gather(*(worker(ws) for ws in workers))
+    await asyncio.gather(*(worker(i) for i in range(len(workers))))
     return verdicts
 
 
