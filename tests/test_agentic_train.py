@@ -66,6 +66,9 @@ def test_a_harness_trains_on_harbor_tasks_through_slime_env_train(harness, tmp_p
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     trained = [r for r in rows if r["step"] == 1][0]
     assert trained["train/tokens"] > 0
+    # the step's episode time split: generation, and the container's share (start, commands, scoring)
+    assert trained["rollout/time/container_s"] > 0 and 0 < trained["rollout/time/container_frac"] <= 1
+    assert "container " in out and "generation " in out
     # two episodes; a harness's rewritten history (mini-swe-agent drops a reply it cannot parse) adds side branches
     assert sum(trained["rollout/statuses"].values()) >= 2 and "failed" not in trained["rollout/statuses"], trained
     samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]

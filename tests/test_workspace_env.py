@@ -12,6 +12,7 @@ import json
 import pytest
 
 from slime_env import ScriptedPolicy, Task, get_renderer, run_episode
+from slime_env.rollout.metrics import time_split
 from slime_env.envs.workspace import WorkspaceEnv
 from slime_env.envs.workspace.editor import insert, str_replace, view_file
 from slime_env.tools import ToolError
@@ -109,6 +110,12 @@ def test_the_tools_in_a_workspace_with_exact_ledgers(smollm2_tok):
     traj.check()
     generated = sum(sp.end - sp.start for sp in traj.spans if sp.kind == "generated")
     assert sum(traj.loss_mask) == generated > 0
+    # the container's share of the episode: its start, its commands (the 1 s timeout among them), the scoring
+    ws = traj.info["workspace"]
+    assert ws["commands"] >= 5 and ws["exec_s"] >= 1.0 and ws["start_s"] > 0 and ws["verify_s"] >= 0
+    split = time_split([traj])
+    assert split["rollout/time/container_s"] == pytest.approx(ws["start_s"] + ws["exec_s"] + ws["verify_s"])
+    assert split["rollout/time/container_s"] <= traj.timings["env_s"] + 1e-6
 
 
 def test_a_template_with_a_tool_section_gets_the_tools_there(qwen3_tok):

@@ -12,6 +12,7 @@ the workspace in `state` and decide for themselves what to trust.
 from __future__ import annotations
 
 import dataclasses
+import time
 import posixpath
 from collections.abc import Mapping
 from typing import Any
@@ -209,14 +210,16 @@ class WorkspaceEnv(StatefulToolEnv):
         from slime_env.tools_sandbox.workspace.pool import shared_pool
 
         pool = self.pool or shared_pool(self.backend, warm=self.warm)
+        t = time.perf_counter()
         ws = await pool.acquire(self.workspace_spec(task))
-        state = {"state": None, "workspace": ws, "pool": pool, "edits": {}, "submitted": False}
+        state = {"state": None, "workspace": ws, "pool": pool, "edits": {}, "submitted": False, "verify_s": 0.0}
         state["state"] = state  # the tools' one hidden argument: this dict
         try:
             await self.prepare(task, ws)
         except BaseException:
             await pool.release(ws)
             raise
+        state["start_s"] = time.perf_counter() - t
         return state
 
     async def cleanup_state(self, state: dict[str, Any]) -> None:
@@ -241,7 +244,7 @@ class WorkspaceEnv(StatefulToolEnv):
             obs = await self.run_tools(dataclasses.replace(action, tool_calls=tuple(other)))
         self.state["submitted"] = any(c.name == "submit" for c in action.tool_calls)
         info = self.step_info()
-        reward, details = await self.verify(self.task, self.state["workspace"])
+        reward, details = await self._timed_verify()
         info.update(details)
         info["workspace"] = self.workspace_metrics()
         return obs, reward, True, False, info
@@ -257,14 +260,24 @@ class WorkspaceEnv(StatefulToolEnv):
     async def step(self, action: Action):
         obs, reward, terminated, truncated, info = await super().step(action)
         if truncated and not terminated:  # out of turns: the work done so far is still checked, as Harbor does
-            verified, details = await self.verify(self.task, self.state["workspace"])
+            verified, details = await self._timed_verify()
             info = {**info, **details, "workspace": self.workspace_metrics()}
             reward += verified
         return obs, reward, terminated, truncated, info
 
-    def workspace_metrics(self) -> dict[str, int]:
-        """What the episode did in its workspace (time spent there is the runner's env time: `env_s`)."""
-        return {"commands": getattr(self.state.get("workspace"), "commands", 0)}
+    async def _timed_verify(self) -> tuple[float, dict[str, Any]]:
+        t = time.perf_counter()
+        try:
+            return await self.verify(self.task, self.state["workspace"])
+        finally:
+            self.state["verify_s"] = self.state.get("verify_s", 0.0) + time.perf_counter() - t
+
+    def workspace_metrics(self) -> dict[str, float]:
+        """What the episode did in its workspace: commands run, and the seconds spent starting it (`start_s`), in
+        its commands (`exec_s`) and scoring it (`verify_s`) — the container share of the runner's env time."""
+        ws = self.state.get("workspace")
+        return {"commands": getattr(ws, "commands", 0), "start_s": round(self.state.get("start_s", 0.0), 4),
+                "exec_s": round(getattr(ws, "exec_s", 0.0), 4), "verify_s": round(self.state.get("verify_s", 0.0), 4)}
 
     def default_tasks(self):
         """Without tasks: one chore in the default image (what Gymnasium's checker and demos reset with)."""

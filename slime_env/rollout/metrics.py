@@ -36,11 +36,26 @@ def batch_metrics(accepted: list[Any], dropped: list[Any], wall_s: float, *, car
         m[f"rollout/reward_mean/{env_id}"] = statistics.fmean(rewards)
         m[f"rollout/reward_std/{env_id}"] = statistics.pstdev(rewards)
     m.update(tool_metrics(trajs))
+    m.update(time_split(trajs))
+    return m
+
+
+def time_split(trajs: list[Any]) -> dict[str, float]:
+    """Where the episodes' time went, summed over episodes: `rollout/time/{generate,env,framework}_{s,frac}`, and
+    where envs run in workspaces (`info["workspace"]`, or a harness's `metadata["workspace"]`: seconds starting,
+    in commands, scoring), `rollout/time/container_{s,frac}` (a part of the env time)."""
+    m: dict[str, float] = {}
     total = sum(t.timings.get("total_s", 0.0) for t in trajs) or 1e-9
     for part in ("generate", "env", "framework"):
         spent = sum(t.timings.get(f"{part}_s", 0.0) for t in trajs)
         m[f"rollout/time/{part}_s"] = spent
         m[f"rollout/time/{part}_frac"] = spent / total
+    spaces = [w for t in trajs for w in ((t.info or {}).get("workspace"), (t.metadata or {}).get("workspace"))
+              if isinstance(w, dict) and "exec_s" in w]
+    if spaces:
+        spent = sum(float(w.get(k) or 0.0) for w in spaces for k in ("start_s", "exec_s", "verify_s"))
+        m["rollout/time/container_s"] = spent
+        m["rollout/time/container_frac"] = spent / total
     return m
 
 

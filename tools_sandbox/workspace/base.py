@@ -29,7 +29,8 @@ from slime_env.tools_sandbox.workspace.types import FileInfo, WorkspaceError, Wo
 DEFAULT_TIMEOUT_S = 60.0
 DEFAULT_OUTPUT_LIMIT = 1 << 20
 MAX_FILE_BYTES = 64 << 20
-GRACE_S = 5.0  # how long past a command's own timeout the agent may take to answer before the workspace is dead
+GRACE_S = 30.0  # how long past a command's own timeout the agent may take to answer before the workspace is dead
+# (generous: killing a large process group and draining its output takes seconds on a busy 2-core host)
 
 
 class Workspace(abc.ABC):

@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from slime_env.rollout.metrics import tool_metrics
+from slime_env.rollout.metrics import time_split, tool_metrics
 
 
 class Recorder:
@@ -110,14 +110,15 @@ class Recorder:
                 "time/trainer_idle_frac": max(0.0, 1.0 - metrics.get("train/step_s", 0.0) / wall),
                 "time/engine_idle_frac": max(0.0, 1.0 - (meter.busy() - self._busy_prev) / wall),
                 "rollout/generated_tokens_per_s": (meter.tokens - self._tokens_prev) / wall,
-                **tool_metrics(trajectories)}
+                **time_split(trajectories), **tool_metrics(trajectories)}
 
     @staticmethod
     def line(step: int, metrics: Mapping[str, Any]) -> str:
         """The log line of a step."""
         return (f"step {step}: reward {metrics['train/reward_mean']:.3f}, loss {metrics.get('train/loss', 0):+.4f}, "
                 f"grad {metrics.get('train/grad_norm', 0):.3f}, rollout {metrics['rollout/s']:.1f}s, train "
-                f"{metrics['train/step_s']:.1f}s" + (f", {eval_line(metrics)}" if "eval/" in "".join(metrics) else ""))
+                f"{metrics['train/step_s']:.1f}s" + _container_part(metrics)
+                + (f", {eval_line(metrics)}" if "eval/" in "".join(metrics) else ""))
 
     # --- the end -------------------------------------------------------------------------------------------------
     def finish(self, *, env: str, estimator: str, steps: int, games: bool) -> dict[str, Any]:
@@ -212,3 +213,11 @@ def _tensorboard(run: Path):
     except ImportError:  # tensorboard not installed: metrics.jsonl and the PNG still get written
         return None
     return SummaryWriter(str(run / "tensorboard"))
+
+
+def _container_part(metrics: Mapping[str, Any]) -> str:
+    """The episodes' time split when they ran in workspaces: generation vs container (start, commands, scoring)."""
+    if "rollout/time/container_frac" not in metrics:
+        return ""
+    return (f" (episode time: generation {metrics['rollout/time/generate_frac']:.0%}, "
+            f"container {metrics['rollout/time/container_frac']:.0%})")

@@ -25,6 +25,8 @@ CURVES = (  # (title, [(metric, label)])
     ("Entropy", [("train/entropy", "entropy (mean per token)")]),
     ("Clip fraction", [("train/clip_frac", "clipped ratio fraction")]),
     ("Time per step", [("rollout/s", "rollout s"), ("train/step_s", "train s")]),
+    ("Episode time", [("rollout/time/generate_frac", "generation share"), ("rollout/time/env_frac", "env share"),
+                      ("rollout/time/container_frac", "container share (workspaces)")]),
 )
 
 
