@@ -73,3 +73,37 @@ def test_the_build_log_accounts_for_every_task(tasks):
     summary = json.loads((ROOT / "BUILD_SUMMARY.json").read_text())
     assert summary["tasks"] == len(tasks) and records[-1]["event"] == "summary"
     assert {k: v["tasks"] for k, v in summary["repos"].items()} == dict(Counter(t.repo for t in tasks))
+
+
+def test_swe_tasks_hold_a_repository_out_and_name_bad_selections(tasks):
+    from slime_env.envs.swe import swe_tasks
+
+    from slime_env import InvalidInput
+
+    held_repo = sorted({t.repo for t in tasks})[-1]
+    train = swe_tasks(ROOT, exclude_repos=[held_repo])
+    held = swe_tasks(ROOT, repos=[held_repo])
+    assert {t["metadata"]["repo"] for t in held} == {held_repo} and held_repo not in {t["metadata"]["repo"] for t in train}
+    assert len(train) + len(held) == len(tasks) and len(swe_tasks(ROOT, limit=3)) == 3
+    by_name = {t.name: t for t in tasks}
+    for t in train[:5]:  # a Harbor-v0 task: the statement is the prompt, the folder is the task
+        assert t["prompt"] == by_name[t["metadata"]["name"]].instruction
+        assert Path(t["metadata"]["harbor_task"]) == Path(by_name[t["metadata"]["name"]].path)
+    with pytest.raises(InvalidInput, match="no SWE task folder"):
+        swe_tasks(ROOT, repos=["no-such-repo"])
+    with pytest.raises(InvalidInput, match="list of repository names"):
+        swe_tasks(ROOT, repos="toolz")
+
+
+def test_the_training_recipe_reads_and_holds_its_eval_repository_out(monkeypatch):
+    """examples/swe_train.yaml as `slime-env train` reads it (no run): its sections parse, its train and eval data
+    load from the shipped set, and no eval task's repository is trained on."""
+    from slime_env.trainers.run import TrainConfig
+    from slime_env.trainers.run.data import load_split
+
+    monkeypatch.chdir(ROOT.parents[1])  # the recipe's paths are relative to the repository, as users run it
+    cfg = TrainConfig.from_yaml(ROOT.parent / "swe_train.yaml")
+    assert cfg.env == "Harbor-v0" and cfg.sections.trainer.backend == "megatron" and cfg.async_["mode"] == "full"
+    train, held = load_split(cfg.train_data, "train_data"), load_split(cfg.eval_data, "eval_data")
+    train_repos = {t.metadata["repo"] for t in train}
+    assert len(train) >= 60 and len(held) == 16 and {t.metadata["repo"] for t in held}.isdisjoint(train_repos)

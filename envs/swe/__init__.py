@@ -13,10 +13,11 @@ test suites, emitted as Harbor task folders, and scored on a clean copy of the r
 - `check`: a task end to end (nop earns 0, the oracle 1), `slime-env swe check`.
 
 This package may import `slime_env` and `slime_env.tools_sandbox` (lazily: generating statements or reading task
-folders needs no Docker); nothing in the core imports it. See docs/agentic_swe.md.
+folders needs no Docker); nothing in the core imports it. `swe_tasks(path)` gives the folders as `Harbor-v0` tasks (Harbor-v0 scores them
+with `swe_reward`). See docs/agentic.md, "SWE-style repository tasks".
 """
 
 from slime_env.envs.swe.reward import SweReward, swe_reward
-from slime_env.envs.swe.task import SweTask, find_tasks, load_task
+from slime_env.envs.swe.task import SweTask, find_tasks, load_task, swe_tasks
 
-__all__ = ["SweReward", "SweTask", "find_tasks", "load_task", "swe_reward"]
+__all__ = ["SweReward", "SweTask", "find_tasks", "load_task", "swe_reward", "swe_tasks"]

@@ -23,7 +23,7 @@ def swe_build(out: str = typer.Option(..., help="folder for the task folders, BU
               max_fail_to_pass: int = typer.Option(30, min=1, help="drop bugs that fail more tests than this"),
               max_candidates: int = typer.Option(None, min=1, help="validate at most this many per repository"),
               manifest: str = typer.Option(None, help="repository manifest (default: the shipped repos.toml)")) -> None:
-    """Build validated bug-fix tasks from the pinned repositories (needs Docker; see docs/agentic_swe.md)."""
+    """Build validated bug-fix tasks from the pinned repositories (needs Docker; see docs/agentic.md)."""
     import asyncio
 
     from slime_env.envs.swe.build import BuildConfig, build_dataset

@@ -212,3 +212,24 @@ def load_task(path: str | Path) -> SweTask:
 def find_tasks(root: str | Path) -> list[Path]:
     """The SWE task folders under `root` (one level down), sorted by name."""
     return sorted(p.parent for p in Path(root).glob("*/task.toml") if "[metadata.swe]" in p.read_text())
+
+
+def swe_tasks(path: str | Path, *, repos: list[str] | None = None, exclude_repos: list[str] | None = None,
+              limit: int | None = None) -> list[dict]:
+    """SWE task folders under `path` as `Harbor-v0` tasks for `train_data` / `eval_data`
+    (`{generator: "slime_env.envs.swe:swe_tasks", path: DIR, exclude_repos: [tabulate]}`): `repos` keeps only
+    those repositories, `exclude_repos` drops them (a held-out repository), `limit` keeps the first that many."""
+    for name, value in (("repos", repos), ("exclude_repos", exclude_repos)):
+        if value is not None and (not isinstance(value, (list, tuple)) or not all(isinstance(r, str) for r in value)):
+            raise InvalidInput(f"swe_tasks: {name} must be a list of repository names, got {value!r}")
+    out = []
+    for folder in find_tasks(path):
+        task = load_task(folder)
+        if (repos is not None and task.repo not in repos) or (exclude_repos and task.repo in exclude_repos):
+            continue
+        out.append({"prompt": task.instruction, "metadata": {"harbor_task": str(folder), "name": task.name,
+                                                              "repo": task.repo}})
+    if not out:
+        raise InvalidInput(f"swe_tasks: no SWE task folder under {path} matches repos={repos} "
+                           f"exclude_repos={exclude_repos}")
+    return out[:limit] if limit is not None else out
