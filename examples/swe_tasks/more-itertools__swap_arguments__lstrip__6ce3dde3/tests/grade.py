@@ -30,10 +30,12 @@ MESSAGE_CHARS = 2000
 PYTEST_ENV = {"PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1", "HOME": "/tmp"}
 
 
-def pytest_argv(targets, deselect=(), junit="/tmp/junit.xml", python="python"):
-    """The pytest command of every run (validation, reward, Harbor's test.sh): `targets` are paths or node ids."""
+def pytest_argv(targets, deselect=(), junit="/tmp/junit.xml", python="python", tb="short"):
+    """The pytest command of every run (validation, reward, Harbor's test.sh): `targets` are paths or node ids;
+    `tb="locals"`: long tracebacks with each frame's local variables (the build's statements read them)."""
+    traceback = ["--tb=long", "--showlocals"] if tb == "locals" else ["--tb=" + tb]
     argv = [python, "-m", "pytest", "-p", "no:cacheprovider", "-o", "junit_family=xunit1", "-o", "addopts=",
-            "--junitxml=" + junit, "-q", "--tb=short", "-rN", "--color=no"]
+            "--junitxml=" + junit, "-q", *traceback, "-rN", "--color=no"]
     for node in deselect:
         argv += ["--deselect", node]
     return argv + list(targets)
@@ -82,6 +84,17 @@ def parse_junit(data, files=()):
                 break
         if nid not in out or rank[outcome] > rank[out[nid][0]]:
             out[nid] = (outcome, message)
+    return out
+
+
+def failure_texts(data, files=()):
+    """{node id: the traceback text} of the failed and errored tests of a JUnit report."""
+    out = {}
+    for case in ET.fromstring(data).iter("testcase"):
+        for child in case:
+            if child.tag in ("failure", "error") and child.text:
+                nid = node_id(case.get("file", ""), case.get("classname", ""), case.get("name", ""), sorted(files))
+                out.setdefault(nid, child.text)
     return out
 
 
