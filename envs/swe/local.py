@@ -75,10 +75,11 @@ def _sdist(folder: Path, r: RepoSpec, *, missing_ok: bool = False) -> Path | Non
 
 
 def stage(out: str | Path, sdists: str | Path, *, repos: list[str] | None = None, hide: list[str] = (),
-          manifest: str | Path | None = None, log=print) -> Path:
+          python: str | None = None, manifest: str | Path | None = None, log=print) -> Path:
     """Unpack the (checked) sdists of `repos` (default: all of repos.toml) to `out/repos/<name>`, install the test
-    runner's wheels into `out/site`, link `out/bin/python` and write `out/stage.json` (module docstring). `hide`:
-    host paths deleted from the agents' view (e.g. the task folders: their hidden tests). Returns `out`."""
+    runner's wheels into `out/site`, link `out/bin/python` to `python` (default: this interpreter; the tests run as
+    `nobody`, who must be able to run it) and write `out/stage.json` (module docstring). `hide`: host paths deleted
+    from the agents' view (e.g. the task folders: their hidden tests). Returns `out`."""
     out, sdists = Path(out).resolve(), Path(sdists).resolve()
     specs = [s for s in load_manifest(manifest).values() if repos is None or s.name in repos]
     (out / "repos").mkdir(parents=True, exist_ok=True)
@@ -105,7 +106,7 @@ def stage(out: str | Path, sdists: str | Path, *, repos: list[str] | None = None
                         "--find-links", str(sdists), "--target", str(site), "--upgrade", *pins], check=True)
         (site / ".complete").write_text(" ".join(pins))
     (out / "bin").mkdir(exist_ok=True)
-    python = Path(os.path.realpath(sys.executable))
+    python = Path(os.path.realpath(python or sys.executable))
     for name in ("python", "python3"):
         link = out / "bin" / name
         if link.is_symlink() or link.exists():
@@ -156,7 +157,8 @@ async def _open(repo: str, limits) -> Any:
         if res.exit_code != 0:
             raise InvalidInput(f"copying {root} to {WORKDIR} failed (is it on the root file system?): "
                                f"{(res.stderr or res.reason or '')[-300:]}")
-        await ws.exec(["rm", "-f", f"{WORKDIR}/.complete"], timeout_s=30)
+        # bwrap's /dev/shm is root's 755 folder; Docker's is a 1777 tmpfs (multiprocessing's semaphores need it)
+        await ws.exec(["sh", "-c", f"rm -f {WORKDIR}/.complete && chmod 1777 /dev/shm"], timeout_s=30)
     except BaseException:
         await ws.close()
         raise
@@ -228,3 +230,27 @@ async def check(repo: str) -> str:
         return res.stdout.strip()
     finally:
         await ws.close()
+
+
+async def check_task(folder: str | Path) -> dict:
+    """A task end to end on local workspaces: the unchanged checkout earns 0 and the reverting edits (the
+    teacher's, `patches.reverting_edits`) earn 1 through `swe_reward`. Returns {ok, nop, oracle, why, reward_s}."""
+    from slime_env.envs.swe.patches import reverting_edits
+    from slime_env.envs.swe.reward import swe_reward
+
+    task, _ = _task(str(folder))
+    ws = await agent_workspace(str(folder))
+    try:
+        nop = await swe_reward(task, ws, start_workspace=clean_workspace)
+        for path, old, new in reverting_edits(task.bug_patch):
+            text = (await ws.read_file(f"{WORKDIR}/{path}")).decode()
+            if text.count(old) != 1:
+                raise InvalidInput(f"{task.name}: the reverting edit of {path} does not match exactly once")
+            await ws.write_file(f"{WORKDIR}/{path}", text.replace(old, new))
+        oracle = await swe_reward(task, ws, start_workspace=clean_workspace)
+    finally:
+        await ws.close()
+    ok = nop.reward == 0.0 and oracle.reward == 1.0
+    why = "" if ok else f"nop: {nop.status} ({nop.reason[:300]}); oracle: {oracle.status} ({oracle.reason[:300]})"
+    return {"ok": ok, "nop": nop.reward, "oracle": oracle.reward, "why": why,
+            "reward_s": round((nop.timings["total"] + oracle.timings["total"]) / 2, 3)}
