@@ -48,12 +48,15 @@ TEACHER = "slime_env.envs.swe.teacher:teacher_reply"
 
 def pick_workspace_dir(repo: str, log) -> None:
     """Where workspaces' overlay layers go: $SLIME_ENV_WORKSPACE_DIR if set, else the first of the temporary
-    folder and /dev/shm where a local workspace starts and runs python + pytest."""
+    folder, a tmpfs of our own (an overlay's upper layer cannot be on overlayfs, a container's usual root) and
+    /dev/shm where a local workspace starts and runs python + pytest."""
     given = os.environ.get("SLIME_ENV_WORKSPACE_DIR")
-    candidates = [given] if given else [tempfile.gettempdir(), "/dev/shm/slime_env_ws"]
+    candidates = [given] if given else [tempfile.gettempdir(), "/mnt/slime_env_ws", "/dev/shm/slime_env_ws"]
     errors = []
     for d in candidates:
         os.makedirs(d, exist_ok=True)
+        if d == "/mnt/slime_env_ws" and not os.path.ismount(d):
+            os.system(f"mount -t tmpfs -o size=16g,mode=0755 tmpfs {d} 2>/dev/null")
         os.environ["SLIME_ENV_WORKSPACE_DIR"] = d
         try:
             log(f"workspaces in {d}: {asyncio.run(local.check(repo))} (python, pytest inside)")
