@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import time
+from collections.abc import Awaitable, Callable
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from slime_env import InvalidInput, Task
+from slime_env.loading import load_object
 from slime_env.envs.harbor import environment, verifier
 from slime_env.envs.harbor.task import HarborTask, load_dataset, load_task
 from slime_env.envs.workspace.env import WorkspaceEnv
@@ -81,16 +84,19 @@ async def harbor_workspace(task: Task, *, pool=None, backend: str = "docker") ->
     return ws
 
 
-async def harbor_verify(task: Task, ws: Workspace, *, mode: str | None = "isolated") -> tuple[float, dict[str, Any]]:
+async def harbor_verify(task: Task, ws: Workspace, *, mode: str | None = "isolated",
+                        reward_workspace: Callable[[Any], Awaitable[Workspace]] | None = None
+                        ) -> tuple[float, dict[str, Any]]:
     """Score a Harbor episode's workspace with its task's verifier (`mode`: isolated by default; None: the task's
     own); returns (reward, info). A SWE task (`[metadata.swe]` in task.toml, made by `slime-env swe build`) is
-    scored by `swe_reward` in every mode: its hidden tests on a clean copy with the agent's edits, behind the guard."""
+    scored by `swe_reward` in every mode: its hidden tests on a clean copy with the agent's edits, behind the guard,
+    in a workspace from `reward_workspace(spec)` if given (else the repository's Docker image)."""
     ht = harbor_task(task)
     if isinstance((ht.config.metadata or {}).get("swe"), dict):
         from slime_env.envs.swe import load_task as load_swe_task
         from slime_env.envs.swe import swe_reward
 
-        out = await swe_reward(load_swe_task(ht.path), ws)
+        out = await swe_reward(load_swe_task(ht.path), ws, start_workspace=reward_workspace)
         return out.reward, {"swe": {"status": out.status, "reason": out.reason, "tests": dict(out.tests),
                                     "changed_files": list(out.changed_files), "timings": dict(out.timings)}}
     result = await verifier.verify(ht, ws, mode=mode)
@@ -98,31 +104,51 @@ async def harbor_verify(task: Task, ws: Workspace, *, mode: str | None = "isolat
                                         "mode": result.mode}}
 
 
+class _Closing:
+    """Where an episode's workspace from a `workspace` factory goes back: closed."""
+
+    @staticmethod
+    async def release(ws: Workspace) -> None:
+        await ws.close()
+
+
 class HarborEnv(WorkspaceEnv):
     """Harbor task folders as episodes (module docstring). `dataset`: tasks for resets without one (default: the
     shipped examples); `mode`: the verifier's (`isolated`, the default; `shared`; `separate`; None: each task's own).
+    `workspace`: `async (task) -> Workspace` (or its "module:function") making the episode's started workspace
+    instead of the task's image on `pool` (closed when the episode ends); `reward_workspace`: `async (spec) ->
+    Workspace` (or its path), the fresh workspace a SWE task's hidden tests run in (`swe_reward`'s
+    `start_workspace`). Together they run SWE tasks without Docker (`slime_env.envs.swe.local`).
     The rest is `WorkspaceEnv`'s."""
 
     def __init__(self, *, dataset: str | Path | None = None, mode: str | None = "isolated", backend: str = "docker",
                  pool: Any = None, system_prompt: str | None = SYSTEM_PROMPT, max_turns: int | None = 30,
-                 command_timeout_s: float = 120.0, **kwargs: Any):
+                 command_timeout_s: float = 120.0, workspace: str | Callable[[Task], Awaitable[Workspace]] | None = None,
+                 reward_workspace: str | Callable[[Any], Awaitable[Workspace]] | None = None, **kwargs: Any):
         if mode not in (None, *verifier.MODES):
             raise InvalidInput(f"Harbor-v0: mode must be one of {verifier.MODES} or None, got {mode!r}")
         self.dataset, self.mode = dataset, mode
+        self.workspace_factory = load_object(workspace) if isinstance(workspace, str) else workspace
+        self.reward_workspace = load_object(reward_workspace) if isinstance(reward_workspace, str) else reward_workspace
         super().__init__(backend=backend, pool=pool, system_prompt=system_prompt, max_turns=max_turns,
                          command_timeout_s=command_timeout_s, **kwargs)
 
     async def setup_state(self, task: Task):
         from slime_env.tools_sandbox.workspace.pool import shared_pool
 
-        pool = self.pool or shared_pool(self.backend, warm=self.warm)
-        ws = await harbor_workspace(task, pool=pool)
-        state = {"workspace": ws, "pool": pool, "edits": {}, "submitted": False}
+        t = time.perf_counter()
+        if self.workspace_factory is not None:
+            pool, ws = _Closing(), await self.workspace_factory(task)
+        else:
+            pool = self.pool or shared_pool(self.backend, warm=self.warm)
+            ws = await harbor_workspace(task, pool=pool)
+        state = {"workspace": ws, "pool": pool, "edits": {}, "submitted": False, "verify_s": 0.0,
+                 "start_s": time.perf_counter() - t}
         state["state"] = state
         return state
 
     async def verify(self, task: Task, ws: Workspace) -> tuple[float, dict[str, Any]]:
-        return await harbor_verify(task, ws, mode=self.mode)
+        return await harbor_verify(task, ws, mode=self.mode, reward_workspace=self.reward_workspace)
 
     def default_tasks(self):
         source = self.dataset or EXAMPLES

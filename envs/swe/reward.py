@@ -134,8 +134,9 @@ async def swe_reward(task: SweTask | str | Path, agent_ws, *, start_workspace: S
                      release_workspace: ReleaseWorkspace | None = None, user: str = TEST_USER) -> SweReward:
     """Score the agent's workspace `agent_ws` on `task` (a SweTask or its folder); see the module docstring.
     `start_workspace(spec)` makes the fresh workspace and `release_workspace(ws)` ends it (default:
-    `open_workspace` and `close`; a warm pool: `pool.acquire`, `pool.release`); the repository image is built from
-    the task's Dockerfile first if this host lacks it."""
+    `open_workspace` and `close`; a warm pool: `pool.acquire`, `pool.release`). Without `start_workspace` the
+    repository image is built from the task's Dockerfile first if this host lacks it; with one, the repository is
+    the starter's business (e.g. `slime_env.envs.swe.local`: no Docker at all)."""
     task = task if isinstance(task, SweTask) else load_task(task)
     spec = task.repo_spec()
     timings: dict[str, float] = {}
@@ -203,7 +204,8 @@ async def run_hidden_tests(task: SweTask | str | Path, files: Mapping[str, bytes
 
 async def _start_fresh(task: SweTask, start_workspace: StartWorkspace | None, timings: dict):
     t = time.monotonic()
-    await ensure_image(task.repo_dockerfile, task.image)
+    if start_workspace is None:
+        await ensure_image(task.repo_dockerfile, task.image)
     ws = await (start_workspace or _open)(reward_workspace_spec(task))
     timings["start"] = round(time.monotonic() - t, 4)
     return ws

@@ -3,7 +3,7 @@
 # the numbers in docs/benchmarks.md with it.
 #
 #   tests/gpu/run_on_device.sh STEP...     steps: tests, paged-tests, engine-bench, engine-bench-random,
-#                                                 learn, learn-tools, learn-opd, learn-search, megatron-bench,
+#                                                 learn, learn-tools, learn-opd, learn-search, learn-swe, megatron-bench,
 #                                                 pipeline-bench, async-tests,
 #                                                 async-bench [ASYNC_ARGS], scale-tests,
 #                                                 scale-bench [SCALE_ARGS], scale-bench-2gpu, two-gpu,
@@ -44,6 +44,13 @@ for step in "$@"; do
             | tee "$OUT/learn_tools.log" | grep -v "^Loading\|^Writing" | tail -40 || rc=1 ;;
         learn-search) python3 bench/learn_tools_gpu.py --phase cold-start --task search ${LEARN_ARGS:-} --copy-to "$OUT" 2>&1 \
             | tee "$OUT/learn_search.log" | grep -v "^Loading\|^Writing" | tail -40 || rc=1 ;;
+        learn-swe) # no Docker there: bubblewrap (.gpu/bin/bwrap, its libraries in .gpu/lib if the host lacks them),
+            # a prebuilt static workspace agent (.gpu/bin/slime-env-agent), the sdists and test wheels (.gpu/sdists)
+            export PATH="$PWD/.gpu/bin:$PATH" SLIME_ENV_WORKSPACE_AGENT="$PWD/.gpu/bin/slime-env-agent"
+            chmod +x .gpu/bin/* 2>/dev/null
+            bwrap --version >/dev/null 2>&1 || export LD_LIBRARY_PATH="$PWD/.gpu/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+            python3 bench/learn_swe_gpu.py --sdists .gpu/sdists ${LEARN_ARGS:-} --copy-to "$OUT" 2>&1 \
+            | tee "$OUT/learn_swe.log" | grep -v "^Loading\|^Writing" | tail -60 || rc=1 ;;
         learn-opd) python3 bench/learn_tools_gpu.py --phase opd --teacher "$(ls -d runs/learn_tools_gpu_cold-start/checkpoints/step_*/model | sort -t_ -k2 -n | tail -1)" \
             ${LEARN_ARGS:-} --copy-to "$OUT" 2>&1 | tee "$OUT/learn_opd.log" | grep -v "^Loading\|^Writing" | tail -40 || rc=1 ;;
         megatron-bench) python3 bench/megatron_mfu.py 2>&1 | tee "$OUT/megatron_mfu.log" | tail -20 || rc=1 ;;
