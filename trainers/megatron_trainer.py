@@ -40,6 +40,7 @@ from slime_env.trajectory import Trajectory
 from slime_env.trainers import algorithms as alg
 from slime_env.trainers.batch import TrainBatch
 from slime_env.trainers.distributed import balanced_ranges, lockstep, token_budget_slices
+from slime_env.trainers.megatron.logprobs import head_chunk_tokens
 from slime_env.trainers.torch_trainer import TorchTrainer, TrainerConfig, read_hf_weights
 
 
@@ -268,18 +269,33 @@ class MegatronTrainer(TorchTrainer):
             zeros = self._scatter(batch, None, None)
             return (zeros, zeros.clone()) if with_entropy else zeros
         forward = self.ddp if (self.ddp is not None and model is self.model) else self.model
+        chunk = 0 if self.config.tp > 1 else head_chunk_tokens(self.config.lm_head_chunk_tokens, p.ids.numel(),
+                                                        self.hf_config.vocab_size)
+        if chunk:  # the model stops at its final norm; the head runs in chunks of `chunk` tokens
+            from slime_env.trainers.megatron.model import final_hidden_states
+
+            with final_hidden_states(forward) as head_weight:
+                hidden = forward(input_ids=p.ids, position_ids=None, attention_mask=None,
+                                 packed_seq_params=p.params)[0]  # [T', H]
+            out = self._scored_logprobs(batch, p, hidden, with_entropy, head=(head_weight(), chunk))
+            return out if with_entropy else out[0]
         logits = forward(input_ids=p.ids, position_ids=None, attention_mask=None,
                          packed_seq_params=p.params)[0]  # [T', V / tp]
         out = self._scored_logprobs(batch, p, logits, with_entropy)
         return out if with_entropy else out[0]
 
-    def _scored_logprobs(self, batch: TrainBatch, p: _Packed, logits: torch.Tensor, with_entropy: bool
-                         ) -> list[torch.Tensor]:
-        """[log-probs] or [log-probs, entropies], each [B, L] in `batch`'s layout, from this rank's `logits`."""
+    def _scored_logprobs(self, batch: TrainBatch, p: _Packed, logits: torch.Tensor, with_entropy: bool,
+                         head: tuple[torch.Tensor, int] | None = None) -> list[torch.Tensor]:
+        """[log-probs] or [log-probs, entropies], each [B, L] in `batch`'s layout, from this rank's `logits` (or,
+        with `head` = (the LM head's weight, tokens per chunk), from its final hidden states)."""
         from slime_env.trainers.megatron import vocab_parallel_logprobs
+        from slime_env.trainers.megatron.logprobs import chunked_head_logprobs
 
         def score(rows: torch.Tensor, targets: torch.Tensor):
-            out = vocab_parallel_logprobs(rows, targets, with_entropy=with_entropy)
+            if head is not None:
+                out = chunked_head_logprobs(rows, head[0], targets, chunk_tokens=head[1], with_entropy=with_entropy)
+            else:
+                out = vocab_parallel_logprobs(rows, targets, with_entropy=with_entropy)
             return out if with_entropy else (out,)
 
         return [self._scatter(batch, p.need, x) for x in self._at_scored(p, logits, score)]
