@@ -99,6 +99,12 @@ def test_checkpoint_is_the_adapter_alone_in_peft_format(tmp_path):
     merged = tiny("llama")
     merged.load_state_dict(trainer.weights(), strict=False)
     assert torch.allclose(merged(input_ids=ids).logits, want, atol=1e-4)
+    from transformers import AutoModelForCausalLM
+
+    folder = trainer.save_weights(tmp_path / "merged")  # what `slime-env sft` leaves as its model folder
+    reread = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    assert not any("lora" in k for k in reread.state_dict())
+    assert torch.allclose(reread(input_ids=ids).logits, want, atol=1e-4)
 
 
 def test_export_merge_writes_hf_weights_peft_agrees_with(tmp_path):
@@ -171,3 +177,40 @@ def test_adapter_bytes_are_a_small_part_of_the_weights():
     n_adapter = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
     assert adapter["sync/bytes"] == 4 * n_adapter
     assert adapter["sync/bytes"] < 0.2 * full["sync/bytes"]
+
+
+def test_train_cli_with_a_lora_section(tmp_path):
+    """`slime-env train` for 2 steps with `trainer.lora` and a KL term: adapter checkpoints, adapter-only syncs
+    (bytes in the metrics), every generate call's adapter recorded with its weight version."""
+    import json
+
+    config = tmp_path / "lora.yaml"
+    config.write_text(f"""
+run_dir: {tmp_path / 'run'}
+env: ReasoningGym-v0
+env_kwargs: {{dataset: chain_sum, answer_formats: [answer_tag, last_number], system_prompt: "Reply <answer>N</answer>."}}
+train_data: {{reasoning_gym: {{dataset: chain_sum, size: 8, seed: 1, config: {{min_terms: 2, max_terms: 2, min_digits: 1, max_digits: 1}}}}}}
+eval_data: {{reasoning_gym: {{dataset: chain_sum, size: 2, seed: 2, config: {{min_terms: 2, max_terms: 2, min_digits: 1, max_digits: 1}}}}}}
+steps: 2
+prompts_per_step: 2
+n_samples_per_prompt: 2
+max_new_tokens: 8
+eval_every: 2
+save_every: 2
+trainer: {{lr: 1.0e-4, micro_batch_size: 4, kl_coef: 0.01, lora: {{rank: 4, alpha: 8, target_modules: [q_proj, v_proj]}}}}
+""")
+    out = subprocess.run([sys.executable, "-m", "slime_env", "train", "--config", str(config)], capture_output=True,
+                         text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    run = tmp_path / "run"
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    trained = [r for r in rows if "train/reward_mean" in r]
+    assert len(trained) == 2
+    synced = [r for r in rows if "sync/bytes" in r]
+    assert synced and all(r["sync/bytes"] < 2e6 for r in synced)  # the adapter, not the 135M model's 540 MB
+    ckpt = run / "checkpoints" / "step_2"
+    assert (ckpt / "adapter" / "adapter_model.safetensors").exists() and not (ckpt / "model").exists()
+    samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
+    step2 = [t for s in samples if s["step"] == 2 for t in s["trajectories"]]
+    md = step2[0]["metadata"]
+    assert md["adapters"] == [f"policy@{v}" for v in md["weight_versions"]] and md["weight_versions"][0] == "1"
