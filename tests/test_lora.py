@@ -36,8 +36,9 @@ def test_config_errors_name_the_lora_field(tmp_path):
             TrainerConfig(lora=bad)
     with pytest.raises(ValueError, match="lora with estimator: ppo"):
         TrainerConfig(lora={}, estimator="ppo")
-    with pytest.raises(ValueError, match="megatron"):
-        TrainerConfig(lora={}, backend="megatron")
+    for backend in ("megatron", "fsdp"):  # not built yet: refused by name
+        with pytest.raises(ValueError, match=f"lora with backend: {backend} is not built"):
+            TrainerConfig(lora={}, backend=backend)
     assert TrainerConfig(lora=None).lora is None and TrainerConfig(lora=True).lora.rank == 8
     config = tmp_path / "bad.yaml"
     config.write_text("trainer: {lora: {rank: -2}}\n")
@@ -214,3 +215,93 @@ trainer: {{lr: 1.0e-4, micro_batch_size: 4, kl_coef: 0.01, lora: {{rank: 4, alph
     step2 = [t for s in samples if s["step"] == 2 for t in s["trajectories"]]
     md = step2[0]["metadata"]
     assert md["adapters"] == [f"policy@{v}" for v in md["weight_versions"]] and md["weight_versions"][0] == "1"
+
+
+def test_serve_engine_loads_adapters_by_name_and_version(tmp_path):
+    """The real `slime-env serve-engine` (SmolLM2-135M): adapters through SGLang's `/load_lora_adapter` route from the
+    trainer's channel, merged there; requests name the newest; old versions unloaded past `keep_adapters`."""
+    import copy
+
+    from helpers import serve_engine
+    from slime_env.agents import load_default_model
+    from slime_env.clients.sglang import SGLangPolicy
+    from slime_env.http import RemoteError
+    from slime_env.trainers.weight_sync import FromTensor
+
+    model, tok = load_default_model()
+    trainer = TorchTrainer(copy.deepcopy(model), TrainerConfig(lr=1e-2, micro_batch_size=4, lora=dict(LORA)),
+                           pad_id=0)
+    prompt = tok.encode("The capital of France is", add_special_tokens=False)
+
+    async def main(url):
+        client = SGLangPolicy(url)
+        channel = FromTensor(lambda: [client], trainer.weight_layout())
+        channel.adapter_folder = tmp_path / "adapters"
+        out = []
+        for v in ("1", "2", "3"):
+            trainer.step(trajectories(8, seed=int(v)), group_size=4)
+            stats = await channel.push_adapter(trainer.adapter(), v)
+            out.append((stats, await client.generate(prompt, {"max_new_tokens": 4, "temperature": 0})))
+        assert client.loras == ["policy@2", "policy@3"]  # keep_adapters = 2: policy@1 unloaded
+        with pytest.raises(RemoteError, match="names no loaded adapter"):
+            await client.http.request("POST", "/generate", {"input_ids": prompt, "lora_path": "policy@1",
+                                                            "sampling_params": {"max_new_tokens": 1}}, max_retries=0)
+        await client.close()
+        return out
+
+    with serve_engine() as url:
+        out = asyncio.run(main(url))
+    for v, (stats, gen) in zip("123", out):
+        assert gen.adapter == f"policy@{v}" and gen.weight_version == v
+        assert 0 < stats["sync/bytes"] < 2e6
+    stats, gen = out[-1]
+    ids = torch.tensor([prompt + list(gen.token_ids)])
+    with torch.no_grad():
+        lp = torch.log_softmax(trainer.model(input_ids=ids).logits[0, len(prompt) - 1:-1].float(), -1)
+    want = lp.gather(-1, torch.tensor(gen.token_ids)[:, None]).squeeze(-1)
+    assert torch.allclose(torch.tensor(gen.logprobs), want, atol=1e-3)  # the engine samples the trained policy
+
+
+def test_sglang_lora_routes_request_shape():
+    """Against a TEST DOUBLE of SGLang's HTTP routes (SGLang cannot run here): the request bodies follow SGLang's
+    `LoadLoRAAdapterReqInput` / `UnloadLoRAAdapterReqInput` (lora_name, lora_path) and `/generate`'s `lora_path`."""
+    from aiohttp import web
+
+    from helpers import LocalServer
+    from slime_env.agents.lora_adapter import LoRAAdapter
+    from slime_env.clients.sglang import SGLangPolicy
+    from slime_env.trainers.weight_sync import Distributed
+
+    seen: list[tuple[str, dict]] = []
+
+    async def record(request):
+        body = await request.json()
+        seen.append((request.path, body))
+        if request.path == "/generate":  # SGLang's meta_info: the base model's weight_version, no adapter field
+            return web.json_response({"text": "x", "meta_info": {"output_token_logprobs": [[-0.5, 7, None]],
+                                      "finish_reason": {"type": "length"}, "weight_version": "default"}})
+        return web.json_response({"success": True, "error_message": "", "loaded_adapters": {}})
+
+    app = web.Application()
+    app.add_routes([web.post(p, record) for p in ("/load_lora_adapter", "/unload_lora_adapter", "/generate")])
+    adapter = LoRAAdapter("policy", {"base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight": torch.ones(2, 4),
+                                     "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight": torch.ones(4, 2)},
+                          {"r": 2, "lora_alpha": 4, "peft_type": "LORA", "target_modules": ["q_proj"]})
+
+    async def main():
+        async with LocalServer(app) as server:
+            client = SGLangPolicy(server.url)
+            channel = Distributed(lambda: [client], backend="gloo")  # the adapter path needs no group
+            for v in ("5", "6", "7"):
+                await channel.push_adapter(adapter, v)
+            gen = await client.generate([1, 2], {"max_new_tokens": 1})
+            await client.close()
+            return gen, channel.adapter_folder
+
+    gen, folder = asyncio.run(main())
+    loads = [b for p, b in seen if p == "/load_lora_adapter"]
+    assert [b["lora_name"] for b in loads] == ["policy@5", "policy@6", "policy@7"]
+    assert loads[0]["lora_path"] == str(folder / "policy@5") and (folder / "policy@5" / "adapter_config.json").exists()
+    assert [b for p, b in seen if p == "/unload_lora_adapter"] == [{"lora_name": "policy@5"}]
+    assert [b["lora_path"] for p, b in seen if p == "/generate"] == ["policy@7"]
+    assert gen.adapter == "policy@7" and gen.weight_version == "7"
