@@ -69,6 +69,9 @@ class TransformersPolicy:
         self.max_batch_size = max_batch_size
         self.batch_window_s = batch_window_s
         self.weight_version = weight_version
+        # LoRA: the adapter ("name@version") of each weight version an adapter made, and the base copy it merges into
+        self.adapters: dict[str, str] = {}
+        self._merged = None
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.eos_id = tokenizer.eos_token_id
         self._rng = random.Random(seed)
@@ -124,7 +127,8 @@ class TransformersPolicy:
         text = self._decode(req.out_ids)
         return Generation(token_ids=tuple(req.out_ids), logprobs=tuple(req.out_logprobs),
                           finish_reason=req.finish or "length", text=text, weight_version=self.weight_version,
-                          prompt_tokens=len(req.input_ids), latency_s=time.perf_counter() - t0)
+                          prompt_tokens=len(req.input_ids), latency_s=time.perf_counter() - t0,
+                          adapter=self.adapters.get(self.weight_version))
 
     async def _generate_continuous(self, input_ids: list[int], sampling_params: Mapping[str, Any], rid: str | None,
                                    session: str | None, loop: asyncio.AbstractEventLoop) -> Generation:
@@ -144,7 +148,8 @@ class TransformersPolicy:
         return Generation(token_ids=tuple(req.out_ids), logprobs=tuple(req.out_logprobs),
                           finish_reason=req.finish or "length", text=self._decode(req.out_ids),
                           weight_version=req.weight_version or self.weight_version, prompt_tokens=len(req.input_ids),
-                          cached_tokens=req.cached_tokens, latency_s=time.perf_counter() - t0)
+                          cached_tokens=req.cached_tokens, latency_s=time.perf_counter() - t0,
+                          adapter=self.adapters.get(req.weight_version or self.weight_version))
 
     def for_episode(self, session_id: str) -> EpisodeSession:
         """A per-episode view: one rid per call, `abort()` stops the live one; with continuous batching the
@@ -213,6 +218,18 @@ class TransformersPolicy:
             self.weight_version = str(weight_version)
         finally:
             engine.hold(self.paused)
+
+    async def load_adapter(self, adapter: Any, weight_version: str) -> None:
+        """Apply a LoRA adapter (`slime_env.agents.lora_adapter.LoRAAdapter`) merged into the weights, as a partial
+        weight update between batches (`update_weights`); the tokens generated from then on record weight version
+        `weight_version` and adapter "name@weight_version"."""
+        from slime_env.agents.lora_adapter import MergedAdapter
+
+        if self._merged is None:
+            self._merged = MergedAdapter(self.model)
+        merged = self._merged
+        self.adapters[str(weight_version)] = f"{adapter.name}@{weight_version}"  # before any request can see it
+        await self.update_weights(lambda: merged.merged(adapter), weight_version, partial=True)
 
     async def score(self, input_ids: Sequence[int]) -> list[float]:
         """log p(input_ids[t] | input_ids[:t]) for t = 1 .. n-1 under the current weights (one prefill, no sampling):

@@ -135,7 +135,8 @@ class Generation:
 
     `token_ids` and `logprobs` have equal length (log-prob of each sampled token under the sampling
     distribution). `finish_reason` is "stop", "length" or "abort". `text` is informational only:
-    the ledger never re-tokenizes it.
+    the ledger never re-tokenizes it. `weight_version`: the weights the tokens came from; `adapter`: the LoRA
+    adapter they came from ("name@version", None without one).
     """
 
     token_ids: tuple[int, ...]
@@ -146,6 +147,7 @@ class Generation:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     latency_s: float = 0.0
+    adapter: str | None = None
 
     def __post_init__(self) -> None:
         if len(self.token_ids) != len(self.logprobs):

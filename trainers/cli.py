@@ -1,4 +1,4 @@
-"""`slime-env train`, `slime-env sft` and `slime-env report`: the trainers package's subcommands (registered through `slime_env.cli`)."""
+"""`slime-env train`, `slime-env sft`, `slime-env report` and `slime-env export`: the trainers package's subcommands (registered through `slime_env.cli`)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ def register(app: typer.Typer) -> None:
     app.command()(train)
     app.command()(sft)
     app.command()(report)
+    app.command()(export)
 
 
 def train(config: str = typer.Option(None, help="run config (YAML); default: the embedded demo run "
@@ -80,3 +81,33 @@ def report(run_dir: str = typer.Argument(..., help="a `slime-env train` run dire
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(1) from None
     typer.echo(f"report: {path}")
+
+
+def export(checkpoint: str = typer.Argument(..., help="a trainer checkpoint (run_dir/checkpoints/step_N) or a PEFT "
+                                                      "adapter folder"),
+           out: str = typer.Option(..., help="folder to write"),
+           merge: bool = typer.Option(False, "--merge", help="LoRA: write the base model with the adapter merged in "
+                                                             "(HF weights) instead of the adapter alone"),
+           base: str = typer.Option(None, help="LoRA --merge: the base model (default: the adapter's "
+                                               "base_model_name_or_path)")) -> None:
+    """Write a checkpoint's weights for serving: the HF model folder, or with LoRA the PEFT adapter (loadable by peft,
+    SGLang and vLLM), or with --merge the merged HF weights."""
+    import shutil
+    from pathlib import Path
+
+    from slime_env.trainers.lora import adapter_folder, export_merged
+
+    folder = adapter_folder(checkpoint)
+    try:
+        if folder is not None and merge:
+            path = export_merged(checkpoint, out, base)
+        elif folder is not None:
+            path = Path(shutil.copytree(folder, out, dirs_exist_ok=True))
+        elif (Path(checkpoint) / "model").is_dir():
+            path = Path(shutil.copytree(Path(checkpoint) / "model", out, dirs_exist_ok=True))
+        else:
+            raise FileNotFoundError(f"{checkpoint} is no trainer checkpoint (model/ or adapter/)")
+    except (FileNotFoundError, ValueError, OSError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(f"exported {'merged weights' if folder is not None and merge else 'weights'} -> {path}")

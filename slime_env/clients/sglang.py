@@ -9,6 +9,7 @@ with a `rid`, so `abort()` stops that episode's in-flight request through `/abor
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -78,6 +79,8 @@ class SGLangPolicy:
                                connect_timeout_s=connect_timeout_s, max_retries=max_retries, backoff_s=backoff_s,
                                headers=headers)
         self.usage = Usage()
+        # LoRA: the adapters loaded on the server by this client, oldest first; requests name the newest
+        self.loras: list[str] = []
 
     async def generate(self, input_ids: Sequence[int], sampling_params: Mapping[str, Any], *,
                        rid: str | None = None, routing_key: str | None = None) -> Generation:
@@ -85,9 +88,16 @@ class SGLangPolicy:
             check_sampling_seed(sampling_params["sampling_seed"])
         body: dict[str, Any] = {"input_ids": list(input_ids), "sampling_params": dict(sampling_params),
                                 "return_logprob": True, "rid": rid or uuid.uuid4().hex}
+        lora = self.loras[-1] if self.loras else None
+        if lora is not None:  # the adapter by name, as SGLang selects one per request
+            body["lora_path"] = lora
         headers = {ROUTING_HEADER: routing_key} if routing_key else None
         t0 = time.perf_counter()
-        gen = parse_generate_response(await self.http.request("POST", "/generate", body, headers=headers))
+        answer = await self.http.request("POST", "/generate", body, headers=headers)
+        gen = parse_generate_response(answer)
+        if lora is not None:  # its tokens' version is the adapter's (SGLang's weight_version is the base model's)
+            adapter = answer["meta_info"].get("adapter") or lora
+            gen = dataclasses.replace(gen, adapter=adapter, weight_version=adapter.rpartition("@")[2])
         return self.usage.record(gen, input_ids, time.perf_counter() - t0)
 
     def for_episode(self, session_id: str) -> EpisodeSession:
@@ -133,6 +143,33 @@ class SGLangPolicy:
         if isinstance(result, dict) and result.get("success") is False:
             raise RemoteError(f"{what} failed: {result.get('message')}")
         return result
+
+    async def load_lora_adapter(self, lora_name: str, lora_path: str, weight_version: str | None = None
+                                ) -> dict[str, Any]:
+        """SGLang's `/load_lora_adapter`: the PEFT folder `lora_path` as adapter `lora_name` ("name@version"); the
+        requests that follow name it (`lora_path` of `/generate`)."""
+        body: dict[str, Any] = {"lora_name": lora_name, "lora_path": lora_path}
+        if weight_version is not None:
+            body["weight_version"] = weight_version  # serve-engine reads it; SGLang ignores unknown fields
+        result = await self.http.request("POST", "/load_lora_adapter", body, max_retries=0)
+        if isinstance(result, dict) and result.get("success") is False:
+            raise RemoteError(f"load_lora_adapter({lora_name!r}) failed: {result.get('error_message')}")
+        self.loras = [n for n in self.loras if n != lora_name] + [lora_name]
+        return result
+
+    async def unload_lora_adapter(self, lora_name: str) -> dict[str, Any]:
+        """SGLang's `/unload_lora_adapter`."""
+        result = await self.http.request("POST", "/unload_lora_adapter", {"lora_name": lora_name}, max_retries=0)
+        self.loras = [n for n in self.loras if n != lora_name]
+        return result
+
+    async def unload_lora_adapters(self, keep: int) -> list[str]:
+        """Unload all but the newest `keep` adapters this client loaded (the run's staleness bound + 1 stay, so
+        every in-flight request's adapter is still there); returns the names unloaded."""
+        old = self.loras[:-keep] if keep > 0 else list(self.loras)
+        for name in old:
+            await self.unload_lora_adapter(name)
+        return old
 
     async def init_weights_update_group(self, master_address: str, master_port: int, rank_offset: int,
                                         world_size: int, group_name: str = "weight_update_group",

@@ -207,6 +207,8 @@ class RunSections:
                                "can evaluate, not train; use kind: sglang or serve")
         if trainer.off_policy == "auto" and not trainer.legacy_tis and asynchrony.mode != "off":
             trainer.off_policy = "tis"
+        if trainer.lora is not None and asynchrony.mode != "off":  # every in-flight request's adapter stays loaded
+            trainer.lora.keep_loaded = max(trainer.lora.keep_loaded, asynchrony.max_staleness + 1)
         return cls(trainer=trainer, engine=engine, cluster=cluster, asynchrony=asynchrony, warmup=warmup,
                    eval_sets=sets, eval_every=every, opponent_pool=pool, teacher=cfg.teacher or None,
                    reward=cfg.reward or None)
