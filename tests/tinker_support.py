@@ -4,6 +4,7 @@ cache so `tinker-cookbook`'s `get_tokenizer("Qwen/Qwen3-8B")` finds the real Qwe
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import threading
 from pathlib import Path
@@ -33,13 +34,14 @@ class ServerThread:
         self.thread.join(10)
 
 
-def offline_hub(hf_home: Path, repo: str, tokenizer: Any) -> None:
+def offline_hub(hf_home: Path, repo: str, tokenizer: Any, model_type: str = "qwen3") -> None:
     """Lay `tokenizer` out in `hf_home` as the Hugging Face cache holds `repo`, so that with HF_HUB_OFFLINE=1
     `AutoTokenizer.from_pretrained(repo)` loads it (what the cookbook's renderers are built from)."""
-    snap = hf_home / "hub" / f"models--{repo.replace('/', '--')}" / "snapshots" / "0" * 40
+    snap = hf_home / "hub" / f"models--{repo.replace('/', '--')}" / "snapshots" / ("0" * 40)
     if not (snap / "tokenizer_config.json").is_file():
         snap.mkdir(parents=True, exist_ok=True)
         tokenizer.save_pretrained(str(snap))
+        (snap / "config.json").write_text(json.dumps({"model_type": model_type}))  # AutoTokenizer reads it first
         refs = snap.parent.parent / "refs"
         refs.mkdir(exist_ok=True)
         (refs / "main").write_text("0" * 40)

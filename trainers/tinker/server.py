@@ -68,6 +68,8 @@ class TinkerServer:
             app.router.add_get(path, handler)
         for path, handler in post.items():
             app.router.add_post(path, handler)
+        app.router.add_post("/api/v1/sessions/{session_id}/finish", self.finish_session)
+        app.router.add_post("/api/v1/cancel_future", self.cancel_future)
         app.router.add_route("*", "/{tail:.*}", self.refused)
         app.on_cleanup.append(self._cleanup)
         return app
@@ -143,6 +145,17 @@ class TinkerServer:
         body = await request.json()
         self.sessions[body.get("session_id", "")] = time.time()
         return web.json_response({"type": "session_heartbeat"})
+
+    async def finish_session(self, request: web.Request) -> web.Response:
+        self.sessions.pop(request.match_info["session_id"], None)
+        return web.json_response({})
+
+    async def cancel_future(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        task = self.futures.pop(body.get("request_id", ""), None)
+        if task is not None:
+            task.cancel()
+        return web.json_response({})
 
     async def telemetry(self, request: web.Request) -> web.Response:
         await request.read()
