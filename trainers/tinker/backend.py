@@ -66,8 +66,8 @@ class TinkerBackend:
             raise InvalidInput(f"base_model {name!r} is not served here: this server was started with "
                                f"--model {self.base_model!r}")
 
-    def create_model(self, base_model: str, lora: dict[str, Any] | None) -> str:
-        """A LoRA training model over the base; returns its model id."""
+    def create_model(self, base_model: str, lora: dict[str, Any] | None, model_id: str | None = None) -> str:
+        """A LoRA training model over the base (the SDK's id is `<session_id>:train:<model_seq_id>`); returns its id."""
         from peft import LoraConfig, get_peft_model
 
         self.check_base_model(base_model)
@@ -86,7 +86,9 @@ class TinkerBackend:
         model = get_peft_model(copy.deepcopy(self.base), LoraConfig(r=rank, lora_alpha=32, lora_dropout=0.0,
                                                                      target_modules=list(targets)))
         params = [p for p in model.parameters() if p.requires_grad]
-        model_id = f"{uuid.uuid4().hex[:8]}-{next(self._ids)}"
+        model_id = model_id or f"{uuid.uuid4().hex[:8]}-{next(self._ids)}"
+        if model_id in self.models:
+            raise InvalidInput(f"training model {model_id!r} exists already")
         self.models[model_id] = TrainingModel(model_id, model, torch.optim.AdamW(params, lr=1e-4), rank, dict(lora))
         return model_id
 
@@ -128,7 +130,7 @@ class TinkerBackend:
             outputs = []
             for row, (tokens, inputs) in enumerate(batch):
                 n = len(tokens)
-                tensors = {k: torch.from_numpy(np.asarray(v, np.float32)) for k, v in inputs.items()
+                tensors = {k: torch.tensor(v, dtype=torch.float32) for k, v in inputs.items()
                            if k != "target_tokens"}
                 loss = fn(logp[row, :n], tensors, config)
                 total = total + loss
@@ -206,14 +208,14 @@ class TinkerBackend:
                     "adapter": get_peft_model_state_dict(m.model), "optimizer": m.optimizer.state_dict()}, file)
         return path
 
-    def load_state(self, model_id: str | None, path: str, optimizer: bool) -> str:
-        """Load a `save_state` checkpoint into `model_id`, or into a new model when `model_id` is None."""
+    def load_state(self, model_id: str, path: str, optimizer: bool, *, create: bool = False) -> str:
+        """Load a `save_state` checkpoint into `model_id` (a new model of that id when `create`)."""
         from peft import set_peft_model_state_dict
 
         state = torch.load(self._file(path, "weights"), weights_only=False)
         self.check_base_model(state["base_model"])
-        if model_id is None:
-            model_id = self.create_model(state["base_model"], state["lora"])
+        if create:
+            self.create_model(state["base_model"], state["lora"], model_id)
         m = self.get(model_id)
         set_peft_model_state_dict(m.model, state["adapter"])
         if optimizer:

@@ -172,10 +172,12 @@ class TinkerServer:
     # --- training ------------------------------------------------------------------------------------------------
     async def create_model(self, request: web.Request) -> web.Response:
         body = await request.json()
-        return self._submit("create_model", self._create_model, body.get("base_model"), body.get("lora_config"))
+        model_id = f"{body.get('session_id')}:train:{body.get('model_seq_id')}"  # the id the SDK derives too
+        return self._submit("create_model", self._create_model, body.get("base_model"), body.get("lora_config"),
+                            model_id)
 
-    def _create_model(self, base_model: str, lora: dict | None) -> dict:
-        return {"type": "create_model", "model_id": self.backend.create_model(base_model, lora)}
+    def _create_model(self, base_model: str, lora: dict | None, model_id: str) -> dict:
+        return {"type": "create_model", "model_id": self.backend.create_model(base_model, lora, model_id)}
 
     async def get_info(self, request: web.Request) -> web.Response:
         body = await request.json()
@@ -218,14 +220,15 @@ class TinkerServer:
 
     async def load_weights(self, request: web.Request) -> web.Response:
         body = await request.json()
-        if body.get("model_id") is None and body.get("base_model") is not None:
-            self.backend.check_base_model(body["base_model"])
-        return self._submit("load_weights", self._load_weights, body.get("model_id"), body.get("path", ""),
-                            bool(body.get("optimizer")))
+        create = body.get("model_id") is None  # create-via-load: the model is new, named as the SDK names it
+        model_id = f"{body.get('session_id')}:train:{body.get('model_seq_id')}" if create else body["model_id"]
+        return self._submit("load_weights", self._load_weights, model_id, body.get("path", ""),
+                            bool(body.get("optimizer")), create, body.get("base_model"))
 
-    def _load_weights(self, model_id: str | None, path: str, optimizer: bool) -> dict:
-        model_id = self.backend.load_state(model_id, path, optimizer)
-        return {"type": "load_weights", "path": path, "model_id": model_id}
+    def _load_weights(self, model_id: str, path: str, optimizer: bool, create: bool, base_model: str | None) -> dict:
+        self.backend.check_base_model(base_model)
+        return {"type": "load_weights", "path": path,
+                "model_id": self.backend.load_state(model_id, path, optimizer, create=create)}
 
     async def save_for_sampler(self, request: web.Request) -> web.Response:
         body = await request.json()
