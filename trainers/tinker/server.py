@@ -163,7 +163,7 @@ class TinkerServer:
 
     async def refused(self, request: web.Request) -> web.Response:
         what = REFUSED.get(request.path)
-        if what is None and "/checkpoints" in request.path or "training_runs" in request.path:
+        if what is None and ("/checkpoints" in request.path or "training_runs" in request.path):
             what = "the checkpoint and training-run REST listing"
         message = (f"{request.method} {request.path}: {what or 'this route'} is not served by slime-env "
                    "serve-tinker (docs/tinker.md lists what is)")
