@@ -11,6 +11,42 @@ def register(app: typer.Typer) -> None:
     app.command()(sft)
     app.command()(report)
     app.command()(export)
+    app.command("serve-tinker")(serve_tinker)
+
+
+def serve_tinker(model: str = typer.Option(..., help="the base model name clients ask for (e.g. Qwen/Qwen3-8B): "
+                                                     "create_lora_training_client(base_model=...) must match it"),
+                 checkpoint: str = typer.Option("default", help="weights: 'default' (embedded SmolLM2-135M-Instruct),"
+                                                                 " 'random' (tiny random model, for plumbing) or a "
+                                                                 "Hugging Face folder"),
+                 tokenizer: str = typer.Option("smollm2", help="qwen3, llama3.1, llama3.2, smollm2 (offline) or a "
+                                                               "Hugging Face folder"),
+                 host: str = typer.Option("127.0.0.1", help="address to bind"),
+                 port: int = typer.Option(8000, help="port (0 picks a free one)"),
+                 root: str = typer.Option("tinker_checkpoints", help="where checkpoints are written"),
+                 max_context_length: int = typer.Option(8192, min=1, help="longest datum or prompt accepted")
+                 ) -> None:
+    """A Tinker-compatible training API (the `tinker` SDK, tinker-cookbook recipes) over our trainer and engine."""
+    import asyncio
+
+    from slime_env.trainers.tinker import TinkerBackend, start
+    from slime_env.trainers.tinker.models import load_model, load_tokenizer
+
+    tok = load_tokenizer(tokenizer)
+    backend = TinkerBackend(model, load_model(checkpoint, tok), tok, root, max_context_length=max_context_length)
+
+    async def main() -> None:
+        runner, url = await start(backend, host, port)
+        typer.echo(f"serving the Tinker API for {model!r} at {url} (TINKER_BASE_URL={url}; any TINKER_API_KEY)")
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await runner.cleanup()
+
+    try:
+        asyncio.run(main())
+    except KeyboardInterrupt:
+        pass
 
 
 def train(config: str = typer.Option(None, help="run config (YAML); default: the embedded demo run "
