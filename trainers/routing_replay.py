@@ -93,3 +93,42 @@ def rerouted_tokens(loss_mask: torch.Tensor, routes: torch.Tensor | None) -> tup
     missing[:, 1:] = ~(routes[:, :-1] >= 0).flatten(2).all(-1)
     lost = float((loss_mask.bool() & missing).sum())
     return lost, lost / tokens if tokens else 0.0
+
+
+# --- megatron-core's TopKRouter (slime_env.trainers.megatron_trainer) ------------------------------------------------
+class MegatronReplay:
+    """Stands in for megatron-core's `RouterReplay` on one `TopKRouter` (its `topk_routing_with_score_function` calls
+    `router_replay.get_replay_topk`): its own top-k, with the recorded experts where `routes` [tokens, top_k] has them,
+    and the scores gathered at those experts (slime's `scores.gather(1, top_indices)`: the router keeps its
+    gradient). Without routes it routes as before."""
+
+    def __init__(self) -> None:
+        self.routes: torch.Tensor | None = None
+
+    def get_replay_topk(self, scores, topk, num_groups=None, group_topk=None, default_compute_topk=None):
+        values, index = default_compute_topk(scores, topk, num_groups=num_groups, group_topk=group_topk)
+        if self.routes is None:
+            return values, index
+        if self.routes.shape[0] != scores.shape[0]:
+            raise InvalidInput(f"routing replay: {self.routes.shape[0]} routed positions for a forward of "
+                               f"{scores.shape[0]} tokens (the batch and its routes diverged)")
+        have = (self.routes >= 0).all(-1, keepdim=True)
+        index = torch.where(have, self.routes.to(device=index.device, dtype=index.dtype), index)
+        return scores.gather(1, index), index
+
+
+def megatron_routers(model: Any) -> list[tuple[int, Any]]:
+    """(global layer index, TopKRouter) of a megatron GPTModel's MoE layers, replay installed (idempotent)."""
+    out = []
+    for module in model.modules():
+        if hasattr(module, "router_replay") and hasattr(module, "layer_number") and hasattr(module, "topk"):
+            if not isinstance(module.router_replay, MegatronReplay):
+                module.router_replay = MegatronReplay()
+            out.append((int(module.layer_number) - 1, module))
+    return out
+
+
+def megatron_use_routes(model: Any, routes: torch.Tensor | None) -> None:
+    """`routes` [tokens as the model is fed them, layers, top_k] (-1: route itself) or None for the next forward(s)."""
+    for layer, router in megatron_routers(model):
+        router.router_replay.routes = None if routes is None else routes[:, layer]
