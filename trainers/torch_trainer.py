@@ -104,6 +104,8 @@ class TrainerConfig(MegatronOptions, FSDPOptions):
             raise ValueError(f"dtype {self.dtype!r}: 'auto', 'bfloat16' or 'float32'")
         if self.routing_replay not in ("off", "rollout"):
             raise ValueError(f"routing_replay {self.routing_replay!r}: 'off' or 'rollout'")
+        if self.routing_replay == "rollout" and self.backend == "fsdp":
+            raise ValueError("routing_replay: rollout runs on the torch and megatron backends (fsdp: not yet)")
         if self.loss not in ("rl", "sft"):
             raise ValueError(f"loss {self.loss!r}: 'rl' or 'sft'")
         if self.opd_coef < 0:
