@@ -107,6 +107,10 @@ class EngineServer:
         else:
             rids = [rids]
         want_logprobs = bool(body.get("return_logprob", False))
+        want_routed = bool(body.get("return_routed_experts", False))
+        if want_routed and getattr(self.policy, "capture", None) is None:
+            return _bad("return_routed_experts: this engine's model has no MoE routers to report (a dense model, or "
+                        "serve-engine started with routed experts off)")
         start = body.get("logprob_start_len", -1)
         if not isinstance(start, int):
             return _bad("logprob_start_len must be an integer")
@@ -114,7 +118,7 @@ class EngineServer:
             results = await asyncio.gather(*(self._score(ids, rid, want_logprobs, start) for ids, rid in zip(prompts, rids)))
             return web.json_response(results if batched else results[0])
         try:
-            results = await asyncio.gather(*(self._one(ids, params, rid, want_logprobs)
+            results = await asyncio.gather(*(self._one(ids, params, rid, want_logprobs, want_routed)
                                              for ids, rid in zip(prompts, rids)))
         except InvalidInput as e:
             return _bad(str(e))
@@ -138,7 +142,8 @@ class EngineServer:
             return [self.policy.tokenizer.encode(t, add_special_tokens=False) for t in rows], batched
         raise InvalidInput("request needs 'input_ids' or 'text'")
 
-    async def _one(self, ids: list[int], params: dict[str, Any], rid: str | None, logprobs: bool) -> dict[str, Any]:
+    async def _one(self, ids: list[int], params: dict[str, Any], rid: str | None, logprobs: bool,
+                   routed: bool = False) -> dict[str, Any]:
         t0 = time.perf_counter()
         rid = rid or uuid.uuid4().hex
         gen = await self.policy.generate(ids, params, rid=rid)
@@ -152,6 +157,10 @@ class EngineServer:
             meta["adapter"] = gen.adapter
         if logprobs:
             meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(gen.logprobs, gen.token_ids)]
+        if routed and gen.routed_experts is not None:
+            # SGLang's form: base64 int32 [prompt + completion - 1, layers, top_k]; rows before the prompt's last token
+            # are -1 (this engine records the forwards that sampled a token only)
+            meta["routed_experts"] = gen.routed_experts.to_sglang(len(ids))
         return {"text": gen.text, "output_ids": list(gen.token_ids), "meta_info": meta}
 
     async def _score(self, ids: list[int], rid: str | None, logprobs: bool, start: int) -> dict[str, Any]:

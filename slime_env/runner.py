@@ -305,7 +305,7 @@ class _Episode:
                                f"max_new_tokens={params['max_new_tokens']}")
         if not gen.token_ids and gen.finish_reason != "abort" and not self.turn_ids:
             raise InvalidInput("policy returned no tokens")
-        self.ledger.add_generated(gen.token_ids, gen.logprobs, self.turn)
+        self.ledger.add_generated(gen.token_ids, gen.logprobs, self.turn, gen.routed_experts)
         self.turn_ids.extend(gen.token_ids)
         self.finish_reasons.append(gen.finish_reason)
         self.weight_versions.append(gen.weight_version)
@@ -398,7 +398,8 @@ class _Episode:
         led = self.ledger
         return Trajectory(
             task=self.task, prompt_ids=led.prompt_ids, response_ids=led.response_ids, loss_mask=led.loss_mask,
-            rollout_logprobs=led.rollout_logprobs, spans=led.spans, turn_rewards=self.turn_rewards,
+            rollout_logprobs=led.rollout_logprobs, spans=led.spans, routing=led.routing(),
+            turn_rewards=self.turn_rewards,
             reward=float(sum(self.turn_rewards)), status=self.status, reason=self.reason, agent_id=self.agent_id,
             num_turns=self.turns_generated + (1 if self.turn_ids else 0), messages=self.messages,
             response_text=self.renderer.decode(led.response_ids) if led.response_ids else "",

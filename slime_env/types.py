@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from slime_env.errors import InvalidInput
 from slime_env.fast_pickle import fast_pickle
+from slime_env.routing import RoutedExperts
 
 Role = Literal["system", "user", "assistant", "tool", "ipython"]
 ROLES: frozenset[str] = frozenset(("system", "user", "assistant", "tool", "ipython"))
@@ -148,10 +149,14 @@ class Generation:
     cached_tokens: int = 0
     latency_s: float = 0.0
     adapter: str | None = None
+    routed_experts: RoutedExperts | None = None  # MoE: row j = the experts of the forward that sampled token j
 
     def __post_init__(self) -> None:
         if len(self.token_ids) != len(self.logprobs):
             raise InvalidInput(f"Generation: {len(self.token_ids)} token ids but {len(self.logprobs)} log-probs")
+        if self.routed_experts is not None and self.routed_experts.num_tokens != len(self.token_ids):
+            raise InvalidInput(f"Generation: {len(self.token_ids)} token ids but routed experts for "
+                               f"{self.routed_experts.num_tokens} tokens")
         if self.finish_reason not in FINISH_REASONS:
             raise InvalidInput(f"Generation: finish_reason {self.finish_reason!r} is not one of {sorted(FINISH_REASONS)}")
 

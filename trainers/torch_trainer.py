@@ -26,6 +26,7 @@ from slime_env.trainers import algorithms as alg
 from slime_env.trainers.batch import TrainBatch, pack
 from slime_env.trainers.fsdp_options import FSDPOptions
 from slime_env.trainers.megatron.options import MegatronOptions
+from slime_env.trainers import routing_replay as rr
 
 from slime_env.trajectory import Trajectory
 
@@ -92,6 +93,9 @@ class TrainerConfig(MegatronOptions, FSDPOptions):
     # the adapter is trained, the reference policy of a KL term is the base model (adapter off), a sync sends the
     # adapter alone, a checkpoint holds it in PEFT's format. None: full fine-tuning.
     lora: Any = None
+    # MoE routing replay (R3): "rollout" replays the engine's routed experts of the generated tokens in the training
+    # forward (slime_env.trainers.routing_replay); "off": the trainer routes every token itself.
+    routing_replay: str = "off"
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -102,6 +106,10 @@ class TrainerConfig(MegatronOptions, FSDPOptions):
         self.check_fsdp(self.backend)
         if self.dtype not in ("auto", "bfloat16", "float32"):
             raise ValueError(f"dtype {self.dtype!r}: 'auto', 'bfloat16' or 'float32'")
+        if self.routing_replay not in ("off", "rollout"):
+            raise ValueError(f"routing_replay {self.routing_replay!r}: 'off' or 'rollout'")
+        if self.routing_replay == "rollout" and self.backend == "fsdp":
+            raise ValueError("routing_replay: rollout runs on the torch and megatron backends (fsdp: not yet)")
         if self.loss not in ("rl", "sft"):
             raise ValueError(f"loss {self.loss!r}: 'rl' or 'sft'")
         if self.opd_coef < 0:
@@ -171,6 +179,7 @@ class TorchTrainer:
                                                       weight_decay=c.weight_decay)
         self.role_baselines = alg.RoleBaselines(c.rae_decay) if c.estimator == "rae" else None
         self.step_count = 0
+        self.routing_shape = rr.model_routing_shape(model) if c.routing_replay == "rollout" else None
 
     # --- log-probs --------------------------------------------------------------------------------
     def logprobs(self, model: torch.nn.Module, batch: TrainBatch, *, with_entropy: bool = False):
@@ -182,6 +191,8 @@ class TorchTrainer:
         ent = torch.zeros_like(lp)
         if r > 0:
             ids = batch.input_ids.to(self.device)
+            if self.routing_shape is not None:  # routing replay: the engine's experts where it recorded them
+                rr.use_routes(model, None if batch.routed_experts is None else batch.routed_experts.to(self.device))
             logits = model(input_ids=ids, attention_mask=batch.attention_mask.to(self.device),
                            position_ids=batch.position_ids.to(self.device), logits_to_keep=r + 1,
                            use_cache=False).logits  # no KV cache: nothing generates, and a checkpointed layer replays
@@ -215,8 +226,11 @@ class TorchTrainer:
         """One RL step on groups of `group_size` consecutive trajectories; returns metrics."""
         c = self.config
         t0 = time.perf_counter()
+        if self.routing_shape is not None:
+            rr.check_routing(trajectories, self.routing_shape)
         batch = pack(trajectories, group_size=group_size, pad_id=self.pad_id, estimator=c.estimator,
-                     reward_assignment=c.reward_assignment, role_baselines=self.role_baselines)
+                     reward_assignment=c.reward_assignment, role_baselines=self.role_baselines,
+                     routing=self.routing_shape is not None)
         if c.opd_coef > 0 and batch.teacher_logprobs is None:
             raise ValueError("opd_coef > 0 needs the teacher's log-probs on every trajectory "
                              "(metadata['teacher_logprobs']; `teacher:` in the run config computes them)")
@@ -242,6 +256,9 @@ class TorchTrainer:
         metrics.update({"train/reward_mean": float(batch.rewards.mean()), "train/tokens": float(mask.sum()),
                         "train/response_len": float(mask.sum(-1).mean()), "train/step_s": time.perf_counter() - t0,
                         "train/step": float(self.step_count)})
+        if self.routing_shape is not None:  # loss tokens routed by the trainer: their routing was lost (abort, preemption)
+            lost, share = rr.rerouted_tokens(batch.loss_mask, batch.routed_experts)
+            metrics.update({"train/routing_replay_rerouted_tokens": lost, "train/routing_replay_rerouted_frac": share})
         return metrics
 
     def sft_step(self, trajectories: Sequence[Trajectory], *, lr: float | None = None) -> dict[str, float]:
