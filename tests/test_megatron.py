@@ -347,8 +347,9 @@ def test_chunked_lm_head_equals_the_full_log_softmax_with_gradients():
         assert torch.allclose(a, b, atol=1e-5), (a - b).abs().max()
     only = chunked_head_logprobs(hidden, weight, targets, chunk_tokens=100)  # one chunk
     assert torch.allclose(only.double(), ref_logp, atol=1e-5)
-    # auto: chunk only once a micro-batch's fp32 logits pass 1 GiB (64k tokens x Qwen3's vocabulary: ~1.7k a chunk)
-    assert head_chunk_tokens(None, 4096, 49152) == 0 and head_chunk_tokens(None, 65536, 151936) == (1 << 30) // (151936 * 4)
+    # auto: chunks of 1 GiB once a micro-batch's fp32 logits pass 16 GiB (64k tokens x Qwen3's vocabulary: ~1.7k a
+    # chunk; 16k tokens: the whole head)
+    assert head_chunk_tokens(None, 16384, 151936) == 0 and head_chunk_tokens(None, 65536, 151936) == (1 << 30) // (151936 * 4)
     assert head_chunk_tokens(0, 65536, 151936) == 0 and head_chunk_tokens(512, 10, 10) == 512
 
 
