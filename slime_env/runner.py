@@ -239,6 +239,7 @@ class _Episode:
         self.parse_errors = 0
         self.finish_reasons: list[str] = []
         self.weight_versions: list[str | None] = []  # per generate call, with its number of tokens below
+        self.weight_spans: list[list[list]] = []  # per generate call: [version, start, end] where the engine says
         self.call_tokens: list[int] = []
         self.generate_s = self.env_s = 0.0
         self.t0 = time.perf_counter()
@@ -308,6 +309,7 @@ class _Episode:
         self.turn_ids.extend(gen.token_ids)
         self.finish_reasons.append(gen.finish_reason)
         self.weight_versions.append(gen.weight_version)
+        self.weight_spans.append([list(span) for span in gen.weight_spans])
         self.call_tokens.append(len(gen.token_ids))
         return gen
 
@@ -405,6 +407,7 @@ class _Episode:
             info=self.info,
             metadata={**self.metadata, "finish_reasons": self.finish_reasons,
                       "weight_versions": self.weight_versions, "weight_version_tokens": self.call_tokens,
+                      "weight_version_spans": self.weight_spans,
                       "parse_errors": self.parse_errors,
                       "resumed": self.resumed})
 

@@ -135,7 +135,9 @@ class Generation:
 
     `token_ids` and `logprobs` have equal length (log-prob of each sampled token under the sampling
     distribution). `finish_reason` is "stop", "length" or "abort". `text` is informational only:
-    the ledger never re-tokenizes it.
+    the ledger never re-tokenizes it. `weight_spans`, where the engine reports them (vLLM), are
+    `(version, start, end)`: output tokens `[start, end)` were sampled by weights `version` — several
+    spans when a weight update came mid-generation; `weight_version` is then the oldest.
     """
 
     token_ids: tuple[int, ...]
@@ -146,6 +148,7 @@ class Generation:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     latency_s: float = 0.0
+    weight_spans: tuple[tuple[str, int, int], ...] = ()
 
     def __post_init__(self) -> None:
         if len(self.token_ids) != len(self.logprobs):

@@ -54,4 +54,4 @@ class Usage(dict):
         self["cached_tokens"] += gen.cached_tokens
         self["latency_s"] += latency_s
         return Generation(gen.token_ids, gen.logprobs, gen.finish_reason, gen.text, gen.weight_version, prompt,
-                          gen.cached_tokens, latency_s)
+                          gen.cached_tokens, latency_s, gen.weight_spans)
