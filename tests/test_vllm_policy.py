@@ -276,3 +276,23 @@ def test_distributed_without_vllm_in_the_trainer_is_refused():
         pass
     with pytest.raises(InvalidInput, match="needs vllm importable here"):
         vllm_sync.VLLMDistributed(lambda: [], WeightLayout())
+
+
+def test_interrupt_resume_on_vllm_aborts_no_episode():
+    """With engines that keep requests through the update (vLLM pause keep), the stream only stops starting
+    episodes; with others, `interrupt: resume` aborts them to resume later."""
+    from slime_env.trainers.run.sources import AsyncConfig, StreamSource
+
+    class Stream:
+        def __init__(self):
+            self.modes = []
+
+        async def pause(self, mode):
+            self.modes.append(mode)
+
+    cfg = AsyncConfig(mode="full", interrupt="resume")
+    for keeps, want in ((True, "finish"), (False, "resume")):
+        source = StreamSource(cfg, per_step=2)
+        source.stream, source.engine_resumes = Stream(), keeps
+        run(source.before_sync())
+        assert source.stream.modes == [want]
