@@ -296,3 +296,23 @@ def test_interrupt_resume_on_vllm_aborts_no_episode():
         source.stream, source.engine_resumes = Stream(), keeps
         run(source.before_sync())
         assert source.stream.modes == [want]
+
+
+def test_an_episode_records_the_version_spans_per_call(smollm2_tok):
+    """run_episode through VLLMPolicy: the trajectory keeps each generate call's spans beside its version."""
+    from helpers import ScriptedEnv
+
+    from slime_env import get_renderer, run_episode
+
+    async def main():
+        async with LocalServer(FakeVLLM().app()) as srv:
+            p = VLLMPolicy(srv.url)
+            try:
+                return await run_episode(ScriptedEnv(), p, "Hi", renderer=get_renderer(smollm2_tok), max_turns=1,
+                                         max_new_tokens=4)
+            finally:
+                await p.close()
+
+    traj = run(main())
+    assert traj.metadata["weight_versions"] == ["0"]
+    assert traj.metadata["weight_version_spans"] == [[["0", 0, 4]]]

@@ -93,7 +93,7 @@ class FakeVLLM:
 
     def next_token(self, last: int) -> tuple[int, float]:
         w = self.weights
-        h = w["model.embed_tokens.weight"][last] * w["model.norm.weight"]
+        h = w["model.embed_tokens.weight"][last % VOCAB] * w["model.norm.weight"]
         h = h + w["model.layers.0.self_attn.qkv_proj.weight"][:DIM] @ h
         logp = torch.log_softmax(w["model.embed_tokens.weight"] @ h, -1)
         tok = int(torch.argmax(logp))
