@@ -223,10 +223,11 @@ class VLLMDistributed(_VLLMChannel):
 
 
 async def verify_checksums(engines: Sequence[Any], named: list[tuple[str, torch.Tensor]]) -> int:
-    """Compare the engines' `/weight_checker` checksums after a push: all engines alike, and every tensor an engine
-    holds under a name the trainer pushed (vLLM fuses q/k/v and gate/up, so those are compared among engines only)
-    bit-identical to the pushed one in the engine's dtype. Returns how many tensors matched the trainer's;
-    `WeightSyncMismatch` naming the engine and tensors otherwise."""
+    """Compare the engines' `/weight_checker` checksums after a push: all engines alike, and the tensors an engine
+    holds as loaded — the embeddings and every 1-D tensor (norms, biases) — bit-identical to the pushed ones in the
+    engine's dtype. vLLM fuses q/k/v and gate/up and may repack linear weights after loading (the CPU build does:
+    `o_proj` and `down_proj` differ from the checkpoint's bytes), so matrices are compared among engines only.
+    Returns how many tensors matched the trainer's; `WeightSyncMismatch` naming the engine and tensors otherwise."""
     sums = await asyncio.gather(*(e.weight_checksums() for e in engines))
     first = sums[0]
     for e, s in zip(engines[1:], sums[1:]):
@@ -238,7 +239,7 @@ async def verify_checksums(engines: Sequence[Any], named: list[tuple[str, torch.
         return 0
     pushed = dict(named)
     held = {k.rsplit(":", 1)[-1]: v for k, v in first.items()}  # "dp0:pp0:pcp0:tp0:model.norm.weight" -> its name
-    common = sorted(n for n in held if n in pushed)
+    common = sorted(n for n in held if n in pushed and _as_loaded(n, pushed[n]))
     if not common:
         return 0
     wrong = await asyncio.to_thread(lambda: [n for n in common if held[n] not in _digests(pushed[n])])
@@ -246,6 +247,11 @@ async def verify_checksums(engines: Sequence[Any], named: list[tuple[str, torch.
         raise WeightSyncMismatch(f"after the sync {engines[0].url} holds tensors other than those pushed: "
                                  f"{wrong[:5]}{' ...' if len(wrong) > 5 else ''} (sha256 differs in every dtype)")
     return len(common)
+
+
+def _as_loaded(name: str, t: torch.Tensor) -> bool:
+    """A tensor vLLM keeps with the bytes it loaded (see `verify_checksums`)."""
+    return t.dim() == 1 or name.endswith(("embed_tokens.weight", "lm_head.weight"))
 
 
 def _digests(t: torch.Tensor) -> set[str]:
