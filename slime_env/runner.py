@@ -240,6 +240,7 @@ class _Episode:
         self.finish_reasons: list[str] = []
         self.weight_versions: list[str | None] = []  # per generate call, with its number of tokens below
         self.adapters: list[str | None] = []  # per generate call: its LoRA adapter ("name@version") or None
+        self.weight_spans: list[list[list]] = []  # per generate call: [version, start, end] where the engine says
         self.call_tokens: list[int] = []
         self.generate_s = self.env_s = 0.0
         self.t0 = time.perf_counter()
@@ -310,6 +311,7 @@ class _Episode:
         self.finish_reasons.append(gen.finish_reason)
         self.weight_versions.append(gen.weight_version)
         self.adapters.append(gen.adapter)
+        self.weight_spans.append([list(span) for span in gen.weight_spans])
         self.call_tokens.append(len(gen.token_ids))
         return gen
 
@@ -409,6 +411,7 @@ class _Episode:
             metadata={**self.metadata, "finish_reasons": self.finish_reasons,
                       "weight_versions": self.weight_versions, "weight_version_tokens": self.call_tokens,
                       **({"adapters": self.adapters} if any(self.adapters) else {}),
+                      "weight_version_spans": self.weight_spans,
                       "parse_errors": self.parse_errors,
                       "resumed": self.resumed})
 

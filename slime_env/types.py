@@ -137,7 +137,9 @@ class Generation:
     `token_ids` and `logprobs` have equal length (log-prob of each sampled token under the sampling
     distribution). `finish_reason` is "stop", "length" or "abort". `text` is informational only:
     the ledger never re-tokenizes it. `weight_version`: the weights the tokens came from; `adapter`: the LoRA
-    adapter they came from ("name@version", None without one).
+    adapter they came from ("name@version", None without one). `weight_spans`, where the engine reports them
+    (vLLM), are `(version, start, end)`: output tokens `[start, end)` were sampled by weights `version` — several
+    spans when a weight update came mid-generation; `weight_version` is then the oldest.
     """
 
     token_ids: tuple[int, ...]
@@ -150,6 +152,7 @@ class Generation:
     latency_s: float = 0.0
     adapter: str | None = None
     routed_experts: RoutedExperts | None = None  # MoE: row j = the experts of the forward that sampled token j
+    weight_spans: tuple[tuple[str, int, int], ...] = ()
 
     def __post_init__(self) -> None:
         if len(self.token_ids) != len(self.logprobs):

@@ -222,6 +222,9 @@ class RayTrainerGroup:
 
     def channel(self, engines: Any) -> Any:
         """The channel's spec (rank 0 builds the channel in its process) and the engines it reaches."""
+        if engines.cfg.kind == "vllm":
+            raise InvalidInput("engine.kind vllm is not offered with cluster.backend ray yet (its channels run in the "
+                               "driver's process); use cluster.backend local / torchrun")
         kind = "inplace" if engines.embedded else engines.channel_kind()
         if kind not in ("distributed", "tensor", "none"):
             raise InvalidInput(f"engine.weight_sync {engines.cfg.weight_sync!r} is not offered with cluster.backend "
