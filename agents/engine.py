@@ -106,6 +106,8 @@ class ContinuousEngine(EngineWorker):
         # Llama / Qwen2 / Qwen3 run as one packed forward per step (slime_env.agents.packed_forward); other models as a
         # prefill pass per admission wave plus a decoding pass through the model's own forward.
         self.packed = packed_forward.packable(front.model) if packed is None else packed
+        if front.capture is not None:  # routing capture hooks the model's own MoE layers: the two-pass path
+            self.packed = False
         # A two-pass prefill needs the logits of each row's last position only: the LM head over every prompt
         # token was a third of a resumed turn's prefill (models without the argument compute them all).
         keeps = "logits_to_keep" in inspect.signature(front.model.forward).parameters
@@ -269,11 +271,12 @@ class ContinuousEngine(EngineWorker):
         out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, **self._last_only)
         kv = _layers(out.past_key_values)
         logits = out.logits[:, -1, :].float()
+        routed = self._routed([i * width + width - 1 for i in range(len(reqs))])
         self.front.usage["prompt_tokens"] += sum(len(r.input_ids) for r in reqs)
         for i, r in enumerate(reqs):
             n = len(r.input_ids)
             row_kv = [(k[i:i + 1, :, width - n:], v[i:i + 1, :, width - n:]) for k, v in kv]
-            self._start_row(r, list(r.input_ids), row_kv, logits[i:i + 1])
+            self._start_row(r, list(r.input_ids), row_kv, logits[i:i + 1], routed[i] if routed is not None else None)
 
     def _prefill_extending(self, items: list[tuple[Any, int, list]]) -> None:
         """Requests whose session prefix is cached, in one forward: each row's cached KV (left-padded to the
@@ -304,6 +307,7 @@ class ContinuousEngine(EngineWorker):
                     past_key_values=_cache_from(past), use_cache=True, **self._last_only)
         kv = _layers(out.past_key_values)
         logits = out.logits[:, -1, :].float()
+        routed = self._routed([i * new_w + new_w - 1 for i in range(b)])
         for i, (r, n, _) in enumerate(items):
             s = len(r.input_ids) - n
             r.cached_tokens = n
@@ -312,14 +316,21 @@ class ContinuousEngine(EngineWorker):
             row_kv = [(torch.cat([k[i:i + 1, :, past_w - n:past_w], k[i:i + 1, :, past_w + new_w - s:]], 2),
                        torch.cat([v[i:i + 1, :, past_w - n:past_w], v[i:i + 1, :, past_w + new_w - s:]], 2))
                       for k, v in kv]
-            self._start_row(r, list(r.input_ids), row_kv, logits[i:i + 1])
+            self._start_row(r, list(r.input_ids), row_kv, logits[i:i + 1], routed[i] if routed is not None else None)
+
+    def _routed(self, flat_positions: list[int]) -> torch.Tensor | None:
+        """MoE routing capture: the last forward's experts at these flattened positions (None without capture)."""
+        cap = self.front.capture
+        return cap.rows(flat_positions) if cap is not None else None
 
     def _start_row(self, r: Any, fed: list[int], kv: list[tuple[torch.Tensor, torch.Tensor]],
-                   logits: torch.Tensor) -> None:
+                   logits: torch.Tensor, routed: torch.Tensor | None = None) -> None:
         """Sample the first token; if the request goes on, write its KV into a free row of the batch."""
         token, logprob = self.front.sample([r], logits)[0]
         r.out_ids.append(token)
         r.out_logprobs.append(logprob)
+        if routed is not None:
+            r.out_routed.append(routed)
         r.finish = self.front.finished(r) or ("abort" if r.aborted else None)
         if r.finish is not None:
             self._retire(r, fed, kv)
@@ -424,14 +435,17 @@ class ContinuousEngine(EngineWorker):
         self.mask = mask
         self.steps += 1
         logits = out.logits[:, -1, :].float()
+        routed = self._routed(live)
         picks = self.front.sample([self.rows[i].req for i in live], logits[live])
-        for i, (token, logprob) in zip(live, picks):
+        for j, (i, (token, logprob)) in enumerate(zip(live, picks)):
             row = self.rows[i]
             row.fed.append(row.req.out_ids[-1])
             row.length += 1
             r = row.req
             r.out_ids.append(token)
             r.out_logprobs.append(logprob)
+            if routed is not None:
+                r.out_routed.append(routed[j])
             r.finish = self.front.finished(r)
             if r.finish is not None:
                 self._free(i)

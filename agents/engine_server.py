@@ -54,6 +54,7 @@ class EngineServer:
         self.policy = policy
         self.model_path = model_path
         self.groups: dict[str, tuple[Any, str]] = {}  # weight-update groups by name: (process group, backend)
+        self.loras: dict[str, str] = {}  # LoRA adapters loaded by name ("name@version") -> their folder
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -74,6 +75,8 @@ class EngineServer:
             web.post("/get_weights_checksum", self.get_weights_checksum),
             web.post("/release_memory_occupation", self.release_memory),
             web.post("/resume_memory_occupation", self.resume_memory),
+            web.post("/load_lora_adapter", self.load_lora_adapter),
+            web.post("/unload_lora_adapter", self.unload_lora_adapter),
         ])
         return app
 
@@ -93,6 +96,9 @@ class EngineServer:
                 check_sampling_seed(params["sampling_seed"], "sampling_params.sampling_seed")
             except InvalidInput as e:
                 return _bad(str(e))
+        lora = body.get("lora_path")
+        if lora is not None and (not isinstance(lora, str) or lora not in self.loras):
+            return _bad(f"lora_path {lora!r} names no loaded adapter (loaded: {sorted(self.loras)})")
         rids = body.get("rid")
         if batched:
             rids = rids if isinstance(rids, list) else [None] * len(prompts)
@@ -101,6 +107,10 @@ class EngineServer:
         else:
             rids = [rids]
         want_logprobs = bool(body.get("return_logprob", False))
+        want_routed = bool(body.get("return_routed_experts", False))
+        if want_routed and getattr(self.policy, "capture", None) is None:
+            return _bad("return_routed_experts: this engine's model has no MoE routers to report (a dense model, or "
+                        "serve-engine started with routed experts off)")
         start = body.get("logprob_start_len", -1)
         if not isinstance(start, int):
             return _bad("logprob_start_len must be an integer")
@@ -108,7 +118,7 @@ class EngineServer:
             results = await asyncio.gather(*(self._score(ids, rid, want_logprobs, start) for ids, rid in zip(prompts, rids)))
             return web.json_response(results if batched else results[0])
         try:
-            results = await asyncio.gather(*(self._one(ids, params, rid, want_logprobs)
+            results = await asyncio.gather(*(self._one(ids, params, rid, want_logprobs, want_routed)
                                              for ids, rid in zip(prompts, rids)))
         except InvalidInput as e:
             return _bad(str(e))
@@ -132,7 +142,8 @@ class EngineServer:
             return [self.policy.tokenizer.encode(t, add_special_tokens=False) for t in rows], batched
         raise InvalidInput("request needs 'input_ids' or 'text'")
 
-    async def _one(self, ids: list[int], params: dict[str, Any], rid: str | None, logprobs: bool) -> dict[str, Any]:
+    async def _one(self, ids: list[int], params: dict[str, Any], rid: str | None, logprobs: bool,
+                   routed: bool = False) -> dict[str, Any]:
         t0 = time.perf_counter()
         rid = rid or uuid.uuid4().hex
         gen = await self.policy.generate(ids, params, rid=rid)
@@ -142,8 +153,14 @@ class EngineServer:
             "prompt_tokens": len(ids), "completion_tokens": len(gen.token_ids), "cached_tokens": gen.cached_tokens,
             "weight_version": gen.weight_version, "e2e_latency": time.perf_counter() - t0,
         }
+        if gen.adapter is not None:  # the adapter its tokens came from (ours; SGLang's meta_info has none)
+            meta["adapter"] = gen.adapter
         if logprobs:
             meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(gen.logprobs, gen.token_ids)]
+        if routed and gen.routed_experts is not None:
+            # SGLang's form: base64 int32 [prompt + completion - 1, layers, top_k]; rows before the prompt's last token
+            # are -1 (this engine records the forwards that sampled a token only)
+            meta["routed_experts"] = gen.routed_experts.to_sglang(len(ids))
         return {"text": gen.text, "output_ids": list(gen.token_ids), "meta_info": meta}
 
     async def _score(self, ids: list[int], rid: str | None, logprobs: bool, start: int) -> dict[str, Any]:
@@ -243,6 +260,42 @@ class EngineServer:
         return web.json_response({"success": True, "message": f"loaded {len(named)} tensors",
                                   "weight_version": self.policy.weight_version})
 
+    # --- LoRA adapters (SGLang's routes; applied merged: slime_env.agents.lora_adapter) ----------------------------
+    async def load_lora_adapter(self, request: web.Request) -> web.Response:
+        """SGLang's `/load_lora_adapter` (`lora_name`, `lora_path`: a PEFT folder): the adapter is merged into the
+        weights between batches; its version is `weight_version` or what follows '@' in the name. The last one loaded
+        is the one generating; earlier names stay accepted by `/generate` until unloaded."""
+        from slime_env.agents.lora_adapter import LoRAAdapter
+
+        body = await _json(request)
+        if isinstance(body, web.Response):
+            return body
+        name, path = body.get("lora_name"), body.get("lora_path")
+        if not isinstance(name, str) or not name or not isinstance(path, str) or not path:
+            return _bad("load_lora_adapter needs 'lora_name' and 'lora_path' (strings)")
+        base, _, tail = name.rpartition("@")
+        version = body.get("weight_version") or (tail if base else name)
+        try:
+            adapter = await asyncio.to_thread(LoRAAdapter.load, path, base or name)
+            await self.policy.load_adapter(adapter, str(version))
+        except (OSError, ValueError, InvalidInput) as e:
+            return web.json_response({"success": False, "error_message": f"{type(e).__name__}: {e}"}, status=400)
+        self.loras[name] = path
+        return web.json_response({"success": True, "loaded_adapters": dict(self.loras),
+                                  "weight_version": self.policy.weight_version})
+
+    async def unload_lora_adapter(self, request: web.Request) -> web.Response:
+        """SGLang's `/unload_lora_adapter` (`lora_name`). The adapter generating now stays merged until the next load
+        replaces it: only a name that `/generate` no longer accepts."""
+        body = await _json(request)
+        if isinstance(body, web.Response):
+            return body
+        name = body.get("lora_name")
+        if name not in self.loras:
+            return web.json_response({"success": False, "error_message": f"no adapter named {name!r} is loaded"},
+                                     status=400)
+        del self.loras[name]
+        return web.json_response({"success": True, "loaded_adapters": dict(self.loras)})
 
     # --- weights over a torch.distributed group (SGLang's disaggregated update) -------------------------------
     async def init_weights_update_group(self, request: web.Request) -> web.Response:

@@ -28,6 +28,7 @@ from slime_env.agents.worker import EngineFront, Request
 from slime_env.clients.session import EpisodeSession
 from slime_env.errors import InvalidInput
 from slime_env.policy import check_sampling_seed
+from slime_env.routing import RoutedExperts
 
 
 def _check_ids(input_ids: Any, vocab_size: int) -> list[int]:
@@ -58,7 +59,7 @@ class TransformersPolicy:
     def __init__(self, model: Any, tokenizer: Any, *, max_batch_size: int = 16, batch_window_s: float = 0.005,
                  weight_version: str = "0", seed: int | None = None, batching: str = "continuous",
                  prefix_cache_tokens: int = 32768, paged: bool | None = None,
-                 paged_options: Mapping[str, Any] | None = None):
+                 paged_options: Mapping[str, Any] | None = None, return_routed_experts: bool | None = None):
         if max_batch_size < 1:
             raise InvalidInput(f"max_batch_size must be >= 1, got {max_batch_size}")
         if batching not in ("continuous", "static"):
@@ -69,6 +70,9 @@ class TransformersPolicy:
         self.max_batch_size = max_batch_size
         self.batch_window_s = batch_window_s
         self.weight_version = weight_version
+        # LoRA: the adapter ("name@version") of each weight version an adapter made, and the base copy it merges into
+        self.adapters: dict[str, str] = {}
+        self._merged = None
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.eos_id = tokenizer.eos_token_id
         self._rng = random.Random(seed)
@@ -84,10 +88,18 @@ class TransformersPolicy:
                       "generate_s": 0.0, "cached_tokens": 0}
         self.batching = batching
         self._engine = None
-        self.paged = batching == "continuous" and (paged_usable(model) if paged is None else paged)
+        # MoE models: each generated token's routed experts (routing replay), by default
+        from slime_env.agents.routing_capture import RoutingCapture, moe_routers
+
+        if return_routed_experts is None:
+            return_routed_experts = bool(moe_routers(model))
+        self.capture = RoutingCapture(model) if return_routed_experts else None
+        self.paged = batching == "continuous" and self.capture is None and \
+            (paged_usable(model) if paged is None else paged)
         if batching == "continuous":  # the engine behind this front gets what it needs, passed in
             front = EngineFront(model=self.model, device=self.device, pad_id=self.pad_id, usage=self.usage,
-                                version=lambda: self.weight_version, finished=self._finished, sample=sample_rows)
+                                version=lambda: self.weight_version, finished=self._finished, sample=sample_rows,
+                                capture=self.capture)
         if self.paged:
             from slime_env.agents.paged_engine import PagedEngine
 
@@ -124,7 +136,8 @@ class TransformersPolicy:
         text = self._decode(req.out_ids)
         return Generation(token_ids=tuple(req.out_ids), logprobs=tuple(req.out_logprobs),
                           finish_reason=req.finish or "length", text=text, weight_version=self.weight_version,
-                          prompt_tokens=len(req.input_ids), latency_s=time.perf_counter() - t0)
+                          prompt_tokens=len(req.input_ids), latency_s=time.perf_counter() - t0,
+                          adapter=self.adapters.get(self.weight_version), routed_experts=_routed(req))
 
     async def _generate_continuous(self, input_ids: list[int], sampling_params: Mapping[str, Any], rid: str | None,
                                    session: str | None, loop: asyncio.AbstractEventLoop) -> Generation:
@@ -144,7 +157,9 @@ class TransformersPolicy:
         return Generation(token_ids=tuple(req.out_ids), logprobs=tuple(req.out_logprobs),
                           finish_reason=req.finish or "length", text=self._decode(req.out_ids),
                           weight_version=req.weight_version or self.weight_version, prompt_tokens=len(req.input_ids),
-                          cached_tokens=req.cached_tokens, latency_s=time.perf_counter() - t0)
+                          cached_tokens=req.cached_tokens, latency_s=time.perf_counter() - t0,
+                          adapter=self.adapters.get(req.weight_version or self.weight_version),
+                          routed_experts=_routed(req))
 
     def for_episode(self, session_id: str) -> EpisodeSession:
         """A per-episode view: one rid per call, `abort()` stops the live one; with continuous batching the
@@ -213,6 +228,18 @@ class TransformersPolicy:
             self.weight_version = str(weight_version)
         finally:
             engine.hold(self.paused)
+
+    async def load_adapter(self, adapter: Any, weight_version: str) -> None:
+        """Apply a LoRA adapter (`slime_env.agents.lora_adapter.LoRAAdapter`) merged into the weights, as a partial
+        weight update between batches (`update_weights`); the tokens generated from then on record weight version
+        `weight_version` and adapter "name@weight_version"."""
+        from slime_env.agents.lora_adapter import MergedAdapter
+
+        if self._merged is None:
+            self._merged = MergedAdapter(self.model)
+        merged = self._merged
+        self.adapters[str(weight_version)] = f"{adapter.name}@{weight_version}"  # before any request can see it
+        await self.update_weights(lambda: merged.merged(adapter), weight_version, partial=True)
 
     async def score(self, input_ids: Sequence[int]) -> list[float]:
         """log p(input_ids[t] | input_ids[:t]) for t = 1 .. n-1 under the current weights (one prefill, no sampling):
@@ -326,6 +353,7 @@ class TransformersPolicy:
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
         cache, logits = out.past_key_values, out.logits[:, -1, :].float()
+        flat = [i * width + width - 1 for i in range(n)]  # where each row's next token is sampled from
         next_pos = positions[:, -1:] + 1
         steps = max(r.max_new_tokens for r in batch)
         for _ in range(steps):
@@ -334,10 +362,14 @@ class TransformersPolicy:
                 if r.finish is None and r.aborted:
                     r.finish = "abort"
             active = [i for i, r in enumerate(batch) if r.finish is None]
-            for i, (token, logprob) in zip(active, sample_rows([batch[i] for i in active], logits[active])):
+            routed = self.capture.rows([flat[i] for i in active]) if self.capture is not None else None
+            for j, (i, (token, logprob)) in enumerate(zip(active, sample_rows([batch[i] for i in active],
+                                                                               logits[active]))):
                 r = batch[i]
                 r.out_ids.append(token)
                 r.out_logprobs.append(logprob)
+                if routed is not None:
+                    r.out_routed.append(routed[j])
                 r.finish = self._finished(r)
                 tokens[i, 0] = token
             if all(r.finish is not None for r in batch):
@@ -346,6 +378,7 @@ class TransformersPolicy:
             out = self.model(input_ids=tokens, attention_mask=mask, position_ids=next_pos, past_key_values=cache,
                              use_cache=True)
             cache, logits = out.past_key_values, out.logits[:, -1, :].float()
+            flat = list(range(n))
             next_pos = next_pos + 1
         self.usage["batches"] += 1
         self.usage["requests"] += n
@@ -451,6 +484,13 @@ def sequence_logprobs(model: Any, ids: Sequence[int]) -> list[float]:
     x = torch.tensor([list(ids)], dtype=torch.long, device=device)
     logits = model(input_ids=x, use_cache=False).logits[0, :-1].float()
     return torch.log_softmax(logits, -1).gather(-1, x[0, 1:, None]).squeeze(-1).tolist()
+
+
+def _routed(req: Request) -> RoutedExperts | None:
+    """The request's routed experts (one row per generated token), or None when not captured for all of them."""
+    if not req.out_routed or len(req.out_routed) != len(req.out_ids):
+        return None
+    return RoutedExperts.from_array(torch.stack(req.out_routed))
 
 
 def paged_usable(model: Any) -> bool:

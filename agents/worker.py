@@ -52,6 +52,7 @@ class Request:
     cached_tokens: int = 0
     weight_version: str | None = None
     seed: int = 0  # the request's sampling seed (the paged engine draws from it on the device)
+    out_routed: list = field(default_factory=list)  # MoE: per sampled token, its forward's [layers, top_k] experts
 
     def resolve(self) -> None:
         """Done (its output, or `error`): resolve its future on its event loop. Called from the engine's thread."""
@@ -80,6 +81,7 @@ class EngineFront:
     version: Callable[[], str]                              # the weight version loaded now
     finished: Callable[[Request], str | None]               # a request's finish reason after its latest token
     sample: Callable[[list[Request], torch.Tensor], list[tuple[int, float]]]  # host-side: (token, log-prob) per row
+    capture: Any = None  # a RoutingCapture on MoE models (slime_env.agents.routing_capture): routing per sampled token
 
 
 class EngineWorker:

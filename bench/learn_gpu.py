@@ -7,7 +7,12 @@ of a fixed partition (never seen in training), greedy, before training and every
 (`TransformersPolicy`, bf16 on the GPU) and the trainer (megatron-core, bf16 with fp32 master weights)
 share the GPU; the weights go into the engine in place after every step. Stops at `--budget-min`.
 Target: >= +20 points of held-out accuracy in <= 10 minutes on one H100. Writes runs/learn_gpu/ and
-copies the plot to docs/learn_gpu.png. Usage: python bench/learn_gpu.py [--backend torch]
+copies the plot to docs/learn_gpu.png. Usage: python bench/learn_gpu.py [--backend torch] [--lora]
+
+`--lora` trains a LoRA adapter (`trainer.lora`, rank `--lora-rank`, every linear layer) on the torch trainer instead
+of every weight, and syncs the adapter alone; compare it with `--backend torch` (full fine-tuning, same trainer): the
+printout ends with held-out accuracy, wall-clock, the GPU's peak memory and the mean weight-sync bytes and seconds
+per step, and the same numbers go to RUN_DIR/bench_summary.json.
 """
 
 from __future__ import annotations
@@ -36,7 +41,9 @@ def config(args) -> TrainConfig:
         "max_new_tokens": 24, "temperature": 1.0, "eval_every": args.eval_every, "max_concurrency": 512,
         "time_budget_s": args.budget_min * 60, "seed": 0, "device": "auto",
         "trainer": {"backend": args.backend, "estimator": "grpo", "lr": args.lr, "micro_batch_size": 64,
-                    "max_tokens_per_micro_batch": 16384, "clip_low": 0.2, "clip_high": 0.28, "max_grad_norm": 1.0},
+                    "max_tokens_per_micro_batch": 16384, "clip_low": 0.2, "clip_high": 0.28, "max_grad_norm": 1.0,
+                    **({"lora": {"rank": args.lora_rank, "alpha": 2 * args.lora_rank, "target_modules": "all-linear"}}
+                       if args.lora else {})},
     }, "bench/learn_gpu.py")
 
 
@@ -52,8 +59,18 @@ def main() -> None:
     ap.add_argument("--backend", default="megatron", choices=["megatron", "torch"])
     ap.add_argument("--run-dir", default="runs/learn_gpu")
     ap.add_argument("--copy-to", default=None, help="also copy the plot and metrics.jsonl into this folder")
+    ap.add_argument("--lora", action="store_true", help="train a LoRA adapter (torch trainer) instead of every weight")
+    ap.add_argument("--lora-rank", type=int, default=32)
     args = ap.parse_args()
     import torch
+
+    if args.lora:
+        if args.backend == "megatron":
+            args.backend = "torch"  # LoRA runs on the torch / FSDP trainers (docs/lora.md)
+        if args.lr == 2e-5:
+            args.lr = 2e-4  # an adapter's usual learning rate: ~10x full fine-tuning's
+        if args.run_dir == "runs/learn_gpu":
+            args.run_dir = "runs/learn_gpu_lora"
 
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU (no GPU: this check is meant for one)"
     summary = asyncio.run(train(config(args)))
@@ -68,7 +85,19 @@ def main() -> None:
     print(f"\nheld-out accuracy {summary['first_accuracy']:.3f} -> {summary['last_accuracy']:.3f} "
           f"({gain * 100:+.1f} points) in {summary['elapsed_s'] / 60:.1f} min on {device}, {args.backend} trainer "
           f"(target: >= +20 points within 10 min on one H100)")
-    docs = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "learn_gpu.png")
+    syncs = [r for r in rows if "sync/bytes" in r]
+    bench = {"mode": "lora" if args.lora else "full", "backend": args.backend, "device": device,
+             "first_accuracy": summary["first_accuracy"], "last_accuracy": summary["last_accuracy"],
+             "elapsed_s": summary["elapsed_s"], "steps": sum("train/reward_mean" in r for r in rows),
+             "gpu_peak_gb": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None,
+             "sync_bytes_mean": sum(r["sync/bytes"] for r in syncs) / max(len(syncs), 1),
+             "sync_s_mean": sum(r.get("sync/s", 0.0) for r in syncs) / max(len(syncs), 1)}
+    with open(os.path.join(args.run_dir, "bench_summary.json"), "w") as f:
+        json.dump(bench, f, indent=1)
+    print(f"{bench['mode']}: GPU peak {bench['gpu_peak_gb'] or 0:.1f} GB (engine + trainer), weight sync "
+          f"{bench['sync_bytes_mean'] / 1e6:.1f} MB in {bench['sync_s_mean'] * 1e3:.0f} ms per step")
+    docs = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs",
+                        "learn_gpu_lora.png" if args.lora else "learn_gpu.png")
     shutil.copy(summary["curves"], docs)
     if args.copy_to:  # e.g. a folder that outlives the machine the check ran on
         os.makedirs(args.copy_to, exist_ok=True)

@@ -239,6 +239,8 @@ class _Episode:
         self.parse_errors = 0
         self.finish_reasons: list[str] = []
         self.weight_versions: list[str | None] = []  # per generate call, with its number of tokens below
+        self.adapters: list[str | None] = []  # per generate call: its LoRA adapter ("name@version") or None
+        self.weight_spans: list[list[list]] = []  # per generate call: [version, start, end] where the engine says
         self.call_tokens: list[int] = []
         self.generate_s = self.env_s = 0.0
         self.t0 = time.perf_counter()
@@ -304,10 +306,12 @@ class _Episode:
                                f"max_new_tokens={params['max_new_tokens']}")
         if not gen.token_ids and gen.finish_reason != "abort" and not self.turn_ids:
             raise InvalidInput("policy returned no tokens")
-        self.ledger.add_generated(gen.token_ids, gen.logprobs, self.turn)
+        self.ledger.add_generated(gen.token_ids, gen.logprobs, self.turn, gen.routed_experts)
         self.turn_ids.extend(gen.token_ids)
         self.finish_reasons.append(gen.finish_reason)
         self.weight_versions.append(gen.weight_version)
+        self.adapters.append(gen.adapter)
+        self.weight_spans.append([list(span) for span in gen.weight_spans])
         self.call_tokens.append(len(gen.token_ids))
         return gen
 
@@ -396,7 +400,8 @@ class _Episode:
         led = self.ledger
         return Trajectory(
             task=self.task, prompt_ids=led.prompt_ids, response_ids=led.response_ids, loss_mask=led.loss_mask,
-            rollout_logprobs=led.rollout_logprobs, spans=led.spans, turn_rewards=self.turn_rewards,
+            rollout_logprobs=led.rollout_logprobs, spans=led.spans, routing=led.routing(),
+            turn_rewards=self.turn_rewards,
             reward=float(sum(self.turn_rewards)), status=self.status, reason=self.reason, agent_id=self.agent_id,
             num_turns=self.turns_generated + (1 if self.turn_ids else 0), messages=self.messages,
             response_text=self.renderer.decode(led.response_ids) if led.response_ids else "",
@@ -405,6 +410,8 @@ class _Episode:
             info=self.info,
             metadata={**self.metadata, "finish_reasons": self.finish_reasons,
                       "weight_versions": self.weight_versions, "weight_version_tokens": self.call_tokens,
+                      **({"adapters": self.adapters} if any(self.adapters) else {}),
+                      "weight_version_spans": self.weight_spans,
                       "parse_errors": self.parse_errors,
                       "resumed": self.resumed})
 

@@ -8,6 +8,7 @@ from typing import Any, Literal
 from slime_env.errors import InvalidInput
 from slime_env.fast_pickle import fast_pickle
 from slime_env.ledger import Span, check_invariants
+from slime_env.routing import RoutingRecord, stream_routing
 from slime_env.types import Message, Task, _jsonable
 
 Status = Literal["completed", "truncated", "aborted", "failed"]
@@ -25,6 +26,8 @@ class Trajectory:
     `turn_rewards[k]` is the env's reward for turn k; `reward` is their sum. `status` is one of
     completed / truncated / aborted / failed, with a human-readable `reason` when not completed.
     `timings` has `total_s`, `generate_s`, `env_s`, `framework_s`; `info` is the env's last info.
+    `routing` (MoE models whose engine returns them) holds the routed experts of generated tokens, for routing
+    replay (`slime_env.routing`); None otherwise.
     """
 
     task: Task
@@ -44,10 +47,14 @@ class Trajectory:
     timings: dict[str, float] = field(default_factory=dict)
     info: dict[str, Any] = field(default_factory=dict)
     metadata: dict[str, Any] = field(default_factory=dict)
+    routing: RoutingRecord | None = None
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
             raise InvalidInput(f"trajectory status {self.status!r} is not one of {STATUSES}")
+        if self.routing is not None and self.routing.ranges and self.routing.ranges[-1][1] > len(self.response_ids):
+            raise InvalidInput(f"trajectory routing covers response offsets up to {self.routing.ranges[-1][1]} of "
+                               f"{len(self.response_ids)}")
 
     @property
     def tokens(self) -> list[int]:
@@ -56,17 +63,26 @@ class Trajectory:
     def check(self) -> None:
         """Raise AssertionError unless the ledger invariants hold."""
         check_invariants(self.prompt_ids, self.response_ids, self.loss_mask, self.rollout_logprobs, self.spans)
+        for start, end in self.routing.ranges if self.routing is not None else ():
+            assert all(self.loss_mask[i] == 1 for i in range(start, end)), \
+                f"routed experts recorded for response offsets {start}:{end}, which are not all generated"
 
     def to_slime_sample(self) -> dict[str, Any]:
         """The fields of a slime `Sample` (slime/utils/types.py), satisfying its invariants.
 
         A failed episode is exported in slime's safe form: `remove_sample=True`, reward 0.0, a mask of
         zeros and log-probs 0.0, so it can never reach the loss. `status` is slime's status string.
+        With routed experts, `rollout_routed_experts` is slime's int32 `[len(tokens) - 1, layers, top_k]` (row i: the
+        forward over token i), -1 where none was recorded (prompt and inserted tokens): slime's trainer replays
+        every row and refuses -1, so it fails loudly rather than replay expert 0 (see docs/trainers.md).
         """
         failed = self.status == "failed"
         n = len(self.response_ids)
         md = self.metadata
-        return {
+        extra = {}
+        if self.routing is not None and not failed:
+            extra["rollout_routed_experts"] = stream_routing(len(self.prompt_ids), n, self.routing).astype("int32")
+        return {**extra,
             "tokens": self.prompt_ids + self.response_ids,
             "response_length": n,
             "loss_mask": [0] * n if failed else list(self.loss_mask),
@@ -103,6 +119,7 @@ class Trajectory:
             "num_turns": self.num_turns, "messages": [m.to_dict() for m in self.messages],
             "response_text": self.response_text, "timings": dict(self.timings), "info": _jsonable(self.info),
             "metadata": _jsonable(self.metadata),
+            **({"routing": self.routing.to_dict()} if self.routing is not None else {}),
         }
 
     @classmethod
@@ -117,7 +134,8 @@ class Trajectory:
                 agent_id=d.get("agent_id", "agent"), num_turns=int(d.get("num_turns", 0)),
                 messages=[Message.coerce(m, "trajectory.messages") for m in d.get("messages", [])],
                 response_text=d.get("response_text", ""), timings=dict(d.get("timings", {})),
-                info=dict(d.get("info", {})), metadata=dict(d.get("metadata", {})))
+                info=dict(d.get("info", {})), metadata=dict(d.get("metadata", {})),
+                routing=RoutingRecord.from_dict(d["routing"]) if d.get("routing") else None)
         except KeyError as e:
             raise InvalidInput(f"trajectory record has no field {e.args[0]!r}") from None
         except TypeError as e:

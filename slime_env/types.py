@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from slime_env.errors import InvalidInput
 from slime_env.fast_pickle import fast_pickle
+from slime_env.routing import RoutedExperts
 
 Role = Literal["system", "user", "assistant", "tool", "ipython"]
 ROLES: frozenset[str] = frozenset(("system", "user", "assistant", "tool", "ipython"))
@@ -135,7 +136,10 @@ class Generation:
 
     `token_ids` and `logprobs` have equal length (log-prob of each sampled token under the sampling
     distribution). `finish_reason` is "stop", "length" or "abort". `text` is informational only:
-    the ledger never re-tokenizes it.
+    the ledger never re-tokenizes it. `weight_version`: the weights the tokens came from; `adapter`: the LoRA
+    adapter they came from ("name@version", None without one). `weight_spans`, where the engine reports them
+    (vLLM), are `(version, start, end)`: output tokens `[start, end)` were sampled by weights `version` — several
+    spans when a weight update came mid-generation; `weight_version` is then the oldest.
     """
 
     token_ids: tuple[int, ...]
@@ -146,10 +150,16 @@ class Generation:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     latency_s: float = 0.0
+    adapter: str | None = None
+    routed_experts: RoutedExperts | None = None  # MoE: row j = the experts of the forward that sampled token j
+    weight_spans: tuple[tuple[str, int, int], ...] = ()
 
     def __post_init__(self) -> None:
         if len(self.token_ids) != len(self.logprobs):
             raise InvalidInput(f"Generation: {len(self.token_ids)} token ids but {len(self.logprobs)} log-probs")
+        if self.routed_experts is not None and self.routed_experts.num_tokens != len(self.token_ids):
+            raise InvalidInput(f"Generation: {len(self.token_ids)} token ids but routed experts for "
+                               f"{self.routed_experts.num_tokens} tokens")
         if self.finish_reason not in FINISH_REASONS:
             raise InvalidInput(f"Generation: finish_reason {self.finish_reason!r} is not one of {sorted(FINISH_REASONS)}")
 

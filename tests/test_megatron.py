@@ -282,7 +282,9 @@ def test_unpadded_batch_and_token_budget_micro_batches():
     assert balanced_ranges([10, 1, 1, 1], 2) == [(0, 1), (1, 4)]
 
 
-def test_packed_logprobs_equal_torch_trainers_and_masked_gradients_match(parallel):
+@pytest.mark.parametrize("head_chunk", [None, 7], ids=["full-head", "chunked-head"])
+def test_packed_logprobs_equal_torch_trainers_and_masked_gradients_match(parallel, head_chunk):
+    """Also with the LM head in chunks of 7 tokens (`lm_head_chunk_tokens`): the same log-probs and gradients."""
     from slime_env.trainers.megatron import mcore_to_hf
     from slime_env.trainers.megatron_trainer import MegatronTrainer
 
@@ -290,7 +292,8 @@ def test_packed_logprobs_equal_torch_trainers_and_masked_gradients_match(paralle
     trajs = trajectories(8, seed=3)
     cfg = dict(lr=1e-3, micro_batch_size=3, kl_coef=0.05, entropy_coef=0.01)
     torch_trainer = TorchTrainer(hf, TrainerConfig(**cfg), pad_id=0)
-    mega = MegatronTrainer(hf, TrainerConfig(**cfg, backend="megatron", max_tokens_per_micro_batch=40), pad_id=0)
+    mega = MegatronTrainer(hf, TrainerConfig(**cfg, backend="megatron", max_tokens_per_micro_batch=40,
+                                             lm_head_chunk_tokens=head_chunk), pad_id=0)
     batch = pack(trajs, group_size=4, pad_id=0)
     with torch.no_grad():
         ref = torch_trainer.logprobs(hf, batch)
@@ -317,6 +320,37 @@ def test_packed_logprobs_equal_torch_trainers_and_masked_gradients_match(paralle
         ref_g = grads["torch"][name]
         assert torch.allclose(g, ref_g, atol=1e-6 + 1e-4 * ref_g.abs().max().item(), rtol=1e-4), name
     assert any(g.abs().sum() > 0 for g in as_hf.values())
+
+
+def test_chunked_lm_head_equals_the_full_log_softmax_with_gradients():
+    """`chunked_head_logprobs` (chunks of 5 rows of 23) against the full fp64 log-softmax: log-probs, entropies and
+    the gradients of hidden states and head weight under a loss that uses both."""
+    from slime_env.trainers.megatron.logprobs import chunked_head_logprobs, head_chunk_tokens
+
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(23, 16, generator=g, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(50, 16, generator=g, dtype=torch.float64, requires_grad=True)
+    targets = torch.randint(0, 50, (23,), generator=g)
+    w_logp, w_ent = torch.randn(23, generator=g, dtype=torch.float64), torch.randn(23, generator=g, dtype=torch.float64)
+
+    def loss_of(logp, ent):
+        return (logp * w_logp).sum() + (ent * w_ent).sum()
+
+    logits = hidden @ weight.t()
+    ref_logp = torch.log_softmax(logits, -1).gather(-1, targets[:, None]).squeeze(-1)
+    ref_ent = -(torch.softmax(logits, -1) * torch.log_softmax(logits, -1)).sum(-1)
+    ref = torch.autograd.grad(loss_of(ref_logp, ref_ent), [hidden, weight])
+    logp, ent = chunked_head_logprobs(hidden, weight, targets, chunk_tokens=5, with_entropy=True)
+    assert torch.allclose(logp.double(), ref_logp, atol=1e-5) and torch.allclose(ent.double(), ref_ent, atol=1e-5)
+    ours = torch.autograd.grad(loss_of(logp.double(), ent.double()), [hidden, weight])
+    for a, b in zip(ours, ref):
+        assert torch.allclose(a, b, atol=1e-5), (a - b).abs().max()
+    only = chunked_head_logprobs(hidden, weight, targets, chunk_tokens=100)  # one chunk
+    assert torch.allclose(only.double(), ref_logp, atol=1e-5)
+    # auto: chunks of 1 GiB once a micro-batch's fp32 logits pass 16 GiB (64k tokens x Qwen3's vocabulary: ~1.7k a
+    # chunk; 16k tokens: the whole head)
+    assert head_chunk_tokens(None, 16384, 151936) == 0 and head_chunk_tokens(None, 65536, 151936) == (1 << 30) // (151936 * 4)
+    assert head_chunk_tokens(0, 65536, 151936) == 0 and head_chunk_tokens(512, 10, 10) == 512
 
 
 def test_megatron_step_save_load_and_sync_round_trip(parallel, tmp_path):

@@ -19,6 +19,7 @@ from dataclasses import dataclass, fields, replace
 import torch
 from slime_env.trainers.algorithms import RoleBaselines, outcome_advantages, token_returns, token_rewards
 
+from slime_env.routing import stream_routing
 from slime_env.trajectory import Trajectory
 
 
@@ -36,6 +37,9 @@ class TrainBatch:
     group_size: int
     token_rewards: torch.Tensor | None = None  # [B, L]: each turn's reward on its last generated token (PPO)
     teacher_logprobs: torch.Tensor | None = None  # [B, L]: a teacher's log-prob of each response token (OPD)
+    # [B, L, layers, top_k] int16 (routing replay): the engine's experts for the forward over each column, -1 where the
+    # trainer routes itself (prompt, inserted tokens, lost routing); slime_env.trainers.routing_replay
+    routed_experts: torch.Tensor | None = None
 
     @property
     def size(self) -> int:
@@ -69,7 +73,7 @@ class TrainBatch:
         used = int(self.attention_mask.sum(-1).max().item()) if self.size else 0
         start = self.input_ids.shape[1] - used
         return replace(self, **{f.name: getattr(self, f.name)[:, start:] for f in fields(self)
-                                if isinstance(getattr(self, f.name), torch.Tensor) and getattr(self, f.name).dim() == 2})
+                                if isinstance(getattr(self, f.name), torch.Tensor) and getattr(self, f.name).dim() >= 2})
 
     @property
     def position_ids(self) -> torch.Tensor:
@@ -94,12 +98,14 @@ class TrainBatch:
 
 
 def pack(trajectories: Sequence[Trajectory], *, group_size: int, pad_id: int, estimator: str = "grpo",
-         reward_assignment: str = "sequence", role_baselines: RoleBaselines | None = None) -> TrainBatch:
+         reward_assignment: str = "sequence", role_baselines: RoleBaselines | None = None,
+         routing: bool = False) -> TrainBatch:
     """Tensors and advantages for `trajectories` (groups of `group_size`, consecutive, in sample order).
 
     A failed trajectory keeps its place (reward 0.0 in its group's statistics) but its loss mask is zeros,
     as slime's `remove_sample` does. `estimator` is an outcome estimator of `slime_env.trainers.algorithms`; "rae"
-    takes `role_baselines` (keyed by each trajectory's env id and role) and updates them.
+    takes `role_baselines` (keyed by each trajectory's env id and role) and updates them. `routing`: lay out the
+    trajectories' routed experts (`routed_experts`, for routing replay) when any has them.
     """
     if reward_assignment not in ("sequence", "per_turn"):
         raise ValueError(f"reward_assignment must be 'sequence' or 'per_turn', got {reward_assignment!r}")
@@ -127,6 +133,10 @@ def pack(trajectories: Sequence[Trajectory], *, group_size: int, pad_id: int, es
     with_teacher = all("teacher_logprobs" in t.metadata or t.status == "failed" for t in trajectories) and \
         any("teacher_logprobs" in t.metadata for t in trajectories)
     teacher = torch.zeros((B, L), dtype=torch.float32) if with_teacher else None
+    shapes = {t.routing.experts.shape[1:] for t in trajectories if routing and t.routing is not None}
+    if len(shapes) > 1:
+        raise ValueError(f"trajectories carry routed experts of different shapes [*, layers, top_k]: {sorted(shapes)}")
+    routed = torch.full((B, L, *shapes.pop()), -1, dtype=torch.int16) if shapes else None
     for i, t in enumerate(trajectories):
         p, r = len(t.prompt_ids), len(t.response_ids)
         o = L - p - r  # left padding
@@ -145,6 +155,9 @@ def pack(trajectories: Sequence[Trajectory], *, group_size: int, pad_id: int, es
                 teacher[i, o + p:] = torch.tensor(lps, dtype=torch.float32)
         for span in t.spans:
             turn_of[i, o + p + span.start:o + p + span.end] = span.turn
+        if routed is not None and t.routing is not None and not failed:
+            rows = stream_routing(p, r, t.routing)  # row j: the forward over token j, which gives token j + 1
+            routed[i, o:o + len(rows)] = torch.from_numpy(rows)
     if estimator == "rae":
         if role_baselines is None:
             raise ValueError("estimator 'rae' needs role_baselines (slime_env.trainers.algorithms.RoleBaselines)")
@@ -173,4 +186,4 @@ def pack(trajectories: Sequence[Trajectory], *, group_size: int, pad_id: int, es
         scale = 1.0 if estimator == "dr_grpo" else 1.0 / (std + 1e-6)
         advantages = (returns - mean) * scale * loss_mask
     return TrainBatch(input_ids, attention, loss_mask, rollout, advantages, turn_of, rewards, group_size, per_token,
-                      teacher)
+                      teacher, routed)

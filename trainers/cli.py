@@ -1,4 +1,4 @@
-"""`slime-env train`, `slime-env sft` and `slime-env report`: the trainers package's subcommands (registered through `slime_env.cli`)."""
+"""`slime-env train`, `slime-env sft`, `slime-env report` and `slime-env export`: the trainers package's subcommands (registered through `slime_env.cli`)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,43 @@ def register(app: typer.Typer) -> None:
     app.command()(train)
     app.command()(sft)
     app.command()(report)
+    app.command()(export)
+    app.command("serve-tinker")(serve_tinker)
+
+
+def serve_tinker(model: str = typer.Option(..., help="the base model name clients ask for (e.g. Qwen/Qwen3-8B): "
+                                                     "create_lora_training_client(base_model=...) must match it"),
+                 checkpoint: str = typer.Option("default", help="weights: 'default' (embedded SmolLM2-135M-Instruct),"
+                                                                 " 'random' (tiny random model, for plumbing) or a "
+                                                                 "Hugging Face folder"),
+                 tokenizer: str = typer.Option("smollm2", help="qwen3, llama3.1, llama3.2, smollm2 (offline) or a "
+                                                               "Hugging Face folder"),
+                 host: str = typer.Option("127.0.0.1", help="address to bind"),
+                 port: int = typer.Option(8000, help="port (0 picks a free one)"),
+                 root: str = typer.Option("tinker_checkpoints", help="where checkpoints are written"),
+                 max_context_length: int = typer.Option(8192, min=1, help="longest datum or prompt accepted")
+                 ) -> None:
+    """A Tinker-compatible training API (the `tinker` SDK, tinker-cookbook recipes) over our trainer and engine."""
+    import asyncio
+
+    from slime_env.trainers.tinker import TinkerBackend, start
+    from slime_env.trainers.tinker.models import load_model, load_tokenizer
+
+    tok = load_tokenizer(tokenizer)
+    backend = TinkerBackend(model, load_model(checkpoint, tok), tok, root, max_context_length=max_context_length)
+
+    async def main() -> None:
+        runner, url = await start(backend, host, port)
+        typer.echo(f"serving the Tinker API for {model!r} at {url} (TINKER_BASE_URL={url}; any TINKER_API_KEY)")
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await runner.cleanup()
+
+    try:
+        asyncio.run(main())
+    except KeyboardInterrupt:
+        pass
 
 
 def train(config: str = typer.Option(None, help="run config (YAML); default: the embedded demo run "
@@ -80,3 +117,33 @@ def report(run_dir: str = typer.Argument(..., help="a `slime-env train` run dire
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(1) from None
     typer.echo(f"report: {path}")
+
+
+def export(checkpoint: str = typer.Argument(..., help="a trainer checkpoint (run_dir/checkpoints/step_N) or a PEFT "
+                                                      "adapter folder"),
+           out: str = typer.Option(..., help="folder to write"),
+           merge: bool = typer.Option(False, "--merge", help="LoRA: write the base model with the adapter merged in "
+                                                             "(HF weights) instead of the adapter alone"),
+           base: str = typer.Option(None, help="LoRA --merge: the base model (default: the adapter's "
+                                               "base_model_name_or_path)")) -> None:
+    """Write a checkpoint's weights for serving: the HF model folder, or with LoRA the PEFT adapter (loadable by peft,
+    SGLang and vLLM), or with --merge the merged HF weights."""
+    import shutil
+    from pathlib import Path
+
+    from slime_env.trainers.lora import adapter_folder, export_merged
+
+    folder = adapter_folder(checkpoint)
+    try:
+        if folder is not None and merge:
+            path = export_merged(checkpoint, out, base)
+        elif folder is not None:
+            path = Path(shutil.copytree(folder, out, dirs_exist_ok=True))
+        elif (Path(checkpoint) / "model").is_dir():
+            path = Path(shutil.copytree(Path(checkpoint) / "model", out, dirs_exist_ok=True))
+        else:
+            raise FileNotFoundError(f"{checkpoint} is no trainer checkpoint (model/ or adapter/)")
+    except (FileNotFoundError, ValueError, OSError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(f"exported {'merged weights' if folder is not None and merge else 'weights'} -> {path}")

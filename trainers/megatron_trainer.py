@@ -36,10 +36,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from slime_env.errors import InvalidInput
 from slime_env.trajectory import Trajectory
 from slime_env.trainers import algorithms as alg
 from slime_env.trainers.batch import TrainBatch
 from slime_env.trainers.distributed import balanced_ranges, lockstep, token_budget_slices
+from slime_env.trainers.megatron.logprobs import head_chunk_tokens
 from slime_env.trainers.torch_trainer import TorchTrainer, TrainerConfig, read_hf_weights
 
 
@@ -135,6 +137,16 @@ class MegatronTrainer(TorchTrainer):
         self.role_baselines = alg.RoleBaselines(c.rae_decay) if c.estimator == "rae" else None
         self.step_count = 0
         self._offloaded = False
+        self.routing_shape = None
+        if c.routing_replay == "rollout":  # MoE routing replay (slime_env.trainers.routing_replay)
+            if not self.moe:
+                raise InvalidInput(f"routing_replay: {self.hf_config.model_type} is not a MoE model; set "
+                                   "trainer.routing_replay: off")
+            if c.cp > 1 or c.pp > 1 or (c.sequence_parallel and c.tp > 1):
+                raise ValueError("routing_replay: rollout runs with TP (without sequence parallel), EP and DP; context "
+                                 "parallel, pipeline parallel and sequence parallel are not supported yet")
+            h = self.hf_config
+            self.routing_shape = (h.num_hidden_layers, h.num_experts_per_tok, h.num_experts)
 
     # --- GPU memory between steps -------------------------------------------------------------------
     def offload(self) -> None:
@@ -268,18 +280,48 @@ class MegatronTrainer(TorchTrainer):
             zeros = self._scatter(batch, None, None)
             return (zeros, zeros.clone()) if with_entropy else zeros
         forward = self.ddp if (self.ddp is not None and model is self.model) else self.model
+        if self.routing_shape is not None:
+            self._replay_routes(batch, p)
+        chunk = 0 if self.config.tp > 1 else head_chunk_tokens(self.config.lm_head_chunk_tokens, p.ids.numel(),
+                                                        self.hf_config.vocab_size)
+        if chunk:  # the model stops at its final norm; the head runs in chunks of `chunk` tokens
+            from slime_env.trainers.megatron.model import final_hidden_states
+
+            with final_hidden_states(forward) as head_weight:
+                hidden = forward(input_ids=p.ids, position_ids=None, attention_mask=None,
+                                 packed_seq_params=p.params)[0]  # [T', H]
+            out = self._scored_logprobs(batch, p, hidden, with_entropy, head=(head_weight(), chunk))
+            return out if with_entropy else out[0]
         logits = forward(input_ids=p.ids, position_ids=None, attention_mask=None,
                          packed_seq_params=p.params)[0]  # [T', V / tp]
         out = self._scored_logprobs(batch, p, logits, with_entropy)
         return out if with_entropy else out[0]
 
-    def _scored_logprobs(self, batch: TrainBatch, p: _Packed, logits: torch.Tensor, with_entropy: bool
-                         ) -> list[torch.Tensor]:
-        """[log-probs] or [log-probs, entropies], each [B, L] in `batch`'s layout, from this rank's `logits`."""
+    def _replay_routes(self, batch: TrainBatch, p: _Packed) -> None:
+        """Routing replay: the batch's routes in the packed order the routers see (no CP / SP: the unpadded rows,
+        then the dummy sequence, which routes itself)."""
+        from slime_env.trainers import routing_replay as rr
+
+        if batch.routed_experts is None:
+            rr.megatron_use_routes(self.model, None)
+            return
+        rows = batch.routed_experts[batch.attention_mask.bool()]  # [N, layers, top_k], unpadded() order
+        routes = rows.new_full((p.ids.shape[1], *rows.shape[1:]), -1)
+        routes[:rows.shape[0]] = rows
+        rr.megatron_use_routes(self.model, routes.to(self.device))
+
+    def _scored_logprobs(self, batch: TrainBatch, p: _Packed, logits: torch.Tensor, with_entropy: bool,
+                         head: tuple[torch.Tensor, int] | None = None) -> list[torch.Tensor]:
+        """[log-probs] or [log-probs, entropies], each [B, L] in `batch`'s layout, from this rank's `logits` (or,
+        with `head` = (the LM head's weight, tokens per chunk), from its final hidden states)."""
         from slime_env.trainers.megatron import vocab_parallel_logprobs
+        from slime_env.trainers.megatron.logprobs import chunked_head_logprobs
 
         def score(rows: torch.Tensor, targets: torch.Tensor):
-            out = vocab_parallel_logprobs(rows, targets, with_entropy=with_entropy)
+            if head is not None:
+                out = chunked_head_logprobs(rows, head[0], targets, chunk_tokens=head[1], with_entropy=with_entropy)
+            else:
+                out = vocab_parallel_logprobs(rows, targets, with_entropy=with_entropy)
             return out if with_entropy else (out,)
 
         return [self._scatter(batch, p.need, x) for x in self._at_scored(p, logits, score)]
@@ -470,6 +512,10 @@ class MegatronTrainer(TorchTrainer):
         """(ids [1, T'], THD params) of one sequence of pad ids: the forward an idle rank runs."""
         ids, params, _ = self._layout(torch.full((1,), self.pad_id, dtype=torch.long),
                                       torch.tensor([0, 1], dtype=torch.int32))
+        if getattr(self, "routing_shape", None) is not None:  # routing replay: the pad sequence routes itself
+            from slime_env.trainers import routing_replay as rr
+
+            rr.megatron_use_routes(self.model, None)
         return ids, params
 
     def _idle_forward(self) -> None:

@@ -26,6 +26,7 @@ from slime_env.trainers import algorithms as alg
 from slime_env.trainers.batch import TrainBatch, pack
 from slime_env.trainers.fsdp_options import FSDPOptions
 from slime_env.trainers.megatron.options import MegatronOptions
+from slime_env.trainers import routing_replay as rr
 
 from slime_env.trajectory import Trajectory
 
@@ -88,6 +89,13 @@ class TrainerConfig(MegatronOptions, FSDPOptions):
     backend: str = "torch"
     dtype: str = "auto"
     recompute: str = "none"
+    # LoRA (`slime_env.trainers.lora.LoRAOptions`, docs/lora.md): {rank, alpha, dropout, target_modules, ...}; only
+    # the adapter is trained, the reference policy of a KL term is the base model (adapter off), a sync sends the
+    # adapter alone, a checkpoint holds it in PEFT's format. None: full fine-tuning.
+    lora: Any = None
+    # MoE routing replay (R3): "rollout" replays the engine's routed experts of the generated tokens in the training
+    # forward (slime_env.trainers.routing_replay); "off": the trainer routes every token itself.
+    routing_replay: str = "off"
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -98,6 +106,10 @@ class TrainerConfig(MegatronOptions, FSDPOptions):
         self.check_fsdp(self.backend)
         if self.dtype not in ("auto", "bfloat16", "float32"):
             raise ValueError(f"dtype {self.dtype!r}: 'auto', 'bfloat16' or 'float32'")
+        if self.routing_replay not in ("off", "rollout"):
+            raise ValueError(f"routing_replay {self.routing_replay!r}: 'off' or 'rollout'")
+        if self.routing_replay == "rollout" and self.backend == "fsdp":
+            raise ValueError("routing_replay: rollout runs on the torch and megatron backends (fsdp: not yet)")
         if self.loss not in ("rl", "sft"):
             raise ValueError(f"loss {self.loss!r}: 'rl' or 'sft'")
         if self.opd_coef < 0:
@@ -116,6 +128,16 @@ class TrainerConfig(MegatronOptions, FSDPOptions):
             raise ValueError(f"off_policy_low ({self.off_policy_low}) <= 1 <= off_policy_high ({self.off_policy_high})"
                              " is required")
         self.betas = tuple(self.betas)
+        from slime_env.trainers.lora import LoRAOptions
+
+        self.lora = LoRAOptions.parse(self.lora)
+        if self.lora is not None:
+            if self.backend != "torch":
+                raise ValueError(f"lora with backend: {self.backend} is not built yet (docs/lora.md); use backend: "
+                                 "torch")
+            if self.estimator == "ppo":
+                raise ValueError("lora with estimator: ppo: the critic is a full copy of the backbone, which LoRA "
+                                 "would not train; use a critic-free estimator (grpo, rloo, ...)")
 
     @property
     def legacy_tis(self) -> bool:
@@ -135,13 +157,18 @@ class TorchTrainer:
 
     def __init__(self, model: torch.nn.Module, config: TrainerConfig | None = None, *, pad_id: int,
                  ref_model: torch.nn.Module | None = None):
-        self.model, self.config, self.pad_id = model, config or TrainerConfig(), pad_id
-        self.device = next(model.parameters()).device
+        self.config, self.pad_id = config or TrainerConfig(), pad_id
         c = self.config
+        if c.lora is not None:  # only the adapter trains: the base weights are frozen inside the peft model
+            from slime_env.trainers.lora import is_peft, wrap
+
+            model = model if is_peft(model) else wrap(model, c.lora)
+        self.model = model
+        self.device = next(model.parameters()).device
         self.optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=c.lr,
                                            betas=c.betas, weight_decay=c.weight_decay)
         self.ref_model = ref_model
-        if c.kl_coef > 0 and ref_model is None:
+        if c.kl_coef > 0 and ref_model is None and c.lora is None:
             self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)  # the initial policy
         self.critic = None
         if c.estimator == "ppo":
@@ -152,6 +179,7 @@ class TorchTrainer:
                                                       weight_decay=c.weight_decay)
         self.role_baselines = alg.RoleBaselines(c.rae_decay) if c.estimator == "rae" else None
         self.step_count = 0
+        self.routing_shape = rr.model_routing_shape(model) if c.routing_replay == "rollout" else None
 
     # --- log-probs --------------------------------------------------------------------------------
     def logprobs(self, model: torch.nn.Module, batch: TrainBatch, *, with_entropy: bool = False):
@@ -163,6 +191,8 @@ class TorchTrainer:
         ent = torch.zeros_like(lp)
         if r > 0:
             ids = batch.input_ids.to(self.device)
+            if self.routing_shape is not None:  # routing replay: the engine's experts where it recorded them
+                rr.use_routes(model, None if batch.routed_experts is None else batch.routed_experts.to(self.device))
             logits = model(input_ids=ids, attention_mask=batch.attention_mask.to(self.device),
                            position_ids=batch.position_ids.to(self.device), logits_to_keep=r + 1,
                            use_cache=False).logits  # no KV cache: nothing generates, and a checkpointed layer replays
@@ -183,20 +213,31 @@ class TorchTrainer:
         model.train(was_training)
         return out
 
+    def _reference_logprobs(self, batch: TrainBatch) -> torch.Tensor:
+        """The reference policy's log-probs (a KL term): `ref_model`, or with LoRA the base model itself, the
+        adapter off (no second copy of the weights)."""
+        if self.ref_model is not None:
+            return self._frozen_logprobs(self.ref_model, batch)
+        with self.model.disable_adapter():
+            return self._frozen_logprobs(self.model, batch)
+
     # --- one RL step ------------------------------------------------------------------------------
     def step(self, trajectories: Sequence[Trajectory], group_size: int) -> dict[str, float]:
         """One RL step on groups of `group_size` consecutive trajectories; returns metrics."""
         c = self.config
         t0 = time.perf_counter()
+        if self.routing_shape is not None:
+            rr.check_routing(trajectories, self.routing_shape)
         batch = pack(trajectories, group_size=group_size, pad_id=self.pad_id, estimator=c.estimator,
-                     reward_assignment=c.reward_assignment, role_baselines=self.role_baselines)
+                     reward_assignment=c.reward_assignment, role_baselines=self.role_baselines,
+                     routing=self.routing_shape is not None)
         if c.opd_coef > 0 and batch.teacher_logprobs is None:
             raise ValueError("opd_coef > 0 needs the teacher's log-probs on every trajectory "
                              "(metadata['teacher_logprobs']; `teacher:` in the run config computes them)")
         sft = c.loss == "sft"
         reuse_old = sft or (c.ppo_epochs == 1 and c.n_minibatches == 1 and not c.use_tis)
         old = None if reuse_old else self._frozen_logprobs(self.model, batch)  # the policy that sampled
-        ref = self._frozen_logprobs(self.ref_model, batch) if c.kl_coef > 0 and not sft else None
+        ref = self._reference_logprobs(batch) if c.kl_coef > 0 and not sft else None
         targets = None
         if self.critic is not None and not sft:  # PPO: GAE over the critic's values replaces the outcome advantages
             batch, targets = self._gae(batch)
@@ -215,6 +256,9 @@ class TorchTrainer:
         metrics.update({"train/reward_mean": float(batch.rewards.mean()), "train/tokens": float(mask.sum()),
                         "train/response_len": float(mask.sum(-1).mean()), "train/step_s": time.perf_counter() - t0,
                         "train/step": float(self.step_count)})
+        if self.routing_shape is not None:  # loss tokens routed by the trainer: their routing was lost (abort, preemption)
+            lost, share = rr.rerouted_tokens(batch.loss_mask, batch.routed_experts)
+            metrics.update({"train/routing_replay_rerouted_tokens": lost, "train/routing_replay_rerouted_frac": share})
         return metrics
 
     def sft_step(self, trajectories: Sequence[Trajectory], *, lr: float | None = None) -> dict[str, float]:
@@ -321,8 +365,9 @@ class TorchTrainer:
 
     def _training_mode(self) -> None:
         """The mode of the gradient passes: eval (dropout off: the importance ratio must compare the same function
-        the engine sampled)."""
-        self.model.eval()
+        the engine sampled). A LoRA `dropout` acts in supervised steps (`loss: sft`) only."""
+        lora = self.config.lora
+        self.model.train(bool(lora and lora.dropout > 0 and self.config.loss == "sft"))
 
     def _idle_micro_batch(self) -> None:
         """A micro-batch without loss tokens: nothing to do here. Trainers whose ranks must run the same forward and
@@ -416,7 +461,10 @@ class TorchTrainer:
         """Model (safetensors, `save_pretrained`), optimizer, step and config under `path` (and PPO's critic)."""
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(path / "model", safe_serialization=True)
+        if self.config.lora is not None:  # the adapter alone, in PEFT's format (no base weights)
+            self.adapter().save(path / "adapter")
+        else:
+            self.model.save_pretrained(path / "model", safe_serialization=True)
         torch.save({"optimizer": self.optimizer.state_dict(), "step": self.step_count,
                     "role_baselines": self.role_baselines.state_dict() if self.role_baselines else None},
                    path / "trainer.pt")
@@ -433,10 +481,13 @@ class TorchTrainer:
 
         from slime_env.agents.weight_layout import load_state
 
-        state = {}
-        for f in sorted((path / "model").glob("*.safetensors")):
-            state.update(load_file(str(f)))
-        load_state(self.model, state)  # either layout: checkpoints hold MoE experts one matrix each
+        if self.config.lora is not None:
+            self._load_adapter(path)
+        else:
+            state = {}
+            for f in sorted((path / "model").glob("*.safetensors")):
+                state.update(load_file(str(f)))
+            load_state(self.model, state)  # either layout: checkpoints hold MoE experts one matrix each
         if (path / "trainer.pt").exists():  # a MegatronTrainer checkpoint holds the same HF weights, not this state
             saved = torch.load(path / "trainer.pt", map_location=self.device, weights_only=False)
             self.optimizer.load_state_dict(saved["optimizer"])
@@ -448,6 +499,35 @@ class TorchTrainer:
             self.critic.load_state_dict(saved["critic"])
             self.critic_optimizer.load_state_dict(saved["optimizer"])
 
+    def _load_adapter(self, path: Path) -> None:
+        """The adapter of checkpoint `path` (`path/adapter`, PEFT's format) into this trainer's peft model."""
+        from peft import set_peft_model_state_dict
+
+        from slime_env.agents.lora_adapter import LoRAAdapter
+
+        folder = path / "adapter" if (path / "adapter").is_dir() else path
+        if not (folder / "adapter_config.json").exists():
+            raise FileNotFoundError(f"{path}: a LoRA trainer resumes from an adapter checkpoint (adapter/ in PEFT's "
+                                    "format); this one holds none")
+        saved = LoRAAdapter.load(folder)
+        result = set_peft_model_state_dict(self.model, {k: v.to(self.device) for k, v in saved.tensors.items()})
+        missing = [k for k in getattr(result, "unexpected_keys", []) if ".lora_" in k]
+        if missing:
+            raise ValueError(f"{folder}: adapter tensors {missing[:3]} match no module of this model")
+
+    def adapter(self) -> Any:
+        """The current LoRA adapter (`slime_env.trainers.lora.LoRAAdapter`: PEFT names, copies); LoRA trainers only."""
+        from slime_env.trainers.lora import adapter_of
+
+        if self.config.lora is None:
+            raise ValueError("adapter(): this trainer has no trainer.lora section")
+        return adapter_of(self.model, self.config.lora.name)
+
+    @property
+    def syncs_adapter(self) -> bool:
+        """Whether a weight sync sends the adapter alone (`trainer.lora.sync: adapter`)."""
+        return self.config.lora is not None and self.config.lora.sync == "adapter"
+
     async def sync(self, policy: Any, *, version: str | None = None, path: str | Path | None = None) -> str:
         """Push the current weights to `policy` through the run's own weight channels (`weight_sync.channel_for`):
         in place when it has `update_weights` (TransformersPolicy); to an engine server (SGLangPolicy: SGLang or
@@ -458,6 +538,12 @@ class TorchTrainer:
 
         version = version or str(self.step_count)
         channel = channel_for(policy, self.weight_layout(), path=path)
+        if self.syncs_adapter:
+            adapter = self.adapter()  # a collective where the weights are sharded
+            if self.pushes:
+                await channel.push_adapter(adapter, version)
+            await channel.close()
+            return version
         weights = self.weights()  # a collective where the weights are sharded
         if self.pushes:
             await channel.push(weights, version)
@@ -476,12 +562,21 @@ class TorchTrainer:
         return WeightLayout.of(self.model.config)
 
     def weights(self) -> dict[str, torch.Tensor]:
-        """The current weights with Hugging Face names (views, not copies: consume them before the next step)."""
+        """The current weights with Hugging Face names (views, not copies: consume them before the next step); with
+        LoRA, the base weights with the adapter merged in."""
+        if self.config.lora is not None:
+            from slime_env.trainers.lora import merged_weights
+
+            return merged_weights(self.model)
         return {k: v.detach() for k, v in self.model.state_dict().items()}
 
     def save_weights(self, path: str | Path) -> Path:
-        """Only the Hugging Face model folder (safetensors + config.json): what an engine loads."""
-        self.model.save_pretrained(path, safe_serialization=True)
+        """Only the Hugging Face model folder (safetensors + config.json): what an engine loads (with LoRA: the
+        merged weights)."""
+        if self.config.lora is not None:
+            self.model.get_base_model().save_pretrained(path, state_dict=self.weights(), safe_serialization=True)
+        else:
+            self.model.save_pretrained(path, safe_serialization=True)
         return Path(path)
 
 

@@ -52,8 +52,15 @@ class InPlace:
 
     async def push(self, weights: Mapping[str, torch.Tensor], version: str) -> dict[str, float]:
         t0 = time.perf_counter()
-        await self.policy.update_weights({k: v.detach().clone() for k, v in weights.items()}, version)
-        return {"sync/s": time.perf_counter() - t0}
+        copies = {k: v.detach().clone() for k, v in weights.items()}
+        await self.policy.update_weights(copies, version)
+        return {"sync/s": time.perf_counter() - t0, "sync/bytes": float(_nbytes(copies.values()))}
+
+    async def push_adapter(self, adapter: Any, version: str) -> dict[str, float]:
+        """A LoRA adapter (`slime_env.agents.lora_adapter.LoRAAdapter`): the engine merges it (`load_adapter`)."""
+        t0 = time.perf_counter()
+        await self.policy.load_adapter(adapter, version)
+        return {"sync/s": time.perf_counter() - t0, "sync/bytes": float(adapter.nbytes)}
 
     async def close(self) -> None:
         return None
@@ -66,9 +73,28 @@ class _Servers:
     def __init__(self, engines: Callable[[], Sequence[Any]], layout: WeightLayout | None = None):
         self.engines = engines
         self.layout = layout or WeightLayout()
+        self.adapter_folder: Path | None = None  # where adapter versions are written (a temporary folder if unset)
+        self.keep_adapters = 2  # adapter versions every engine keeps loaded (the run's staleness bound + 1)
 
     async def _each(self, fn: Callable[[Any], Any]) -> list[Any]:
         return await asyncio.gather(*(fn(e) for e in self.engines()))
+
+    async def push_adapter(self, adapter: Any, version: str) -> dict[str, float]:
+        """A LoRA adapter, whatever channel carries full weights: written as a PEFT folder (kilobytes to megabytes)
+        that every engine loads by name and version (`load_lora_adapter("{name}@{version}", folder)`: SGLang's
+        `/load_lora_adapter`, vLLM's `/v1/load_lora_adapter`, serve-engine's); each engine then unloads the versions
+        older than its newest `keep_adapters`, so every in-flight request's adapter stays loaded."""
+        import tempfile
+
+        t0 = time.perf_counter()
+        if self.adapter_folder is None:
+            self.adapter_folder = Path(tempfile.mkdtemp(prefix="slime_env-adapters-"))
+        lora_name = f"{adapter.name}@{version}"
+        folder = await asyncio.to_thread(adapter.save, self.adapter_folder / lora_name)
+        saved = time.perf_counter()
+        await self._each(lambda e: e.load_lora_adapter(lora_name, str(folder), weight_version=version))
+        await self._each(lambda e: e.unload_lora_adapters(keep=self.keep_adapters))
+        return {"sync/s": time.perf_counter() - t0, "sync/save_s": saved - t0, "sync/bytes": float(adapter.nbytes)}
 
     async def close(self) -> None:
         return None
@@ -190,7 +216,7 @@ class FromTensor(_Servers):
         named = _flat_views([(n, t.detach().contiguous()) for n, t in self.layout.engine_tensors(weights)])
         # One call per engine, atomic there (admission held, running requests finished, then the load): no pause.
         await self._each(lambda e: e.update_weights_from_tensor(named, weight_version=version))
-        return {"sync/s": time.perf_counter() - t0}
+        return {"sync/s": time.perf_counter() - t0, "sync/bytes": float(_nbytes(t for _, t in named))}
 
 
 class FromDisk(_Servers):
@@ -224,6 +250,9 @@ class Frozen:
     async def push(self, weights: Mapping[str, torch.Tensor], version: str) -> dict[str, float]:
         return {}
 
+    async def push_adapter(self, adapter: Any, version: str) -> dict[str, float]:
+        return {}
+
     async def close(self) -> None:
         return None
 
@@ -235,9 +264,14 @@ def channel_for(policy: Any, layout: WeightLayout, *, path: str | Path | None = 
     if hasattr(policy, "update_weights"):
         return InPlace(policy)
     if path is not None and hasattr(policy, "update_weights_from_disk"):
-        return FromDisk(lambda: [policy], path=path, layout=layout)
+        channel = FromDisk(lambda: [policy], path=path, layout=layout)
+        channel.adapter_folder = Path(path)
+        return channel
     if hasattr(policy, "update_weights_from_tensor"):
-        return FromTensor(lambda: [policy], layout)
+        channel = FromTensor(lambda: [policy], layout)
+        if path is not None:
+            channel.adapter_folder = Path(path)
+        return channel
     raise TypeError(f"{type(policy).__name__} takes no weights: it has neither update_weights, "
                     "update_weights_from_tensor nor update_weights_from_disk")
 
@@ -261,6 +295,10 @@ def _flat_views(named: list[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.
             out[i] = (name, view)
             at += t.numel()
     return out  # type: ignore[return-value]
+
+
+def _nbytes(tensors: Any) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def _free_port() -> int:

@@ -3,7 +3,9 @@
 - `SGLangPolicy(url)`: SGLang's native `/generate` (engine or router; `serve-engine` speaks it too), session
   affinity, abort, and SGLang's weight-update routes (`update_weights_from_distributed` / `_from_tensor` /
   `_from_disk`).
-- `OpenAIPolicy(base_url, model)`: OpenAI-compatible `/completions` (vLLM), exact ids or refusal.
+- `VLLMPolicy(url)`: vLLM's RL routes in dev mode: token-in `/inference/v1/generate` with log-probs and weight-version
+  spans, pause / resume / abort, the weight-transfer protocol, checksums.
+- `OpenAIPolicy(base_url, model)`: OpenAI-compatible `/completions` (vLLM too, frozen), exact ids or refusal.
 - `EpisodeSession`: the per-episode view of a policy (one rid per call, abort of the live one); `Usage`.
 - `tensor_payload`: the same-host tensor payload of `update_weights_from_tensor`.
 
@@ -15,7 +17,7 @@ from slime_env.loading import lazy_exports
 _EXPORTS = {
     "SGLangPolicy": "slime_env.clients.sglang", "parse_generate_response": "slime_env.clients.sglang",
     "OpenAIPolicy": "slime_env.clients.openai", "EpisodeSession": "slime_env.clients.session",
-    "Usage": "slime_env.clients.session",
+    "Usage": "slime_env.clients.session", "VLLMPolicy": "slime_env.clients.vllm",
 }
 
 __all__ = sorted(_EXPORTS)

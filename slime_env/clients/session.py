@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import inspect
 import itertools
 from collections.abc import Mapping, Sequence
@@ -53,5 +55,4 @@ class Usage(dict):
         self["completion_tokens"] += len(gen.token_ids)
         self["cached_tokens"] += gen.cached_tokens
         self["latency_s"] += latency_s
-        return Generation(gen.token_ids, gen.logprobs, gen.finish_reason, gen.text, gen.weight_version, prompt,
-                          gen.cached_tokens, latency_s)
+        return dataclasses.replace(gen, prompt_tokens=prompt, latency_s=latency_s)

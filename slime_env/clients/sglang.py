@@ -9,6 +9,7 @@ with a `rid`, so `abort()` stops that episode's in-flight request through `/abor
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -16,15 +17,20 @@ from typing import Any
 
 from slime_env import Generation
 from slime_env.clients.session import EpisodeSession, Usage
+from slime_env.errors import InvalidInput
 from slime_env.http import HttpClient, ProtocolError, RemoteError
 from slime_env.policy import check_sampling_seed
+from slime_env.routing import RoutedExperts
 
 ROUTING_HEADER = "X-SMG-Routing-Key"
 _FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
 
 
-def parse_generate_response(body: Any) -> Generation:
-    """A `Generation` from one SGLang `/generate` answer; ProtocolError naming what is missing."""
+def parse_generate_response(body: Any, routed_experts: tuple[int, int] | None = None) -> Generation:
+    """A `Generation` from one SGLang `/generate` answer; ProtocolError naming what is missing. With
+    `routed_experts=(num_layers, top_k)` its `meta_info.routed_experts` (asked for with `return_routed_experts`)
+    gives the generated tokens' routing; an answer without them (an aborted request, a server started without
+    `--enable-return-routed-experts`) leaves it None: the trainer routes those tokens itself and counts them."""
     if not isinstance(body, dict) or not isinstance(body.get("meta_info"), dict):
         raise ProtocolError(f"/generate answer has no meta_info object: {str(body)[:200]}")
     meta = body["meta_info"]
@@ -50,10 +56,19 @@ def parse_generate_response(body: Any) -> Generation:
     kind = finish.get("type") if isinstance(finish, dict) else finish
     if kind not in _FINISH:
         raise ProtocolError(f"meta_info.finish_reason {finish!r} is not stop / length / abort")
+    prompt_tokens = int(meta.get("prompt_tokens") or 0)
+    routed = None
+    if routed_experts is not None and ids and meta.get("routed_experts") is not None:
+        try:
+            routed = RoutedExperts.from_sglang(meta["routed_experts"], prompt_tokens=prompt_tokens,
+                                               completion_tokens=len(ids), num_layers=routed_experts[0],
+                                               top_k=routed_experts[1])
+        except InvalidInput as e:
+            raise ProtocolError(str(e)) from None
     return Generation(token_ids=tuple(ids), logprobs=tuple(logprobs), finish_reason=_FINISH[kind],
                       text=body.get("text") or "", weight_version=_str_or_none(meta.get("weight_version")),
-                      prompt_tokens=int(meta.get("prompt_tokens") or 0),
-                      cached_tokens=int(meta.get("cached_tokens") or 0))
+                      prompt_tokens=prompt_tokens, cached_tokens=int(meta.get("cached_tokens") or 0),
+                      routed_experts=routed)
 
 
 def _str_or_none(value: Any) -> str | None:
@@ -68,16 +83,23 @@ class SGLangPolicy:
     4xx). Also the control calls a trainer needs (`health`, `flush_cache`, `pause_generation`,
     `continue_generation`, `update_weights_from_disk`, `update_weights_from_tensor`, `abort`, `abort_all`,
     `get_model_info`).
+    `routed_experts=(num_hidden_layers, num_experts_per_tok)` of a served MoE model asks every request for its
+    routed experts (`return_routed_experts`; the server needs `--enable-return-routed-experts`) for routing replay.
     """
 
     def __init__(self, url: str, *, max_connections: int = 256, timeout_s: float = 600.0,
                  connect_timeout_s: float = 10.0, max_retries: int = 3, backoff_s: float = 0.2,
-                 headers: Mapping[str, str] | None = None):
+                 headers: Mapping[str, str] | None = None, routed_experts: tuple[int, int] | None = None):
+        if routed_experts is not None and (len(routed_experts) != 2 or min(routed_experts) < 1):
+            raise InvalidInput(f"routed_experts must be (num_hidden_layers, num_experts_per_tok), got {routed_experts!r}")
+        self.routed_experts = tuple(routed_experts) if routed_experts is not None else None
         self.url = url.rstrip("/")
         self.http = HttpClient(self.url, max_connections=max_connections, timeout_s=timeout_s,
                                connect_timeout_s=connect_timeout_s, max_retries=max_retries, backoff_s=backoff_s,
                                headers=headers)
         self.usage = Usage()
+        # LoRA: the adapters loaded on the server by this client, oldest first; requests name the newest
+        self.loras: list[str] = []
 
     async def generate(self, input_ids: Sequence[int], sampling_params: Mapping[str, Any], *,
                        rid: str | None = None, routing_key: str | None = None) -> Generation:
@@ -85,9 +107,18 @@ class SGLangPolicy:
             check_sampling_seed(sampling_params["sampling_seed"])
         body: dict[str, Any] = {"input_ids": list(input_ids), "sampling_params": dict(sampling_params),
                                 "return_logprob": True, "rid": rid or uuid.uuid4().hex}
+        if self.routed_experts is not None:
+            body["return_routed_experts"] = True
+        lora = self.loras[-1] if self.loras else None
+        if lora is not None:  # the adapter by name, as SGLang selects one per request
+            body["lora_path"] = lora
         headers = {ROUTING_HEADER: routing_key} if routing_key else None
         t0 = time.perf_counter()
-        gen = parse_generate_response(await self.http.request("POST", "/generate", body, headers=headers))
+        answer = await self.http.request("POST", "/generate", body, headers=headers)
+        gen = parse_generate_response(answer, self.routed_experts)
+        if lora is not None:  # its tokens' version is the adapter's (SGLang's weight_version is the base model's)
+            adapter = answer["meta_info"].get("adapter") or lora
+            gen = dataclasses.replace(gen, adapter=adapter, weight_version=adapter.rpartition("@")[2])
         return self.usage.record(gen, input_ids, time.perf_counter() - t0)
 
     def for_episode(self, session_id: str) -> EpisodeSession:
@@ -133,6 +164,33 @@ class SGLangPolicy:
         if isinstance(result, dict) and result.get("success") is False:
             raise RemoteError(f"{what} failed: {result.get('message')}")
         return result
+
+    async def load_lora_adapter(self, lora_name: str, lora_path: str, weight_version: str | None = None
+                                ) -> dict[str, Any]:
+        """SGLang's `/load_lora_adapter`: the PEFT folder `lora_path` as adapter `lora_name` ("name@version"); the
+        requests that follow name it (`lora_path` of `/generate`)."""
+        body: dict[str, Any] = {"lora_name": lora_name, "lora_path": lora_path}
+        if weight_version is not None:
+            body["weight_version"] = weight_version  # serve-engine reads it; SGLang ignores unknown fields
+        result = await self.http.request("POST", "/load_lora_adapter", body, max_retries=0)
+        if isinstance(result, dict) and result.get("success") is False:
+            raise RemoteError(f"load_lora_adapter({lora_name!r}) failed: {result.get('error_message')}")
+        self.loras = [n for n in self.loras if n != lora_name] + [lora_name]
+        return result
+
+    async def unload_lora_adapter(self, lora_name: str) -> dict[str, Any]:
+        """SGLang's `/unload_lora_adapter`."""
+        result = await self.http.request("POST", "/unload_lora_adapter", {"lora_name": lora_name}, max_retries=0)
+        self.loras = [n for n in self.loras if n != lora_name]
+        return result
+
+    async def unload_lora_adapters(self, keep: int) -> list[str]:
+        """Unload all but the newest `keep` adapters this client loaded (the run's staleness bound + 1 stay, so
+        every in-flight request's adapter is still there); returns the names unloaded."""
+        old = self.loras[:-keep] if keep > 0 else list(self.loras)
+        for name in old:
+            await self.unload_lora_adapter(name)
+        return old
 
     async def init_weights_update_group(self, master_address: str, master_port: int, rank_offset: int,
                                         world_size: int, group_name: str = "weight_update_group",

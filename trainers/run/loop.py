@@ -95,6 +95,10 @@ async def _roles(cfg: TrainConfig, stack: contextlib.AsyncExitStack) -> tuple[En
                                   run_dir=Path(cfg.run_dir), seed=cfg.seed, device=cfg.device,
                                   dtype=cfg.engine_dtype, spawn=placement.spawn_engine)
     stack.push_async_callback(engines.close)
+    asynchrony = sections.asynchrony
+    if engine_cfg.kind == "vllm" and engine_cfg.pause == "auto" and asynchrony.mode == "full" \
+            and asynchrony.interrupt == "resume":  # vLLM keeps the requests in flight and resumes them itself
+        engines.pause_mode = "keep"
     await engines.start()
     tok = engines.tokenizer
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
@@ -127,6 +131,7 @@ async def _train(cfg: TrainConfig, recorder: Recorder, engines: Engines, trainer
 
     sections = cfg.sections
     source = make_source(sections.asynchrony, cfg.prompts_per_step)
+    source.engine_resumes = getattr(engines, "pause_mode", None) == "keep"
     start, saved = recorder.resume(trainer) if cfg.resume else (0, {})
     source.restore(saved)
     await _push(engines, trainer, channel, start)
@@ -280,6 +285,8 @@ async def _sft_only(cfg: TrainConfig, recorder: Recorder, engines: Engines, trai
         log(f"after SFT: {eval_line(summary['after'])}")
     where = recorder.run / "checkpoints" / "sft"
     trainer.save(where)
+    if (where / "adapter").is_dir() and hasattr(trainer, "trainer"):  # LoRA: the merged weights beside the adapter
+        trainer.trainer.save_weights(where / "model")
     engines.tokenizer.save_pretrained(str(where / "model"))  # a model folder `model:` and every engine can load
     summary["model"] = str(where / "model")
     recorder.write_summary(summary)

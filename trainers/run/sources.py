@@ -6,7 +6,9 @@ version old. `full` (AReaL, slime's `examples/fully_async`): a `GroupStream` kee
 all times, across steps and weight updates; a step takes the first `prompts_per_step` groups to finish, none more
 than `max_staleness` versions behind the trainer (older ones are dropped, counted and rerun). A weight update
 either lets in-flight requests finish (`interrupt: finish`) or aborts and resumes them under the new weights
-(`resume`: an episode then holds turns of two versions, `metadata["weight_versions"]` per generate call).
+(`resume`: an episode then holds turns of two versions, `metadata["weight_versions"]` per generate call). vLLM
+engines do `resume` without aborting anything: their `/pause?mode=keep` freezes the requests in flight, which go on
+under the new weights, one call then spanning two versions (`metadata["weight_version_spans"]`).
 
 Each mode is a class in `SOURCES` keeping the `BatchSource` contract (`slime_env.trainers.run.roles`): which tasks
 the rollout manager gets and how it runs them (`tasks`, `manager_options`), the batches (`next`), what a weight
@@ -82,6 +84,7 @@ class BatchSource:
     def __init__(self, config: AsyncConfig, per_step: int):
         self.config, self.per_step = config, per_step
         self.manager: Any = None
+        self.engine_resumes = False  # the engines keep requests in flight through a weight update (vLLM pause keep)
 
     def tasks(self, train_tasks: Sequence[Any], steps: int, start: int) -> list[Any]:
         """The rollout manager's tasks: one batch of `per_step` per step from `start`, cycling through the split."""
@@ -186,7 +189,9 @@ class StreamSource(BatchSource):
         self.trained_groups.extend(g.group_index for g in batch.groups)
 
     async def before_sync(self) -> None:
-        await self.stream.pause(self.config.interrupt)
+        # Engines that keep the requests in flight through the update (vLLM's /pause?mode=keep) resume them under the
+        # new weights themselves: no episode is aborted, the stream only stops starting new ones.
+        await self.stream.pause("finish" if self.engine_resumes else self.config.interrupt)
 
     def after_sync(self, version: int) -> None:
         self.stream.version = version

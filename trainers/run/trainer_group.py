@@ -90,7 +90,11 @@ class LocalTrainerGroup:
         return self.trainer.step_count
 
     def channel(self, engines: Any) -> Any:
-        return engines.channel(self.trainer.weight_layout())
+        channel = engines.channel(self.trainer.weight_layout())
+        lora = getattr(self.trainer.config, "lora", None)
+        if lora is not None and hasattr(channel, "keep_adapters"):
+            channel.keep_adapters = lora.keep_loaded
+        return channel
 
     async def step(self, trajectories: list[Any], group_size: int) -> dict[str, float]:
         return await asyncio.to_thread(self.trainer.step, trajectories, group_size)
@@ -99,6 +103,8 @@ class LocalTrainerGroup:
         return await asyncio.to_thread(lambda: self.trainer.sft_step(trajectories, lr=lr))
 
     async def sync(self, channel: Any, version: str) -> dict[str, float]:
+        if getattr(self.trainer, "syncs_adapter", False):  # LoRA: the adapter alone (trainer.lora.sync: adapter)
+            return await channel.push_adapter(self.trainer.adapter(), version)
         return await channel.push(self.trainer.weights(), version)
 
     def save(self, path: Any) -> None:
@@ -162,7 +168,8 @@ class _TrainerRank:
     async def sync(self, spec: dict[str, Any], engines: list[tuple[str, int]], version: str) -> dict[str, float]:
         """Every rank gathers the weights (a collective under TP); rank 0 pushes them to `engines` ((url, token)
         pairs: a new token at a known URL is a restarted engine, which the channel's group must take in anew)."""
-        weights = self.trainer.weights()
+        adapter = getattr(self.trainer, "syncs_adapter", False)  # LoRA: the adapter alone
+        weights = self.trainer.adapter() if adapter else self.trainer.weights()
         if self.rank != 0:
             return {}
         from slime_env.clients.sglang import SGLangPolicy
@@ -173,6 +180,9 @@ class _TrainerRank:
         for key in set(self.clients) - set(engines):
             await self.clients.pop(key).close()
         self.current = [self.clients.setdefault(key, SGLangPolicy(key[0])) for key in engines]
+        if adapter:
+            self.channel.keep_adapters = self.trainer.config.lora.keep_loaded
+            return await self.channel.push_adapter(weights, version)
         return await self.channel.push(weights, version)
 
     def weights(self) -> dict[str, Any] | None:
@@ -212,6 +222,9 @@ class RayTrainerGroup:
 
     def channel(self, engines: Any) -> Any:
         """The channel's spec (rank 0 builds the channel in its process) and the engines it reaches."""
+        if engines.cfg.kind == "vllm":
+            raise InvalidInput("engine.kind vllm is not offered with cluster.backend ray yet (its channels run in the "
+                               "driver's process); use cluster.backend local / torchrun")
         kind = "inplace" if engines.embedded else engines.channel_kind()
         if kind not in ("distributed", "tensor", "none"):
             raise InvalidInput(f"engine.weight_sync {engines.cfg.weight_sync!r} is not offered with cluster.backend "

@@ -1,0 +1,126 @@
+"""The Megatron trainer's full RL step at a real model's shape and long trajectories (issue: performance at the
+shapes agentic RL runs at): tokens/s/GPU, MFU with and without recompute FLOPs, and peak GPU memory, with the LM
+head's log-probs computed whole (`lm_head_chunk_tokens: 0`) beside in chunks (auto), in the same run.
+
+Random bf16 weights at `--shape` (bench/shapes.py), `--seqs` sequences of `--tokens` tokens per rank (3/4 of each
+trained), full activation recompute by default, megatron's distributed Adam. Under `torchrun --nproc-per-node N`
+the step is DP = N on N times the sequences (each rank its own `--seqs`). A mode that runs out of memory is
+reported as such. Usage:
+    torchrun --nproc-per-node 4 bench/long_context.py --shape qwen3-4b --tokens 16384 --seqs 4
+    python bench/long_context.py --shape qwen3-1.7b --tokens 65536 --seqs 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import torch  # noqa: E402
+from shapes import dense_flops, hf_config, model_class  # noqa: E402
+
+SPEC_TFLOPS = {"H100": 989.0, "H200": 989.0}
+
+
+def trajectories(n: int, length: int, vocab: int, seed: int):
+    import random
+
+    from slime_env import Task
+    from slime_env.ledger import Span
+    from slime_env.trajectory import Trajectory
+
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        p = length // 4
+        ids = [rng.randrange(vocab) for _ in range(length)]
+        out.append(Trajectory(task=Task(prompt="p"), prompt_ids=ids[:p], response_ids=ids[p:],
+                              loss_mask=[1] * (length - p), rollout_logprobs=[-1.0] * (length - p),
+                              spans=[Span(0, "generated", 0, length - p)], turn_rewards=[float(i % 2)],
+                              reward=float(i % 2), status="completed"))
+    return out
+
+
+def run_mode(args, cfg, chunk, info) -> dict:
+    from slime_env.trainers.megatron_trainer import MegatronTrainer
+    from slime_env.trainers.torch_trainer import TrainerConfig
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    torch.manual_seed(0)
+    with torch.device(device):
+        hf = model_class(args.shape)(cfg).to(dtype)
+    trainer = MegatronTrainer(hf, TrainerConfig(backend="megatron", lr=1e-6, recompute=args.recompute,
+                                                max_tokens_per_micro_batch=args.tokens,
+                                                lm_head_chunk_tokens=chunk), pad_id=0)
+    del hf
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    trajs = trajectories(args.seqs * info["world"], args.tokens, cfg.vocab_size, seed=1)
+    times = []
+    try:
+        for i in range(args.warmup + args.iters):
+            if device == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            trainer.step(trajs, group_size=2)
+            if device == "cuda":
+                torch.cuda.synchronize()
+            if i >= args.warmup:
+                times.append(time.perf_counter() - t0)
+    except torch.OutOfMemoryError as e:
+        return {"oom": str(e).splitlines()[0][:200]}
+    finally:
+        peak = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else float("nan")
+        del trainer
+        gc.collect()
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    seconds = statistics.median(times)
+    lengths = [args.tokens] * args.seqs  # one rank's share
+    spec = next((v for k, v in SPEC_TFLOPS.items() if device == "cuda" and k in torch.cuda.get_device_name()),
+                float("nan"))
+    model = dense_flops(cfg, lengths) / seconds / 1e12
+    hardware = dense_flops(cfg, lengths, recompute=args.recompute == "full") / seconds / 1e12
+    return {"step_s": seconds, "tokens_per_s_per_gpu": sum(lengths) / seconds, "model_tflops": model,
+            "mfu": model / spec, "mfu_with_recompute": hardware / spec, "peak_gib": peak}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", default="qwen3-4b")
+    ap.add_argument("--tokens", type=int, default=16384, help="tokens per sequence")
+    ap.add_argument("--seqs", type=int, default=4, help="sequences per rank")
+    ap.add_argument("--recompute", default="full", choices=["none", "selective", "full"])
+    ap.add_argument("--modes", default="auto,0", help="lm_head_chunk_tokens values to run (auto = None)")
+    ap.add_argument("--iters", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--layers", type=int, default=None, help="fewer layers (a quick check of the script)")
+    ap.add_argument("--out", default=None, help="write the rows as JSON here")
+    args = ap.parse_args()
+    from slime_env.trainers.megatron import init_parallel
+
+    info = init_parallel(1)
+    cfg = hf_config(args.shape, **({"num_hidden_layers": args.layers} if args.layers else {}))
+    rows = {}
+    for mode in args.modes.split(","):
+        chunk = None if mode == "auto" else int(mode)
+        rows[mode] = run_mode(args, cfg, chunk, info)
+        if info["rank"] == 0:
+            print(json.dumps({"shape": args.shape, "gpus": info["world"], "tokens": args.tokens, "seqs": args.seqs,
+                              "recompute": args.recompute, "lm_head_chunk_tokens": mode, **rows[mode]}), flush=True)
+    if args.out and info["rank"] == 0:
+        with open(args.out, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

