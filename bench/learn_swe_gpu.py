@@ -214,7 +214,7 @@ def report(args, rows, summary, counts, n_used, n_ok, check_s, wall_s, train_rep
         print(f"{r['step']:4d} {r.get('time/elapsed_s', 0):10.0f} {f('train/reward_mean'):>13s} "
               f"{f('eval/accuracy'):>15s} {f(pk):>15s} {f('time/step_s', '.1f'):>7s} "
               f"{f('rollout/time/generate_s', '.0f'):>6s} {f('rollout/time/container_s', '.0f'):>12s} "
-              f"{f('time/train_s', '.1f'):>8s}")
+              f"{f('train/step_s', '.1f'):>8s}")
     evals = [r for r in rows if "eval/accuracy" in r]
     sampled = [r for r in rows if pk in r]
     steps = [r for r in rows if "train/reward_mean" in r]
@@ -238,7 +238,7 @@ def report(args, rows, summary, counts, n_used, n_ok, check_s, wall_s, train_rep
         "grpo_steps": len(steps),
         "mean_step_time_split_s": {"step": mean("time/step_s"), "generation": mean("rollout/time/generate_s"),
                                    "env": mean("rollout/time/env_s"), "container": mean("rollout/time/container_s"),
-                                   "training": mean("time/train_s")},
+                                   "training": mean("train/step_s")},
         "metrics": summary["metrics"], "curves": summary.get("curves"),
     }
     print("\nsummary " + json.dumps(out, indent=1))
