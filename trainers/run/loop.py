@@ -62,7 +62,8 @@ async def train(cfg: TrainConfig, *, log: Callable[[str], None] = print,
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     sections = cfg.sections
-    recorder = Recorder(cfg.run_dir, sample_groups=cfg.sample_groups, log=log)
+    recorder = Recorder(cfg.run_dir, sample_groups=cfg.sample_groups, log=log, keep_last=cfg.keep_last,
+                        keep_every=cfg.keep_every)
     recorder.open(cfg.document())
     train_tasks = load_split(cfg.train_data, "train_data")
     evals = Evals(cfg, load_split(cfg.eval_data, "eval_data") if cfg.eval_data else [], sections.eval_sets,
@@ -140,8 +141,8 @@ async def _train(cfg: TrainConfig, recorder: Recorder, engines: Engines, trainer
         league = League(sections.opponent_pool, engines.policy, seed=cfg.seed, version=start)
         stack.callback(league.close)
     meter = BusyMeter()  # engine busy time and generated tokens, whatever the mode
-    manager = _rollout_manager(cfg, source.tasks(train_tasks, cfg.steps, start), meter.wrap(engines.policy), renderer,
-                               league, source.manager_options())
+    tasks = source.tasks(train_tasks, cfg.steps, start)  # then its options: the groups a resumed run skips
+    manager = _rollout_manager(cfg, tasks, meter.wrap(engines.policy), renderer, league, source.manager_options())
     stack.push_async_callback(manager.close)
     source.attach(manager, version=start)
     stack.push_async_callback(source.close)  # runs before manager.close: in-flight generation stops first
