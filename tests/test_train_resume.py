@@ -77,6 +77,9 @@ POINT, STEP = {point!r}, 2
 
 
 def die():
+    from slime_env import lifeline
+
+    print("PROCESSES", *(pid for pid, _ in lifeline.labelled(os.environ[lifeline.LABEL_ENV])), flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -190,3 +193,51 @@ def test_a_resume_without_a_checkpoint_starts_over(tmp_path):
     rec.begin(resume=True)
     rec.close()
     assert not (tmp_path / "metrics.jsonl").exists() and not (tmp_path / "samples.jsonl").exists()
+
+
+def test_sigkill_of_the_run_takes_its_engines_and_a_resume_reaps_what_is_left(tmp_path, model_dir):
+    """`engine: serve`: the run's engine process dies with the run (its lifeline); a process of the run's label
+    whose owner is gone (what a lifeline could not stop) is killed by the resumed run, which starts its own engine
+    and leaves none behind."""
+    import os
+
+    from slime_env import lifeline
+
+    raw = _raw(tmp_path, model_dir, engine={"kind": "serve", "count": 1, "device": "cpu", "weight_sync": "disk"})
+    label = str(Path(raw["run_dir"]).resolve())
+    script = tmp_path / "run.py"
+    script.write_text(KILLED_RUN.format(tests=str(Path(async_support.__file__).parent), raw=json.dumps(raw),
+                                        point="after_metrics"))
+    done = subprocess.run([sys.executable, "-P", str(script)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == -9, done.stdout[-2000:] + done.stderr[-2000:]
+    engines = [int(pid) for line in done.stdout.splitlines() if line.startswith("PROCESSES")
+               for pid in line.split()[1:]]
+    assert len(engines) == 1 and _gone(engines[0])  # the engine saw its lifeline end
+    dead_owner = lifeline.owner_id().rsplit(":", 1)[0] + ":0"
+    orphan = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
+                              env={**os.environ, lifeline.LABEL_ENV: label, lifeline.OWNER_ENV: dead_owner})
+    try:
+        logs: list[str] = []
+        asyncio.run(train(TrainConfig.from_dict({**raw, "resume": True}), log=logs.append))
+        assert orphan.wait(30) == -9
+        assert any(f"pids [{orphan.pid}]" in line for line in logs)
+    finally:
+        orphan.kill()
+        orphan.wait()
+    assert [r["step"] for r in _lines(Path(raw["run_dir"]), "metrics.jsonl")] == list(range(1, STEPS + 1))
+    assert lifeline.labelled(label) == []  # the resumed run's engine stopped with it
+
+
+def _gone(pid: int, within_s: float = 60.0) -> bool:
+    import time
+
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rpartition(")")[2].split()[0] == "Z":
+                    return True
+        except OSError:
+            return True
+        time.sleep(0.05)
+    return False

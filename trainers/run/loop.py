@@ -7,7 +7,9 @@ before the first and after the last) the held-out split is run greedily and scor
 directory: `metrics.jsonl` (one line per step), TensorBoard event files, `curves.png` (train reward and held-out
 accuracy), checkpoints every `save_every` steps (resumed from with `resume: true`), the report. With `time_budget_s`,
 the run stops (after a final evaluation) at the first step that ends past the budget. A step that fails ends the run
-with its reason and the trainer of the last finished step saved (`_ended`).
+with its reason and the trainer of the last finished step saved (`_ended`). The processes the run starts (engines,
+workers, servers) die with it, kill -9 included, and a run reaps those a dead run of its directory left
+(`slime_env.lifeline`).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import asyncio
 import contextlib
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -72,10 +74,25 @@ async def train(cfg: TrainConfig, *, log: Callable[[str], None] = print,
         s.tasks = load_split(s.data, f"eval.sets.{s.name}.data")
     # Everything acquired below is given back in reverse order, however the run ends.
     async with contextlib.AsyncExitStack() as stack:
+        stack.enter_context(_processes(recorder.run, log))
         engines, trainer, channel, scorers = await _roles(cfg, stack)
         if sft_only:
             return await _sft_only(cfg, recorder, engines, trainer, channel, train_tasks, evals, log)
         return await _train(cfg, recorder, engines, trainer, channel, stack, train_tasks, evals, log, on_step, scorers)
+
+
+@contextlib.contextmanager
+def _processes(run_dir: Path, log: Callable[[str], None]) -> Iterator[None]:
+    """The processes this run starts carry its label (its run directory, `slime_env.lifeline`); those a dead run of
+    the same directory left behind (e.g. engines of a run killed with SIGKILL) are killed first."""
+    from slime_env.lifeline import reap, run_scope
+
+    label = str(run_dir.resolve())
+    reaped = reap(label)
+    if reaped:
+        log(f"killed {len(reaped)} process(es) a dead run of {run_dir} left behind: pids {reaped}")
+    with run_scope(label):
+        yield
 
 
 async def _roles(cfg: TrainConfig, stack: contextlib.AsyncExitStack) -> tuple[Engines, TrainerGroup, Any, Scorers]:
