@@ -192,6 +192,9 @@ async def train_step(run: Run, step: int) -> bool:
     cfg = run.cfg
     t0 = time.perf_counter()
     batch = await run.source.next(step, last=step == cfg.steps)
+    # In the order of the run's tasks, not of their completion (timing): the trainer's sums and the recorded
+    # samples are then the same however the episodes raced.
+    batch.groups.sort(key=lambda g: g.group_index)
     scored = await run.scorers(batch.groups)  # reward model, OPD teacher
     trajs = [t for g in batch.groups for t in g.trajectories]
     if not trajs:
