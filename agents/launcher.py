@@ -3,6 +3,7 @@
 `ServeProcess.start()` launches one and waits for its `listening on URL` line; `alive()` says whether it still
 runs; `restart()` starts it again on the same port (its weights are then the model folder's, not the trainer's:
 the engine pool keeps it out of rotation until the next weight sync reaches it). Its output goes to a log file.
+It dies with the process that started it, kill -9 included (`slime_env.lifeline`).
 Placement on other hosts (Ray actors that start these processes where their bundles are) is
 `slime_env.trainers.run.placement`'s business; this module only runs a process.
 """
@@ -16,6 +17,8 @@ import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
+
+from slime_env.lifeline import lifeline_popen
 
 
 class EngineStartError(RuntimeError):
@@ -45,8 +48,9 @@ class ServeProcess:
 
     def _start(self) -> str:
         log = open(self.log_path, "ab") if self.log_path else None  # noqa: SIM115 - kept open by the reader
+        # The lifeline: the engine exits when this process is gone, however it ended (kill -9 included).
         self.proc = subprocess.Popen(self._command(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     env={**os.environ, "TOKENIZERS_PARALLELISM": "false", **self.env})
+                                     **lifeline_popen({**os.environ, "TOKENIZERS_PARALLELISM": "false", **self.env}))
         self.starts += 1
         found: list[str] = []
         ready = threading.Event()

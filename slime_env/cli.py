@@ -209,5 +209,8 @@ def _register_package_commands() -> None:
 
 
 def main() -> None:
+    from slime_env.lifeline import hold_lifeline
+
+    hold_lifeline()  # started by a run as one of its processes (an engine, a gateway): die with it
     _register_package_commands()
     app()

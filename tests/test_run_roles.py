@@ -56,7 +56,9 @@ def test_the_sources_order_their_tasks_and_keep_their_state():
 
     tasks = list(range(10))
     off = make_source(AsyncConfig(), 2)
-    assert off.tasks(tasks, steps=3, start=1) == [2, 3, 4, 5, 6, 7] and off.manager_options() == {}
+    assert off.tasks(tasks, steps=3, start=0) == list(range(8)) and off.manager_options() == {}
+    # a resumed run: the same indices (its seeds), the steps before it skipped
+    assert off.tasks(tasks, steps=3, start=1) == list(range(8)) and off.manager_options() == {"skip": [0, 1]}
     assert off.state() is None
     full = make_source(AsyncConfig(mode="full", max_staleness=1, interrupt="resume"), 2)
     assert len(full.tasks(tasks, steps=3, start=1)) == (3 + 1 + 2) * 2
@@ -76,6 +78,37 @@ def test_the_config_is_parsed_once_and_errors_name_the_yaml_path():
         TrainConfig.from_dict({"engine": {"kind": "serve", "weight_sync": "ftp"}}, "run.yaml")
     with pytest.raises(InvalidInput, match=r"run\.yaml: async\.mode: 'later' is not one of"):
         TrainConfig.from_dict({"async": {"mode": "later"}}, "run.yaml")
+
+
+@pytest.mark.parametrize("raw, where", [
+    ({"async": {"mode": "full", "max_staleness": True}}, r"async\.max_staleness: expected an integer, got True"),
+    ({"async": {"mode": "full", "in_flight": True}}, r"async\.in_flight: expected an integer, got True"),
+    ({"steps": True}, r"run\.yaml: steps: expected an integer, got True"),
+    ({"save_every": False}, r"run\.yaml: save_every: expected an integer, got False"),
+    ({"keep_last": True}, r"run\.yaml: keep_last: expected an integer, got True"),
+    ({"steps": 2.5}, r"run\.yaml: steps: expected an integer, got 2\.5"),
+    ({"trainer": {"micro_batch_size": True}}, r"run\.yaml: trainer\.micro_batch_size: expected an integer"),
+    ({"trainer": {"lr": "fast"}}, r"run\.yaml: trainer\.lr: expected a number, got 'fast'"),
+    ({"engine": {"kind": "serve", "count": True}}, r"run\.yaml: engine\.count: expected an integer"),
+    ({"cluster": {"trainer": {"nodes": True}}}, r"run\.yaml: cluster\.trainer\.nodes: expected an integer"),
+    ({"warmup": {"steps": True, "data": {"path": "x"}}}, r"run\.yaml: warmup\.steps: expected an integer"),
+    ({"eval": {"every": True, "sets": {}}}, r"run\.yaml: eval\.every: expected an integer"),
+    ({"eval": {"sets": {"a": {"data": {}, "n_samples": True}}}}, r"run\.yaml: eval\.sets\.a\.n_samples: expected"),
+    ({"opponent_pool": {"agents": ["b"], "size": True}}, r"run\.yaml: opponent_pool\.size: expected an integer"),
+])
+def test_booleans_are_no_integers_in_any_section(raw, where):
+    """YAML's `true` is Python's 1: an integer field refuses it (and a float, and a word), naming its YAML path."""
+    from slime_env.trainers.run.config import TrainConfig
+
+    with pytest.raises(InvalidInput, match=where):
+        TrainConfig.from_dict(raw, "run.yaml")
+
+
+def test_a_float_field_takes_an_integer_and_yaml_1_1_exponents():
+    from slime_env.trainers.run.config import TrainConfig
+
+    cfg = TrainConfig.from_dict({"trainer": {"lr": "1e-5", "max_grad_norm": 2}, "temperature": 1})
+    assert cfg.sections.trainer.lr == 1e-5 and cfg.sections.trainer.max_grad_norm == 2
 
 
 def test_rollout_manager_options_come_in_groups_or_one_by_one(smollm2_tok):

@@ -13,12 +13,11 @@ from __future__ import annotations
 import asyncio
 import atexit
 import itertools
-import os
-import socket
 import struct
 import uuid
 from typing import Any
 
+from slime_env.lifeline import owner_alive, owner_id  # the owner label's value, as the run's processes carry it
 from slime_env.tools_sandbox.workspace.agent_build import agent_binary
 from slime_env.tools_sandbox.workspace.base import Workspace
 from slime_env.tools_sandbox.workspace.protocol import AgentConnection
@@ -38,31 +37,6 @@ def _remove_live() -> None:
     for container in list(_LIVE.values()):
         _remove(container)
     _LIVE.clear()
-
-
-def owner_id(pid: int | None = None) -> str:
-    """`host:pid:start-time` of a process (this one by default): a pid the kernel reuses is another owner."""
-    pid = pid or os.getpid()
-    return f"{socket.gethostname()}:{pid}:{_start_time(pid)}"
-
-
-def _start_time(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rpartition(")")[2].split()[19]
-    except OSError:
-        return "?"
-
-
-def owner_alive(owner: str) -> bool:
-    """Whether the process an owner label names still runs (on another host: assumed alive)."""
-    host, _, rest = owner.partition(":")
-    pid, _, start = rest.partition(":")
-    if host != socket.gethostname():
-        return True
-    if not pid.isdigit():
-        return False
-    return _start_time(int(pid)) == start != "?"
 
 
 def docker_client(timeout_s: float = 120.0):

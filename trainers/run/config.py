@@ -19,6 +19,7 @@ from slime_env.errors import InvalidInput
 from slime_env.trainers.run.engines import EngineConfig
 from slime_env.trainers.run.evaluation import EvalSet, eval_sets
 from slime_env.trainers.run.placement import ClusterConfig
+from slime_env.trainers.run.sections import check_int, check_scalars
 from slime_env.trainers.run.sources import AsyncConfig
 from slime_env.trainers.run.warmup import WarmupConfig
 from slime_env.trainers.torch_trainer import TrainerConfig
@@ -51,6 +52,10 @@ class TrainConfig:
     eval_every: int = 5
     eval_max_new_tokens: int | None = None
     save_every: int = 0
+    # Checkpoints kept: the last `keep_last` (the one a resume starts from among them), and every `keep_every`-th
+    # step's besides (0: none); older ones are deleted as new ones are written (docs/trainers.md: their size).
+    keep_last: int = 2
+    keep_every: int = 0
     time_budget_s: float | None = None
     resume: bool = False
     seed: int = 0
@@ -114,7 +119,7 @@ class TrainConfig:
         if unknown:
             raise InvalidInput(f"{where}: unknown field(s) {[u.rstrip('_') for u in unknown]}; known: "
                                f"{sorted(k.rstrip('_') for k in known)}")
-        cfg = cls(**raw)
+        cfg = cls(**check_scalars(cls, raw, where, sep=": "))
         cfg._keep(RunSections.parse(cfg, where))
         return cfg
 
@@ -165,14 +170,19 @@ class RunSections:
     @classmethod
     def parse(cls, cfg: TrainConfig, where: str) -> RunSections:
         """Check `cfg` and parse its sections; `InvalidInput` naming `where` and the field's YAML path."""
+        if not isinstance(cfg.trainer, Mapping):
+            raise InvalidInput(f"{where}: trainer: expected a mapping, got {type(cfg.trainer).__name__}")
+        checked = check_scalars(TrainerConfig, cfg.trainer, f"{where}: trainer")
         try:
-            trainer = TrainerConfig(**cfg.trainer)
+            trainer = TrainerConfig(**checked)
         except (TypeError, ValueError) as e:
             raise InvalidInput(f"{where}: trainer: {e}") from None
         pool = _opponent_pool(cfg.opponent_pool, where)
         for name in ("steps", "prompts_per_step", "n_samples_per_prompt", "max_turns", "max_new_tokens"):
-            if getattr(cfg, name) < 1:
-                raise InvalidInput(f"{where}: {name} must be >= 1, got {getattr(cfg, name)}")
+            check_int(getattr(cfg, name), f"{where}: {name}", minimum=1)
+        for name in ("save_every", "eval_every", "sample_groups", "max_concurrency", "keep_every"):
+            check_int(getattr(cfg, name), f"{where}: {name}", minimum=0)
+        check_int(cfg.keep_last, f"{where}: keep_last", minimum=1)  # the checkpoint `latest` names stays
         engine = EngineConfig.from_dict(cfg.engine, f"{where}: engine")
         cluster = ClusterConfig.from_dict(cfg.cluster, f"{where}: cluster")
         cluster.check(engine, trainer, where)
@@ -224,6 +234,7 @@ def _opponent_pool(raw: Mapping[str, Any] | None, where: str) -> OpponentPoolCon
     if sorted(set(raw) - {"agents", "every", "size", "latest_p"}) or not raw.get("agents"):
         raise InvalidInput(f"{where}: opponent_pool needs 'agents' (the seats it plays) and takes 'every', "
                            f"'size', 'latest_p'; got {sorted(raw)}")
+    raw = check_scalars(OpponentPoolConfig, raw, f"{where}: opponent_pool")
     return OpponentPoolConfig(agents=tuple(raw["agents"]), every=max(int(raw.get("every", 5)), 1),
                               size=int(raw.get("size", 4)), latest_p=float(raw.get("latest_p", 0.0)))
 

@@ -25,6 +25,7 @@ from typing import Any
 
 from slime_env import Task
 from slime_env.errors import InvalidInput
+from slime_env.trainers.run.sections import check_int, check_scalars
 
 _SET_KEYS = ("data", "n_samples", "temperature", "top_p", "env", "env_kwargs", "max_turns", "max_new_tokens")
 
@@ -53,8 +54,8 @@ def eval_sets(raw: Any, where: str = "eval") -> tuple[list[EvalSet], int | None]
         raise InvalidInput(f"{where}: expected {{sets: {{name: {{data: ..., n_samples: ...}}}}, every: N}}; got "
                            f"{sorted(raw) if isinstance(raw, Mapping) else raw!r}")
     every = raw.get("every")
-    if every is not None and (not isinstance(every, int) or every < 1):
-        raise InvalidInput(f"{where}.every must be an integer >= 1, got {every!r}")
+    if every is not None:
+        check_int(every, f"{where}.every", minimum=1)
     out = []
     for name, spec in raw["sets"].items():
         at = f"{where}.sets.{name}"
@@ -63,7 +64,7 @@ def eval_sets(raw: Any, where: str = "eval") -> tuple[list[EvalSet], int | None]
         unknown = sorted(set(spec) - set(_SET_KEYS))
         if unknown:
             raise InvalidInput(f"{at}: unknown key(s) {unknown}; known: {sorted(_SET_KEYS)}")
-        s = EvalSet(name=str(name), **dict(spec))
+        s = EvalSet(name=str(name), **check_scalars(EvalSet, spec, at))
         if s.n_samples < 1 or s.temperature < 0 or not 0 < s.top_p <= 1:
             raise InvalidInput(f"{at}: n_samples >= 1, temperature >= 0 and 0 < top_p <= 1 are required")
         if s.n_samples > 1 and s.temperature == 0:

@@ -7,7 +7,9 @@ before the first and after the last) the held-out split is run greedily and scor
 directory: `metrics.jsonl` (one line per step), TensorBoard event files, `curves.png` (train reward and held-out
 accuracy), checkpoints every `save_every` steps (resumed from with `resume: true`), the report. With `time_budget_s`,
 the run stops (after a final evaluation) at the first step that ends past the budget. A step that fails ends the run
-with its reason and the trainer of the last finished step saved (`_ended`).
+with its reason and the trainer of the last finished step saved (`_ended`). The processes the run starts (engines,
+workers, servers) die with it, kill -9 included, and a run reaps those a dead run of its directory left
+(`slime_env.lifeline`).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import asyncio
 import contextlib
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -62,7 +64,8 @@ async def train(cfg: TrainConfig, *, log: Callable[[str], None] = print,
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     sections = cfg.sections
-    recorder = Recorder(cfg.run_dir, sample_groups=cfg.sample_groups, log=log)
+    recorder = Recorder(cfg.run_dir, sample_groups=cfg.sample_groups, log=log, keep_last=cfg.keep_last,
+                        keep_every=cfg.keep_every)
     recorder.open(cfg.document())
     train_tasks = load_split(cfg.train_data, "train_data")
     evals = Evals(cfg, load_split(cfg.eval_data, "eval_data") if cfg.eval_data else [], sections.eval_sets,
@@ -71,10 +74,25 @@ async def train(cfg: TrainConfig, *, log: Callable[[str], None] = print,
         s.tasks = load_split(s.data, f"eval.sets.{s.name}.data")
     # Everything acquired below is given back in reverse order, however the run ends.
     async with contextlib.AsyncExitStack() as stack:
+        stack.enter_context(_processes(recorder.run, log))
         engines, trainer, channel, scorers = await _roles(cfg, stack)
         if sft_only:
             return await _sft_only(cfg, recorder, engines, trainer, channel, train_tasks, evals, log)
         return await _train(cfg, recorder, engines, trainer, channel, stack, train_tasks, evals, log, on_step, scorers)
+
+
+@contextlib.contextmanager
+def _processes(run_dir: Path, log: Callable[[str], None]) -> Iterator[None]:
+    """The processes this run starts carry its label (its run directory, `slime_env.lifeline`); those a dead run of
+    the same directory left behind (e.g. engines of a run killed with SIGKILL) are killed first."""
+    from slime_env.lifeline import reap, run_scope
+
+    label = str(run_dir.resolve())
+    reaped = reap(label)
+    if reaped:
+        log(f"killed {len(reaped)} process(es) a dead run of {run_dir} left behind: pids {reaped}")
+    with run_scope(label):
+        yield
 
 
 async def _roles(cfg: TrainConfig, stack: contextlib.AsyncExitStack) -> tuple[Engines, TrainerGroup, Any, Scorers]:
@@ -145,8 +163,8 @@ async def _train(cfg: TrainConfig, recorder: Recorder, engines: Engines, trainer
         league = League(sections.opponent_pool, engines.policy, seed=cfg.seed, version=start)
         stack.callback(league.close)
     meter = BusyMeter()  # engine busy time and generated tokens, whatever the mode
-    manager = _rollout_manager(cfg, source.tasks(train_tasks, cfg.steps, start), meter.wrap(engines.policy), renderer,
-                               league, source.manager_options())
+    tasks = source.tasks(train_tasks, cfg.steps, start)  # then its options: the groups a resumed run skips
+    manager = _rollout_manager(cfg, tasks, meter.wrap(engines.policy), renderer, league, source.manager_options())
     stack.push_async_callback(manager.close)
     source.attach(manager, version=start)
     stack.push_async_callback(source.close)  # runs before manager.close: in-flight generation stops first
@@ -179,6 +197,9 @@ async def train_step(run: Run, step: int) -> bool:
     cfg = run.cfg
     t0 = time.perf_counter()
     batch = await run.source.next(step, last=step == cfg.steps)
+    # In the order of the run's tasks, not of their completion (timing): the trainer's sums and the recorded
+    # samples are then the same however the episodes raced.
+    batch.groups.sort(key=lambda g: g.group_index)
     scored = await run.scorers(batch.groups)  # reward model, OPD teacher
     trajs = [t for g in batch.groups for t in g.trajectories]
     if not trajs:

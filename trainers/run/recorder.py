@@ -4,17 +4,25 @@
 - `metrics.jsonl`: one row per step (and step 0's evaluation, the warm-up's), also as TensorBoard scalars
   (`tensorboard/`, when tensorboard is installed);
 - `samples.jsonl`: each step's first `sample_groups` groups, whole (the report's trajectory viewer);
-- `checkpoints/step_N/` (the trainer's `save`, plus the batch source's state) and `checkpoints/latest`;
+- `checkpoints/step_N/` (the trainer's `save`, plus the batch source's state) and `checkpoints/latest`, the last
+  `keep_last` of them kept (and every `keep_every`-th); a checkpoint is written under `step_N.partial/` and renamed
+  when whole, then `latest` is replaced (atomically): a kill at any point leaves `latest` naming a whole checkpoint;
 - `curves.png`, `summary.json`, `report.html` at the end.
 
 `Recorder.step_metrics` adds a step's timing, engine-idle and rollout metrics to the trainer's; `line` is the log
 line of a step.
+
+A resumed run (`resume`) rolls every per-step record back to its checkpoint's step N with the weights: the rows of
+`metrics.jsonl` and the groups of `samples.jsonl` of later steps are dropped (each file rewritten whole and renamed
+over the old one), and TensorBoard hides the events after N (`purge_step`); the steps after N are then redone.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
+import shutil
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -26,10 +34,14 @@ from slime_env.rollout.metrics import time_split, tool_metrics
 class Recorder:
     """The run directory of one run (see the module docstring)."""
 
-    def __init__(self, run_dir: str | Path, *, sample_groups: int, log: Callable[[str], None]):
+    def __init__(self, run_dir: str | Path, *, sample_groups: int, log: Callable[[str], None], keep_last: int = 2,
+                 keep_every: int = 0):
         self.run = Path(run_dir)
         self.metrics_path, self.samples_path = self.run / "metrics.jsonl", self.run / "samples.jsonl"
+        self.checkpoints = self.run / "checkpoints"
         self.sample_groups, self.log = sample_groups, log
+        self.keep_last, self.keep_every = keep_last, keep_every
+        self.start = 0  # the step this run starts after (a resumed run's checkpoint)
         self.writer: Any = None
         self.t_start = self._t_prev = time.perf_counter()
         self._busy_prev = self._tokens_prev = 0.0
@@ -41,11 +53,13 @@ class Recorder:
         (self.run / "config.json").write_text(json.dumps(dict(document), indent=1, default=str))
 
     def begin(self, resume: bool) -> None:
-        """Open TensorBoard; a run not asked to resume starts with no metrics or samples."""
-        self.writer = _tensorboard(self.run)
-        if not resume:
+        """Open TensorBoard. A run that starts at step 0 (not resumed, or resumed with no checkpoint) starts with no
+        metrics, samples or events; a resumed one keeps those of the steps up to its checkpoint's (`resume`)."""
+        if not resume or self.start == 0:
             self.metrics_path.unlink(missing_ok=True)
             self.samples_path.unlink(missing_ok=True)
+            shutil.rmtree(self.run / "tensorboard", ignore_errors=True)
+        self.writer = _tensorboard(self.run, purge_step=self.start + 1 if self.start else None)
         self.t_start = time.perf_counter()
 
     def close(self) -> None:
@@ -54,30 +68,55 @@ class Recorder:
 
     # --- checkpoints -----------------------------------------------------------------------------------------
     def resume(self, trainer: Any) -> tuple[int, dict[str, Any]]:
-        """Load the latest checkpoint into `trainer`: (its step, the batch source's saved state). Rows after that step
-        are dropped (they are rolled back with the weights). (0, {}) when there is none."""
-        latest = self.run / "checkpoints" / "latest"
-        if not latest.exists():
-            return 0, {}
-        ckpt = self.run / "checkpoints" / latest.read_text().strip()
-        trainer.load(ckpt)
-        start = trainer.step_count
-        state = json.loads((ckpt / "async_state.json").read_text()) if (ckpt / "async_state.json").exists() else {}
-        _truncate_rows(self.metrics_path, start)
-        self.log(f"resumed from {ckpt} (step {start})")
-        return start, state
+        """Load the latest checkpoint into `trainer`: (its step, the batch source's saved state). The per-step
+        records after that step are dropped (they are rolled back with the weights; see the module docstring).
+        (0, {}) when there is none."""
+        for partial in self.checkpoints.glob("*.partial"):  # a save a kill cut short
+            shutil.rmtree(partial, ignore_errors=True)
+        latest = self.checkpoints / "latest"
+        if latest.exists():
+            name = latest.read_text().strip()
+            ckpt = self.checkpoints / name
+            if not ckpt.exists() and (self.checkpoints / f"{name}.old").exists():  # killed while replacing it
+                (self.checkpoints / f"{name}.old").rename(ckpt)
+            trainer.load(ckpt)
+            self.start = trainer.step_count
+        state = {}
+        if self.start:
+            saved = ckpt / "async_state.json"
+            state = json.loads(saved.read_text()) if saved.exists() else {}
+            for path in (self.metrics_path, self.samples_path):
+                _truncate_steps(path, self.start)
+            self.log(f"resumed from {ckpt} (step {self.start})")
+        return self.start, state
 
     def checkpoint(self, trainer: Any, name: str, state: Mapping[str, Any] | None) -> Path:
-        """Save the trainer under checkpoints/NAME (with the batch source's `state`, if any) and point `latest` at
-        it."""
-        where = self.run / "checkpoints" / name
-        trainer.save(where)
+        """Save the trainer under checkpoints/NAME (with the batch source's `state`, if any), point `latest` at it,
+        and delete the checkpoints no longer kept (`keep_last`, `keep_every`)."""
+        where, partial = self.checkpoints / name, self.checkpoints / f"{name}.partial"
+        shutil.rmtree(partial, ignore_errors=True)
+        trainer.save(partial)
         if state is not None:
-            (where / "async_state.json").write_text(json.dumps(dict(state)))
-        tmp = self.run / "checkpoints" / "latest.tmp"
+            (partial / "async_state.json").write_text(json.dumps(dict(state)))
+        old = self.checkpoints / f"{name}.old"
+        if where.exists():  # the same step saved again (a run that ended at a step it had saved)
+            shutil.rmtree(old, ignore_errors=True)
+            where.rename(old)
+        partial.rename(where)
+        tmp = self.checkpoints / "latest.tmp"
         tmp.write_text(name)
-        tmp.replace(self.run / "checkpoints" / "latest")  # atomic: a kill mid-write never leaves `latest` empty
+        tmp.replace(self.checkpoints / "latest")  # atomic: a kill mid-write never leaves `latest` empty
+        shutil.rmtree(old, ignore_errors=True)
+        self._prune(name)
         return where
+
+    def _prune(self, latest: str) -> None:
+        """Delete the `step_N` checkpoints other than the last `keep_last`, every `keep_every`-th and `latest`."""
+        steps = sorted(int(p.name[5:]) for p in self.checkpoints.glob("step_*") if p.name[5:].isdigit())
+        keep = set(steps[-self.keep_last:]) | {s for s in steps if self.keep_every and s % self.keep_every == 0}
+        for s in steps:
+            if s not in keep and f"step_{s}" != latest:
+                shutil.rmtree(self.checkpoints / f"step_{s}", ignore_errors=True)
 
     # --- rows --------------------------------------------------------------------------------------------------
     def record(self, step: int, metrics: dict[str, Any]) -> dict[str, Any]:
@@ -184,11 +223,25 @@ def plot_curves(rows: list[dict[str, Any]], path: Path, title: str,
     return path
 
 
-def _truncate_rows(path: Path, last_step: int) -> None:
-    """Keep the metrics rows up to `last_step` (a resumed run redoes the later ones)."""
-    if path.exists():
-        keep = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= last_step]
-        path.write_text("".join(line + "\n" for line in keep))
+def _truncate_steps(path: Path, last_step: int) -> None:
+    """Keep the lines of a per-step JSONL file (metrics, samples) up to `last_step` (a resumed run redoes the later
+    ones; a line a kill cut short goes too). The file is rewritten beside and renamed over the old one: a kill
+    meanwhile leaves one or the other whole."""
+    if not path.exists():
+        return
+    keep = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            if json.loads(line)["step"] <= last_step:
+                keep.append(line)
+        except (ValueError, KeyError, TypeError):
+            continue
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w", encoding="utf-8") as f:
+        f.write("".join(line + "\n" for line in keep))
+        f.flush()
+        os.fsync(f.fileno())
+    tmp.replace(path)
 
 
 def _save_samples(path: Path, step: int, groups: list[Any]) -> None:
@@ -207,12 +260,12 @@ def _statuses(trajs) -> dict[str, int]:
     return out
 
 
-def _tensorboard(run: Path):
+def _tensorboard(run: Path, purge_step: int | None = None):
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:  # tensorboard not installed: metrics.jsonl and the PNG still get written
         return None
-    return SummaryWriter(str(run / "tensorboard"))
+    return SummaryWriter(str(run / "tensorboard"), purge_step=purge_step)
 
 
 def _container_part(metrics: Mapping[str, Any]) -> str:

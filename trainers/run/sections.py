@@ -1,4 +1,5 @@
-"""One parser for the run config's sections (`engine:`, `cluster:`, `async:`): a mapping of a dataclass's fields."""
+"""One parser for the run config's sections (`engine:`, `cluster:`, `async:`): a mapping of a dataclass's fields,
+each scalar of the type its field declares (`check_scalars`)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,13 @@ from slime_env.errors import InvalidInput
 
 T = TypeVar("T")
 
+_SCALARS = {"int", "float", "bool", "str", "None"}
+_NAMES = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string", "None": "null"}
+
 
 def parse_section(cls: type[T], raw: Any, where: str) -> T:
     """`cls(**raw)`: the defaults when `raw` is None or empty; an `InvalidInput` naming `where` when `raw` is not a
-    mapping or has fields `cls` does not know (the known ones listed)."""
+    mapping, has fields `cls` does not know (the known ones listed) or a scalar of the wrong type."""
     if raw is None or (isinstance(raw, Mapping) and not raw):
         return cls()
     if not isinstance(raw, Mapping):
@@ -22,4 +26,51 @@ def parse_section(cls: type[T], raw: Any, where: str) -> T:
     unknown = sorted(set(raw) - known)
     if unknown:
         raise InvalidInput(f"{where}: unknown field(s) {unknown}; known: {sorted(known)}")
-    return cls(**raw)
+    return cls(**check_scalars(cls, raw, where))
+
+
+def check_scalars(cls: type, raw: Mapping[str, Any], where: str, sep: str = ".") -> dict[str, Any]:
+    """`raw` with every field of `cls` declared as a scalar (`int`, `float`, `bool`, `str`, or a union of them with
+    None) checked against its declaration: a boolean is no integer (YAML's `true` is not 1), a number no string;
+    a float field takes an integer, and a string that reads as a number (YAML 1.1 reads `1e-5` as a string).
+    An `InvalidInput` names the field's YAML path (`where.field`; `sep` instead of the dot) and what it takes."""
+    out = dict(raw)
+    for f in fields(cls):
+        if f.name not in raw:
+            continue
+        kinds = _kinds(f.type)
+        if not kinds <= _SCALARS:
+            continue  # a list, a mapping, Any: its own checks
+        value, name = raw[f.name], f.name.rstrip("_")
+        if value is None and "None" in kinds or isinstance(value, bool) and "bool" in kinds:
+            continue
+        if isinstance(value, int) and not isinstance(value, bool) and kinds & {"int", "float"}:
+            continue
+        if isinstance(value, float) and "float" in kinds or isinstance(value, str) and "str" in kinds:
+            continue
+        if isinstance(value, str) and "float" in kinds:
+            try:
+                out[f.name] = float(value)
+                continue
+            except ValueError:
+                pass
+        wanted = " or ".join(_NAMES[k] for k in sorted(kinds, key=list(_NAMES).index))
+        raise InvalidInput(f"{where}{sep}{name}: expected {wanted}, got {value!r} ({type(value).__name__})")
+    return out
+
+
+def _kinds(annotation: Any) -> set[str]:
+    """The type names of a field's annotation (a string under `from __future__ import annotations`, else a type or
+    a union of types)."""
+    if isinstance(annotation, type):
+        return {annotation.__name__}
+    return {k.strip().removeprefix("<class '").removesuffix("'>").replace("NoneType", "None")
+            for k in str(annotation).split("|")}
+
+
+def check_int(value: Any, where: str, *, minimum: int | None = None) -> int:
+    """`value` when it is an integer (not a boolean) >= `minimum`; else an `InvalidInput` naming `where`."""
+    if not isinstance(value, int) or isinstance(value, bool) or minimum is not None and value < minimum:
+        at_least = f" >= {minimum}" if minimum is not None else ""
+        raise InvalidInput(f"{where}: expected an integer{at_least}, got {value!r}")
+    return value

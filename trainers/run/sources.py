@@ -85,15 +85,19 @@ class BatchSource:
         self.config, self.per_step = config, per_step
         self.manager: Any = None
         self.engine_resumes = False  # the engines keep requests in flight through a weight update (vLLM pause keep)
+        self.done_groups = 0  # the groups of the steps before `start` (a resumed run's): never run again
 
     def tasks(self, train_tasks: Sequence[Any], steps: int, start: int) -> list[Any]:
-        """The rollout manager's tasks: one batch of `per_step` per step from `start`, cycling through the split."""
+        """The rollout manager's tasks: one batch of `per_step` per step, cycling through the split. Indexed from the
+        run's first step whatever `start` is: a resumed run skips the groups of the steps before it, so its groups
+        and episodes keep the indices (and the env and sampling seeds) the uninterrupted run gives them."""
         n = self.per_step
-        return [train_tasks[i % len(train_tasks)] for i in range(start * n, (steps + 1) * n)]
+        self.done_groups = start * n
+        return [train_tasks[i % len(train_tasks)] for i in range((steps + 1) * n)]
 
     def manager_options(self) -> dict[str, Any]:
-        """`RolloutManager` keywords the mode decides."""
-        return {}
+        """`RolloutManager` keywords the mode decides (after `tasks`)."""
+        return {"skip": list(range(self.done_groups))} if self.done_groups else {}
 
     def attach(self, manager: Any, version: int) -> None:
         """Generate with `manager`; the engines hold weight version `version`."""

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from slime_env.errors import InvalidInput
+from slime_env.trainers.run.sections import check_scalars
 
 
 @dataclass
@@ -46,7 +47,7 @@ class WarmupConfig:
         unknown = sorted(set(raw) - {"steps", "lr", "batch_size", "data"})
         if unknown:
             raise InvalidInput(f"{where}: unknown field(s) {unknown}; known: ['batch_size', 'data', 'lr', 'steps']")
-        wc = cls(**raw)
+        wc = cls(**check_scalars(cls, raw, where))
         if wc.steps < 1 or wc.batch_size < 1 or not wc.lr > 0:
             raise InvalidInput(f"{where}: steps ({wc.steps}) and batch_size ({wc.batch_size}) must be >= 1, lr > 0")
         data = wc.data
