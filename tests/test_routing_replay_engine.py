@@ -136,3 +136,32 @@ def test_serve_engine_refuses_routed_experts_of_a_dense_model():
 
     status, body = asyncio.run(main())
     assert status == 400 and "no MoE routers" in body["error"]["message"]
+
+
+def test_a_run_with_routing_replay_asks_its_sglang_servers_for_the_experts(tmp_path, monkeypatch):
+    """`trainer.routing_replay: rollout` with SGLang-API engines: the run reads (layers, top_k) from the model folder
+    and every `SGLangPolicy` it makes (replacements included) sends `return_routed_experts`; a dense model is named."""
+    from slime_env.trainers.run.engines import EngineConfig, Engines, routing_shape
+
+    from slime_env import InvalidInput
+
+    tiny("qwen3_moe").config.save_pretrained(tmp_path / "moe")
+    tiny("llama").config.save_pretrained(tmp_path / "dense")
+    moe_cfg = tiny("qwen3_moe").config
+    assert routing_shape(str(tmp_path / "moe")) == (moe_cfg.num_hidden_layers, moe_cfg.num_experts_per_tok)
+    with pytest.raises(InvalidInput, match="is not a MoE model"):
+        routing_shape(str(tmp_path / "dense"))
+    engines = Engines(EngineConfig(kind="sglang", urls=["http://127.0.0.1:9"]), model_path=str(tmp_path / "moe"),
+                      max_concurrency=2, run_dir=tmp_path, seed=0, device="cpu", dtype="auto")
+    engines.routed_experts = routing_shape(str(tmp_path / "moe"))
+    made = []
+    original = SGLangPolicy.__init__
+
+    def record(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        made.append(self.routed_experts)
+
+    monkeypatch.setattr(SGLangPolicy, "__init__", record)
+    with pytest.raises(Exception):  # nothing answers at port 9: the check fails after the clients are made
+        asyncio.run(engines._start_servers())
+    assert made == [engines.routed_experts]

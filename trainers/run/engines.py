@@ -129,6 +129,7 @@ class Engines:
         self.processes: list[Any] = []
         self._restarts: set[asyncio.Task] = set()
         self.embedded = cfg.kind == "embedded"
+        self.routed_experts: tuple[int, int] | None = None  # routing replay: (layers, top_k) asked of SGLang servers
         self.pause_mode = "wait" if cfg.pause == "auto" else cfg.pause  # vllm: the run sets keep for interrupt resume
 
     # --- start -------------------------------------------------------------------------------------------------
@@ -187,7 +188,8 @@ class Engines:
         urls = list(self.cfg.urls)
         if not urls:  # serve: this run starts its engines
             urls = await self._launch()
-        engines = [SGLangPolicy(u, max_connections=max(256, self.max_concurrency)) for u in urls]
+        engines = [SGLangPolicy(u, max_connections=max(256, self.max_concurrency), routed_experts=self.routed_experts)
+                   for u in urls]
         await self._check(engines)
         self.pool = EnginePool(engines, health_interval_s=self.cfg.health_interval_s,
                                health_timeout_s=self.cfg.health_timeout_s,
@@ -332,7 +334,8 @@ class Engines:
         url = await process.start()
         from slime_env.clients.sglang import SGLangPolicy
 
-        self.pool.replace(engine, SGLangPolicy(url, max_connections=max(256, self.max_concurrency)))
+        self.pool.replace(engine, SGLangPolicy(url, max_connections=max(256, self.max_concurrency),
+                                               routed_experts=self.routed_experts))
 
     async def wait_restarts(self) -> None:
         """Until the restarts under way are done (their engines are then stale, waiting for weights)."""
@@ -468,3 +471,15 @@ def _cuda() -> bool:
     import torch
 
     return torch.cuda.is_available()
+
+
+def routing_shape(model_path: str) -> tuple[int, int]:
+    """(num_hidden_layers, num_experts_per_tok) of an MoE model folder: what SGLang servers return per token for
+    routing replay. InvalidInput for a dense model."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model_path)
+    top_k = getattr(config, "num_experts_per_tok", None)
+    if not top_k:
+        raise InvalidInput(f"trainer.routing_replay: rollout: {model_path} ({config.model_type}) is not a MoE model")
+    return int(config.num_hidden_layers), int(top_k)

@@ -117,6 +117,8 @@ async def _roles(cfg: TrainConfig, stack: contextlib.AsyncExitStack) -> tuple[En
     if engine_cfg.kind == "vllm" and engine_cfg.pause == "auto" and asynchrony.mode == "full" \
             and asynchrony.interrupt == "resume":  # vLLM keeps the requests in flight and resumes them itself
         engines.pause_mode = "keep"
+    if sections.trainer.routing_replay == "rollout" and engine_cfg.kind in ("sglang", "serve"):
+        engines.routed_experts = run_engines.routing_shape(model)  # the servers return each token's experts
     await engines.start()
     tok = engines.tokenizer
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
