@@ -19,7 +19,7 @@ registry: a fused tensor of a model type it does not name is refused by name, ne
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any

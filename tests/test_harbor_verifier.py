@@ -222,7 +222,7 @@ def test_conftest_ini_and_plugins_in_the_workdir_earn_0(runner, slugify, mode):
     and at / (and a pytest11 entry point in the user site). Stopped by test.sh: pytest runs from /tests with
     `-c /dev/null --rootdir=/tests --confcutdir=/tests`, `python3 -I` (cwd not on sys.path, no user site) and
     PYTEST_DISABLE_PLUGIN_AUTOLOAD."""
-    agent = (f"for d in /app /; do printf %s \"$PASS\" > $d/conftest.py; "
+    agent = ("for d in /app /; do printf %s \"$PASS\" > $d/conftest.py; "
              "printf '[pytest]\\naddopts = -p forge_plugin\\n' > $d/pytest.ini; "
              "printf %s \"$PASS\" > $d/forge_plugin.py; "
              "done; u=$(python3 -c 'import site; print(site.getusersitepackages())'); mkdir -p $u/forge-0.dist-info; "

@@ -12,7 +12,6 @@ slot runs under its own unprivileged uid.
 
 from __future__ import annotations
 
-import asyncio
 import atexit
 import json
 import math

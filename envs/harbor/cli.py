@@ -97,7 +97,6 @@ def harbor_eval(path: str = typer.Argument(..., help="a task folder, a folder of
                 seed: int = typer.Option(0)) -> None:
     """Run a policy over a Harbor dataset (`samples` episodes per task, verified as `mode` says) and report the mean
     reward and pass@k (the unbiased estimator over the samples; solved: reward 1)."""
-    import asyncio
     import json
     from pathlib import Path
 
