@@ -178,7 +178,7 @@ def test_seeds_are_bounded_at_serve_engine_and_sglang_policy_and_a_requests_fail
     answers one request with a 5xx but still passes its health check."""
     from slime_env.agents.engine_pool import EnginePool
     from slime_env.agents.engine_server import EngineServer
-    from slime_env.agents.sglang_policy import SGLangPolicy
+    from slime_env.clients.sglang import SGLangPolicy
 
     from slime_env import Generation
 
