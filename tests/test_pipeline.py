@@ -127,11 +127,11 @@ def test_an_engine_killed_mid_step_loses_no_episode_and_returns_with_the_new_wei
 
 # --- the config is checked before anything trains -------------------------------------------------------------
 def test_bad_engine_and_cluster_configs_are_refused_by_field(tmp_path):
-    with pytest.raises(InvalidInput, match=r"engine\.kind: 'vllm' is not one of"):
-        _config(tmp_path, engine={"kind": "vllm"})
+    with pytest.raises(InvalidInput, match=r"engine\.kind: 'tgi' is not one of"):
+        _config(tmp_path, engine={"kind": "tgi"})
     with pytest.raises(InvalidInput, match=r"engine\.urls: kind 'sglang' needs"):
         _config(tmp_path, engine={"kind": "sglang"})
-    with pytest.raises(InvalidInput, match=r"engine\.weight_sync: an OpenAI-compatible server"):
+    with pytest.raises(InvalidInput, match=r"engine\.weight_sync: the OpenAI routes have no weight update.*kind: vllm"):
         _config(tmp_path, engine={"kind": "openai", "urls": ["http://x"], "weight_sync": "disk"})
     with pytest.raises(InvalidInput, match=r"cluster\.trainer asks for 2 trainer ranks; backend 'local'"):
         _config(tmp_path, cluster={"trainer": {"nodes": 1, "gpus_per_node": 2}})
