@@ -395,6 +395,17 @@ class _Episode:
         self.reason = f"{self.phase} raised {type(error).__name__}: {error}"
         self.metadata["traceback"] = "".join(traceback.format_exception(error, limit=8))
 
+    def _env_timings(self) -> dict[str, float]:
+        """Seconds the env reports of its own (`episode_timings()`, e.g. a workspace's container time): kept out of
+        `info` so that a seeded step's info stays the same run to run."""
+        timings = getattr(self.env, "episode_timings", None)
+        if not callable(timings):
+            return {}
+        try:
+            return {str(k): float(v) for k, v in dict(timings() or {}).items()}
+        except Exception:  # noqa: BLE001 - a broken report costs the record of its timings, never the episode
+            return {}
+
     def trajectory(self) -> Trajectory:
         total = time.perf_counter() - self.t0
         led = self.ledger
@@ -406,7 +417,7 @@ class _Episode:
             num_turns=self.turns_generated + (1 if self.turn_ids else 0), messages=self.messages,
             response_text=self.renderer.decode(led.response_ids) if led.response_ids else "",
             timings={"total_s": total, "generate_s": self.generate_s, "env_s": self.env_s,
-                     "framework_s": max(0.0, total - self.generate_s - self.env_s)},
+                     "framework_s": max(0.0, total - self.generate_s - self.env_s), **self._env_timings()},
             info=self.info,
             metadata={**self.metadata, "finish_reasons": self.finish_reasons,
                       "weight_versions": self.weight_versions, "weight_version_tokens": self.call_tokens,

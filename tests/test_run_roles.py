@@ -32,7 +32,7 @@ def test_every_registered_kind_keeps_its_roles_contract(tmp_path):
 
     engines = Engines(EngineConfig(), model_path="m", max_concurrency=4, run_dir=tmp_path, seed=0, device="cpu",
                       dtype="auto")
-    assert keeps(engines, roles.Engines) and set(STARTS) == {"embedded", "serve", "sglang", "openai"}
+    assert keeps(engines, roles.Engines) and set(STARTS) == {"embedded", "serve", "sglang", "openai", "vllm"}
     assert keeps(LocalTrainerGroup, roles.TrainerGroup) and keeps(RayTrainerGroup, roles.TrainerGroup)
     assert set(TRAINER_GROUPS) == {"local", "ray"}
     for channel in (ws.InPlace(None), ws.Frozen(), ws.FromTensor(lambda: []),

@@ -111,10 +111,12 @@ def test_the_tools_in_a_workspace_with_exact_ledgers(smollm2_tok):
     generated = sum(sp.end - sp.start for sp in traj.spans if sp.kind == "generated")
     assert sum(traj.loss_mask) == generated > 0
     # the container's share of the episode: its start, its commands (the 1 s timeout among them), the scoring
-    ws = traj.info["workspace"]
-    assert ws["commands"] >= 5 and ws["exec_s"] >= 1.0 and ws["start_s"] > 0 and ws["verify_s"] >= 0
+    assert traj.info["workspace"]["commands"] >= 5  # the info stays deterministic; the seconds are in timings
+    t = traj.timings
+    assert t["container_exec_s"] >= 1.0 and t["container_start_s"] > 0 and t["container_verify_s"] >= 0
     split = time_split([traj])
-    assert split["rollout/time/container_s"] == pytest.approx(ws["start_s"] + ws["exec_s"] + ws["verify_s"])
+    assert split["rollout/time/container_s"] == pytest.approx(
+        t["container_start_s"] + t["container_exec_s"] + t["container_verify_s"])
     assert split["rollout/time/container_s"] <= traj.timings["env_s"] + 1e-6
 
 

@@ -272,12 +272,18 @@ class WorkspaceEnv(StatefulToolEnv):
         finally:
             self.state["verify_s"] = self.state.get("verify_s", 0.0) + time.perf_counter() - t
 
-    def workspace_metrics(self) -> dict[str, float]:
-        """What the episode did in its workspace: commands run, and the seconds spent starting it (`start_s`), in
-        its commands (`exec_s`) and scoring it (`verify_s`) — the container share of the runner's env time."""
+    def workspace_metrics(self) -> dict[str, int]:
+        """What the episode did in its workspace (deterministic, in the step's `info`): the commands it ran. The
+        seconds go to `episode_timings()`, which the runner records in the trajectory's `timings`."""
         ws = self.state.get("workspace")
-        return {"commands": getattr(ws, "commands", 0), "start_s": round(self.state.get("start_s", 0.0), 4),
-                "exec_s": round(getattr(ws, "exec_s", 0.0), 4), "verify_s": round(self.state.get("verify_s", 0.0), 4)}
+        self._timings = {"container_start_s": self.state.get("start_s", 0.0),
+                         "container_exec_s": getattr(ws, "exec_s", 0.0),
+                         "container_verify_s": self.state.get("verify_s", 0.0)}
+        return {"commands": getattr(ws, "commands", 0)}
+
+    def episode_timings(self) -> dict[str, float]:
+        """Seconds of the last episode in its workspace: starting it, in its commands, scoring it."""
+        return dict(getattr(self, "_timings", {}))
 
     def default_tasks(self):
         """Without tasks: one chore in the default image (what Gymnasium's checker and demos reset with)."""

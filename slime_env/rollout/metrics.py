@@ -42,8 +42,8 @@ def batch_metrics(accepted: list[Any], dropped: list[Any], wall_s: float, *, car
 
 def time_split(trajs: list[Any]) -> dict[str, float]:
     """Where the episodes' time went, summed over episodes: `rollout/time/{generate,env,framework}_{s,frac}`, and
-    where envs run in workspaces (`info["workspace"]`, or a harness's `metadata["workspace"]`: seconds starting,
-    in commands, scoring), `rollout/time/container_{s,frac}` (within the env time, except that commands an agent
+    where envs run in workspaces (`timings["container_{start,exec,verify}_s"]`, or a harness's
+    `metadata["workspace"]`: seconds starting, in commands, scoring), `rollout/time/container_{s,frac}` (within the env time, except that commands an agent
     runs at once are each counted whole)."""
     m: dict[str, float] = {}
     total = sum(t.timings.get("total_s", 0.0) for t in trajs) or 1e-9
@@ -51,10 +51,12 @@ def time_split(trajs: list[Any]) -> dict[str, float]:
         spent = sum(t.timings.get(f"{part}_s", 0.0) for t in trajs)
         m[f"rollout/time/{part}_s"] = spent
         m[f"rollout/time/{part}_frac"] = spent / total
-    spaces = [w for t in trajs for w in ((t.info or {}).get("workspace"), (t.metadata or {}).get("workspace"))
-              if isinstance(w, dict) and "exec_s" in w]
-    if spaces:
+    spaces = [w for t in trajs for w in ((t.metadata or {}).get("workspace"),) if isinstance(w, dict) and "exec_s" in w]
+    parts = ("container_start_s", "container_exec_s", "container_verify_s")
+    timed = [t.timings for t in trajs if any(k in t.timings for k in parts)]
+    if spaces or timed:
         spent = sum(float(w.get(k) or 0.0) for w in spaces for k in ("start_s", "exec_s", "verify_s"))
+        spent += sum(float(t.get(k) or 0.0) for t in timed for k in parts)
         m["rollout/time/container_s"] = spent
         m["rollout/time/container_frac"] = spent / total
     return m

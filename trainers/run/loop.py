@@ -113,10 +113,10 @@ async def _roles(cfg: TrainConfig, stack: contextlib.AsyncExitStack) -> tuple[En
                                   run_dir=Path(cfg.run_dir), seed=cfg.seed, device=cfg.device,
                                   dtype=cfg.engine_dtype, spawn=placement.spawn_engine)
     stack.push_async_callback(engines.close)
-    asynchrony = sections.asynchrony
-    if engine_cfg.kind == "vllm" and engine_cfg.pause == "auto" and asynchrony.mode == "full" \
-            and asynchrony.interrupt == "resume":  # vLLM keeps the requests in flight and resumes them itself
-        engines.pause_mode = "keep"
+    from slime_env.trainers.run.sources import resumes_in_flight
+
+    if engine_cfg.kind == "vllm" and engine_cfg.pause == "auto" and resumes_in_flight(sections.asynchrony):
+        engines.pause_mode = "keep"  # vLLM keeps the requests in flight through a sync and resumes them itself
     if sections.trainer.routing_replay == "rollout" and engine_cfg.kind in ("sglang", "serve"):
         engines.routed_experts = run_engines.routing_shape(model)  # the servers return each token's experts
     await engines.start()

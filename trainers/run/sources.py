@@ -223,6 +223,12 @@ class StreamSource(BatchSource):
 SOURCES: dict[str, type[BatchSource]] = {"off": BatchSource, "overlap": OverlapSource, "full": StreamSource}
 
 
+def resumes_in_flight(config: AsyncConfig) -> bool:
+    """Whether the mode keeps requests in flight through a weight update and resumes them (`full` with
+    `interrupt: resume`): engines that can hold them themselves (vLLM's pause keep) are asked to."""
+    return config.mode == "full" and config.interrupt == "resume"
+
+
 def make_source(config: AsyncConfig, per_step: int) -> BatchSource:
     """The batch source of `config.mode`."""
     return SOURCES[config.mode](config, per_step)
