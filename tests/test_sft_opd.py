@@ -251,7 +251,7 @@ def test_eval_sets_are_checked_by_field():
                        ({"sets": {"a": {"data": data, "samples": 4}}}, r"unknown key\(s\) \['samples'\]"),
                        ({"sets": {"a": {"data": data, "n_samples": 4}}}, "at temperature 0 are one greedy answer"),
                        ({"sets": {"a": {"data": data, "env": "Nope-v9"}}}, r"eval.sets.a.env"),
-                       ({"sets": {"a": {"data": data}}, "every": 0}, r"eval.every must be an integer >= 1"),
+                       ({"sets": {"a": {"data": data}}, "every": 0}, r"eval\.every: expected an integer >= 1, got 0"),
                        ({"held_out": {}}, r"eval: expected \{sets")]:
         with pytest.raises(InvalidInput, match=match):
             TrainConfig.from_dict({**base, "eval": bad})
