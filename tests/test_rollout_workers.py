@@ -77,11 +77,18 @@ def test_thousands_of_groups_in_flight_on_one_worker_do_not_deadlock_the_pipe(sm
     worker now drains the pipe from a thread."""
     import sys
 
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
-    import rollout as bench  # its 3-turn env and 20 ms stub policy: the set-up that hung
+    # bench/ on sys.path for this test only (the workers import its module by name); taken off after, since its
+    # scripts' names would shadow packages for every later test
+    bench_dir = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench")
+    sys.path.insert(0, bench_dir)
+    try:
+        import rollout as bench  # its 3-turn env and 20 ms stub policy: the set-up that hung
 
-    result = asyncio.run(asyncio.wait_for(bench.measure(bench.StubPolicy(0.02), get_renderer(smollm2_tok), 5000, 3,
-                                                        workers=1), 300))
+        result = asyncio.run(asyncio.wait_for(bench.measure(bench.StubPolicy(0.02), get_renderer(smollm2_tok), 5000,
+                                                            3, workers=1), 300))
+    finally:
+        sys.path.remove(bench_dir)
+        sys.modules.pop("rollout", None)
     assert result["episodes_per_s"] > 0  # measure() raises unless every episode completed
 
 

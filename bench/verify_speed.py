@@ -9,7 +9,7 @@ Two shapes, each measured cold (fresh verifier, empty caches):
   some repeating an answer.
 Baseline: `math_verify.verify(parse(gold), parse(response))` in one process, one pair after another
 (math-verify's own defaults). Ours: `MathVerifier(workers=2)` with all pairs in flight at once.
-Agreement = share of pairs on which our verdict equals math-verify's. Usage: python bench/math_verify.py [--n 400]
+Agreement = share of pairs on which our verdict equals math-verify's. Usage: python bench/verify_speed.py [--n 400]
 """
 
 from __future__ import annotations
@@ -19,11 +19,7 @@ import asyncio
 import logging
 import os
 import random
-import sys
 import time
-
-# This file's name would shadow the math_verify package: put the repository root where bench/ was.
-sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 from slime_env.envs.math.verifier import MathVerifier  # noqa: E402
 
