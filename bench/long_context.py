@@ -23,29 +23,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
+from megatron_mfu import SPEC_TFLOPS, trajectories  # noqa: E402 - the same random trajectories as its full-step row
 from shapes import dense_flops, hf_config, model_class  # noqa: E402
-
-SPEC_TFLOPS = {"H100": 989.0, "H200": 989.0}
-
-
-def trajectories(n: int, length: int, vocab: int, seed: int):
-    import random
-
-    from slime_env import Task
-    from slime_env.ledger import Span
-    from slime_env.trajectory import Trajectory
-
-    rng = random.Random(seed)
-    out = []
-    for i in range(n):
-        p = length // 4
-        ids = [rng.randrange(vocab) for _ in range(length)]
-        out.append(Trajectory(task=Task(prompt="p"), prompt_ids=ids[:p], response_ids=ids[p:],
-                              loss_mask=[1] * (length - p), rollout_logprobs=[-1.0] * (length - p),
-                              spans=[Span(0, "generated", 0, length - p)], turn_rewards=[float(i % 2)],
-                              reward=float(i % 2), status="completed"))
-    return out
-
 
 def run_mode(args, cfg, chunk, info) -> dict:
     from slime_env.trainers.megatron_trainer import MegatronTrainer
@@ -64,7 +43,7 @@ def run_mode(args, cfg, chunk, info) -> dict:
     if device == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
-    trajs = trajectories(args.seqs * info["world"], args.tokens, cfg.vocab_size, seed=1)
+    trajs = trajectories([args.tokens] * (args.seqs * info["world"]), cfg.vocab_size, seed=1)
     times = []
     try:
         for i in range(args.warmup + args.iters):
@@ -109,6 +88,8 @@ def main() -> None:
     from slime_env.trainers.megatron import init_parallel
 
     info = init_parallel(1)
+    if args.seqs * info["world"] % 2:
+        raise SystemExit(f"--seqs {args.seqs} x {info['world']} ranks is odd: the step trains GRPO groups of 2")
     cfg = hf_config(args.shape, **({"num_hidden_layers": args.layers} if args.layers else {}))
     rows = {}
     for mode in args.modes.split(","):
