@@ -5,7 +5,8 @@ head's log-probs computed whole (`lm_head_chunk_tokens: 0`) beside in chunks (au
 Random bf16 weights at `--shape` (bench/shapes.py), `--seqs` sequences of `--tokens` tokens per rank (3/4 of each
 trained), full activation recompute by default, megatron's distributed Adam. Under `torchrun --nproc-per-node N`
 the step is DP = N on N times the sequences (each rank its own `--seqs`). A mode that runs out of memory is
-reported as such. Usage:
+reported as such. `--kernels flash,auto` times the packed attention's kernels side by side (`attention_kernel`;
+bench/attention.py times the kernels alone). Usage:
     torchrun --nproc-per-node 4 bench/long_context.py --shape qwen3-4b --tokens 16384 --seqs 4
     python bench/long_context.py --shape qwen3-1.7b --tokens 65536 --seqs 1
 """
@@ -26,7 +27,7 @@ import torch  # noqa: E402
 from megatron_mfu import SPEC_TFLOPS, trajectories  # noqa: E402 - the same random trajectories as its full-step row
 from shapes import dense_flops, hf_config, model_class  # noqa: E402
 
-def run_mode(args, cfg, chunk, info) -> dict:
+def run_mode(args, cfg, chunk, kernel, info) -> dict:
     from slime_env.trainers.megatron_trainer import MegatronTrainer
     from slime_env.trainers.torch_trainer import TrainerConfig
 
@@ -37,7 +38,7 @@ def run_mode(args, cfg, chunk, info) -> dict:
         hf = model_class(args.shape)(cfg).to(dtype)
     trainer = MegatronTrainer(hf, TrainerConfig(backend="megatron", lr=1e-6, recompute=args.recompute,
                                                 max_tokens_per_micro_batch=args.tokens,
-                                                lm_head_chunk_tokens=chunk), pad_id=0)
+                                                lm_head_chunk_tokens=chunk, attention_kernel=kernel), pad_id=0)
     del hf
     gc.collect()
     if device == "cuda":
@@ -80,6 +81,7 @@ def main() -> None:
     ap.add_argument("--seqs", type=int, default=4, help="sequences per rank")
     ap.add_argument("--recompute", default="full", choices=["none", "selective", "full"])
     ap.add_argument("--modes", default="auto,0", help="lm_head_chunk_tokens values to run (auto = None)")
+    ap.add_argument("--kernels", default="auto", help="attention_kernel values to run (auto, flash, cudnn)")
     ap.add_argument("--iters", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--layers", type=int, default=None, help="fewer layers (a quick check of the script)")
@@ -92,12 +94,14 @@ def main() -> None:
         raise SystemExit(f"--seqs {args.seqs} x {info['world']} ranks is odd: the step trains GRPO groups of 2")
     cfg = hf_config(args.shape, **({"num_hidden_layers": args.layers} if args.layers else {}))
     rows = {}
-    for mode in args.modes.split(","):
-        chunk = None if mode == "auto" else int(mode)
-        rows[mode] = run_mode(args, cfg, chunk, info)
-        if info["rank"] == 0:
-            print(json.dumps({"shape": args.shape, "gpus": info["world"], "tokens": args.tokens, "seqs": args.seqs,
-                              "recompute": args.recompute, "lm_head_chunk_tokens": mode, **rows[mode]}), flush=True)
+    for kernel in args.kernels.split(","):
+        for mode in args.modes.split(","):
+            chunk = None if mode == "auto" else int(mode)
+            rows[f"{kernel}/{mode}"] = row = run_mode(args, cfg, chunk, kernel, info)
+            if info["rank"] == 0:
+                print(json.dumps({"shape": args.shape, "gpus": info["world"], "tokens": args.tokens, "seqs": args.seqs,
+                                  "recompute": args.recompute, "attention_kernel": kernel,
+                                  "lm_head_chunk_tokens": mode, **row}), flush=True)
     if args.out and info["rank"] == 0:
         with open(args.out, "w") as f:
             json.dump(rows, f, indent=1)

@@ -397,6 +397,24 @@ def test_yaml_backend_switch_and_its_errors():
         TrainConfig.from_dict({"trainer": {"backend": "deepspeed"}})
     with pytest.raises(InvalidInput, match="tp=2 needs backend: megatron"):
         TrainConfig.from_dict({"trainer": {"tp": 2}})
+    TrainConfig.from_dict({"trainer": {"backend": "megatron", "attention_kernel": "cudnn"}})
+    with pytest.raises(InvalidInput, match="attention_kernel must be one of auto, flash, cudnn, got 'fa3'"):
+        TrainConfig.from_dict({"trainer": {"backend": "megatron", "attention_kernel": "fa3"}})
+    with pytest.raises(InvalidInput, match="attention_kernel is the megatron trainer's"):
+        TrainConfig.from_dict({"trainer": {"backend": "torch", "attention_kernel": "flash"}})
+
+
+def test_packed_batch_runs_put_long_sequences_alone_and_short_ones_together():
+    """`auto`'s split of a packed batch: each sequence of >= min tokens alone (cuDNN's), each stretch of shorter
+    ones between them one varlen run with its own offsets; empty sequences vanish; the runs tile the batch."""
+    from slime_env.trainers.megatron.attention import _runs
+
+    cu = torch.tensor([0, 10, 13, 13, 40, 45, 47, 60], dtype=torch.int32)  # lengths 10 3 0 27 5 2 13
+    runs = _runs(cu, 10)
+    assert [(a, b, None if c is None else c.tolist(), m) for a, b, c, m in runs] == [
+        (0, 10, None, 10), (10, 13, [0, 3], 3), (13, 40, None, 27), (40, 47, [0, 5, 7], 5), (47, 60, None, 13)]
+    assert _runs(cu, 10) is runs  # every layer of the forward reuses the split of the same cu_seqlens
+    assert [(a, b, c.tolist()) for a, b, c, _ in _runs(cu, 100)] == [(0, 60, [0, 10, 13, 40, 45, 47, 60])]
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

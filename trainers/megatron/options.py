@@ -35,6 +35,9 @@ class MegatronOptions:
     # at once; the backward recomputes them): None = auto (chunks of <= 1 GiB of fp32 logits once a micro-batch's
     # would pass that), 0 = never. TP = 1 and PP = 1 only (vocab-parallel heads keep their own path).
     lm_head_chunk_tokens: int | None = None
+    # The packed attention's kernel on GPUs: auto (cuDNN for sequences >= 8k tokens on Hopper, varlen flash for the
+    # rest), flash, cudnn (trainers/megatron/attention.py; bench/attention.py measures them).
+    attention_kernel: str = "auto"
 
     def check_megatron(self, backend: str, estimator: str, recompute: str) -> None:
         """ValueError naming the field that does not fit `backend` (and the estimator, the recompute kind)."""
@@ -49,6 +52,11 @@ class MegatronOptions:
             raise ValueError(f"tp ({self.tp}), ep ({self.ep}), cp ({self.cp}), pp ({self.pp}), max_tokens_per_"
                              f"micro_batch ({self.max_tokens_per_micro_batch}) and recompute_layers "
                              f"({self.recompute_layers}) must be >= 1")
+        if self.attention_kernel not in ("auto", "flash", "cudnn"):
+            raise ValueError(f"attention_kernel must be one of auto, flash, cudnn, got {self.attention_kernel!r}")
+        if backend != "megatron" and self.attention_kernel != "auto":
+            raise ValueError(f"attention_kernel is the megatron trainer's; the {backend} trainer runs the model's own "
+                             "attention")
         if self.lm_head_chunk_tokens is not None and self.lm_head_chunk_tokens < 0:
             raise ValueError(f"lm_head_chunk_tokens must be >= 0 (0: never), got {self.lm_head_chunk_tokens}")
         if self.lm_head_chunk_tokens and (self.tp > 1 or self.pp > 1):
