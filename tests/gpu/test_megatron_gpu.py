@@ -227,7 +227,9 @@ def test_cudnn_and_flash_attention_kernels_agree_on_a_packed_batch_of_long_and_s
     lp_flash, norm_flash, runs_flash = results["flash"]
     print({k: v[2] for k, v in results.items()})
     assert not runs_flash  # flash never splits the pack
-    assert [alone for _, alone in results["auto"][2]] == [True, False, True, False]  # 9000 | 120 300 | 8300 | 64
+    auto_runs = results["auto"][2]  # 9000 and 8300 alone, the short ones in runs between them
+    assert sorted(n for n, alone in auto_runs if alone)[0] >= 8300 and sum(alone for _, alone in auto_runs) == 2
+    assert 0 < sum(n for n, alone in auto_runs if not alone) < 1000
     assert all(alone for _, alone in results["cudnn"][2])
     for kernel in ("cudnn", "auto"):
         lp, norm, _ = results[kernel]
