@@ -349,7 +349,7 @@ class TorchTrainer:
         return stats
 
     # The statistics every rank of a data-parallel trainer reports (zeros from a rank with no tokens).
-    _STATS = ("loss", "pg_loss", "kl", "entropy", "clip_frac", "ratio_mean")
+    _STATS = ("loss", "pg_loss", "kl", "entropy", "clip_frac", "ratio_mean", "rollout_logprob_gap")
     _OFF_STATS = ("off_policy/weight_mean", "off_policy/clipped_frac", "off_policy/logprob_gap", "off_policy/kl")
 
     def _sum_stats(self, stats: dict[str, float], group: Any) -> dict[str, float]:
@@ -424,8 +424,11 @@ class TorchTrainer:
             nll = alg.sft_loss(logp, mask, c.reduction)
             zero = torch.zeros((), device=nll.device)
             return nll, share, {"loss": nll, "pg_loss": nll, "kl": zero, "entropy": ent, "clip_frac": zero,
-                                "ratio_mean": zero + 1.0}
+                                "ratio_mean": zero + 1.0, "rollout_logprob_gap": zero}
         old_lp = logp.detach() if old is None else old[rows, -cols:].to(self.device)
+        # The train-inference mismatch: mean |trainer - engine| log-prob of the sampled tokens (a drift here, with the
+        # ratio at 1, means the engine samples from another policy than the one trained).
+        gap = alg.masked_mean((old_lp - micro.rollout_logprobs.to(self.device)).abs(), mask)
         advantages = micro.advantages.to(self.device)
         opd_stats = {}
         if c.opd_coef > 0:
@@ -452,7 +455,8 @@ class TorchTrainer:
         if c.entropy_coef:
             loss = loss - c.entropy_coef * ent
         # `share`: the exact reduction over the whole mini-batch weights each micro-batch by it
-        reported = {"loss": loss, "pg_loss": pg, "kl": kl_value, "entropy": ent, **pg_stats, **opd_stats,
+        reported = {"loss": loss, "pg_loss": pg, "kl": kl_value, "entropy": ent, "rollout_logprob_gap": gap,
+                    **pg_stats, **opd_stats,
                     **{f"off_policy/{k}": v for k, v in off_stats.items()}}
         return loss, share, reported
 

@@ -205,13 +205,13 @@ def test_cudnn_and_flash_attention_kernels_agree_on_a_packed_batch_of_long_and_s
                                          max_position_embeddings=16384, tie_word_embeddings=True))
     g = torch.Generator().manual_seed(0)
     trajs = []
-    for n in (9000, 120, 300, 8300, 64):
+    for i, n in enumerate((9000, 120, 300, 8300, 64)):
         ids = torch.randint(100, 40000, (n,), generator=g).tolist()
         prompt, response = ids[: n // 4], ids[n // 4:]
         trajs.append(Trajectory(task=Task(prompt="p"), prompt_ids=prompt, response_ids=response,
                                 loss_mask=[1] * len(response), rollout_logprobs=[-1.0] * len(response),
-                                spans=[Span(0, "generated", 0, len(response))], turn_rewards=[float(n % 2)],
-                                reward=float(n % 2), status="completed"))
+                                spans=[Span(0, "generated", 0, len(response))], turn_rewards=[float(i % 2)],
+                                reward=float(i % 2), status="completed"))
     results = {}
     for kernel in ("flash", "cudnn", "auto"):
         attention._runs_cache.clear()
@@ -237,4 +237,4 @@ def test_cudnn_and_flash_attention_kernels_agree_on_a_packed_batch_of_long_and_s
         print(f"{kernel} vs flash: log-prob mean |diff| {diff.mean():.4f}, max {diff.max():.3f}; "
               f"grad norm {norm:.4f} vs {norm_flash:.4f}")
         assert diff.mean() < 0.02
-        assert norm == pytest.approx(norm_flash, rel=0.05)
+        assert norm_flash > 0 and norm == pytest.approx(norm_flash, rel=0.05)
