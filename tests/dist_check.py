@@ -97,7 +97,7 @@ def main() -> None:
         names = {id(p): n for n, p in trainer.model.named_parameters()}
         after = base_weights(trainer.model, trainer._model_state())  # gathered, every rank joins
         lora = {"adapter_sums": {k: float(v.double().sum()) for k, v in trainer.adapter().tensors.items()},
-                "base_moved": [k for k in base if not torch.equal(after[k], base[k])],
+                "base_moved": [k for k in base if not torch.equal(after[k].cpu(), base[k])],
                 "optimizer_params": [names[id(p)] for g in trainer.optimizer.param_groups for p in g["params"]]}
         if args.backend == "fsdp":
             torch.manual_seed(0)  # the same base weights: a LoRA checkpoint holds the adapter alone
@@ -128,7 +128,7 @@ def round_trip(trainer, fresh_model, path: str) -> dict:
              for st in (t.optimizer.state_dict()["state"] for t in (trainer, fresh))]
     same_optimizer = local[0].keys() == local[1].keys() and all(
         torch.equal(local[0][i][k], local[1][i][k]) for i in local[0] for k in local[0][i])
-    flags = torch.tensor([float(same_optimizer)])
+    flags = torch.tensor([float(same_optimizer)], device=trainer.device)  # NCCL reduces CUDA tensors only
     dist.all_reduce(flags, op=dist.ReduceOp.MIN)
     return {"adapter": a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a),
             "optimizer": bool(flags.item()), "step": fresh.step_count, "files": sorted(os.listdir(path))}
