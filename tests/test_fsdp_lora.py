@@ -72,15 +72,16 @@ def test_fsdp_lora_reference_is_the_base_and_bf16_compute_trains_the_adapter():
 
 
 def test_fsdp_lora_checkpoint_is_peft_format_that_peft_torch_and_export_merge_read(tmp_path):
-    """One process: an FSDP LoRA checkpoint holds `adapter/` (PEFT's format) and no base weights; `peft` loads it onto
-    the base and gives the trainer's function; `TorchTrainer` + LoRA resumes its adapter; `slime-env export --merge`
-    writes HF weights with the same function; a full-weight checkpoint is refused by name."""
+    """One process, `recompute: full` (checkpointed decoder layers keep their parameter names): an FSDP LoRA
+    checkpoint holds `adapter/` (PEFT's format) and no base weights; `peft` loads it onto the base and gives the
+    trainer's function; `TorchTrainer` + LoRA resumes the same adapter; `slime-env export --merge` writes HF weights
+    with the same function; a full-weight checkpoint is refused by name."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
     base = tmp_path / "base"
     tiny("llama").save_pretrained(base)
-    trainer = fsdp_lora(AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32))
+    trainer = fsdp_lora(AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32), recompute="full")
     trainer.step(trajectories(8, seed=3), group_size=4)
     ckpt = trainer.save(tmp_path / "ckpt")
     assert not (ckpt / "model").exists()

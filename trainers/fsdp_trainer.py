@@ -74,10 +74,12 @@ class FSDPTrainer(TorchTrainer):
         if c.fsdp_cpu_offload:
             kw["offload_policy"] = CPUOffloadPolicy()
         if c.recompute == "full":  # each decoder layer keeps only its input; its forward is redone in the backward
-            from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import apply_activation_checkpointing
+            # torch's composable checkpoint (forward hooks) rather than a wrapper module, which would put
+            # `_checkpoint_wrapped_module.` into parameter names: peft finds an adapter's tensors by module names
+            from torch.distributed._composable import checkpoint
 
-            kinds = tuple({type(m) for m in decoder_layers(model)})
-            apply_activation_checkpointing(model, check_fn=lambda m: isinstance(m, kinds))
+            for layer in decoder_layers(model):
+                checkpoint(layer)
         # With LoRA a decoder layer's unit holds its frozen base weights and its adapter: FSDP2 shards each parameter
         # on its own and reduce-scatters only the gradients that exist (the units torchtune's LoRA recipes use).
         for module in (model, ref) if ref is not None else (model,):

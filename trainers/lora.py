@@ -120,6 +120,8 @@ def adapter_of(peft_model: Any, name: str, state: Mapping[str, torch.Tensor] | N
     from peft import get_peft_model_state_dict
 
     tensors = {k: v.detach().clone() for k, v in get_peft_model_state_dict(peft_model, state_dict=state).items()}
+    if not tensors:  # peft finds them by module names: a wrapper that renames modules would hide them all
+        raise ValueError(f"adapter {name!r}: peft found no adapter tensor in the model's state")
     return LoRAAdapter(name, tensors, config_dict(peft_model.peft_config["default"]))
 
 
