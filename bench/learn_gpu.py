@@ -9,10 +9,10 @@ share the GPU; the weights go into the engine in place after every step. Stops a
 Target: >= +20 points of held-out accuracy in <= 10 minutes on one H100. Writes runs/learn_gpu/ and
 copies the plot to docs/learn_gpu.png. Usage: python bench/learn_gpu.py [--backend torch] [--lora]
 
-`--lora` trains a LoRA adapter (`trainer.lora`, rank `--lora-rank`, every linear layer) on the torch trainer instead
-of every weight, and syncs the adapter alone; compare it with `--backend torch` (full fine-tuning, same trainer): the
-printout ends with held-out accuracy, wall-clock, the GPU's peak memory and the mean weight-sync bytes and seconds
-per step, and the same numbers go to RUN_DIR/bench_summary.json.
+`--lora` trains a LoRA adapter (`trainer.lora`, rank `--lora-rank`, every linear layer) on the torch trainer (or the
+FSDP2 one with `--backend fsdp`) instead of every weight, and syncs the adapter alone; compare it with `--backend
+torch` (full fine-tuning, same trainer): the printout ends with held-out accuracy, wall-clock, the GPU's peak memory
+and the mean weight-sync bytes and seconds per step, and the same numbers go to RUN_DIR/bench_summary.json.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def main() -> None:
     ap.add_argument("--backend", default="megatron", choices=["megatron", "torch"])
     ap.add_argument("--run-dir", default="runs/learn_gpu")
     ap.add_argument("--copy-to", default=None, help="also copy the plot and metrics.jsonl into this folder")
-    ap.add_argument("--lora", action="store_true", help="train a LoRA adapter (torch trainer) instead of every weight")
+    ap.add_argument("--lora", action="store_true", help="train a LoRA adapter (torch or fsdp trainer) instead of every weight")
     ap.add_argument("--lora-rank", type=int, default=32)
     args = ap.parse_args()
     import torch

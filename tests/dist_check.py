@@ -40,6 +40,9 @@ def main() -> None:
     ap.add_argument("--recompute", default="none")
     ap.add_argument("--failed", type=int, default=0, help="the last N trajectories failed (no loss tokens): those "
                     "micro-batches are idle on the rank that holds them")
+    ap.add_argument("--lora", action="store_true", help="trainer.lora (torch / fsdp): only an adapter trains; also "
+                    "reports the adapter, whether the base moved, the optimizer's parameters and (fsdp) a checkpoint "
+                    "round trip into a fresh trainer")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     from slime_env.trainers.batch import pack
@@ -54,6 +57,10 @@ def main() -> None:
     hf = Qwen3MoeForCausalLM(Qwen3MoeConfig(**MOE_SHAPE, num_hidden_layers=args.layers)) if args.moe else \
         LlamaForCausalLM(LlamaConfig(**shape))
     common = dict(lr=1e-4, recompute=args.recompute, micro_batch_size=2, estimator="ppo" if args.ppo else "grpo")
+    if args.lora:  # a larger rate, so the adapter's B (zero at the start) moves visibly in one step; a KL term
+        common.update(lr=1e-2, kl_coef=0.1, lora={"rank": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj",
+                                                                                           "up_proj"]})
+        base = {k: v.clone() for k, v in hf.state_dict().items()}
     if args.backend == "megatron":
         trainer = MegatronTrainer(hf, TrainerConfig(backend="megatron", tp=args.tp, ep=args.ep, cp=args.cp, pp=args.pp,
                                                     max_tokens_per_micro_batch=64,
@@ -83,6 +90,18 @@ def main() -> None:
     gathered: list = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, sums)  # pipeline stages hold different parameters
     w = trainer.weights()  # the full HF weights after the step, gathered over TP / EP / FSDP (every rank joins)
+    lora = {}
+    if args.lora:
+        from slime_env.trainers.lora import base_weights
+
+        names = {id(p): n for n, p in trainer.model.named_parameters()}
+        after = base_weights(trainer.model, trainer._model_state())  # gathered, every rank joins
+        lora = {"adapter_sums": {k: float(v.double().sum()) for k, v in trainer.adapter().tensors.items()},
+                "base_moved": [k for k in base if not torch.equal(after[k].cpu(), base[k])],
+                "optimizer_params": [names[id(p)] for g in trainer.optimizer.param_groups for p in g["params"]]}
+        if args.backend == "fsdp":
+            torch.manual_seed(0)  # the same base weights: a LoRA checkpoint holds the adapter alone
+            lora["round_trip"] = round_trip(trainer, LlamaForCausalLM(LlamaConfig(**shape)), args.out + ".ckpt")
     if dist.get_rank() == 0:
         mask = batch.loss_mask.bool()
         with open(args.out, "w") as f:
@@ -91,9 +110,28 @@ def main() -> None:
                        "critic_grad_norm": metrics.get("train/critic_grad_norm"),
                        "weight_sums": {k: float(v.double().sum()) for k, v in w.items()},
                        "logprobs": lp[mask].tolist(), "logprobs_after": lp_after[mask].tolist(), "param_sums": gathered,
-                       "parallel": getattr(trainer, "parallel", {"world": dist.get_world_size()})}, f)
+                       "parallel": getattr(trainer, "parallel", {"world": dist.get_world_size()}), **lora}, f)
     dist.barrier()
     dist.destroy_process_group()
+
+
+def round_trip(trainer, fresh_model, path: str) -> dict:
+    """Save `trainer`, load the checkpoint into a fresh trainer of the same config over the same ranks: whether the
+    adapter, this step count and every rank's optimizer shard came back equal (all ranks must agree)."""
+    from slime_env.trainers.fsdp_trainer import FSDPTrainer
+
+    trainer.save(path)
+    fresh = FSDPTrainer(fresh_model, trainer.config, pad_id=0)
+    fresh.load(path)
+    a, b = trainer.adapter().tensors, fresh.adapter().tensors
+    local = [{k: v.to_local() if hasattr(v, "to_local") else v for k, v in st.items()}
+             for st in (t.optimizer.state_dict()["state"] for t in (trainer, fresh))]
+    same_optimizer = local[0].keys() == local[1].keys() and all(
+        torch.equal(local[0][i][k], local[1][i][k]) for i in local[0] for k in local[0][i])
+    flags = torch.tensor([float(same_optimizer)], device=trainer.device)  # NCCL reduces CUDA tensors only
+    dist.all_reduce(flags, op=dist.ReduceOp.MIN)
+    return {"adapter": a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a),
+            "optimizer": bool(flags.item()), "step": fresh.step_count, "files": sorted(os.listdir(path))}
 
 
 if __name__ == "__main__":

@@ -12,6 +12,10 @@ token-balanced share of each mini-batch's rows, `micro_batch_size` rows at a tim
 weighted by its tokens over the whole mini-batch's, and gradients are summed over ranks, so the gradient is the
 one-process gradient. Ranks run the same number of passes (an idle rank runs a zero-weighted one): FSDP gathers
 parameters in every forward. Weights leave as full tensors gathered one at a time (`weights()`, `sync`, `save`).
+
+With `lora` the model is wrapped with peft before sharding: only the adapter trains (the optimizer holds its shards),
+the KL reference is the same model with the adapter off, and `adapter()` / `save` / `sync` gather the adapter alone
+into the `LoRAAdapter` `TorchTrainer` gives (docs/lora.md).
 """
 
 from __future__ import annotations
@@ -61,15 +65,23 @@ class FSDPTrainer(TorchTrainer):
         compute = {"auto": torch.bfloat16 if self.cuda else torch.float32, "bfloat16": torch.bfloat16,
                    "float32": torch.float32}[c.dtype]
         model = model.to(device=device, dtype=torch.float32)
-        ref = copy.deepcopy(model).eval().requires_grad_(False) if c.kl_coef > 0 else None
+        if c.lora is not None:  # the adapter goes in before sharding (below); the KL reference is the adapter off
+            from slime_env.trainers.lora import is_peft, wrap
+
+            model = model if is_peft(model) else wrap(model, c.lora)
+        ref = copy.deepcopy(model).eval().requires_grad_(False) if c.kl_coef > 0 and c.lora is None else None
         kw: dict[str, Any] = {"mp_policy": MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32)}
         if c.fsdp_cpu_offload:
             kw["offload_policy"] = CPUOffloadPolicy()
         if c.recompute == "full":  # each decoder layer keeps only its input; its forward is redone in the backward
-            from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import apply_activation_checkpointing
+            # torch's composable checkpoint (forward hooks) rather than a wrapper module, which would put
+            # `_checkpoint_wrapped_module.` into parameter names: peft finds an adapter's tensors by module names
+            from torch.distributed._composable import checkpoint
 
-            kinds = tuple({type(m) for m in decoder_layers(model)})
-            apply_activation_checkpointing(model, check_fn=lambda m: isinstance(m, kinds))
+            for layer in decoder_layers(model):
+                checkpoint(layer)
+        # With LoRA a decoder layer's unit holds its frozen base weights and its adapter: FSDP2 shards each parameter
+        # on its own and reduce-scatters only the gradients that exist (the units torchtune's LoRA recipes use).
         for module in (model, ref) if ref is not None else (model,):
             layers = decoder_layers(module)
             for layer in layers:
@@ -77,6 +89,13 @@ class FSDPTrainer(TorchTrainer):
             fully_shard(module, **kw)
         super().__init__(model, c, pad_id=pad_id, ref_model=ref)
         self.device = device
+        if c.lora is not None:
+            # FSDP fixes each unit's gradient dtypes (float32 master, reduce dtype) at its first forward from the
+            # parameters that require a gradient then; the reference's first forward would run with the adapter off,
+            # when none does
+            with torch.no_grad():
+                self._dummy_forward(self.model)
+            self.model.reshard()  # the root unit keeps its parameters gathered after a forward without backward
 
     # --- this rank's rows, lockstep -------------------------------------------------------------------------
     def _micro_slices(self, batch: TrainBatch) -> list[slice]:
@@ -114,25 +133,39 @@ class FSDPTrainer(TorchTrainer):
 
     # --- weights, checkpoints, sync ----------------------------------------------------------------------------
     @torch.no_grad()
-    def weights(self) -> dict[str, torch.Tensor]:
-        """The full weights with Hugging Face names on every rank, gathered one tensor at a time (a collective)."""
+    def _model_state(self, adapter_only: bool = False) -> dict[str, torch.Tensor]:
+        """Full tensors on every rank, gathered one at a time (a collective; with `adapter_only`, the adapter alone)."""
         return {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach()
-                for k, v in self.model.state_dict().items()}
+                for k, v in self.model.state_dict().items() if not adapter_only or ".lora_" in k}
+
+    def _load_model_state(self, state: dict[str, torch.Tensor]) -> None:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        self.model.reshard()  # loading writes the shards: none may be gathered (the root unit after a no-grad forward)
+        set_model_state_dict(self.model, state, options=StateDictOptions(full_state_dict=True, strict=False))
 
     def save_weights(self, path: str | Path) -> Path:
-        """The HF model folder (safetensors + config.json), written by rank 0; every rank calls it."""
+        """The HF model folder (safetensors + config.json; with LoRA the merged weights), written by rank 0; every
+        rank calls it."""
         state = self.weights()
         if self.rank == 0:
-            self.model.save_pretrained(path, state_dict={k: v.cpu() for k, v in state.items()},
-                                       safe_serialization=True)
+            model = self.model.get_base_model() if self.config.lora is not None else self.model
+            model.save_pretrained(path, state_dict={k: v.cpu() for k, v in state.items()}, safe_serialization=True)
         if self.world > 1:
             dist.barrier()
         return Path(path)
 
     def save(self, path: str | Path) -> Path:
-        """`path/model` (HF), each rank's optimizer shard, step and config; every rank calls it."""
+        """`path/model` (HF; with LoRA `path/adapter`, the adapter alone in PEFT's format), each rank's optimizer
+        shard, step and config; every rank calls it."""
         path = Path(path)
-        self.save_weights(path / "model")
+        path.mkdir(parents=True, exist_ok=True)  # every rank writes its shard, whatever rank 0 has written yet
+        if self.config.lora is not None:  # the adapter alone, in PEFT's format, as TorchTrainer writes it
+            adapter = self.adapter()
+            if self.rank == 0:
+                adapter.save(path / "adapter")
+        else:
+            self.save_weights(path / "model")
         local = {i: {k: (v.to_local() if hasattr(v, "to_local") else v).cpu() for k, v in st.items()}
                  for i, st in self.optimizer.state_dict()["state"].items()}
         torch.save({"state": local, "param_groups": self.optimizer.state_dict()["param_groups"],
@@ -142,14 +175,16 @@ class FSDPTrainer(TorchTrainer):
         return path
 
     def load(self, path: str | Path) -> None:
-        """Weights of an HF folder (ours, any trainer's, or the model's own), then this rank's optimizer shard and
-        the step when `path` holds them (same number of ranks, else refused by name)."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+        """Weights of an HF folder (ours, any trainer's, or the model's own) — with LoRA the adapter of a LoRA
+        checkpoint (ours, `TorchTrainer`'s, or a PEFT folder) — then this rank's optimizer shard and the step when
+        `path` holds them (same number of ranks, else refused by name)."""
         from torch.distributed.tensor import DTensor
 
         path = Path(path)
-        set_model_state_dict(self.model, read_hf_weights(path),
-                             options=StateDictOptions(full_state_dict=True, strict=False))
+        if self.config.lora is not None:
+            self._load_adapter(path)
+        else:
+            self._load_model_state(read_hf_weights(path))
         shard = path / f"trainer_rank{self.rank}.pt"
         if not shard.exists():
             return

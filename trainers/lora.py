@@ -114,30 +114,43 @@ def is_peft(model: Any) -> bool:
     return hasattr(model, "peft_config") and hasattr(model, "disable_adapter")
 
 
-def adapter_of(peft_model: Any, name: str) -> LoRAAdapter:
-    """The current adapter of a peft model (copies of its tensors, PEFT's saved names and config)."""
+def adapter_of(peft_model: Any, name: str, state: Mapping[str, torch.Tensor] | None = None) -> LoRAAdapter:
+    """The current adapter of a peft model (copies of its tensors, PEFT's saved names and config). `state`: the peft
+    model's state dict as full tensors (a sharded trainer's, gathered); default its own."""
     from peft import get_peft_model_state_dict
 
-    tensors = {k: v.detach().clone() for k, v in get_peft_model_state_dict(peft_model).items()}
+    tensors = {k: v.detach().clone() for k, v in get_peft_model_state_dict(peft_model, state_dict=state).items()}
+    if not tensors:  # peft finds them by module names: a wrapper that renames modules would hide them all
+        raise ValueError(f"adapter {name!r}: peft found no adapter tensor in the model's state")
     return LoRAAdapter(name, tensors, config_dict(peft_model.peft_config["default"]))
 
 
-def base_weights(peft_model: Any) -> dict[str, torch.Tensor]:
-    """The frozen base model's HF state dict (views) out of a peft model: no adapter tensors, no `base_layer.`."""
-    out = {}
-    for k, v in peft_model.get_base_model().state_dict().items():
-        if ".lora_" in k:
-            continue
-        out[k.replace(".base_layer.", ".")] = v.detach()
-    return out
+def adapter_names(peft_model: Any) -> dict[str, str]:
+    """PEFT's saved name of each adapter tensor -> its parameter name in `peft_model` (the adapter name inserted):
+    peft's own renaming, read off `get_peft_model_state_dict` over numbered stand-ins for the tensors."""
+    from peft import get_peft_model_state_dict
+
+    names = [k for k, _ in peft_model.named_parameters() if ".lora_" in k]
+    saved = get_peft_model_state_dict(peft_model, state_dict={k: torch.tensor(i) for i, k in enumerate(names)})
+    return {k: names[int(i)] for k, i in saved.items()}
 
 
-def merged_weights(peft_model: Any, name: str = "policy") -> dict[str, torch.Tensor]:
-    """The HF state dict with the adapter folded in (new tensors for adapted layers, views elsewhere)."""
-    state = base_weights(peft_model)
-    for k, d in adapter_of(peft_model, name).deltas().items():
-        state[k] = (state[k].float() + d.to(state[k].device)).to(state[k].dtype)
-    return state
+def base_weights(peft_model: Any, state: Mapping[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """The frozen base model's HF state dict (views) out of a peft model (or out of its full `state`, as in
+    `adapter_of`): no adapter tensors, no `base_layer.`."""
+    state = peft_model.state_dict() if state is None else state
+    return {k.removeprefix("base_model.model.").replace(".base_layer.", "."): v.detach()
+            for k, v in state.items() if ".lora_" not in k}
+
+
+def merged_weights(peft_model: Any, name: str = "policy",
+                   state: Mapping[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """The HF state dict with the adapter folded in (new tensors for adapted layers, views elsewhere); `state` as in
+    `adapter_of`."""
+    weights = base_weights(peft_model, state)
+    for k, d in adapter_of(peft_model, name, state).deltas().items():
+        weights[k] = (weights[k].float() + d.to(weights[k].device)).to(weights[k].dtype)
+    return weights
 
 
 def adapter_folder(checkpoint: str | Path) -> Path | None:

@@ -132,9 +132,9 @@ class TrainerConfig(MegatronOptions, FSDPOptions):
 
         self.lora = LoRAOptions.parse(self.lora)
         if self.lora is not None:
-            if self.backend != "torch":
-                raise ValueError(f"lora with backend: {self.backend} is not built yet (docs/lora.md); use backend: "
-                                 "torch")
+            if self.backend == "megatron":
+                raise ValueError("lora with backend: megatron is not built yet (docs/lora.md); use backend: torch "
+                                 "or fsdp")
             if self.estimator == "ppo":
                 raise ValueError("lora with estimator: ppo: the critic is a full copy of the backbone, which LoRA "
                                  "would not train; use a critic-free estimator (grpo, rloo, ...)")
@@ -505,27 +505,37 @@ class TorchTrainer:
 
     def _load_adapter(self, path: Path) -> None:
         """The adapter of checkpoint `path` (`path/adapter`, PEFT's format) into this trainer's peft model."""
-        from peft import set_peft_model_state_dict
-
         from slime_env.agents.lora_adapter import LoRAAdapter
+        from slime_env.trainers.lora import adapter_names
 
         folder = path / "adapter" if (path / "adapter").is_dir() else path
         if not (folder / "adapter_config.json").exists():
             raise FileNotFoundError(f"{path}: a LoRA trainer resumes from an adapter checkpoint (adapter/ in PEFT's "
                                     "format); this one holds none")
         saved = LoRAAdapter.load(folder)
-        result = set_peft_model_state_dict(self.model, {k: v.to(self.device) for k, v in saved.tensors.items()})
-        missing = [k for k in getattr(result, "unexpected_keys", []) if ".lora_" in k]
-        if missing:
-            raise ValueError(f"{folder}: adapter tensors {missing[:3]} match no module of this model")
+        names = adapter_names(self.model)
+        unknown = sorted(set(saved.tensors) - set(names))
+        if unknown:
+            raise ValueError(f"{folder}: adapter tensors {unknown[:3]} match no module of this model")
+        self._load_model_state({names[k]: v for k, v in saved.tensors.items()})
+
+    def _load_model_state(self, state: dict[str, torch.Tensor]) -> None:
+        """Full tensors under the model's own state-dict names into it (the others unchanged)."""
+        self.model.load_state_dict({k: v.to(self.device) for k, v in state.items()}, strict=False)
+
+    def _model_state(self, adapter_only: bool = False) -> dict[str, torch.Tensor]:
+        """The model's state dict as full tensors (views here; a sharded trainer gathers them, a collective), or
+        only its LoRA tensors."""
+        return {k: v.detach() for k, v in self.model.state_dict().items() if not adapter_only or ".lora_" in k}
 
     def adapter(self) -> Any:
-        """The current LoRA adapter (`slime_env.trainers.lora.LoRAAdapter`: PEFT names, copies); LoRA trainers only."""
+        """The current LoRA adapter (`slime_env.trainers.lora.LoRAAdapter`: PEFT names, copies); LoRA trainers only.
+        A collective where the weights are sharded."""
         from slime_env.trainers.lora import adapter_of
 
         if self.config.lora is None:
             raise ValueError("adapter(): this trainer has no trainer.lora section")
-        return adapter_of(self.model, self.config.lora.name)
+        return adapter_of(self.model, self.config.lora.name, self._model_state(adapter_only=True))
 
     @property
     def syncs_adapter(self) -> bool:
@@ -567,12 +577,12 @@ class TorchTrainer:
 
     def weights(self) -> dict[str, torch.Tensor]:
         """The current weights with Hugging Face names (views, not copies: consume them before the next step); with
-        LoRA, the base weights with the adapter merged in."""
+        LoRA, the base weights with the adapter merged in. A collective where the weights are sharded."""
         if self.config.lora is not None:
             from slime_env.trainers.lora import merged_weights
 
-            return merged_weights(self.model)
-        return {k: v.detach() for k, v in self.model.state_dict().items()}
+            return merged_weights(self.model, self.config.lora.name, self._model_state())
+        return self._model_state()
 
     def save_weights(self, path: str | Path) -> Path:
         """Only the Hugging Face model folder (safetensors + config.json): what an engine loads (with LoRA: the
