@@ -132,9 +132,9 @@ class TrainerConfig(MegatronOptions, FSDPOptions):
 
         self.lora = LoRAOptions.parse(self.lora)
         if self.lora is not None:
-            if self.backend != "torch":
-                raise ValueError(f"lora with backend: {self.backend} is not built yet (docs/lora.md); use backend: "
-                                 "torch")
+            if self.backend == "fsdp":
+                raise ValueError("lora with backend: fsdp is not built yet (docs/lora.md); use backend: torch or "
+                                 "megatron")
             if self.estimator == "ppo":
                 raise ValueError("lora with estimator: ppo: the critic is a full copy of the backbone, which LoRA "
                                  "would not train; use a critic-free estimator (grpo, rloo, ...)")
