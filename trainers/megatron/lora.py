@@ -68,8 +68,9 @@ class Adapted:
 
 def plan(options: Any, hf_config: Any) -> dict[str, Adapted]:
     """{megatron linear: Adapted} for `trainer.lora` (`slime_env.trainers.lora.LoRAOptions`) on `hf_config`'s model.
-    ValueError naming `lora.<field>` for what this backend does not build: dropout > 0, MoE experts or routers (and
-    `all-linear` on an MoE model, which for peft means them too), a module other than the seven dense projections."""
+    ValueError naming `lora.<field>` for what this backend does not build: dropout > 0, MoE experts or routers — on an
+    MoE model that includes `all-linear` and the MLP names, which peft maps onto the experts' fused weights (its
+    `target_parameters`) — and a module other than the seven dense projections."""
     if options.dropout:
         raise ValueError(f"lora.dropout {options.dropout}: the Megatron trainer's adapters have no dropout yet; set "
                          "lora.dropout: 0")
@@ -79,8 +80,7 @@ def plan(options: Any, hf_config: Any) -> dict[str, Adapted]:
         if any(sparse):
             raise ValueError(f"lora.target_modules: all-linear on {hf_config.model_type} means the MoE experts and "
                              "routers too (peft adapts them), which the Megatron trainer does not adapt yet; list the "
-                             "modules: [q_proj, k_proj, v_proj, o_proj] (and gate_proj, up_proj, down_proj for the "
-                             "dense MLP layers)")
+                             "attention projections: [q_proj, k_proj, v_proj, o_proj]")
         names = list(LINEARS)
     elif isinstance(names, str):
         raise ValueError(f"lora.target_modules {names!r}: the Megatron trainer takes 'all-linear' or a list of "
@@ -92,9 +92,10 @@ def plan(options: Any, hf_config: Any) -> dict[str, Adapted]:
         if n not in LINEARS:
             raise ValueError(f"lora.target_modules {n!r}: the Megatron trainer adapts {list(LINEARS)} (the "
                              "attention and dense MLP projections)")
-    if all(sparse) and not any(LINEARS[n] in ("linear_qkv", "linear_proj") for n in names):
-        raise ValueError(f"lora.target_modules {list(names)}: {hf_config.model_type} has no dense MLP layer, and its "
-                         "experts are not adapted by the Megatron trainer; add attention projections")
+        if any(sparse) and LINEARS[n] in ("linear_fc1", "linear_fc2"):
+            raise ValueError(f"lora.target_modules {n!r} on {hf_config.model_type}: peft adapts the MoE experts under "
+                             "this name (their fused gate_up_proj / down_proj), which the Megatron trainer does not "
+                             "adapt yet; use the attention projections [q_proj, k_proj, v_proj, o_proj]")
     scaling = options.alpha / (math.sqrt(options.rank) if options.use_rslora else options.rank)
     return {linear: Adapted(options.rank, scaling, tuple(p for p in parts if p in names))
             for linear, parts in PARTS.items() if any(p in names for p in parts)}
@@ -201,7 +202,7 @@ def adapt_layer_spec(spec: Any, adapted: Mapping[str, Adapted]) -> None:
     if "linear_proj" in adapted:
         attn.linear_proj = ModuleSpec(module=LoRARowParallelLinear, params={"adapted": adapted["linear_proj"]})
     mlp = spec.submodules.mlp.submodules
-    if getattr(mlp, "experts", None) is not None:  # an MoE layer: experts and router are not adapted
+    if getattr(mlp, "experts", None) is not None:  # an MoE layer (`plan` adapts no MLP of an MoE model)
         return
     for name, cls in (("linear_fc1", LoRAColumnParallelLinear), ("linear_fc2", LoRARowParallelLinear)):
         if name in adapted:
@@ -264,11 +265,6 @@ def _mcore_key(layer: int, linear: str, which: str) -> str:
     return f"decoder.layers.{layer}.{_BLOCK[linear][0]}.{linear}.lora_{which}"
 
 
-def _adapted_layers(hf_config: Any, linear: str) -> list[int]:
-    sparse = moe.sparse_layers(hf_config)
-    return [i for i in range(hf_config.num_hidden_layers) if linear in ("linear_qkv", "linear_proj") or not sparse[i]]
-
-
 def initial_adapter(adapted: Mapping[str, Adapted], hf_config: Any, seed: int) -> dict[str, torch.Tensor]:
     """A fresh adapter in PEFT names, as peft initialises one (A ~ U(-1/sqrt(in), 1/sqrt(in)), its kaiming-uniform;
     B = 0: the function is the base model's), from `seed` alone, so every rank and parallel layout starts from the
@@ -280,7 +276,7 @@ def initial_adapter(adapted: Mapping[str, Adapted], hf_config: Any, seed: int) -
               "gate_proj": (ffn, h), "up_proj": (ffn, h), "down_proj": (h, ffn)}
     out = {}
     for n, (linear, a) in enumerate(sorted(adapted.items())):
-        for layer in _adapted_layers(hf_config, linear):
+        for layer in range(hf_config.num_hidden_layers):
             g = torch.Generator().manual_seed(seed * 1_000_003 + layer * 8 + n)
             fan_in = shapes[a.parts[0]][1]
             bound = 1.0 / math.sqrt(fan_in)
@@ -308,7 +304,7 @@ def from_peft(tensors: Mapping[str, torch.Tensor], adapted: Mapping[str, Adapted
         return tensors[key].float()
 
     for linear, a in adapted.items():
-        for layer in _adapted_layers(hf_config, linear):
+        for layer in range(hf_config.num_hidden_layers):
             As = [get(layer, p, "A") for p in a.parts]
             for p, other in zip(a.parts[1:], As[1:]):
                 if not torch.equal(other, As[0]):
@@ -344,7 +340,7 @@ def to_peft(shards: list[Mapping[str, torch.Tensor]], adapted: Mapping[str, Adap
     part of a fused layer gets its A and its rows of B. The inverse of `from_peft`, exactly."""
     out = {}
     for linear, a in adapted.items():
-        for layer in _adapted_layers(hf_config, linear):
+        for layer in range(hf_config.num_hidden_layers):
             As = [sh[_mcore_key(layer, linear, "A")] for sh in shards]
             Bs = [sh[_mcore_key(layer, linear, "B")] for sh in shards]
             if linear == "linear_qkv":
