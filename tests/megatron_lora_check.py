@@ -40,14 +40,14 @@ def main() -> None:
 
     def trainer(targets, kl_coef=0.0, sp=False):
         base = AutoModelForCausalLM.from_pretrained(os.path.join(args.dir, "base"), dtype=torch.float32)
-        cfg = TrainerConfig(backend="megatron", tp=args.tp, sequence_parallel=sp, lr=1e-2, kl_coef=kl_coef,
-                            micro_batch_size=2, max_tokens_per_micro_batch=64,
+        cfg = TrainerConfig(backend="megatron", dtype="float32", tp=args.tp, sequence_parallel=sp, lr=1e-2,
+                            kl_coef=kl_coef, micro_batch_size=2, max_tokens_per_micro_batch=64,
                             lora=dict(LORA, target_modules=targets))
         return MegatronTrainer(base, cfg, pad_id=0)
 
     def lp(t, batch):
         with torch.no_grad():
-            return t.logprobs(t.model, batch)[batch.loss_mask.bool()].tolist()
+            return t.logprobs(t.model, batch).cpu()[batch.loss_mask.bool()].tolist()
 
     out: dict = {}
     trajs, more = trajectories(8, seed=3), trajectories(8, seed=4)
@@ -58,7 +58,7 @@ def main() -> None:
     names = {id(p): n for n, p in t.model.named_parameters()}
     out["optimizer_params"] = sorted({names[id(p)].split(".", 3)[-1] for p in in_optimizer})
     base_before = {k: v.clone() for k, v in t.hf_state_dict().items()}
-    out["reference"] = t._reference_logprobs(batch)[batch.loss_mask.bool()].tolist()
+    out["reference"] = t._reference_logprobs(batch).cpu()[batch.loss_mask.bool()].tolist()
     out["before"] = lp(t, batch)
     m = t.step(trajs, group_size=4)
     out.update(loss=m["train/loss"], grad_norm=m["train/grad_norm"], kl=m["train/kl"])

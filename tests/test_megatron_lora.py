@@ -140,7 +140,7 @@ def test_moe_attention_adapters_and_adapter_only_sync(parallel):
     from slime_env.trainers.megatron_trainer import MegatronTrainer
 
     targets = ["q_proj", "k_proj", "v_proj", "o_proj"]
-    trainer = MegatronTrainer(tiny("qwen3_moe"), TrainerConfig(backend="megatron", lr=1e-2, lora=dict(
+    trainer = MegatronTrainer(tiny("qwen3_moe"), TrainerConfig(backend="megatron", dtype="float32", lr=1e-2, lora=dict(
         LORA, target_modules=targets)), pad_id=0)
     adapted = {n.rsplit(".", 1)[0] for n, p in trainer.model.named_parameters() if p.requires_grad}
     assert adapted == {f"decoder.layers.{i}.self_attention.{x}" for i in range(3) for x in ("linear_qkv", "linear_proj")}
@@ -155,7 +155,7 @@ def test_moe_attention_adapters_and_adapter_only_sync(parallel):
         peft_model = PeftModel.from_pretrained(tiny("qwen3_moe"), adapter.save(folder), is_trainable=True).eval()
         want = masked_logprobs(peft_model, batch, dict(LORA, target_modules=targets))
     with torch.no_grad():
-        ours = trainer.logprobs(trainer.model, batch)[batch.loss_mask.bool()]
+        ours = trainer.logprobs(trainer.model, batch).cpu()[batch.loss_mask.bool()]
     assert torch.allclose(ours, want, atol=1e-5)
 
     class Engine:  # what an engine's weight channel receives in process (TransformersPolicy's methods)
@@ -168,7 +168,8 @@ def test_moe_attention_adapters_and_adapter_only_sync(parallel):
     engine = Engine()
     asyncio.run(trainer.sync(engine))
     assert engine.adapter.tensors.keys() == adapter.tensors.keys() and engine.version == "1"
-    merged, base = trainer.weights(), trainer.hf_state_dict()
+    merged = {k: v.cpu() for k, v in trainer.weights().items()}
+    base = {k: v.cpu() for k, v in trainer.hf_state_dict().items()}
     delta = adapter.deltas()["model.layers.2.self_attn.k_proj.weight"]
     assert torch.allclose(merged["model.layers.2.self_attn.k_proj.weight"],
                           base["model.layers.2.self_attn.k_proj.weight"] + delta) and delta.abs().max() > 0
