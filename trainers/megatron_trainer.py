@@ -133,7 +133,7 @@ class MegatronTrainer(TorchTrainer):
         if self.lora is not None:  # a fresh adapter from one seed (rank 0's), the same in every parallel layout
             from slime_env.trainers.megatron.lora import freeze_base, initial_adapter
 
-            seed = torch.randint(0, 2**31 - 1, (1,))
+            seed = torch.randint(0, 2**31 - 1, (1,)).to(self.device)  # NCCL broadcasts device tensors only
             dist.broadcast(seed, src=0)
             self._load_adapter_tensors(initial_adapter(self.lora, self.hf_config, int(seed)))
             freeze_base(self.model)
