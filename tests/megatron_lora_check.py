@@ -1,11 +1,12 @@
-"""One process of the LoRA check of `MegatronTrainer`, started under torchrun by tests/test_megatron_lora.py (CPU,
-gloo, fp32; TP = the world size, step 1 also with sequence parallel). `--dir` holds what the test prepared: `base/` (an HF model folder), `single/` and
-`all/` (PEFT adapters: one projection per fused layer, and every projection with the fused layers' A shared). Rank 0
+"""One process of the LoRA check of `MegatronTrainer`, started under torchrun by tests/test_megatron_lora.py (gloo on
+CPU, NCCL on GPUs; fp32) with TP or PP = 2. `--dir` holds what the test prepared: `base/` (an HF model folder),
+`single/` and `all/` (PEFT adapters: one projection per fused layer, and every projection with the fused layers' A
+shared). Rank 0
 writes `--dir/result.json` and the adapter folders named below; the test compares them with `TorchTrainer` and peft.
 
 1. `single` loaded, the KL reference's and the policy's log-probs, one GRPO step with a KL term (loss, grad norm, KL),
    the base weights after it, the checkpoint `ckpt/` (adapter + optimizer) and the log-probs after the step; the
-   same step under sequence parallel (its adapter after the step: `sp_after/`).
+   same step under sequence parallel when TP > 1 (else again without; its adapter after the step: `sp_after/`).
 2. A fresh trainer resumes from `ckpt/`: its log-probs; both take one more step; their adapters then.
 3. `all` loaded and exported again (`all_export/`), one step, the adapter (`all_after/`) and log-probs after it.
 """
@@ -29,6 +30,7 @@ LORA = dict(rank=4, alpha=8)
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tp", type=int, default=1)
+    ap.add_argument("--pp", type=int, default=1)
     ap.add_argument("--dir", required=True)
     args = ap.parse_args()
     from transformers import AutoModelForCausalLM
@@ -40,7 +42,7 @@ def main() -> None:
 
     def trainer(targets, kl_coef=0.0, sp=False):
         base = AutoModelForCausalLM.from_pretrained(os.path.join(args.dir, "base"), dtype=torch.float32)
-        cfg = TrainerConfig(backend="megatron", dtype="float32", tp=args.tp, sequence_parallel=sp, lr=1e-2,
+        cfg = TrainerConfig(backend="megatron", dtype="float32", tp=args.tp, pp=args.pp, sequence_parallel=sp, lr=1e-2,
                             kl_coef=kl_coef, micro_batch_size=2, max_tokens_per_micro_batch=64,
                             lora=dict(LORA, target_modules=targets))
         return MegatronTrainer(base, cfg, pad_id=0)
@@ -66,7 +68,7 @@ def main() -> None:
     out["base_unchanged"] = all(torch.equal(base_before[k], base_after[k]) for k in base_before)
     t.save(os.path.join(args.dir, "ckpt"))
     out["after"] = lp(t, batch)
-    sp = trainer(SINGLE, kl_coef=0.1, sp=True)
+    sp = trainer(SINGLE, kl_coef=0.1, sp=args.tp > 1)
     sp.load(os.path.join(args.dir, "single"))
     m = sp.step(trajs, group_size=4)
     out.update(sp_loss=m["train/loss"], sp_grad_norm=m["train/grad_norm"], sp_kl=m["train/kl"])

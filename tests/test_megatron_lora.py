@@ -53,9 +53,10 @@ def masked_logprobs(model, batch, lora_options=None) -> torch.Tensor:
         return trainer.logprobs(trainer.model, batch)[batch.loss_mask.bool()]
 
 
-def test_tp2_step_equals_torch_trainers_and_the_adapter_is_peft_s(tmp_path):
-    """torchrun, two gloo ranks, TP=2 (tests/megatron_lora_check.py): from the same random adapter, Megatron's step
-    (KL against the base with the adapter off), with and without sequence parallel, gives TorchTrainer+peft's
+@pytest.mark.parametrize("layout", ["tp", "pp"])
+def test_tp2_or_pp2_step_equals_torch_trainers_and_the_adapter_is_peft_s(tmp_path, layout):
+    """torchrun, two gloo ranks, TP=2 or PP=2 (tests/megatron_lora_check.py): from the same random adapter, Megatron's
+    step (KL against the base with the adapter off), with and without sequence parallel under TP, gives TorchTrainer+peft's
     reference and policy log-probs, loss, KL, gradient norm and adapter after the step; only adapters are in the optimizer and the base weights stay; a
     resumed checkpoint continues identically; the all-linear adapter (fused qkv / gate-up split per projection) comes
     back out exactly as it went in, and after a step peft on the HF model and `export --merge` give Megatron's
@@ -70,12 +71,12 @@ def test_tp2_step_equals_torch_trainers_and_the_adapter_is_peft_s(tmp_path):
     random_adapter("qwen2", SINGLE, tmp_path / "single")
     random_adapter("qwen2", "all-linear", tmp_path / "all", shared=True, seed=1)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-           os.path.join(ROOT, "tests", "megatron_lora_check.py"), "--tp", "2", "--dir", str(tmp_path)]
+           os.path.join(ROOT, "tests", "megatron_lora_check.py"), f"--{layout}", "2", "--dir", str(tmp_path)]
     env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     got = json.loads((tmp_path / "result.json").read_text())
-    assert got["parallel"]["tp"] == 2
+    assert got["parallel"][layout] == 2
     assert got["optimizer_params"] and all(n.endswith((".lora_A", ".lora_B")) for n in got["optimizer_params"])
     assert got["base_unchanged"]
 
