@@ -36,11 +36,10 @@ def test_config_errors_name_the_lora_field(tmp_path):
             TrainerConfig(lora=bad)
     with pytest.raises(ValueError, match="lora with estimator: ppo"):
         TrainerConfig(lora={}, estimator="ppo")
-    with pytest.raises(ValueError, match="lora with backend: megatron is not built"):  # not built yet: refused by name
-        TrainerConfig(lora={}, backend="megatron")
     with pytest.raises(ValueError, match="lora with estimator: ppo"):  # FSDP offers no critic either way
         TrainerConfig(lora={}, backend="fsdp", estimator="ppo")
     assert TrainerConfig(lora={}, backend="fsdp").lora.rank == 8  # built: tests/test_fsdp_lora.py
+    assert TrainerConfig(lora={}, backend="megatron").lora.rank == 8  # built: tests/test_megatron_lora.py
     assert TrainerConfig(lora=None).lora is None and TrainerConfig(lora=True).lora.rank == 8
     config = tmp_path / "bad.yaml"
     config.write_text("trainer: {lora: {rank: -2}}\n")

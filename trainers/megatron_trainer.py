@@ -21,6 +21,10 @@ loss, KL, entropy and TIS, the exact per-mini-batch reduction. What differs:
 - **Reference model.** Its weights stay on the CPU and are swapped into the model for the no-grad pass.
 - **Checkpoints and sync** speak Hugging Face: `save` writes safetensors with HF names (gathered across TP)
   and the HF config, so the engine, `TorchTrainer.load` and HF tools read them; optimizer state goes beside.
+- **LoRA** (`trainer.lora`): TP-aware adapters on the attention and dense MLP linears
+  (`slime_env.trainers.megatron.lora`), the base frozen (megatron's DDP and optimizer hold the adapters alone), the
+  KL reference the model with its adapters off; `adapter()` is the adapter in PEFT's names, as `TorchTrainer`'s, and
+  a checkpoint holds it in PEFT's format.
 """
 
 from __future__ import annotations
@@ -115,13 +119,26 @@ class MegatronTrainer(TorchTrainer):
         self._lockstep = self.moe and c.ep > 1
         self._min_tokens = 0  # every packed micro-batch is padded to at least this many tokens (see `_padded`)
         self.grouped = self.moe and c.moe_grouped_gemm
+        self.lora = None
+        if c.lora is not None:  # {megatron linear: Adapted}; refuses what the adapters do not cover by name
+            from slime_env.trainers.megatron import lora
+
+            self.lora = lora.plan(c.lora, self.hf_config)
         self.model = build_gpt(self.hf_config, tp=c.tp, dtype=self.dtype, grouped_experts=self.grouped,
-                               attention_kernel=c.attention_kernel, **self._options)
+                               attention_kernel=c.attention_kernel, lora=self.lora, **self._options)
         self._gathers_tokens = self._lockstep and self.model.config.moe_token_dispatcher_type == "allgather"
         self.device = next(self.model.parameters()).device
         hf_state = {k: v.detach().to("cpu") for k, v in hf_model.state_dict().items()}
         self._load_mcore(self._from_hf(hf_state))
-        self.ref_model = _RefWeights(self._mcore_state()) if c.kl_coef > 0 else None
+        if self.lora is not None:  # a fresh adapter from one seed (rank 0's), the same in every parallel layout
+            from slime_env.trainers.megatron.lora import freeze_base, initial_adapter
+
+            seed = torch.randint(0, 2**31 - 1, (1,)).to(self.device)  # NCCL broadcasts device tensors only
+            dist.broadcast(seed, src=0)
+            self._load_adapter_tensors(initial_adapter(self.lora, self.hf_config, int(seed)))
+            freeze_base(self.model)
+        # the KL reference: with LoRA the model itself with its adapters off (`_reference_logprobs`)
+        self.ref_model = _RefWeights(self._mcore_state()) if c.kl_coef > 0 and self.lora is None else None
         self.critic = self.critic_ddp = None
         if c.estimator == "ppo":  # the critic: this architecture without the LM head, a value head on top
             from slime_env.trainers.megatron.value import MegatronValueModel
@@ -224,10 +241,26 @@ class MegatronTrainer(TorchTrainer):
         return moe.to_grouped(state) if self.grouped else state
 
     def _mcore_state(self) -> dict[str, torch.Tensor]:
-        return {k: v for k, v in self.model.state_dict().items() if not k.endswith("_extra_state")}
+        """The base model's weights (this rank's, megatron names; no adapter)."""
+        from slime_env.trainers.megatron.lora import is_lora_param
+
+        return {k: v for k, v in self.model.state_dict().items()
+                if not k.endswith("_extra_state") and not is_lora_param(k)}
 
     def _load_mcore(self, state: Mapping[str, torch.Tensor]) -> None:
-        _copy_params(self.model, state)
+        from slime_env.trainers.megatron.lora import is_lora_param
+
+        _copy_params(self.model, state, lambda name: not is_lora_param(name))
+
+    def _load_adapter_tensors(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        """A PEFT adapter's tensors (HF names) into this rank's adapter parameters."""
+        from slime_env.trainers.megatron import lora
+        from slime_env.trainers.megatron.convert import stage_weights
+
+        state = lora.from_peft(tensors, self.lora, self.hf_config, tp_rank=self.tp_rank, tp_size=self.config.tp)
+        if self.pp > 1:
+            state = stage_weights(state, **(self._stage | {"tied": False}))
+        _copy_params(self.model, state, lora.is_lora_param)
 
     @torch.no_grad()
     def hf_state_dict(self) -> dict[str, torch.Tensor]:
@@ -244,15 +277,46 @@ class MegatronTrainer(TorchTrainer):
         if experts:
             group = ps.get_expert_model_parallel_group() if self.config.ep > 1 else None
             shards[0] = shards[0] | moe.global_experts(_gather(experts, self.config.ep, group))
-        if self.pp > 1:  # every stage's layers, numbered over the whole model
-            from slime_env.trainers.megatron.convert import renumber_layers
+        return mcore_to_hf(self._all_stages(shards), self.hf_config)
 
-            mine = [{k: v.detach().cpu() for k, v in renumber_layers(sh, self._stage["offset"]).items()}
-                    for sh in shards]
-            stages: list[Any] = [None] * self.pp
-            dist.all_gather_object(stages, mine, group=ps.get_pipeline_model_parallel_group())
-            shards = [{k: v for stage in stages for k, v in stage[t].items()} for t in range(len(shards))]
-        return mcore_to_hf(shards, self.hf_config)
+    def _all_stages(self, shards: list[dict[str, torch.Tensor]]) -> list[dict[str, torch.Tensor]]:
+        """Per-TP-rank megatron tensors of this pipeline stage -> of every stage, layers numbered over the whole model
+        (a collective under PP)."""
+        if self.pp == 1:
+            return shards
+        from megatron.core import parallel_state as ps
+
+        from slime_env.trainers.megatron.convert import renumber_layers
+
+        mine = [{k: v.detach().cpu() for k, v in renumber_layers(sh, self._stage["offset"]).items()} for sh in shards]
+        stages: list[Any] = [None] * self.pp
+        dist.all_gather_object(stages, mine, group=ps.get_pipeline_model_parallel_group())
+        return [{k: v for stage in stages for k, v in stage[t].items()} for t in range(len(shards))]
+
+    @torch.no_grad()
+    def adapter(self) -> Any:
+        """The current LoRA adapter (`slime_env.agents.lora_adapter.LoRAAdapter`: PEFT's names and config, copies, the
+        fused layers' adapters split per projection), gathered across TP and PP: every rank calls it."""
+        if self.lora is None:
+            raise ValueError("adapter(): this trainer has no trainer.lora section")
+        from megatron.core import parallel_state as ps
+
+        from slime_env.agents.lora_adapter import LoRAAdapter
+        from slime_env.trainers.megatron import lora
+
+        local = {k: v.detach() for k, v in lora.lora_state(self.model).items()}
+        shards = _gather(local, self.config.tp, ps.get_tensor_model_parallel_group() if self.config.tp > 1 else None)
+        tensors = lora.to_peft(self._all_stages(shards), self.lora, self.hf_config)
+        return LoRAAdapter(self.config.lora.name, {k: v.cpu() for k, v in tensors.items()},
+                           lora.peft_config(self.config.lora, self.lora, self.hf_config))
+
+    def _reference_logprobs(self, batch: TrainBatch) -> torch.Tensor:
+        if self.lora is None:
+            return super()._reference_logprobs(batch)
+        from slime_env.trainers.megatron.lora import adapters_off
+
+        with adapters_off(self.model):  # the base model: no second copy of the weights
+            return self._frozen_logprobs(self.model, batch)
 
     @contextlib.contextmanager
     def _swapped(self, ref: _RefWeights) -> Iterator[None]:
@@ -597,6 +661,12 @@ class MegatronTrainer(TorchTrainer):
         from megatron.core.distributed import finalize_model_grads
 
         finalize_model_grads([ddp])  # sums gradients over DP ranks (per-token loss: no 1/dp scaling)
+        if self.lora is not None and module is self.model and self.config.tp > 1:
+            from megatron.core import parallel_state as ps
+
+            from slime_env.trainers.megatron.lora import sum_partial_grads
+
+            sum_partial_grads(module, ps.get_tensor_model_parallel_group())
         _, grad_norm, _ = optimizer.step()  # clips to max_grad_norm; skips on inf/nan
         return float(grad_norm) if grad_norm is not None else math.nan
 
@@ -610,7 +680,7 @@ class MegatronTrainer(TorchTrainer):
 
         from slime_env.trainers.megatron import moe
 
-        named = list(module.named_parameters())
+        named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]  # LoRA: the adapters alone
         tp_group = ps.get_tensor_model_parallel_group() if self.config.tp > 1 else None
         # Under CP each rank's gradients come from its own share of the tokens: dense gradients sum over DP x CP
         # (the expert-data-parallel group already spans the CP ranks).
@@ -626,8 +696,10 @@ class MegatronTrainer(TorchTrainer):
                 dist.all_reduce(p.grad, group=dense_dp)
             # megatron's rule (finalize_model_grads): sequence-parallel norms and q/k norms see only this TP rank's
             # tokens / heads, so their gradients are partial sums
+            # and LoRA's partial sums (`slime_env.trainers.megatron.lora`: row-parallel B, column-parallel A under SP)
             if tp_group is not None and ((self.config.sequence_parallel and getattr(p, "sequence_parallel", False))
-                                         or "q_layernorm" in name or "k_layernorm" in name):
+                                         or "q_layernorm" in name or "k_layernorm" in name
+                                         or getattr(p, "lora_tp_partial", False)):
                 dist.all_reduce(p.grad, group=tp_group)
             if self.pp > 1 and self._stage["tied"] and getattr(p, "shared_embedding", False):
                 dist.all_reduce(p.grad, group=ps.get_embedding_group())
@@ -686,11 +758,17 @@ class MegatronTrainer(TorchTrainer):
 
     # --- checkpoints and weight sync ------------------------------------------------------------------------
     def save(self, path: str | Path) -> Path:
-        """`path/model` (HF safetensors + config.json), optimizer state and step; every rank must call it."""
+        """`path/model` (HF safetensors + config.json) or, with LoRA, `path/adapter` (the adapter alone, PEFT's
+        format), optimizer state and step; every rank must call it."""
         self.onload()
         path = Path(path)
-        self.save_weights(path / "model")
         rank = dist.get_rank()
+        if self.lora is not None:
+            adapter = self.adapter()
+            if rank == 0:
+                adapter.save(path / "adapter")
+        else:
+            self.save_weights(path / "model")
         if rank == 0:
             (path / "config.json").write_text(json.dumps(asdict(self.config)))
         if dist.get_world_size() > 1:
@@ -703,10 +781,20 @@ class MegatronTrainer(TorchTrainer):
         return path
 
     def load(self, path: str | Path) -> None:
-        """Weights from `path/model` (HF safetensors: ours, or any of this architecture), then the optimizer
-        state and step when `path` holds them."""
+        """Weights from `path/model` (HF safetensors: ours, or any of this architecture) or, with LoRA, the adapter
+        of `path/adapter` (or of the PEFT folder `path`), then the optimizer state and step when `path` holds them."""
         path = Path(path)
-        self._load_mcore(self._from_hf(read_hf_weights(path)))
+        if self.lora is not None:
+            from slime_env.agents.lora_adapter import LoRAAdapter
+            from slime_env.trainers.lora import adapter_folder
+
+            folder = adapter_folder(path)
+            if folder is None:
+                raise FileNotFoundError(f"{path}: a LoRA trainer resumes from an adapter checkpoint (adapter/ in PEFT's "
+                                        "format); this one holds none")
+            self._load_adapter_tensors(LoRAAdapter.load(folder).tensors)
+        else:
+            self._load_mcore(self._from_hf(read_hf_weights(path)))
         if self.ddp is not None:
             self.optimizer.reload_model_params()  # fp32 master weights from the loaded parameters
         state = path / f"trainer_rank{dist.get_rank()}.pt"
@@ -730,13 +818,19 @@ class MegatronTrainer(TorchTrainer):
         return WeightLayout.of(self.hf_config)
 
     def weights(self) -> dict[str, torch.Tensor]:
-        """The current weights with Hugging Face names (gathered across TP: every rank calls it)."""
-        return self.hf_state_dict()
+        """The current weights with Hugging Face names (gathered across TP: every rank calls it); with LoRA, the base
+        weights with the adapter merged in."""
+        hf = self.hf_state_dict()
+        if self.lora is not None:
+            for k, d in self.adapter().deltas().items():
+                hf[k] = (hf[k].float() + d.to(hf[k].device)).to(hf[k].dtype)
+        return hf
 
     def save_weights(self, path: str | Path) -> Path:
         """Only the HF model folder (safetensors + config.json) — what an engine loads, in the layout every weight
-        channel sends (experts one matrix each, as Hugging Face, SGLang and vLLM read them). Every rank calls it."""
-        hf = self.hf_state_dict()
+        channel sends (experts one matrix each, as Hugging Face, SGLang and vLLM read them; with LoRA the merged
+        weights). Every rank calls it."""
+        hf = self.weights()
         if dist.get_rank() == 0:
             self.weight_layout().save_folder(path, hf)
         return Path(path)
@@ -767,9 +861,10 @@ def _zero(ddp: Any, optimizer: Any) -> None:
 
 
 @torch.no_grad()
-def _copy_params(module: torch.nn.Module, state: Mapping[str, torch.Tensor]) -> None:
-    """Copy `state` into `module`'s parameters by name; every parameter must be there."""
-    params = dict(module.named_parameters())
+def _copy_params(module: torch.nn.Module, state: Mapping[str, torch.Tensor],
+                 which: Callable[[str], bool] = lambda name: True) -> None:
+    """Copy `state` into `module`'s parameters by name; every parameter `which` names must be there."""
+    params = {k: p for k, p in module.named_parameters() if which(k)}
     missing = [k for k in params if k not in state]
     if missing:
         raise KeyError(f"megatron weights lack {missing[:4]}")

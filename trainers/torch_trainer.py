@@ -132,9 +132,6 @@ class TrainerConfig(MegatronOptions, FSDPOptions):
 
         self.lora = LoRAOptions.parse(self.lora)
         if self.lora is not None:
-            if self.backend == "megatron":
-                raise ValueError("lora with backend: megatron is not built yet (docs/lora.md); use backend: torch "
-                                 "or fsdp")
             if self.estimator == "ppo":
                 raise ValueError("lora with estimator: ppo: the critic is a full copy of the backbone, which LoRA "
                                  "would not train; use a critic-free estimator (grpo, rloo, ...)")

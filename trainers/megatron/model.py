@@ -111,10 +111,12 @@ def transformer_config(hf_config: Any, *, tp: int = 1, ep: int = 1, cp: int = 1,
     return TransformerConfig(**kw)
 
 
-def layer_spec(config, *, grouped_experts: bool = True, attention_kernel: str = "auto"):
+def layer_spec(config, *, grouped_experts: bool = True, attention_kernel: str = "auto",
+               lora: dict[str, Any] | None = None):
     """megatron's local GPT block spec (dense and MoE layers as `config.moe_layer_freq` says) with `SDPAttention`
     (its packed kernel `attention_kernel`) as the core attention, every norm (layers, q/k, final) a `FusedRMSNorm`
-    and, with `grouped_experts`, the MoE layers' experts a `GroupedExperts` (else megatron's `SequentialMLP`)."""
+    and, with `grouped_experts`, the MoE layers' experts a `GroupedExperts` (else megatron's `SequentialMLP`);
+    `lora`: `lora.plan`'s adapted linears."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
     from megatron.core.transformer.spec_utils import ModuleSpec
     from slime_env.trainers.megatron.attention import SDPAttention
@@ -132,19 +134,25 @@ def layer_spec(config, *, grouped_experts: bool = True, attention_kernel: str = 
         experts = getattr(spec.submodules.mlp.submodules, "experts", None)
         if experts is not None and grouped_experts:
             spec.submodules.mlp.submodules.experts = ModuleSpec(module=GroupedExperts)
+        if lora:
+            from slime_env.trainers.megatron.lora import adapt_layer_spec
+
+            adapt_layer_spec(spec, lora)
     block.layer_norm = FusedRMSNorm
     return block
 
 
 def build_gpt(hf_config: Any, *, tp: int = 1, dtype: torch.dtype = torch.float32, post_process: bool = True,
-              grouped_experts: bool = True, attention_kernel: str = "auto", **options):
+              grouped_experts: bool = True, attention_kernel: str = "auto", lora: dict[str, Any] | None = None,
+              **options):
     """A randomly initialised `GPTModel` of `hf_config`'s shape on the current device (load weights with
     `convert.hf_to_mcore`, then `convert.stage_weights` under PP); `post_process=False` stops before the final norm
     and the LM head (a critic's trunk). Under pipeline parallelism (`pp` in `options`) it is this rank's stage: its
     share of the layers, the embedding on the first stage, the head on the last. `options`: `transformer_config`'s
     (ep, cp, pp, sequence_parallel, recompute, ...); `grouped_experts`: see `layer_spec` (its megatron names:
-    `moe.to_grouped`); `attention_kernel`: `SDPAttention`'s packed kernel. Megatron's parallel state must be initialised (`parallel.init_parallel`) with the same
-    sizes."""
+    `moe.to_grouped`); `attention_kernel`: `SDPAttention`'s packed kernel; `lora`: the adapted linears (`lora.plan`),
+    their adapters zero until loaded. Megatron's parallel state must be initialised (`parallel.init_parallel`) with
+    the same sizes."""
     from megatron.core.models.gpt import GPTModel
     from slime_env.trainers.megatron.rope import install_rope_patch
 
@@ -160,7 +168,7 @@ def build_gpt(hf_config: Any, *, tp: int = 1, dtype: torch.dtype = torch.float32
         first, last = ps.is_pipeline_first_stage(), ps.is_pipeline_last_stage()
     with cpu_compat.building():
         model = GPTModel(config=config, transformer_layer_spec=layer_spec(config, grouped_experts=grouped_experts,
-                                                                          attention_kernel=attention_kernel),
+                                                                          attention_kernel=attention_kernel, lora=lora),
                          vocab_size=hf_config.vocab_size,
                          max_sequence_length=hf_config.max_position_embeddings, position_embedding_type="rope",
                          rotary_base=rope_theta(hf_config),

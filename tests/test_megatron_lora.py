@@ -1,0 +1,202 @@
+"""LoRA on the Megatron trainer (`trainer.lora` with `backend: megatron`, `slime_env.trainers.megatron.lora`), on CPU:
+a TP=2 step equals `TorchTrainer`'s peft step from the same adapter, the exported adapter is PEFT's (peft loads it and
+gives Megatron's log-probs; `export --merge` too), the base never moves, checkpoints resume; what is not built (MoE
+experts and routers, dropout) is refused by name.
+
+megatron-core runs on CPU through the stand-in described in tests/test_megatron.py (`cpu_compat`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytest.importorskip("megatron.core", reason="megatron-core is not installed (pip install 'slime_env[megatron]')")
+pytest.importorskip("peft")
+
+from helpers import tiny, trajectories  # noqa: E402
+
+from slime_env.trainers.batch import pack  # noqa: E402
+from slime_env.trainers.lora import LoRAOptions, adapter_of, wrap  # noqa: E402
+from slime_env.trainers.torch_trainer import TorchTrainer, TrainerConfig  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SINGLE = ["q_proj", "o_proj", "up_proj", "down_proj"]  # one projection of each fused layer: PEFT's own parametrisation
+LORA = dict(rank=4, alpha=8)
+
+
+def random_adapter(family: str, targets, folder, *, shared: bool = False, seed: int = 0):
+    """A PEFT adapter of `tiny(family)` with random A and B (so every gradient path is non-zero); `shared`: q/k/v and
+    gate/up share one A, as a fused megatron layer's adapter does."""
+    torch.manual_seed(seed)
+    model = wrap(tiny(family), LoRAOptions(**LORA, target_modules=targets))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if ".lora_" in name:
+                p.normal_(0.0, 0.3 if ".lora_A" in name else 0.1)
+    adapter = adapter_of(model, "policy")
+    if shared:
+        for k in list(adapter.tensors):
+            for part, first in (("k_proj", "q_proj"), ("v_proj", "q_proj"), ("up_proj", "gate_proj")):
+                if f".{part}.lora_A" in k:
+                    adapter.tensors[k] = adapter.tensors[k.replace(part, first)].clone()
+    return adapter.save(folder)
+
+
+def masked_logprobs(model, batch, lora_options=None) -> torch.Tensor:
+    trainer = TorchTrainer(model, TrainerConfig(lora=lora_options), pad_id=0)
+    with torch.no_grad():
+        return trainer.logprobs(trainer.model, batch)[batch.loss_mask.bool()]
+
+
+@pytest.mark.parametrize("layout", ["tp", "pp"])
+def test_tp2_or_pp2_step_equals_torch_trainers_and_the_adapter_is_peft_s(tmp_path, layout):
+    """torchrun, two gloo ranks, TP=2 or PP=2 (tests/megatron_lora_check.py): from the same random adapter, Megatron's
+    step (KL against the base with the adapter off), with and without sequence parallel under TP, gives TorchTrainer+peft's
+    reference and policy log-probs, loss, KL, gradient norm and adapter after the step; only adapters are in the optimizer and the base weights stay; a
+    resumed checkpoint continues identically; the all-linear adapter (fused qkv / gate-up split per projection) comes
+    back out exactly as it went in, and after a step peft on the HF model and `export --merge` give Megatron's
+    log-probs."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from slime_env.agents.lora_adapter import LoRAAdapter
+    from slime_env.trainers.lora import export_merged
+
+    tiny("qwen2").save_pretrained(tmp_path / "base")
+    random_adapter("qwen2", SINGLE, tmp_path / "single")
+    random_adapter("qwen2", "all-linear", tmp_path / "all", shared=True, seed=1)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+           os.path.join(ROOT, "tests", "megatron_lora_check.py"), f"--{layout}", "2", "--dir", str(tmp_path)]
+    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    got = json.loads((tmp_path / "result.json").read_text())
+    assert got["parallel"][layout] == 2
+    assert got["optimizer_params"] and all(n.endswith((".lora_A", ".lora_B")) for n in got["optimizer_params"])
+    assert got["base_unchanged"]
+
+    def base():
+        return AutoModelForCausalLM.from_pretrained(tmp_path / "base", dtype=torch.float32)
+
+    trajs = trajectories(8, seed=3)
+    batch = pack(trajs, group_size=4, pad_id=0)
+    ref = TorchTrainer(base(), TrainerConfig(lr=1e-2, kl_coef=0.1, micro_batch_size=2,
+                                             lora=dict(LORA, target_modules=SINGLE)), pad_id=0)
+    ref.load(tmp_path / "single")
+    mask = batch.loss_mask.bool()
+    assert got["reference"] == pytest.approx(ref._reference_logprobs(batch)[mask].tolist(), abs=1e-5)
+    before = masked_logprobs(ref.model, batch, ref.config.lora).tolist()
+    assert got["before"] == pytest.approx(before, abs=1e-5)
+    assert got["before"] != pytest.approx(got["reference"], abs=1e-3)  # the adapter changes the policy
+    metrics = ref.step(trajs, group_size=4)
+    assert got["loss"] == pytest.approx(metrics["train/loss"], rel=1e-4, abs=1e-6)
+    assert got["kl"] == pytest.approx(metrics["train/kl"], rel=1e-4, abs=1e-7) and got["kl"] > 0
+    assert got["grad_norm"] == pytest.approx(metrics["train/grad_norm"], rel=1e-5)
+    assert (got["sp_loss"], got["sp_kl"]) == pytest.approx((metrics["train/loss"], metrics["train/kl"]), rel=1e-4)
+    assert got["sp_grad_norm"] == pytest.approx(metrics["train/grad_norm"], rel=1e-5)
+    theirs = ref.adapter()
+    assert LoRAAdapter.load(tmp_path / "single").tensors.keys() == theirs.tensors.keys()
+    for ours in (LoRAAdapter.load(tmp_path / "ckpt" / "adapter"), LoRAAdapter.load(tmp_path / "sp_after")):
+        assert ours.tensors.keys() == theirs.tensors.keys()
+        for k in ours.tensors:
+            assert torch.allclose(ours.tensors[k], theirs.tensors[k], atol=1e-6), k
+    assert got["after"] == pytest.approx(masked_logprobs(ref.model, batch, ref.config.lora).tolist(), abs=1e-5)
+    assert got["resumed_step"] == 1 and got["resumed"] == pytest.approx(got["after"], abs=1e-6)
+    assert got["resumed_adapter_gap"] < 1e-6  # optimizer state came back too
+
+    sent, back = LoRAAdapter.load(tmp_path / "all"), LoRAAdapter.load(tmp_path / "all_export")
+    assert back.tensors.keys() == sent.tensors.keys() and all(torch.equal(back.tensors[k], sent.tensors[k])
+                                                              for k in sent.tensors)
+    config = json.loads((tmp_path / "all_after" / "adapter_config.json").read_text())
+    assert sorted(config["target_modules"]) == sorted(["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                                       "down_proj"])
+    assert (config["r"], config["lora_alpha"]) == (4, 8)
+    peft_model = PeftModel.from_pretrained(base(), str(tmp_path / "all_after"), is_trainable=True).eval()
+    assert masked_logprobs(peft_model, batch, LORA).tolist() == pytest.approx(got["all_after"], abs=1e-5)
+    merged = export_merged(tmp_path / "ckpt", tmp_path / "merged")  # base found by the adapter's base_model_name_or_path
+    assert masked_logprobs(AutoModelForCausalLM.from_pretrained(merged, dtype=torch.float32), batch).tolist() == \
+        pytest.approx(got["after"], abs=1e-5)
+
+
+@pytest.fixture(scope="module")
+def parallel():
+    from slime_env.trainers.megatron import init_parallel
+
+    return init_parallel(1)
+
+
+def test_moe_attention_adapters_and_adapter_only_sync(parallel):
+    """Qwen3-MoE: the attention is adapted, no MLP, expert or router; the exported adapter gives peft (on the HF
+    model) Megatron's log-probs after a step; a sync sends the adapter alone, the merged weights are the base plus
+    the adapter's deltas."""
+    import asyncio
+
+    from peft import PeftModel
+
+    from slime_env.trainers.megatron_trainer import MegatronTrainer
+
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj"]
+    trainer = MegatronTrainer(tiny("qwen3_moe"), TrainerConfig(backend="megatron", dtype="float32", lr=1e-2, lora=dict(
+        LORA, target_modules=targets)), pad_id=0)
+    adapted = {n.rsplit(".", 1)[0] for n, p in trainer.model.named_parameters() if p.requires_grad}
+    assert adapted == {f"decoder.layers.{i}.self_attention.{x}" for i in range(3) for x in ("linear_qkv", "linear_proj")}
+    trajs = trajectories(8, seed=2)
+    trainer.step(trajs, group_size=4)
+    adapter = trainer.adapter()
+    assert len(adapter.tensors) == 3 * 4 * 2
+    batch = pack(trajs, group_size=4, pad_id=0)
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        peft_model = PeftModel.from_pretrained(tiny("qwen3_moe"), adapter.save(folder), is_trainable=True).eval()
+        want = masked_logprobs(peft_model, batch, dict(LORA, target_modules=targets))
+    with torch.no_grad():
+        ours = trainer.logprobs(trainer.model, batch).cpu()[batch.loss_mask.bool()]
+    assert torch.allclose(ours, want, atol=1e-5)
+
+    class Engine:  # what an engine's weight channel receives in process (TransformersPolicy's methods)
+        async def load_adapter(self, adapter, version):
+            self.adapter, self.version = adapter, version
+
+        async def update_weights(self, state, version):
+            self.state = state
+
+    engine = Engine()
+    asyncio.run(trainer.sync(engine))
+    assert engine.adapter.tensors.keys() == adapter.tensors.keys() and engine.version == "1"
+    merged = {k: v.cpu() for k, v in trainer.weights().items()}
+    base = {k: v.cpu() for k, v in trainer.hf_state_dict().items()}
+    delta = adapter.deltas()["model.layers.2.self_attn.k_proj.weight"]
+    assert torch.allclose(merged["model.layers.2.self_attn.k_proj.weight"],
+                          base["model.layers.2.self_attn.k_proj.weight"] + delta) and delta.abs().max() > 0
+    assert torch.equal(merged["model.layers.0.mlp.experts.down_proj"], base["model.layers.0.mlp.experts.down_proj"])
+
+
+def test_what_the_megatron_adapters_do_not_cover_is_refused_by_name():
+    from slime_env.errors import InvalidInput
+    from slime_env.trainers.megatron.lora import plan
+    from slime_env.trainers.run import TrainConfig
+
+    moe, dense = tiny("qwen3_moe").config, tiny("qwen2").config
+    for options, config, match in (
+            (dict(target_modules="all-linear"), moe, r"all-linear on qwen3_moe means the MoE experts and routers"),
+            (dict(target_modules=["q_proj", "gate"]), moe, r"'gate': LoRA on MoE experts and routers is not built"),
+            (dict(target_modules=["gate_up_proj"]), moe, r"'gate_up_proj': LoRA on MoE experts"),
+            (dict(target_modules=["q_proj", "up_proj"]), moe, r"'up_proj' on qwen3_moe: peft adapts the MoE experts"),
+            (dict(target_modules=["lm_head"]), dense, r"'lm_head': the Megatron trainer adapts \['q_proj'"),
+            (dict(target_modules=".*proj"), dense, r"'\.\*proj': the Megatron trainer takes 'all-linear' or a list"),
+            (dict(dropout=0.1), dense, r"lora\.dropout 0\.1: the Megatron trainer's adapters have no dropout")):
+        with pytest.raises(ValueError, match=match):
+            plan(LoRAOptions(**LORA, **options), config)
+    fused = plan(LoRAOptions(**LORA, target_modules=["v_proj", "q_proj", "up_proj"]), dense)
+    assert {k: v.parts for k, v in fused.items()} == {"linear_qkv": ("q_proj", "v_proj"), "linear_fc1": ("up_proj",)}
+    assert fused["linear_qkv"].scaling == 2.0
+    assert plan(LoRAOptions(rank=4, alpha=8, use_rslora=True), dense)["linear_fc2"].scaling == 4.0
+    TrainConfig.from_dict({"trainer": {"backend": "megatron", "tp": 2, "lora": {"rank": 8}}})  # accepted now
+    with pytest.raises(InvalidInput, match="lora with backend: fsdp is not built"):
+        TrainConfig.from_dict({"trainer": {"backend": "fsdp", "lora": {"rank": 8}}}).sections  # noqa: B018
