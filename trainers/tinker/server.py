@@ -271,8 +271,6 @@ class TinkerServer:
         if body.get("target_prompt_logprobs") is not None:
             raise InvalidInput("target_prompt_logprobs is not served (prompt_logprobs is)")
         ids = prompt_tokens(body.get("prompt") or {})
-        loop = asyncio.get_running_loop()
-        policy = await loop.run_in_executor(self.worker, self.backend.sampler, key)
         sp = body.get("sampling_params") or {}
         stop = sp.get("stop")
         stop = [stop] if isinstance(stop, str) else list(stop or [])
@@ -287,11 +285,11 @@ class TinkerServer:
         if n < 1:
             raise InvalidInput(f"num_samples must be >= 1, got {n}")
         seeds = [None] * n if sp.get("seed") is None else [int(sp["seed"]) + i for i in range(n)]
-        gens = await asyncio.gather(*(policy.generate(ids, {**params, **({} if s is None else {"sampling_seed": s})})
-                                      for s in seeds))
-        prompt_lp = None
-        if body.get("prompt_logprobs"):
-            prompt_lp = await loop.run_in_executor(self.worker, self.backend.prompt_logprobs, key, ids)
+        async with self.backend.sampling(key) as policy:  # the engine holding these weights (pushed there if not)
+            gens = await asyncio.gather(*(policy.generate(ids, {**params, **({} if s is None else
+                                                                             {"sampling_seed": s})}) for s in seeds))
+            # the first prompt token has no log-prob (None in the SDK)
+            prompt_lp = [float("nan")] + await policy.score(ids) if body.get("prompt_logprobs") else None
         seqs = [(list(g.token_ids), list(g.logprobs), "stop" if g.finish_reason == "stop" else "length") for g in gens]
         return encode_sample_response(seqs, prompt_lp)
 
