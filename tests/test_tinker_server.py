@@ -132,6 +132,34 @@ def test_backends_not_built_yet_are_refused_by_name(tmp_path):
         TinkerBackend(MODEL, None, None, tmp_path, trainer="jax")
 
 
+def test_sampler_weights_reach_the_engine_through_the_weight_channel(served):
+    """Each saved sampler's adapter is pushed into an embedded engine (two engines here, three sets of weights: each
+    reload pushes the right one): its prompt log-probs are the trainer's log-probs at save time."""
+    import numpy as np
+
+    service, trainer, tok, _ = served
+    ids = tok.encode("weights for the sampler, pushed as an adapter")
+    datum = _datum(ids, weights=[1.0] * (len(ids) - 1))
+    paths, want = [], []
+    for step in range(2):
+        trainer.forward_backward([datum], "cross_entropy").result()
+        trainer.optim_step(tinker.AdamParams(learning_rate=5e-2)).result()
+        paths.append(trainer.save_weights_for_sampler(f"push{step}").result().path)
+        want.append(trainer.forward([datum], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].to_numpy())
+    fresh = service.create_lora_training_client(base_model=MODEL, rank=2).result()  # B = 0: the base function
+    base = fresh.forward([datum], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].to_numpy()
+    assert not np.allclose(want[0], want[1], atol=1e-3) and not np.allclose(want[0], base, atol=1e-3)
+
+    def prompt_logprobs(**where) -> np.ndarray:
+        res = service.create_sampling_client(**where).sample(
+            tinker.ModelInput.from_ints(ids), 1, tinker.SamplingParams(max_tokens=1), include_prompt_logprobs=True)
+        return np.array(res.result().prompt_logprobs[1:])
+
+    for where, expected in [({"model_path": paths[0]}, want[0]), ({"model_path": paths[1]}, want[1]),
+                            ({"base_model": MODEL}, base), ({"model_path": paths[0]}, want[0])]:
+        np.testing.assert_allclose(prompt_logprobs(**where), expected, atol=1e-4, err_msg=str(where))
+
+
 def test_bad_input_is_refused_by_name(served):
     service, trainer, tok, _ = served
     ids = tok.encode("hello there, general kenobi")

@@ -552,7 +552,8 @@ class TorchTrainer:
             for f in sorted((path / "model").glob("*.safetensors")):
                 state.update(load_file(str(f)))
             load_state(self.model, state)  # either layout: checkpoints hold MoE experts one matrix each
-        if optimizer and (path / "trainer.pt").exists():  # a MegatronTrainer checkpoint holds the same HF weights, not this state
+        # a MegatronTrainer checkpoint holds the same HF weights, not this state
+        if optimizer and (path / "trainer.pt").exists():
             saved = torch.load(path / "trainer.pt", map_location=self.device, weights_only=False)
             self.optimizer.load_state_dict(saved["optimizer"])
             self.step_count = int(saved["step"])

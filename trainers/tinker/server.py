@@ -70,6 +70,7 @@ class TinkerServer:
             app.router.add_post(path, handler)
         app.router.add_post("/api/v1/sessions/{session_id}/finish", self.finish_session)
         app.router.add_post("/api/v1/cancel_future", self.cancel_future)
+        app.router.add_get("/api/v1/samplers/{sampler_id}", self.get_sampler)
         app.router.add_route("*", "/{tail:.*}", self.refused)
         app.on_cleanup.append(self._cleanup)
         return app
@@ -253,6 +254,16 @@ class TinkerServer:
         session_id = f"sampling-{uuid.uuid4().hex[:12]}"
         self.sampling_sessions[session_id] = key
         return web.json_response({"type": "create_sampling_session", "sampling_session_id": session_id})
+
+    async def get_sampler(self, request: web.Request) -> web.Response:
+        """What `create_sampling_client(model_path=...)` asks of its new session: the base model."""
+        sampler_id = request.match_info["sampler_id"]
+        key = self.sampling_sessions.get(sampler_id)
+        if key is None:
+            message = f"no sampling session {sampler_id!r} on this server"
+            return web.json_response({"error": message, "category": "user", "detail": message}, status=404)
+        return web.json_response({"sampler_id": sampler_id, "base_model": self.backend.base_model,
+                                  "model_path": None if key == "base" else key})
 
     async def sample(self, request: web.Request) -> web.Response:
         body = await request.json()
