@@ -1,5 +1,6 @@
-"""`slime-env serve-tinker` driven by the real `tinker` SDK: tinker-cookbook's SFT loop (unchanged) lowers the loss,
-and bad input comes back as the SDK's errors, naming what was wrong."""
+"""`slime-env serve-tinker` driven by the real `tinker` SDK: a training client's forward_backward / optim_step are
+`TorchTrainer`'s (same loss, same adapter as calling it directly), tinker-cookbook's SFT loop (unchanged) lowers the
+loss, and bad input comes back as the SDK's errors, naming what was wrong."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 tinker = pytest.importorskip("tinker")
 pytest.importorskip("peft")
@@ -31,7 +33,7 @@ def served(tmp_path_factory):
                             max_context_length=256)
     with ServerThread(backend) as url:
         service = tinker.ServiceClient(base_url=url)
-        yield service, service.create_lora_training_client(base_model=MODEL, rank=4).result(), tok
+        yield service, service.create_lora_training_client(base_model=MODEL, rank=4).result(), tok, backend
 
 
 def _datum(ids, **inputs):
@@ -40,7 +42,7 @@ def _datum(ids, **inputs):
 
 
 def test_losses_forward_and_sampling_with_logprobs(served):
-    service, trainer, tok = served
+    service, trainer, tok, _ = served
     ids = tok.encode("The quick brown fox jumps over the lazy dog.")
     n = len(ids) - 1
     out = trainer.forward([_datum(ids, weights=[1.0] * n)], "cross_entropy").result()
@@ -60,8 +62,106 @@ def test_losses_forward_and_sampling_with_logprobs(served):
     assert res.prompt_logprobs[0] is None and len(res.prompt_logprobs) == 6
 
 
+def test_a_step_through_the_server_is_the_torch_trainers_step(served):
+    """The SDK -> server -> TrainingClient path against `TorchTrainer`'s split step called directly, from the same
+    seed: two accumulating forward_backward calls (two losses), an optim_step with every Adam parameter set, and a
+    second step give the same losses, and the sampler weights the server saves are the same adapter."""
+    import copy
+
+    from slime_env.agents.lora_adapter import LoRAAdapter
+    from slime_env.trainers.split_step import AdamParams, Datum
+    from slime_env.trainers.tinker.backend import ATTN, LORA_ALPHA, MLP
+    from slime_env.trainers.tinker.losses import loss_for
+    from slime_env.trainers.torch_trainer import TorchTrainer, TrainerConfig
+
+    service, _, tok, backend = served
+    a, b = tok.encode("one step through the server"), tok.encode("and the same step, direct")
+    wa = [1.0, 0.5] + [1.0] * (len(a) - 3)
+    qb, adv = [-11.0] * (len(b) - 1), [0.5, -1.0] + [0.25] * (len(b) - 3)
+    adam = {"learning_rate": 1e-2, "beta1": 0.8, "beta2": 0.9, "eps": 1e-8, "weight_decay": 0.1,
+            "grad_clip_norm": 0.05}
+
+    client = service.create_lora_training_client(base_model=MODEL, rank=4, seed=11).result()
+    got = [client.forward_backward([_datum(a, weights=wa)], "cross_entropy").result().metrics["loss:sum"],
+           client.forward_backward([_datum(b, logprobs=qb, advantages=adv)], "ppo").result().metrics["loss:sum"]]
+    norm = client.optim_step(tinker.AdamParams(**adam)).result().metrics["grad_norm"]
+    # a second step: Adam's first update is lr * g / |g| whatever the betas or the clipping, its second is not
+    got.append(client.forward_backward([_datum(a, weights=wa)], "cross_entropy").result().metrics["loss:sum"])
+    client.optim_step(tinker.AdamParams(**adam)).result()
+    path = client.save_weights_for_sampler("same").result().path
+
+    torch.manual_seed(11)
+    direct = TorchTrainer(copy.deepcopy(backend.base), TrainerConfig(lora={"rank": 4, "alpha": LORA_ALPHA,
+                                                                           "target_modules": list(ATTN + MLP)}),
+                          pad_id=backend.pad_id)
+    initial = direct.adapter()
+
+    def datum(ids, **inputs):
+        t = torch.tensor(ids)
+        return Datum(t[:-1], t[1:], {k: torch.tensor(v) for k, v in inputs.items()})
+
+    want = [direct.forward_backward([datum(a, weights=wa)], loss_for("cross_entropy", {})[0])[1],
+            direct.forward_backward([datum(b, logprobs=qb, advantages=adv)], loss_for("ppo", {})[0])[1]]
+    want_norm = direct.optim_step(AdamParams(**adam))["grad_norm"]
+    want.append(direct.forward_backward([datum(a, weights=wa)], loss_for("cross_entropy", {})[0])[1])
+    direct.optim_step(AdamParams(**adam))
+    assert got == pytest.approx(want, rel=1e-5) and norm == pytest.approx(want_norm, rel=1e-4)
+    model_id, _, name = path.removeprefix("tinker://").split("/")
+    served_adapter = LoRAAdapter.load(backend.root / model_id / "sampler_weights" / name).tensors
+    expected = direct.adapter().tensors
+    assert served_adapter.keys() == expected.keys()
+    assert any(not torch.equal(initial.tensors[k], expected[k]) for k in expected)  # the step moved the adapter
+    for k in expected:
+        torch.testing.assert_close(served_adapter[k], expected[k], rtol=1e-4, atol=1e-6)
+
+
+def test_backends_not_built_yet_are_refused_by_name(tmp_path):
+    import typer
+    from typer.testing import CliRunner
+
+    from slime_env.errors import InvalidInput
+    from slime_env.trainers.cli import register
+    from slime_env.trainers.tinker import TinkerBackend
+
+    app = typer.Typer()
+    register(app)  # the trainers package's subcommands, as `slime-env` adds them
+    for name in ("fsdp", "megatron"):
+        result = CliRunner().invoke(app, ["serve-tinker", "--model", MODEL, "--backend", name, "--root", str(tmp_path)])
+        assert result.exit_code == 1 and f"--backend {name}: not built yet" in result.output, result.output
+    with pytest.raises(InvalidInput, match=r"--backend 'jax': one of \['torch', 'megatron', 'fsdp'\]"):
+        TinkerBackend(MODEL, None, None, tmp_path, trainer="jax")
+
+
+def test_sampler_weights_reach_the_engine_through_the_weight_channel(served):
+    """Each saved sampler's adapter is pushed into an embedded engine (two engines here, three sets of weights: each
+    reload pushes the right one): its prompt log-probs are the trainer's log-probs at save time."""
+    import numpy as np
+
+    service, trainer, tok, _ = served
+    ids = tok.encode("weights for the sampler, pushed as an adapter")
+    datum = _datum(ids, weights=[1.0] * (len(ids) - 1))
+    paths, want = [], []
+    for step in range(2):
+        trainer.forward_backward([datum], "cross_entropy").result()
+        trainer.optim_step(tinker.AdamParams(learning_rate=5e-2)).result()
+        paths.append(trainer.save_weights_for_sampler(f"push{step}").result().path)
+        want.append(trainer.forward([datum], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].to_numpy())
+    fresh = service.create_lora_training_client(base_model=MODEL, rank=2).result()  # B = 0: the base function
+    base = fresh.forward([datum], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].to_numpy()
+    assert not np.allclose(want[0], want[1], atol=1e-3) and not np.allclose(want[0], base, atol=1e-3)
+
+    def prompt_logprobs(**where) -> np.ndarray:
+        res = service.create_sampling_client(**where).sample(
+            tinker.ModelInput.from_ints(ids), 1, tinker.SamplingParams(max_tokens=1), include_prompt_logprobs=True)
+        return np.array(res.result().prompt_logprobs[1:])
+
+    for where, expected in [({"model_path": paths[0]}, want[0]), ({"model_path": paths[1]}, want[1]),
+                            ({"base_model": MODEL}, base), ({"model_path": paths[0]}, want[0])]:
+        np.testing.assert_allclose(prompt_logprobs(**where), expected, atol=1e-4, err_msg=str(where))
+
+
 def test_bad_input_is_refused_by_name(served):
-    service, trainer, tok = served
+    service, trainer, tok, _ = served
     ids = tok.encode("hello there, general kenobi")
     n = len(ids) - 1
     with pytest.raises(tinker.RequestFailedError, match="unknown loss_fn 'nope'"):
@@ -81,7 +181,7 @@ def test_bad_input_is_refused_by_name(served):
 
 
 def test_state_round_trip_with_optimizer(served):
-    service, trainer, tok = served
+    service, trainer, tok, _ = served
     ids = tok.encode("save me and load me back")
     datum = _datum(ids, weights=[1.0] * (len(ids) - 1))
     trainer.forward_backward([datum], "cross_entropy").result()

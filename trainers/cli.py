@@ -24,19 +24,29 @@ def serve_tinker(model: str = typer.Option(..., help="the base model name client
                  host: str = typer.Option("127.0.0.1", help="address to bind"),
                  port: int = typer.Option(8000, help="port (0 picks a free one)"),
                  root: str = typer.Option("tinker_checkpoints", help="where checkpoints are written"),
-                 max_context_length: int = typer.Option(8192, min=1, help="longest datum or prompt accepted")
+                 max_context_length: int = typer.Option(8192, min=1, help="longest datum or prompt accepted"),
+                 backend: str = typer.Option("torch", help="the trainer of each training client: torch "
+                                                           "(TorchTrainer + LoRA); fsdp and megatron are not built yet")
                  ) -> None:
     """A Tinker-compatible training API (the `tinker` SDK, tinker-cookbook recipes) over our trainer and engine."""
     import asyncio
 
+    from slime_env.errors import InvalidInput
     from slime_env.trainers.tinker import TinkerBackend, start
+    from slime_env.trainers.tinker.backend import check_backend
     from slime_env.trainers.tinker.models import load_model, load_tokenizer
 
+    try:
+        check_backend(backend)  # before loading any weights
+    except InvalidInput as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(1) from None
     tok = load_tokenizer(tokenizer)
-    backend = TinkerBackend(model, load_model(checkpoint, tok), tok, root, max_context_length=max_context_length)
+    server = TinkerBackend(model, load_model(checkpoint, tok), tok, root, trainer=backend,
+                           max_context_length=max_context_length)
 
     async def main() -> None:
-        runner, url = await start(backend, host, port)
+        runner, url = await start(server, host, port)
         typer.echo(f"serving the Tinker API for {model!r} at {url} (TINKER_BASE_URL={url}; any TINKER_API_KEY)")
         try:
             await asyncio.Event().wait()

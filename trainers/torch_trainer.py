@@ -27,6 +27,7 @@ from slime_env.trainers.batch import TrainBatch, pack
 from slime_env.trainers.fsdp_options import FSDPOptions
 from slime_env.trainers.megatron.options import MegatronOptions
 from slime_env.trainers import routing_replay as rr
+from slime_env.trainers.split_step import AdamParams, Datum, DatumLoss
 
 from slime_env.trajectory import Trajectory
 
@@ -457,6 +458,68 @@ class TorchTrainer:
                     **{f"off_policy/{k}": v for k, v in off_stats.items()}}
         return loss, share, reported
 
+    # --- the split step (`slime_env.trainers.split_step.SplitStepTrainer`: Tinker's training calls) -----------
+    def forward(self, data: Sequence[Datum]) -> list[torch.Tensor]:
+        """Each datum's log-probs of its targets, no gradient (`SplitStepTrainer.forward`)."""
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                return [lp.cpu() for chunk in self._datum_chunks(data) for lp in self._datum_logprobs(chunk)]
+        finally:
+            self.model.train(was_training)
+
+    def forward_backward(self, data: Sequence[Datum], loss: DatumLoss) -> tuple[list[torch.Tensor], float]:
+        """Log-probs and the summed `loss`; its gradient accumulates until `optim_step`
+        (`SplitStepTrainer.forward_backward`). Micro-batches of `micro_batch_size` data bound the memory."""
+        self._training_mode()
+        out, total = [], 0.0
+        for chunk in self._datum_chunks(data):
+            logps = self._datum_logprobs(chunk)
+            chunk_loss = sum((loss(lp, {k: v.to(self.device) for k, v in d.inputs.items()})
+                              for lp, d in zip(logps, chunk)), torch.zeros((), device=self.device))
+            self._backward(chunk_loss, 1.0)  # a sum over data: no share to weight by
+            total += float(chunk_loss.detach())
+            out += [lp.detach().cpu() for lp in logps]
+        return out, total
+
+    def optim_step(self, adam: AdamParams) -> dict[str, float]:
+        """AdamW with `adam`'s hyper-parameters on the accumulated gradients, then zero them
+        (`SplitStepTrainer.optim_step`); counts as a step of `step_count` (what a checkpoint resumes)."""
+        from dataclasses import replace
+
+        for g in self._param_groups():
+            g.update(lr=adam.learning_rate, betas=(adam.beta1, adam.beta2), eps=adam.eps,
+                     weight_decay=adam.weight_decay)
+        saved = self.config
+        self.config = replace(saved, max_grad_norm=adam.grad_clip_norm or math.inf)  # what `_optimizer_step` clips to
+        try:
+            grad_norm = self._optimizer_step()
+        finally:
+            self.config = saved
+        self._zero_grad()
+        self.step_count += 1
+        return {"grad_norm": grad_norm, "learning_rate": adam.learning_rate}
+
+    def _datum_chunks(self, data: Sequence[Datum]) -> list[Sequence[Datum]]:
+        if not data:
+            raise ValueError("data is empty: forward / forward_backward need at least one Datum")
+        n = self.config.micro_batch_size
+        return [data[i:i + n] for i in range(0, len(data), n)]
+
+    def _datum_logprobs(self, data: Sequence[Datum]) -> list[torch.Tensor]:
+        """Each datum's log-probs of its targets ([n]), the data right-padded into one forward."""
+        width = max(len(d.tokens) for d in data)
+        ids = torch.full((len(data), width), self.pad_id, dtype=torch.long)
+        targets, attention = torch.zeros_like(ids), torch.zeros_like(ids)
+        for row, d in enumerate(data):
+            ids[row, :len(d.tokens)], targets[row, :len(d.tokens)] = d.tokens, d.targets
+            attention[row, :len(d.tokens)] = 1
+        logits = self.model(input_ids=ids.to(self.device), attention_mask=attention.to(self.device),
+                            use_cache=False).logits
+        logp = alg.token_logprobs(logits, targets.to(self.device))
+        return [logp[row, :len(d.tokens)] for row, d in enumerate(data)]
+
     # --- checkpoints and weight sync ------------------------------------------------------------------
     def save(self, path: str | Path) -> Path:
         """Model (safetensors, `save_pretrained`), optimizer, step and config under `path` (and PPO's critic)."""
@@ -475,8 +538,9 @@ class TorchTrainer:
         (path / "config.json").write_text(json.dumps(asdict(self.config)))
         return path
 
-    def load(self, path: str | Path) -> None:
-        """Weights from `path/model` (safetensors); optimizer state and step too when `path` holds them."""
+    def load(self, path: str | Path, *, optimizer: bool = True) -> None:
+        """Weights from `path/model` (safetensors); optimizer state and step too when `path` holds them and
+        `optimizer`."""
         path = Path(path)
         from safetensors.torch import load_file
 
@@ -489,7 +553,8 @@ class TorchTrainer:
             for f in sorted((path / "model").glob("*.safetensors")):
                 state.update(load_file(str(f)))
             load_state(self.model, state)  # either layout: checkpoints hold MoE experts one matrix each
-        if (path / "trainer.pt").exists():  # a MegatronTrainer checkpoint holds the same HF weights, not this state
+        # a MegatronTrainer checkpoint holds the same HF weights, not this state
+        if optimizer and (path / "trainer.pt").exists():
             saved = torch.load(path / "trainer.pt", map_location=self.device, weights_only=False)
             self.optimizer.load_state_dict(saved["optimizer"])
             self.step_count = int(saved["step"])
@@ -498,7 +563,8 @@ class TorchTrainer:
         if self.critic is not None and (path / "critic.pt").exists():
             saved = torch.load(path / "critic.pt", map_location=self.device, weights_only=False)
             self.critic.load_state_dict(saved["critic"])
-            self.critic_optimizer.load_state_dict(saved["optimizer"])
+            if optimizer:
+                self.critic_optimizer.load_state_dict(saved["optimizer"])
 
     def _load_adapter(self, path: Path) -> None:
         """The adapter of checkpoint `path` (`path/adapter`, PEFT's format) into this trainer's peft model."""

@@ -2,9 +2,10 @@
 unchanged against our trainer and engine.
 
 - `server.TinkerServer` / `server.start`: the HTTP routes and the futures protocol of the SDK (tinker 0.38).
-- `backend.TinkerBackend`: LoRA training models (peft) over one base model, Tinker's losses, Adam, checkpoints,
-  samplers on the embedded engine (`slime_env.agents.TransformersPolicy`).
-- `losses`: cross_entropy, importance_sampling, ppo, cispo, dro as pure functions.
+- `backend.TinkerBackend`: a thin adapter over our trainers: a training client is a `SplitStepTrainer`
+  (`slime_env.trainers.split_step`; `TorchTrainer` with a LoRA over the shared base model), sampler weights reach
+  the embedded engine (`slime_env.agents.TransformersPolicy`) through the weight-sync channel (`push_adapter`).
+- `losses`: cross_entropy, importance_sampling, ppo, cispo, dro as pure functions (a trainer's `DatumLoss`).
 - `wire`: the SDK's protobuf request / responses.
 
 Needs the `tinker` extra (`tinker`, `peft`). Never imported by the core `slime_env` modules.

@@ -1,22 +1,28 @@
-"""The model side of `slime-env serve-tinker`: LoRA training clients over one base model, and samplers.
+"""The model side of `slime-env serve-tinker`: a thin adapter from Tinker's calls to our trainers and our engine.
 
-A training client is the base model wrapped with `peft` LoRA (rank, seed, attention / MLP as the SDK asks) and an
-AdamW over the adapter. `forward_backward` accumulates gradients (Tinker's losses in `losses.py`, log-probs from
-`trainers.algorithms.token_logprobs`); `optim_step` applies Adam with the step's own hyper-parameters (learning rate,
-betas, eps, weight decay, gradient clipping), then clears them. Sampler weights are the adapter merged into the base
-weights, served by the embedded engine (`slime_env.agents.TransformersPolicy`), so sampled tokens and their log-probs
-are the engine's own. Every method is synchronous and runs on the server's one worker thread, in arrival order.
+- A training client is a trainer of `--backend` that implements `slime_env.trainers.split_step.SplitStepTrainer`:
+  `TorchTrainer` with a LoRA (`trainers.lora`, peft) of the requested rank over the shared base model (each client
+  has its own module tree; the base weights are one frozen copy). `forward` / `forward_backward` / `optim_step` are
+  the trainer's, with Tinker's losses (`losses.py`) and Tinker's per-call Adam parameters.
+- `save_state` / `load_state` are the trainer's checkpoint (`save` / `load`: the adapter in PEFT's format,
+  optimizer, step) plus the client's LoRA request (`tinker.json`, to recreate it from the checkpoint).
+- `save_weights_for_sampler` writes the trainer's adapter as a PEFT folder; `sample` pushes it to an embedded
+  `TransformersPolicy` through the weight-sync channel (`trainers.weight_sync.channel_for` -> `InPlace.push_adapter`:
+  the engine merges it), the path an RL run's weights take. `samplers_kept` engines, each on its own copy of the
+  base, hold one sampler's weights each; a miss reloads the least recently used idle one.
 
-LoRA is wrapped here with `peft` (isolated to this module); the LoRA of the unembedding (`train_unembed`) is not
-built: the served models tie it to the embedding.
+Training methods are synchronous and run on the server's one worker thread, in arrival order; sampling runs on the
+server's event loop. The LoRA of the unembedding (`train_unembed`) is not built: the served models tie it to the
+embedding.
 """
 
 from __future__ import annotations
 
+import asyncio
 import copy
-import itertools
-import uuid
-from collections import OrderedDict
+import json
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,51 +31,91 @@ import numpy as np
 import torch
 
 from slime_env.errors import InvalidInput
-from slime_env.trainers.algorithms import token_logprobs
+from slime_env.trainers.lora import LoRAOptions
+from slime_env.trainers.split_step import AdamParams, Datum, SplitStepTrainer
+from slime_env.trainers.tinker import wire
 from slime_env.trainers.tinker.losses import loss_for
 
 ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP = ("gate_proj", "up_proj", "down_proj")
+LORA_ALPHA = 32.0
+
+
+def shared_base(base: torch.nn.Module) -> torch.nn.Module:
+    """A module tree of its own over `base`'s parameters (the weights are not copied): a LoRA wraps its linear layers
+    without touching `base`'s modules."""
+    return copy.deepcopy(base, memo={id(p): p for p in base.parameters()})
+
+
+def torch_trainer(base: torch.nn.Module, lora: LoRAOptions, pad_id: int) -> SplitStepTrainer:
+    from slime_env.trainers.torch_trainer import TorchTrainer, TrainerConfig
+
+    return TorchTrainer(shared_base(base), TrainerConfig(lora=lora), pad_id=pad_id)
+
+
+# --backend -> a training client's trainer over the base model (the backends of `trainer.backend` not here are refused)
+TRAINERS: dict[str, Callable[[torch.nn.Module, LoRAOptions, int], SplitStepTrainer]] = {"torch": torch_trainer}
+
+
+def check_backend(name: str) -> None:
+    """`name` is a trainer `serve-tinker` runs on, or an `InvalidInput` naming it."""
+    from slime_env.trainers.torch_trainer import BACKENDS
+
+    if name in TRAINERS:
+        return
+    if name in BACKENDS:
+        raise InvalidInput(f"--backend {name}: not built yet. A training client is a LoRA trainer implementing "
+                           "SplitStepTrainer (trainers/split_step.py: forward_backward / optim_step), and only "
+                           f"TorchTrainer does so far (docs/tinker.md, Backends); use one of {sorted(TRAINERS)}")
+    raise InvalidInput(f"--backend {name!r}: one of {list(BACKENDS)}")
 
 
 @dataclass
 class TrainingModel:
     model_id: str
-    model: Any  # peft.PeftModel
-    optimizer: torch.optim.Optimizer
-    rank: int
-    lora: dict[str, Any]
-    steps: int = 0
+    trainer: SplitStepTrainer
+    lora: dict[str, Any]  # the SDK's LoRA request (rank, seed, train_attn, train_mlp, ...)
+
+
+@dataclass
+class _Engine:
+    """One embedded engine and the sampler weights it holds (`key`; None while loading)."""
+    policy: Any
+    key: str | None = None
+    busy: int = 0  # sample calls generating on it: it is not reloaded under them
 
 
 class TinkerBackend:
-    """One base model (`base_model` is the name clients ask for), LoRA training models over it, and samplers."""
+    """One base model (`base_model` is the name clients ask for), training clients over it on `trainer`, and
+    samplers (see the module docstring)."""
 
-    def __init__(self, base_model: str, model: Any, tokenizer: Any, root: str | Path, *,
+    def __init__(self, base_model: str, model: Any, tokenizer: Any, root: str | Path, *, trainer: str = "torch",
                  max_context_length: int = 32768, samplers_kept: int = 2, max_batch_size: int = 16):
+        check_backend(trainer)
         self.base_model = base_model
-        self.base = model.eval()
+        self.base = model.eval().requires_grad_(False)  # frozen: clients train adapters over it
         self.tokenizer = tokenizer
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.make_trainer = TRAINERS[trainer]
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.max_context_length = max_context_length
+        self.vocab_size = int(model.config.vocab_size)
         self.models: dict[str, TrainingModel] = {}
-        self._samplers: OrderedDict[str, Any] = OrderedDict()
+        self._engines: list[_Engine] = []  # least recently used first
+        self._engines_changed: asyncio.Condition | None = None
         self._samplers_kept = samplers_kept
         self._max_batch_size = max_batch_size
-        self._ids = itertools.count()
-        self.vocab_size = int(model.config.vocab_size)
+        self._ephemeral = 0
 
-    # --- training models ---------------------------------------------------------------------------------------
+    # --- training clients ----------------------------------------------------------------------------------------
     def check_base_model(self, name: str | None) -> None:
         if name is not None and name != self.base_model:
             raise InvalidInput(f"base_model {name!r} is not served here: this server was started with "
                                f"--model {self.base_model!r}")
 
-    def create_model(self, base_model: str, lora: dict[str, Any] | None, model_id: str | None = None) -> str:
-        """A LoRA training model over the base (the SDK's id is `<session_id>:train:<model_seq_id>`); returns its id."""
-        from peft import LoraConfig, get_peft_model
-
+    def create_model(self, base_model: str, lora: dict[str, Any] | None, model_id: str) -> str:
+        """A LoRA training client over the base (the SDK's id is `<session_id>:train:<model_seq_id>`)."""
         self.check_base_model(base_model)
         if not lora:
             raise InvalidInput("full fine-tuning is not served: create a LoRA training client "
@@ -81,15 +127,12 @@ class TinkerBackend:
         if not targets:
             raise InvalidInput("LoRA with train_attn=False and train_mlp=False trains nothing here "
                                "(train_unembed is not served)")
-        if lora.get("seed") is not None:
-            torch.manual_seed(int(lora["seed"]))
-        model = get_peft_model(copy.deepcopy(self.base), LoraConfig(r=rank, lora_alpha=32, lora_dropout=0.0,
-                                                                     target_modules=list(targets)))
-        params = [p for p in model.parameters() if p.requires_grad]
-        model_id = model_id or f"{uuid.uuid4().hex[:8]}-{next(self._ids)}"
         if model_id in self.models:
             raise InvalidInput(f"training model {model_id!r} exists already")
-        self.models[model_id] = TrainingModel(model_id, model, torch.optim.AdamW(params, lr=1e-4), rank, dict(lora))
+        if lora.get("seed") is not None:  # the adapter's initial A matrices
+            torch.manual_seed(int(lora["seed"]))
+        options = LoRAOptions(rank=rank, alpha=LORA_ALPHA, target_modules=list(targets))
+        self.models[model_id] = TrainingModel(model_id, self.make_trainer(self.base, options, self.pad_id), dict(lora))
         return model_id
 
     def get(self, model_id: str | None) -> TrainingModel:
@@ -100,49 +143,34 @@ class TinkerBackend:
     def info(self, model_id: str) -> dict[str, Any]:
         m = self.get(model_id)
         arch = type(self.base).__name__
-        return {"type": "get_info", "model_id": model_id, "is_lora": True, "lora_rank": m.rank,
+        return {"type": "get_info", "model_id": model_id, "is_lora": True, "lora_rank": int(m.lora["rank"]),
                 "model_name": self.base_model,
                 "model_data": {"arch": arch, "model_name": self.base_model, "tokenizer_id": self.base_model}}
 
-    # --- forward / backward / optimizer ------------------------------------------------------------------------
-    def forward_backward(self, model_id: str, loss_fn: str, config: dict[str, Any], data: list[Any],
+    # --- forward / backward / optimizer --------------------------------------------------------------------------
+    def forward_backward(self, model_id: str, loss_fn: str, config: dict[str, Any], data: list[wire.Datum],
                          forward_only: bool) -> tuple[list[dict[str, np.ndarray]], dict[str, float]]:
-        """Per-datum `logprobs` (and `elementwise_loss` for cross_entropy) and `loss:sum`; gradients accumulate
-        unless `forward_only`."""
+        """Per-datum `logprobs` (and `elementwise_loss` for cross_entropy) and `loss:sum`; gradients accumulate in
+        the client's trainer unless `forward_only`."""
         m = self.get(model_id)
-        fn, needed = loss_for(loss_fn)
+        loss, needed = loss_for(loss_fn, config)
         if not data:
             raise InvalidInput("forward_backward got no data")
-        batch = [self._check_datum(i, d, needed) for i, d in enumerate(data)]
-        width = max(len(t) for t, _ in batch)
-        ids = torch.zeros(len(batch), width, dtype=torch.long)
-        targets = torch.zeros(len(batch), width, dtype=torch.long)
-        attn = torch.zeros(len(batch), width, dtype=torch.long)
-        for row, (tokens, inputs) in enumerate(batch):
-            ids[row, :len(tokens)] = torch.from_numpy(tokens)
-            targets[row, :len(tokens)] = torch.from_numpy(inputs["target_tokens"].astype(np.int64))
-            attn[row, :len(tokens)] = 1
-        m.model.train(not forward_only)
-        with torch.set_grad_enabled(not forward_only):
-            logits = m.model(input_ids=ids, attention_mask=attn, use_cache=False).logits
-            logp = token_logprobs(logits, targets)
-            total = logits.new_zeros(())
-            outputs = []
-            for row, (tokens, inputs) in enumerate(batch):
-                n = len(tokens)
-                tensors = {k: torch.tensor(v, dtype=torch.float32) for k, v in inputs.items()
-                           if k != "target_tokens"}
-                loss = fn(logp[row, :n], tensors, config)
-                total = total + loss
-                out = {"logprobs": logp[row, :n].detach().float().numpy()}
-                if loss_fn == "cross_entropy":
-                    out["elementwise_loss"] = (-tensors["weights"] * logp[row, :n].detach()).numpy()
-                outputs.append(out)
-            if not forward_only:
-                total.backward()
-        return outputs, {"loss:sum": float(total.detach())}
+        batch = [self._datum(i, d, needed) for i, d in enumerate(data)]
+        if forward_only:
+            logps = m.trainer.forward(batch)
+            with torch.no_grad():
+                total = float(sum(loss(lp, d.inputs) for lp, d in zip(logps, batch)))
+        else:
+            logps, total = m.trainer.forward_backward(batch, loss)
+        outputs = [{"logprobs": lp.float().numpy()} for lp in logps]
+        if loss_fn == "cross_entropy":  # Tinker's per-token output of this loss
+            for out, d in zip(outputs, batch):
+                out["elementwise_loss"] = -d.inputs["weights"].numpy() * out["logprobs"]
+        return outputs, {"loss:sum": total}
 
-    def _check_datum(self, i: int, d: Any, needed: tuple[str, ...]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    def _datum(self, i: int, d: wire.Datum, needed: tuple[str, ...]) -> Datum:
+        """The SDK's datum checked (named by its index and Tinker's field names), as the trainer's `Datum`."""
         n = len(d.tokens)
         if n == 0:
             raise InvalidInput(f"datum {i}: model_input is empty")
@@ -157,116 +185,129 @@ class TinkerBackend:
             if arr.ndim != 1 or len(arr) != n:
                 raise InvalidInput(f"datum {i}: loss_fn_inputs[{name!r}] has shape {list(arr.shape)} but model_input "
                                    f"has {n} tokens (each input needs shape [{n}])")
-        t = d.inputs["target_tokens"]
-        if t.min() < 0 or t.max() >= self.vocab_size:
+        targets = d.inputs["target_tokens"]
+        if targets.min() < 0 or targets.max() >= self.vocab_size:
             raise InvalidInput(f"datum {i}: target_tokens outside [0, {self.vocab_size})")
-        return d.tokens, d.inputs
+        return Datum(torch.from_numpy(d.tokens.astype(np.int64)), torch.from_numpy(targets.astype(np.int64)),
+                     {k: torch.from_numpy(v.astype(np.float32)) for k, v in d.inputs.items() if k != "target_tokens"})
 
     def optim_step(self, model_id: str, adam: dict[str, Any]) -> dict[str, float]:
-        """One AdamW step with this call's hyper-parameters (Tinker's AdamParams), then zero the gradients."""
-        m = self.get(model_id)
-        lr = float(adam.get("learning_rate", 1e-4))
-        betas = (float(adam.get("beta1", 0.9)), float(adam.get("beta2", 0.95)))
-        if lr < 0 or not (0 <= betas[0] < 1 and 0 <= betas[1] < 1):
-            raise InvalidInput(f"adam_params out of range: learning_rate={lr}, betas={betas}")
-        for g in m.optimizer.param_groups:
-            g.update(lr=lr, betas=betas, eps=float(adam.get("eps", 1e-12)),
-                     weight_decay=float(adam.get("weight_decay", 0.0)))
-        params = [p for g in m.optimizer.param_groups for p in g["params"]]
-        clip = float(adam.get("grad_clip_norm", 0.0))
-        norm = torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else float("inf"))
-        m.optimizer.step()
-        m.optimizer.zero_grad(set_to_none=True)
-        m.steps += 1
-        return {"grad_norm": float(norm), "learning_rate": lr}
+        """One AdamW step with this call's hyper-parameters (Tinker's AdamParams), then the gradients are zero."""
+        return self.get(model_id).trainer.optim_step(AdamParams.parse(adam))
 
     # --- checkpoints ---------------------------------------------------------------------------------------------
-    def _file(self, path: str, kind: str) -> Path:
+    def _folder(self, path: str, kind: str, marker: str) -> Path:
         prefix = "tinker://"
         parts = path[len(prefix):].split("/") if path.startswith(prefix) else []
-        if len(parts) != 3 or parts[1] != kind or not all(parts):
+        if len(parts) != 3 or parts[1] != kind or not all(parts) or ".." in parts:
             raise InvalidInput(f"{path!r} is not a {kind} path of this server (tinker://<model_id>/{kind}/<name>)")
-        file = self.root / parts[0] / kind / f"{parts[2]}.pt"
-        if not file.is_file():
+        folder = self.root / parts[0] / kind / parts[2]
+        if not (folder / marker).is_file():
             raise InvalidInput(f"{path!r} does not exist on this server")
-        return file
+        return folder
 
     def _new_path(self, model_id: str, kind: str, name: str) -> tuple[str, Path]:
         if not name or "/" in name or name.startswith("."):
             raise InvalidInput(f"checkpoint name {name!r}: a plain file name is needed")
-        file = self.root / model_id / kind / f"{name}.pt"
-        file.parent.mkdir(parents=True, exist_ok=True)
-        return f"tinker://{model_id}/{kind}/{name}", file
+        return f"tinker://{model_id}/{kind}/{name}", self.root / model_id / kind / name
 
     def save_state(self, model_id: str, name: str) -> str:
-        """Adapter weights, LoRA config and optimizer state."""
-        from peft import get_peft_model_state_dict
-
+        """The trainer's checkpoint (adapter, optimizer, step) and the client's LoRA request."""
         m = self.get(model_id)
-        path, file = self._new_path(model_id, "weights", name)
-        torch.save({"base_model": self.base_model, "lora": m.lora, "steps": m.steps,
-                    "adapter": get_peft_model_state_dict(m.model), "optimizer": m.optimizer.state_dict()}, file)
+        path, folder = self._new_path(model_id, "weights", name)
+        m.trainer.save(folder)
+        (folder / "tinker.json").write_text(json.dumps({"base_model": self.base_model, "lora": m.lora}))
         return path
 
     def load_state(self, model_id: str, path: str, optimizer: bool, *, create: bool = False) -> str:
-        """Load a `save_state` checkpoint into `model_id` (a new model of that id when `create`)."""
-        from peft import set_peft_model_state_dict
-
-        state = torch.load(self._file(path, "weights"), weights_only=False)
-        self.check_base_model(state["base_model"])
+        """Load a `save_state` checkpoint into `model_id` (a new client of that id when `create`)."""
+        folder = self._folder(path, "weights", "tinker.json")
+        saved = json.loads((folder / "tinker.json").read_text())
+        self.check_base_model(saved["base_model"])
         if create:
-            self.create_model(state["base_model"], state["lora"], model_id)
-        m = self.get(model_id)
-        set_peft_model_state_dict(m.model, state["adapter"])
-        if optimizer:
-            m.optimizer.load_state_dict(state["optimizer"])
-            m.steps = state["steps"]
+            self.create_model(saved["base_model"], saved["lora"], model_id)
+        self.get(model_id).trainer.load(folder, optimizer=optimizer)
         return model_id
 
     def save_for_sampler(self, model_id: str, name: str | None) -> str:
-        """The adapter merged into the base weights; unnamed ones are ephemeral (save_weights_and_get_sampling_client)."""
+        """The client's adapter, as a PEFT folder; unnamed ones are ephemeral (save_weights_and_get_sampling_client)."""
         m = self.get(model_id)
-        path, file = self._new_path(model_id, "sampler_weights", name or f"ephemeral-{next(self._ids)}")
-        merged = copy.deepcopy(m.model).merge_and_unload()
-        torch.save({"base_model": self.base_model, "state": merged.state_dict()}, file)
+        if name is None:
+            self._ephemeral += 1
+            name = f"ephemeral-{self._ephemeral}"
+        path, folder = self._new_path(model_id, "sampler_weights", name)
+        m.trainer.adapter().save(folder)
         return path
 
-    # --- sampling ----------------------------------------------------------------------------------------------
+    # --- sampling ------------------------------------------------------------------------------------------------
     def check_sampler(self, model_path: str | None, base_model: str | None) -> str:
         """The sampler key for a model path or the base model (refused clearly when neither is served)."""
+        from slime_env.agents.lora_adapter import ADAPTER_CONFIG
+
         if model_path:
-            self._file(model_path, "sampler_weights")
+            self._folder(model_path, "sampler_weights", ADAPTER_CONFIG)
             return model_path
         if base_model is None:
             raise InvalidInput("a sampling client needs model_path or base_model")
         self.check_base_model(base_model)
         return "base"
 
-    def sampler(self, key: str) -> Any:
+    @asynccontextmanager
+    async def sampling(self, key: str) -> AsyncIterator[Any]:
+        """An engine (`TransformersPolicy`) holding sampler `key`'s weights, not reloaded until the block ends."""
+        if self._engines_changed is None:
+            self._engines_changed = asyncio.Condition()
+        async with self._engines_changed:
+            engine = await self._engine_for(key)
+            engine.busy += 1
+        try:
+            yield engine.policy
+        finally:
+            async with self._engines_changed:
+                engine.busy -= 1
+                self._engines_changed.notify_all()
+
+    async def _engine_for(self, key: str) -> _Engine:
+        """The engine holding `key` (most recently used now), else a new one or the least recently used idle one
+        with `key` pushed to it; waits while every engine is busy with other weights."""
         from slime_env.agents.transformers_policy import TransformersPolicy
 
-        if key in self._samplers:
-            self._samplers.move_to_end(key)
-            return self._samplers[key]
-        model = self.base
-        if key != "base":
-            state = torch.load(self._file(key, "sampler_weights"), weights_only=False)
-            model = copy.deepcopy(self.base)
-            model.load_state_dict(state["state"])
-        policy = TransformersPolicy(model, self.tokenizer, max_batch_size=self._max_batch_size, batching="static")
-        self._samplers[key] = policy
-        while len(self._samplers) > self._samplers_kept:
-            _, old = self._samplers.popitem(last=False)
-            old.close()
-        return policy
+        while True:
+            engine = next((e for e in self._engines if e.key == key), None)
+            if engine is not None:
+                self._engines.remove(engine)
+                self._engines.append(engine)
+                return engine
+            if len(self._engines) < self._samplers_kept:
+                model = await asyncio.to_thread(copy.deepcopy, self.base)  # its own weights: adapters merge into them
+                engine = _Engine(TransformersPolicy(model, self.tokenizer, max_batch_size=self._max_batch_size,
+                                                    batching="static"))
+                self._engines.append(engine)
+            else:
+                engine = next((e for e in self._engines if e.busy == 0), None)
+                if engine is None:
+                    await self._engines_changed.wait()
+                    continue
+            await self._push(engine, key)
 
-    def prompt_logprobs(self, key: str, ids: list[int]) -> list[float]:
-        from slime_env.agents.transformers_policy import sequence_logprobs
+    async def _push(self, engine: _Engine, key: str) -> None:
+        """Sampler `key`'s adapter into `engine` through the weight-sync channel (the base model: no adapter)."""
+        from slime_env.agents.lora_adapter import LoRAAdapter
+        from slime_env.agents.weight_layout import WeightLayout
+        from slime_env.trainers.weight_sync import channel_for
 
-        with torch.inference_mode():
-            return [float("nan")] + sequence_logprobs(self.sampler(key).model, ids)
+        engine.key = None
+        if key == "base":  # an adapter with no matrices: every matrix back to the base's
+            adapter = LoRAAdapter("base", {})
+        else:
+            adapter = await asyncio.to_thread(LoRAAdapter.load, self._folder(key, "sampler_weights",
+                                                                             "adapter_config.json"))
+        channel = channel_for(engine.policy, WeightLayout.of(engine.policy.model.config))
+        await channel.push_adapter(adapter, key)
+        await channel.close()
+        engine.key = key
 
     def close(self) -> None:
-        for policy in self._samplers.values():
-            policy.close()
-        self._samplers.clear()
+        for engine in self._engines:
+            engine.policy.close()
+        self._engines.clear()

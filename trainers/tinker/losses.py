@@ -3,6 +3,9 @@ over tokens; the caller normalises through `weights` / `advantages`).
 
 `logp`: the trained model's log-probs of `target_tokens` (differentiable); `inputs`: the datum's `loss_fn_inputs`
 as tensors (`logprobs` are the sampler's, `advantages` per token); `config`: the request's `loss_fn_config`.
+`loss_for(name, config)` binds the config: a `slime_env.trainers.split_step.DatumLoss`, what a trainer's
+`forward_backward` takes. `ppo` is `trainers.algorithms.policy_loss` (the run's clipped surrogate) summed over the
+datum; the others are Tinker's own.
 
     cross_entropy        L = -sum(w * logp)
     importance_sampling  r = exp(logp - q);  L = -sum(r * A)
@@ -18,6 +21,8 @@ from collections.abc import Callable, Mapping
 import torch
 
 from slime_env.errors import InvalidInput
+from slime_env.trainers import algorithms as alg
+from slime_env.trainers.split_step import DatumLoss
 
 LossFn = Callable[[torch.Tensor, Mapping[str, torch.Tensor], Mapping[str, float | str]], torch.Tensor]
 
@@ -39,9 +44,11 @@ def importance_sampling(logp, inputs, config):
 
 
 def ppo(logp, inputs, config):
-    lo, hi = _clip(config)
-    ratio, adv = _ratio(logp, inputs), inputs["advantages"]
-    return -torch.minimum(ratio * adv, ratio.clamp(lo, hi) * adv).sum()
+    lo, hi = _clip(config)  # Tinker's thresholds are ratios; policy_loss clips to [1 - clip_low, 1 + clip_high]
+    loss, _ = alg.policy_loss(logp[None], inputs["logprobs"][None], inputs["advantages"][None],
+                              torch.ones_like(logp)[None], clip_low=1.0 - lo, clip_high=hi - 1.0,
+                              reduction="seq_mean_token_sum")  # one sequence: the sum over its tokens
+    return loss
 
 
 def cispo(logp, inputs, config):
@@ -50,8 +57,6 @@ def cispo(logp, inputs, config):
 
 
 def dro(logp, inputs, config):
-    if "beta" not in config:
-        raise InvalidInput("loss 'dro' needs loss_fn_config={'beta': ...}")
     beta = float(config["beta"])
     return -(logp * inputs["advantages"] - 0.5 * beta * (logp - inputs["logprobs"]) ** 2).sum()
 
@@ -66,9 +71,14 @@ LOSSES: dict[str, tuple[LossFn, tuple[str, ...]]] = {
 }
 
 
-def loss_for(name: str) -> tuple[LossFn, tuple[str, ...]]:
-    """The loss named `name`, or a clear refusal naming the ones served."""
+def loss_for(name: str, config: Mapping[str, float | str]) -> tuple[DatumLoss, tuple[str, ...]]:
+    """The loss named `name` with `config` bound, and the `loss_fn_inputs` it needs besides `target_tokens`; a clear
+    refusal naming the losses served, or the config field a loss lacks."""
     if name not in LOSSES:
         raise InvalidInput(f"unknown loss_fn {name!r}; this server computes {sorted(LOSSES)} (custom losses run in "
                            "the SDK over `forward` and a linear cross_entropy, as Tinker's client-side path does)")
-    return LOSSES[name]
+    if name == "dro" and "beta" not in config:
+        raise InvalidInput("loss 'dro' needs loss_fn_config={'beta': ...}")
+    fn, needed = LOSSES[name]
+    config = dict(config)
+    return (lambda logp, inputs: fn(logp, inputs, config)), needed

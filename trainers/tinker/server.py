@@ -70,6 +70,7 @@ class TinkerServer:
             app.router.add_post(path, handler)
         app.router.add_post("/api/v1/sessions/{session_id}/finish", self.finish_session)
         app.router.add_post("/api/v1/cancel_future", self.cancel_future)
+        app.router.add_get("/api/v1/samplers/{sampler_id}", self.get_sampler)
         app.router.add_route("*", "/{tail:.*}", self.refused)
         app.on_cleanup.append(self._cleanup)
         return app
@@ -254,6 +255,16 @@ class TinkerServer:
         self.sampling_sessions[session_id] = key
         return web.json_response({"type": "create_sampling_session", "sampling_session_id": session_id})
 
+    async def get_sampler(self, request: web.Request) -> web.Response:
+        """What `create_sampling_client(model_path=...)` asks of its new session: the base model."""
+        sampler_id = request.match_info["sampler_id"]
+        key = self.sampling_sessions.get(sampler_id)
+        if key is None:
+            message = f"no sampling session {sampler_id!r} on this server"
+            return web.json_response({"error": message, "category": "user", "detail": message}, status=404)
+        return web.json_response({"sampler_id": sampler_id, "base_model": self.backend.base_model,
+                                  "model_path": None if key == "base" else key})
+
     async def sample(self, request: web.Request) -> web.Response:
         body = await request.json()
         return self._submit("sample", self._sample, body, samples=max(1, int(body.get("num_samples", 1))))
@@ -271,8 +282,6 @@ class TinkerServer:
         if body.get("target_prompt_logprobs") is not None:
             raise InvalidInput("target_prompt_logprobs is not served (prompt_logprobs is)")
         ids = prompt_tokens(body.get("prompt") or {})
-        loop = asyncio.get_running_loop()
-        policy = await loop.run_in_executor(self.worker, self.backend.sampler, key)
         sp = body.get("sampling_params") or {}
         stop = sp.get("stop")
         stop = [stop] if isinstance(stop, str) else list(stop or [])
@@ -287,11 +296,11 @@ class TinkerServer:
         if n < 1:
             raise InvalidInput(f"num_samples must be >= 1, got {n}")
         seeds = [None] * n if sp.get("seed") is None else [int(sp["seed"]) + i for i in range(n)]
-        gens = await asyncio.gather(*(policy.generate(ids, {**params, **({} if s is None else {"sampling_seed": s})})
-                                      for s in seeds))
-        prompt_lp = None
-        if body.get("prompt_logprobs"):
-            prompt_lp = await loop.run_in_executor(self.worker, self.backend.prompt_logprobs, key, ids)
+        async with self.backend.sampling(key) as policy:  # the engine holding these weights (pushed there if not)
+            gens = await asyncio.gather(*(policy.generate(ids, {**params, **({} if s is None else
+                                                                             {"sampling_seed": s})}) for s in seeds))
+            # the first prompt token has no log-prob (None in the SDK)
+            prompt_lp = [float("nan")] + await policy.score(ids) if body.get("prompt_logprobs") else None
         seqs = [(list(g.token_ids), list(g.logprobs), "stop" if g.finish_reason == "stop" else "length") for g in gens]
         return encode_sample_response(seqs, prompt_lp)
 
