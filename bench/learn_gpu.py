@@ -42,6 +42,7 @@ def config(args) -> TrainConfig:
         "time_budget_s": args.budget_min * 60, "seed": 0, "device": "auto",
         "trainer": {"backend": args.backend, "estimator": "grpo", "lr": args.lr, "micro_batch_size": 64,
                     "max_tokens_per_micro_batch": 16384, "clip_low": 0.2, "clip_high": 0.28, "max_grad_norm": 1.0,
+                    "off_policy": args.off_policy,
                     **({"lora": {"rank": args.lora_rank, "alpha": 2 * args.lora_rank, "target_modules": "all-linear"}}
                        if args.lora else {})},
     }, "bench/learn_gpu.py")
@@ -61,6 +62,8 @@ def main() -> None:
     ap.add_argument("--copy-to", default=None, help="also copy the plot and metrics.jsonl into this folder")
     ap.add_argument("--lora", action="store_true", help="train a LoRA adapter (torch or fsdp trainer) instead of every weight")
     ap.add_argument("--lora-rank", type=int, default=32)
+    ap.add_argument("--off-policy", default="auto", help="trainer.off_policy: the correction against the engine's "
+                    "log-probs (auto = none in this synchronous run; tis, mis, ...)")
     args = ap.parse_args()
     import torch
 
@@ -91,7 +94,10 @@ def main() -> None:
              "elapsed_s": summary["elapsed_s"], "steps": sum("train/reward_mean" in r for r in rows),
              "gpu_peak_gb": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None,
              "sync_bytes_mean": sum(r["sync/bytes"] for r in syncs) / max(len(syncs), 1),
-             "sync_s_mean": sum(r.get("sync/s", 0.0) for r in syncs) / max(len(syncs), 1)}
+             "sync_s_mean": sum(r.get("sync/s", 0.0) for r in syncs) / max(len(syncs), 1),
+             "off_policy": args.off_policy,
+             "rollout_logprob_gap": [round(r["train/rollout_logprob_gap"], 4) for r in rows
+                                     if "train/rollout_logprob_gap" in r]}
     with open(os.path.join(args.run_dir, "bench_summary.json"), "w") as f:
         json.dump(bench, f, indent=1)
     print(f"{bench['mode']}: GPU peak {bench['gpu_peak_gb'] or 0:.1f} GB (engine + trainer), weight sync "
