@@ -104,6 +104,8 @@ def test_engines_start_refuses_before_training(tmp_path):
 
     run(main(FakeVLLM(dev_mode=False), r"engine.urls\[0\]: .* VLLM_SERVER_DEV_MODE=1"))
     run(main(FakeVLLM(), r"engine.urls\[0\]: .* serves other weights than the trainer's model"))
+    # LoRA enabled: the embedding's checksum is named model.embed_tokens.base_layer.weight, and still compared
+    run(main(FakeVLLM(lora=True), r"engine.urls\[0\]: .* serves other weights than the trainer's model"))
 
 
 def test_config_for_vllm():

@@ -11,7 +11,8 @@ answers 403 without `scale_out`, `/pause?mode=abort|wait|keep` abort / drain / f
 under vLLM's names (q/k/v fused into `qkv_proj`, as vLLM's Llama holds them) prefixed with the worker. With `lora`
 (`VLLM_ALLOW_RUNTIME_LORA_UPDATING=True --enable-lora`) `/v1/load_lora_adapter` and `/v1/unload_lora_adapter` load
 PEFT folders by name (plain-text answers, vLLM's refusals), a request's `model` names its adapter (404 for a name not
-loaded), and an adapter on `q_proj` acts on the toy model; its spans still carry the base's version. What it
+loaded), and an adapter on `q_proj` acts on the toy model; its spans still carry the base's version, and the
+checksums name the wrapped layers' tensors `.base_layer.weight`. What it
 cannot be is the model and the NCCL data plane: the "model" is a few tensors whose next token is a function of the
 weights, and the NCCL group is `FakeGroup` (the trainer's broadcast lands in each server's inbox, in order).
 """
@@ -327,7 +328,10 @@ class FakeVLLM:
     async def weight_checker(self, req: web.Request) -> web.Response:
         body = await req.json()
         self.calls.append("checksum")
-        sums = {PREFIX + n: hashlib.sha256(t.contiguous().view(-1).view(torch.uint8).numpy()).hexdigest()
+        # --enable-lora wraps the embedding and the linear layers: their tensors are `<layer>.base_layer.weight`
+        wrapped = (lambda n: n.replace(".weight", ".base_layer.weight") if self.lora and n.endswith(
+            ("embed_tokens.weight", "_proj.weight")) else n)
+        sums = {PREFIX + wrapped(n): hashlib.sha256(t.contiguous().view(-1).view(torch.uint8).numpy()).hexdigest()
                 for n, t in self.weights.items()}
         if body["action"] == "checksum":
             return web.json_response({"checksums": sums})
