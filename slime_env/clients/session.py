@@ -1,4 +1,5 @@
-"""Per-episode views of engine policies: one request id per call, and abort of the live one."""
+"""What the engine clients share: per-episode views (one request id per call, abort of the live one), usage
+counters, and the LoRA adapters a client loaded."""
 
 from __future__ import annotations
 
@@ -56,3 +57,29 @@ class Usage(dict):
         self["cached_tokens"] += gen.cached_tokens
         self["latency_s"] += latency_s
         return dataclasses.replace(gen, prompt_tokens=prompt, latency_s=latency_s)
+
+
+class LoadedAdapters:
+    """The LoRA adapters a server client loaded ("name@version", oldest first): requests name the newest, and the
+    generations they give carry it. The client defines `unload_lora_adapter(name)`."""
+
+    loras: list[str]
+
+    def _loaded(self, lora_name: str) -> None:
+        self.loras = [n for n in self.loras if n != lora_name] + [lora_name]
+
+    def _forget(self, lora_name: str) -> None:
+        self.loras = [n for n in self.loras if n != lora_name]
+
+    @staticmethod
+    def _tagged(gen: Generation, adapter: str, **changes: Any) -> Generation:
+        """`gen` as made by `adapter`: its tokens' version is the adapter's (the servers report the base model's)."""
+        return dataclasses.replace(gen, adapter=adapter, weight_version=adapter.rpartition("@")[2], **changes)
+
+    async def unload_lora_adapters(self, keep: int) -> list[str]:
+        """Unload all but the newest `keep` adapters this client loaded (the run's staleness bound + 1 stay, so
+        every in-flight request's adapter is still there); returns the names unloaded."""
+        old = self.loras[:-keep] if keep > 0 else list(self.loras)
+        for name in old:
+            await self.unload_lora_adapter(name)
+        return old

@@ -9,14 +9,13 @@ with a `rid`, so `abort()` stops that episode's in-flight request through `/abor
 
 from __future__ import annotations
 
-import dataclasses
 import time
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from slime_env import Generation
-from slime_env.clients.session import EpisodeSession, Usage
+from slime_env.clients.session import EpisodeSession, LoadedAdapters, Usage
 from slime_env.errors import InvalidInput
 from slime_env.http import HttpClient, ProtocolError, RemoteError
 from slime_env.policy import check_sampling_seed
@@ -75,7 +74,7 @@ def _str_or_none(value: Any) -> str | None:
     return None if value is None else str(value)
 
 
-class SGLangPolicy:
+class SGLangPolicy(LoadedAdapters):
     """A `slime_env.Policy` for an SGLang server or router at `url` (e.g. "http://127.0.0.1:30000").
 
     Connection pool sized by `max_connections` (set it to your episode concurrency), per-request
@@ -117,8 +116,7 @@ class SGLangPolicy:
         answer = await self.http.request("POST", "/generate", body, headers=headers)
         gen = parse_generate_response(answer, self.routed_experts)
         if lora is not None:  # its tokens' version is the adapter's (SGLang's weight_version is the base model's)
-            adapter = answer["meta_info"].get("adapter") or lora
-            gen = dataclasses.replace(gen, adapter=adapter, weight_version=adapter.rpartition("@")[2])
+            gen = self._tagged(gen, answer["meta_info"].get("adapter") or lora)
         return self.usage.record(gen, input_ids, time.perf_counter() - t0)
 
     def for_episode(self, session_id: str) -> EpisodeSession:
@@ -175,22 +173,14 @@ class SGLangPolicy:
         result = await self.http.request("POST", "/load_lora_adapter", body, max_retries=0)
         if isinstance(result, dict) and result.get("success") is False:
             raise RemoteError(f"load_lora_adapter({lora_name!r}) failed: {result.get('error_message')}")
-        self.loras = [n for n in self.loras if n != lora_name] + [lora_name]
+        self._loaded(lora_name)
         return result
 
     async def unload_lora_adapter(self, lora_name: str) -> dict[str, Any]:
         """SGLang's `/unload_lora_adapter`."""
         result = await self.http.request("POST", "/unload_lora_adapter", {"lora_name": lora_name}, max_retries=0)
-        self.loras = [n for n in self.loras if n != lora_name]
+        self._forget(lora_name)
         return result
-
-    async def unload_lora_adapters(self, keep: int) -> list[str]:
-        """Unload all but the newest `keep` adapters this client loaded (the run's staleness bound + 1 stay, so
-        every in-flight request's adapter is still there); returns the names unloaded."""
-        old = self.loras[:-keep] if keep > 0 else list(self.loras)
-        for name in old:
-            await self.unload_lora_adapter(name)
-        return old
 
     async def init_weights_update_group(self, master_address: str, master_port: int, rank_offset: int,
                                         world_size: int, group_name: str = "weight_update_group",

@@ -15,6 +15,11 @@ the weight-transfer protocol (`/init_weight_transfer_engine {"init_info"}`, `/st
 `/update_weight_version {"new_version"}`, `/weight_info`, `/weight_checker {"action": "checksum"}` (sha256 per
 tensor), `/collective_rpc` (a disk reload: `reload_weights(weights_path=...)`), `/sleep?level=` and `/wake_up`.
 `check()` finds what a server lacks (dev mode, the token-in route, a version this client knows) and says so.
+
+LoRA adapters (`vllm serve --enable-lora --max-lora-rank R`, `VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`):
+`/v1/load_lora_adapter {"lora_name", "lora_path"}` and `/v1/unload_lora_adapter {"lora_name"}` (both answer plain
+text; `vllm/entrypoints/serve/lora/`); a request names its adapter in the token-in route's `model` field, as vLLM
+selects one (`OpenAIServing._maybe_get_adapters`). The requests name the newest adapter this client loaded.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from slime_env import Generation
-from slime_env.clients.session import EpisodeSession, Usage
+from slime_env.clients.session import EpisodeSession, LoadedAdapters, Usage
 from slime_env.http import HttpClient, ProtocolError, RemoteError
 from slime_env.policy import check_sampling_seed
 
@@ -102,7 +107,7 @@ def _span(raw: Any, n: int) -> tuple[str, int, int]:
     return span
 
 
-class VLLMPolicy:
+class VLLMPolicy(LoadedAdapters):
     """A `slime_env.Policy` for one vLLM server at `url` (e.g. "http://127.0.0.1:8000", no `/v1`), with the control
     calls a trainer needs (see the module docstring). Same pooling, timeouts and retries as `SGLangPolicy`;
     weight-update calls are never retried."""
@@ -116,6 +121,8 @@ class VLLMPolicy:
                                connect_timeout_s=connect_timeout_s, max_retries=max_retries, backoff_s=backoff_s,
                                headers=headers)
         self.usage = Usage()
+        # LoRA: the adapters loaded on the server by this client, oldest first; requests name the newest
+        self.loras: list[str] = []
 
     async def generate(self, input_ids: Sequence[int], sampling_params_: Mapping[str, Any], *,
                        rid: str | None = None, routing_key: str | None = None) -> Generation:
@@ -123,8 +130,15 @@ class VLLMPolicy:
             check_sampling_seed(sampling_params_["sampling_seed"])
         body = {"request_id": rid or uuid.uuid4().hex, "token_ids": list(input_ids),
                 "sampling_params": sampling_params(sampling_params_), "output_mode": "tokens"}
+        lora = self.loras[-1] if self.loras else None
+        if lora is not None:
+            body["model"] = lora
         t0 = time.perf_counter()
         gen = parse_generate(await self.http.request("POST", "/inference/v1/generate", body))
+        if lora is not None:
+            # vLLM's spans carry the base model's version; a request keeps its adapter to the end, so the adapter's
+            # version made every token (a new version is a new name, loaded beside it)
+            gen = self._tagged(gen, lora, weight_spans=((lora.rpartition("@")[2], 0, len(gen.token_ids)),))
         return self.usage.record(gen, input_ids, time.perf_counter() - t0)
 
     def for_episode(self, session_id: str) -> EpisodeSession:
@@ -220,10 +234,37 @@ class VLLMPolicy:
         await self._post("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(path)}},
                          expect_json=False)
 
+    async def load_lora_adapter(self, lora_name: str, lora_path: str, weight_version: str | None = None) -> str:
+        """vLLM's `/v1/load_lora_adapter`: the PEFT folder `lora_path` as adapter `lora_name` ("name@version"); the
+        requests that follow name it. `weight_version` is in the name already (vLLM's route takes no such field)."""
+        body = {"lora_name": lora_name, "lora_path": str(lora_path)}
+        try:
+            answer = await self._post("/v1/load_lora_adapter", body, expect_json=False)
+        except RemoteError as err:
+            if err.status == 404 and '"error"' not in str(err):  # no route (vLLM's own refusals are ErrorResponses)
+                raise VLLMServerError(f"{self.url} offers no /v1/load_lora_adapter: start it with "
+                                      "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True and --enable-lora --max-lora-rank R "
+                                      "(R >= the adapter's rank)") from None
+            if err.status != 400 or "already been loaded" not in str(err):
+                raise RemoteError(f"load_lora_adapter({lora_name!r}) failed: {err}", err.status) from None
+            # loaded before by another client (a resumed run): under a new id, so no prefix-cache block of the
+            # old load is reused (vLLM's load_inplace keeps the id)
+            await self._post("/v1/unload_lora_adapter", {"lora_name": lora_name}, expect_json=False)
+            answer = await self._post("/v1/load_lora_adapter", body, expect_json=False)
+        self._loaded(lora_name)
+        return answer
+
+    async def unload_lora_adapter(self, lora_name: str) -> str:
+        """vLLM's `/v1/unload_lora_adapter` (404 for a name the server does not hold)."""
+        self._forget(lora_name)
+        return await self._post("/v1/unload_lora_adapter", {"lora_name": lora_name}, expect_json=False)
+
     async def weight_checksums(self) -> dict[str, str]:
         """`{name: sha256}` of every tensor the engine holds, names as vLLM's model has them, each prefixed with its
-        worker (`dp0:pp0:pcp0:tp0:`)."""
-        return (await self._post("/weight_checker", {"action": "checksum"}))["checksums"]
+        worker (`dp0:pp0:pcp0:tp0:`). A server started with `--enable-lora` wraps layers (`qkv_proj.base_layer`):
+        their tensors are named as unwrapped."""
+        sums = (await self._post("/weight_checker", {"action": "checksum"}))["checksums"]
+        return {k.replace(".base_layer.", "."): v for k, v in sums.items()}
 
     async def world_size(self) -> int:
         return int((await self.http.request("GET", "/get_world_size?include_dp=true"))["world_size"])
