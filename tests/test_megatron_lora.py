@@ -178,7 +178,6 @@ def test_moe_attention_adapters_and_adapter_only_sync(parallel):
 
 
 def test_what_the_megatron_adapters_do_not_cover_is_refused_by_name():
-    from slime_env.errors import InvalidInput
     from slime_env.trainers.megatron.lora import plan
     from slime_env.trainers.run import TrainConfig
 
