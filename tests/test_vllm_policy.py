@@ -411,3 +411,26 @@ def test_lora_load_refusals_and_a_resumed_run_reloading_a_version(tmp_path):
     answer, first, second, loras = run(main())
     assert answer == "Success: LoRA adapter 'policy@1' added successfully."
     assert second != first and loras == ["policy@1"]
+
+
+def test_trainer_sync_reaches_a_vllm_server_through_its_routes(tmp_path):
+    """`trainer.sync(VLLMPolicy)` (what user code calls) takes the vLLM channel (`VLLMFromDisk`: a model folder and
+    `reload_weights`; a LoRA trainer's adapter through `/v1/load_lora_adapter`), not the in-place channel that vLLM's
+    own `update_weights` RPC name used to select (a TypeError)."""
+    from helpers import tiny
+    from slime_env.trainers.torch_trainer import TorchTrainer, TrainerConfig
+
+    async def main():
+        fake = FakeVLLM(lora=True)
+        async with LocalServer(fake.app()) as srv:
+            p = VLLMPolicy(srv.url)
+            try:
+                lora = TorchTrainer(tiny("llama"), TrainerConfig(lora={"rank": 2}), pad_id=0)
+                assert await lora.sync(p, version="4", path=tmp_path / "a") == "4"
+                return fake, await p.models()
+            finally:
+                await p.close()
+
+    fake, models = run(main())
+    assert fake.calls == ["load:policy@4"] and models == ["model", "policy@4"]
+    assert (tmp_path / "a" / "policy@4" / "adapter_config.json").is_file()
