@@ -56,9 +56,12 @@ def main() -> None:
     batch = pack(trajs, group_size=4, pad_id=0)
     t = trainer(SINGLE, kl_coef=0.1)
     t.load(os.path.join(args.dir, "single"))
-    in_optimizer = [p for g in t.optimizer.param_groups for p in g["params"]]
-    names = {id(p): n for n, p in t.model.named_parameters()}
-    out["optimizer_params"] = sorted({names[id(p)].split(".", 3)[-1] for p in in_optimizer})
+    # On CUDA megatron's optimizer holds fp32 main copies of the parameters, not the parameters: what it trains is
+    # named by the trainable parameters, and its element count must be theirs.
+    trainable = {n: p for n, p in t.model.named_parameters() if p.requires_grad}
+    out["optimizer_params"] = sorted({n.split(".", 3)[-1] for n in trainable})
+    out["optimizer_numel_is_the_adapters"] = (sum(p.numel() for g in t.optimizer.param_groups for p in g["params"])
+                                              == sum(p.numel() for p in trainable.values()))
     base_before = {k: v.clone() for k, v in t.hf_state_dict().items()}
     out["reference"] = t._reference_logprobs(batch).cpu()[batch.loss_mask.bool()].tolist()
     out["before"] = lp(t, batch)

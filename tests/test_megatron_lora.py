@@ -78,6 +78,7 @@ def test_tp2_or_pp2_step_equals_torch_trainers_and_the_adapter_is_peft_s(tmp_pat
     got = json.loads((tmp_path / "result.json").read_text())
     assert got["parallel"][layout] == 2
     assert got["optimizer_params"] and all(n.endswith((".lora_A", ".lora_B")) for n in got["optimizer_params"])
+    assert got["optimizer_numel_is_the_adapters"]
     assert got["base_unchanged"]
 
     def base():
