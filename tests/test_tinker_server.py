@@ -4,6 +4,7 @@ loss, and bad input comes back as the SDK's errors, naming what was wrong."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -20,8 +21,9 @@ ROOT = Path(__file__).resolve().parents[1]
 MODEL = "Qwen/Qwen3-8B"
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory):
+@contextlib.contextmanager
+def _serving(root, trainer: str = "torch"):
+    """(service client, backend) of a server on `trainer` over a tiny random model."""
     from tinker_support import ServerThread
 
     from slime_env.trainers.tinker import TinkerBackend
@@ -29,11 +31,17 @@ def served(tmp_path_factory):
 
     os.environ.setdefault("TINKER_API_KEY", "tml-local")
     tok = load_tokenizer("qwen3")
-    backend = TinkerBackend(MODEL, random_model(tok, hidden=32, layers=1), tok, tmp_path_factory.mktemp("ckpt"),
+    backend = TinkerBackend(MODEL, random_model(tok, hidden=32, layers=1), tok, root, trainer=trainer,
                             max_context_length=256)
     with ServerThread(backend) as url:
-        service = tinker.ServiceClient(base_url=url)
-        yield service, service.create_lora_training_client(base_model=MODEL, rank=4).result(), tok, backend
+        yield tinker.ServiceClient(base_url=url), backend
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    with _serving(tmp_path_factory.mktemp("ckpt")) as (service, backend):
+        yield service, service.create_lora_training_client(base_model=MODEL, rank=4).result(), backend.tokenizer, \
+            backend
 
 
 def _datum(ids, **inputs):
@@ -62,10 +70,12 @@ def test_losses_forward_and_sampling_with_logprobs(served):
     assert res.prompt_logprobs[0] is None and len(res.prompt_logprobs) == 6
 
 
-def test_a_step_through_the_server_is_the_torch_trainers_step(served):
-    """The SDK -> server -> TrainingClient path against `TorchTrainer`'s split step called directly, from the same
-    seed: two accumulating forward_backward calls (two losses), an optim_step with every Adam parameter set, and a
-    second step give the same losses, and the sampler weights the server saves are the same adapter."""
+@pytest.mark.parametrize("trainer", ["torch", "fsdp", "megatron"])
+def test_a_step_through_the_server_is_the_trainers_step(trainer, tmp_path):
+    """The SDK -> server -> TrainingClient path against the `--backend` trainer's split step called directly
+    (`TorchTrainer`, `FSDPTrainer` over one rank, `MegatronTrainer` TP=1 PP=1), from the same seed: two accumulating
+    forward_backward calls (two losses), an optim_step with every Adam parameter set, and a second step give the same
+    losses and gradient norm, and the sampler weights the server saves are the same adapter."""
     import copy
 
     from slime_env.agents.lora_adapter import LoRAAdapter
@@ -74,26 +84,33 @@ def test_a_step_through_the_server_is_the_torch_trainers_step(served):
     from slime_env.trainers.tinker.losses import loss_for
     from slime_env.trainers.torch_trainer import TorchTrainer, TrainerConfig
 
-    service, _, tok, backend = served
-    a, b = tok.encode("one step through the server"), tok.encode("and the same step, direct")
-    wa = [1.0, 0.5] + [1.0] * (len(a) - 3)
-    qb, adv = [-11.0] * (len(b) - 1), [0.5, -1.0] + [0.25] * (len(b) - 3)
-    adam = {"learning_rate": 1e-2, "beta1": 0.8, "beta2": 0.9, "eps": 1e-8, "weight_decay": 0.1,
-            "grad_clip_norm": 0.05}
+    if trainer == "megatron":
+        pytest.importorskip("megatron.core", reason="megatron-core is not installed")
+        from slime_env.trainers.megatron_trainer import MegatronTrainer as Trainer
+    elif trainer == "fsdp":
+        from slime_env.trainers.fsdp_trainer import FSDPTrainer as Trainer
+    else:
+        Trainer = TorchTrainer
+    with _serving(tmp_path, trainer) as (service, backend):
+        tok = backend.tokenizer
+        a, b = tok.encode("one step through the server"), tok.encode("and the same step, direct")
+        wa = [1.0, 0.5] + [1.0] * (len(a) - 3)
+        qb, adv = [-11.0] * (len(b) - 1), [0.5, -1.0] + [0.25] * (len(b) - 3)
+        adam = {"learning_rate": 1e-2, "beta1": 0.8, "beta2": 0.9, "eps": 1e-8, "weight_decay": 0.1,
+                "grad_clip_norm": 0.05}
 
-    client = service.create_lora_training_client(base_model=MODEL, rank=4, seed=11).result()
-    got = [client.forward_backward([_datum(a, weights=wa)], "cross_entropy").result().metrics["loss:sum"],
-           client.forward_backward([_datum(b, logprobs=qb, advantages=adv)], "ppo").result().metrics["loss:sum"]]
-    norm = client.optim_step(tinker.AdamParams(**adam)).result().metrics["grad_norm"]
-    # a second step: Adam's first update is lr * g / |g| whatever the betas or the clipping, its second is not
-    got.append(client.forward_backward([_datum(a, weights=wa)], "cross_entropy").result().metrics["loss:sum"])
-    client.optim_step(tinker.AdamParams(**adam)).result()
-    path = client.save_weights_for_sampler("same").result().path
+        client = service.create_lora_training_client(base_model=MODEL, rank=4, seed=11).result()
+        got = [client.forward_backward([_datum(a, weights=wa)], "cross_entropy").result().metrics["loss:sum"],
+               client.forward_backward([_datum(b, logprobs=qb, advantages=adv)], "ppo").result().metrics["loss:sum"]]
+        norm = client.optim_step(tinker.AdamParams(**adam)).result().metrics["grad_norm"]
+        # a second step: Adam's first update is lr * g / |g| whatever the betas or the clipping, its second is not
+        got.append(client.forward_backward([_datum(a, weights=wa)], "cross_entropy").result().metrics["loss:sum"])
+        client.optim_step(tinker.AdamParams(**adam)).result()
+        path = client.save_weights_for_sampler("same").result().path
 
-    torch.manual_seed(11)
-    direct = TorchTrainer(copy.deepcopy(backend.base), TrainerConfig(lora={"rank": 4, "alpha": LORA_ALPHA,
-                                                                           "target_modules": list(ATTN + MLP)}),
-                          pad_id=backend.pad_id)
+        torch.manual_seed(11)
+        lora = {"rank": 4, "alpha": LORA_ALPHA, "target_modules": list(ATTN + MLP)}
+        direct = Trainer(copy.deepcopy(backend.base), TrainerConfig(backend=trainer, lora=lora), pad_id=backend.pad_id)
     initial = direct.adapter()
 
     def datum(ids, **inputs):
@@ -106,6 +123,7 @@ def test_a_step_through_the_server_is_the_torch_trainers_step(served):
     want.append(direct.forward_backward([datum(a, weights=wa)], loss_for("cross_entropy", {})[0])[1])
     direct.optim_step(AdamParams(**adam))
     assert got == pytest.approx(want, rel=1e-5) and norm == pytest.approx(want_norm, rel=1e-4)
+    assert norm > adam["grad_clip_norm"]  # the clipping acted
     model_id, _, name = path.removeprefix("tinker://").split("/")
     served_adapter = LoRAAdapter.load(backend.root / model_id / "sampler_weights" / name).tensors
     expected = direct.adapter().tensors
