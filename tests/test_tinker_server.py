@@ -107,6 +107,12 @@ def test_a_step_through_the_server_is_the_trainers_step(trainer, tmp_path):
         got.append(client.forward_backward([_datum(a, weights=wa)], "cross_entropy").result().metrics["loss:sum"])
         client.optim_step(tinker.AdamParams(**adam)).result()
         path = client.save_weights_for_sampler("same").result().path
+        # the trainer's checkpoint (adapter, optimizer) comes back as a new client computing the same forward
+        state = client.save_state("same").result().path
+        restored = service.create_training_client_from_state_with_optimizer(state).result()
+        assert restored.forward([_datum(a, weights=wa)], "cross_entropy").result().metrics["loss:sum"] == \
+            pytest.approx(client.forward([_datum(a, weights=wa)], "cross_entropy").result().metrics["loss:sum"],
+                          rel=1e-5)
 
         torch.manual_seed(11)
         lora = {"rank": 4, "alpha": LORA_ALPHA, "target_modules": list(ATTN + MLP)}
@@ -133,7 +139,9 @@ def test_a_step_through_the_server_is_the_trainers_step(trainer, tmp_path):
         torch.testing.assert_close(served_adapter[k], expected[k], rtol=1e-4, atol=1e-6)
 
 
-def test_backends_not_built_yet_are_refused_by_name(tmp_path):
+def test_several_ranks_and_unknown_backends_are_refused_by_name(tmp_path, monkeypatch):
+    """fsdp and megatron run in the server's one process; launched over several ranks they are refused (before any
+    weight is loaded), as is a backend that does not exist."""
     import typer
     from typer.testing import CliRunner
 
@@ -143,9 +151,12 @@ def test_backends_not_built_yet_are_refused_by_name(tmp_path):
 
     app = typer.Typer()
     register(app)  # the trainers package's subcommands, as `slime-env` adds them
+    monkeypatch.setenv("WORLD_SIZE", "2")  # what torchrun sets
     for name in ("fsdp", "megatron"):
         result = CliRunner().invoke(app, ["serve-tinker", "--model", MODEL, "--backend", name, "--root", str(tmp_path)])
-        assert result.exit_code == 1 and f"--backend {name}: not built yet" in result.output, result.output
+        assert result.exit_code == 1 and f"--backend {name} over 2 ranks: not built yet" in result.output, \
+            result.output
+        assert "broadcast from rank 0" in result.output
     with pytest.raises(InvalidInput, match=r"--backend 'jax': one of \['torch', 'megatron', 'fsdp'\]"):
         TinkerBackend(MODEL, None, None, tmp_path, trainer="jax")
 
@@ -210,11 +221,14 @@ def test_state_round_trip_with_optimizer(served):
     assert restored.forward([datum], "cross_entropy").result().metrics["loss:sum"] == pytest.approx(before, rel=1e-5)
 
 
-def test_cookbook_sft_recipe_loss_falls(tmp_path):
-    """tinker_cookbook.supervised.train.main, unchanged, for a few steps against the server (a subprocess: the
-    cookbook configures logging and the Hugging Face cache for its whole process)."""
+@pytest.mark.parametrize("trainer", ["torch", "megatron"])
+def test_cookbook_sft_recipe_loss_falls(trainer, tmp_path):
+    """tinker_cookbook.supervised.train.main, unchanged, for a few steps against the server on `trainer` (a
+    subprocess: the cookbook configures logging and the Hugging Face cache for its whole process)."""
+    if trainer == "megatron":
+        pytest.importorskip("megatron.core", reason="megatron-core is not installed")
     code = ("import sys, json; sys.path.insert(0, 'examples'); import tinker_cookbook_sft as m; from pathlib import "
-            f"Path; print(json.dumps(m.run(5, Path({str(tmp_path)!r}), lr=1e-2, batch_size=4)))")
+            f"Path; print(json.dumps(m.run(5, Path({str(tmp_path)!r}), lr=1e-2, batch_size=4, backend={trainer!r})))")
     env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1", "TINKER_API_KEY": "tml-local"}
     proc = subprocess.run([sys.executable, "-P", "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=600)

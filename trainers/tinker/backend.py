@@ -85,7 +85,7 @@ def check_backend(name: str) -> None:
 
     if name not in TRAINERS:
         raise InvalidInput(f"--backend {name!r}: one of {list(BACKENDS)}")
-    world = dist.get_world_size() if dist.is_initialized() else int(os.environ.get("WORLD_SIZE", "1"))
+    world = max(int(os.environ.get("WORLD_SIZE", "1")), dist.get_world_size() if dist.is_initialized() else 1)
     if world > 1:
         raise InvalidInput(f"--backend {name} over {world} ranks: not built yet. serve-tinker runs its trainers in one "
                            "process (FSDP over one rank, Megatron TP=1 PP=1); driving N ranks needs every training "
