@@ -1,6 +1,6 @@
 """`slime-env serve-tinker` driven by the real `tinker` SDK: a training client's forward_backward / optim_step are
-`TorchTrainer`'s (same loss, same adapter as calling it directly), tinker-cookbook's SFT loop (unchanged) lowers the
-loss, and bad input comes back as the SDK's errors, naming what was wrong."""
+the `--backend` trainer's (torch, fsdp, megatron: same loss, same adapter as calling it directly), tinker-cookbook's
+SFT loop (unchanged) lowers the loss, and bad input comes back as the SDK's errors, naming what was wrong."""
 
 from __future__ import annotations
 

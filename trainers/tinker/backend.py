@@ -1,9 +1,11 @@
 """The model side of `slime-env serve-tinker`: a thin adapter from Tinker's calls to our trainers and our engine.
 
-- A training client is a trainer of `--backend` that implements `slime_env.trainers.split_step.SplitStepTrainer`:
-  `TorchTrainer` with a LoRA (`trainers.lora`, peft) of the requested rank over the shared base model (each client
-  has its own module tree; the base weights are one frozen copy). `forward` / `forward_backward` / `optim_step` are
-  the trainer's, with Tinker's losses (`losses.py`) and Tinker's per-call Adam parameters.
+- A training client is a trainer of `--backend` that implements `slime_env.trainers.split_step.SplitStepTrainer`,
+  with a LoRA (`trainer.lora`) of the requested rank over the base model, in this one process (`TRAINERS`):
+  `TorchTrainer` (each client has its own module tree; the base weights are one frozen copy), `FSDPTrainer` over one
+  rank, `MegatronTrainer` at TP = PP = 1 (each of these two holds its own copy of the base). `forward` /
+  `forward_backward` / `optim_step` are the trainer's, with Tinker's losses (`losses.py`) and Tinker's per-call Adam
+  parameters. Several ranks are refused (`check_backend`): each would need every call broadcast from rank 0.
 - `save_state` / `load_state` are the trainer's checkpoint (`save` / `load`: the adapter in PEFT's format,
   optimizer, step) plus the client's LoRA request (`tinker.json`, to recreate it from the checkpoint).
 - `save_weights_for_sampler` writes the trainer's adapter as a PEFT folder; `sample` pushes it to an embedded
