@@ -2,7 +2,7 @@
 `slime-env serve-tinker` on CPU: the cookbook's Qwen3 renderer over the real Qwen3 tokenizer (offline), a tiny random
 model (or `--checkpoint default` / a model folder), and the cookbook's own example conversations.
 
-    .venv/bin/python -P examples/tinker_cookbook_sft.py --steps 8
+    .venv/bin/python -P examples/tinker_cookbook_sft.py --steps 8                     # --backend fsdp / megatron
     # or against a running server: slime-env serve-tinker --model Qwen/Qwen3-8B --checkpoint random --tokenizer qwen3
     .venv/bin/python -P examples/tinker_cookbook_sft.py --base-url http://127.0.0.1:8000
 """
@@ -27,8 +27,9 @@ MODEL = "Qwen/Qwen3-8B"  # the name the cookbook picks its renderer (qwen3) and 
 
 
 def run(steps: int, log_path: Path, base_url: str | None = None, checkpoint: str = "random", lr: float = 2e-3,
-        batch_size: int = 8) -> list[dict]:
-    """Cookbook SFT for `steps` batches; returns the cookbook's metrics rows (metrics.jsonl)."""
+        batch_size: int = 8, backend: str = "torch") -> list[dict]:
+    """Cookbook SFT for `steps` batches (an in-process server on trainer `backend` unless `base_url`); returns the
+    cookbook's metrics rows (metrics.jsonl)."""
     import importlib.resources
 
     from tinker_support import ServerThread, offline_hub
@@ -51,8 +52,9 @@ def run(steps: int, log_path: Path, base_url: str | None = None, checkpoint: str
                           learning_rate=lr, lr_schedule="constant", lora_rank=8, max_steps=steps, save_every=0,
                           eval_every=0, num_epochs=1000)
     if base_url is None:
-        backend = TinkerBackend(MODEL, load_model(checkpoint, tok), tok, log_path / "ckpt", max_context_length=1024)
-        with ServerThread(backend) as url:
+        server = TinkerBackend(MODEL, load_model(checkpoint, tok), tok, log_path / "ckpt", trainer=backend,
+                               max_context_length=1024)
+        with ServerThread(server) as url:
             asyncio.run(train.main(config.__class__(**{**_fields(config), "base_url": url})))
     else:
         asyncio.run(train.main(config))
@@ -72,7 +74,8 @@ if __name__ == "__main__":
     ap.add_argument("--base-url", default=None)
     ap.add_argument("--checkpoint", default="random")
     ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--backend", default="torch", help="the in-process server's trainer: torch, fsdp or megatron")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        for row in run(args.steps, Path(tmp), args.base_url, args.checkpoint, args.lr):
+        for row in run(args.steps, Path(tmp), args.base_url, args.checkpoint, args.lr, backend=args.backend):
             print(f"step {row['step']:3d}  train_mean_nll {row['train_mean_nll']:.4f}")

@@ -1,9 +1,10 @@
 """`slime-env serve-tinker` driven by the real `tinker` SDK: a training client's forward_backward / optim_step are
-`TorchTrainer`'s (same loss, same adapter as calling it directly), tinker-cookbook's SFT loop (unchanged) lowers the
-loss, and bad input comes back as the SDK's errors, naming what was wrong."""
+the `--backend` trainer's (torch, fsdp, megatron: same loss, same adapter as calling it directly), tinker-cookbook's
+SFT loop (unchanged) lowers the loss, and bad input comes back as the SDK's errors, naming what was wrong."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -20,8 +21,9 @@ ROOT = Path(__file__).resolve().parents[1]
 MODEL = "Qwen/Qwen3-8B"
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory):
+@contextlib.contextmanager
+def _serving(root, trainer: str = "torch"):
+    """(service client, backend) of a server on `trainer` over a tiny random model."""
     from tinker_support import ServerThread
 
     from slime_env.trainers.tinker import TinkerBackend
@@ -29,11 +31,17 @@ def served(tmp_path_factory):
 
     os.environ.setdefault("TINKER_API_KEY", "tml-local")
     tok = load_tokenizer("qwen3")
-    backend = TinkerBackend(MODEL, random_model(tok, hidden=32, layers=1), tok, tmp_path_factory.mktemp("ckpt"),
+    backend = TinkerBackend(MODEL, random_model(tok, hidden=32, layers=1), tok, root, trainer=trainer,
                             max_context_length=256)
     with ServerThread(backend) as url:
-        service = tinker.ServiceClient(base_url=url)
-        yield service, service.create_lora_training_client(base_model=MODEL, rank=4).result(), tok, backend
+        yield tinker.ServiceClient(base_url=url), backend
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    with _serving(tmp_path_factory.mktemp("ckpt")) as (service, backend):
+        yield service, service.create_lora_training_client(base_model=MODEL, rank=4).result(), backend.tokenizer, \
+            backend
 
 
 def _datum(ids, **inputs):
@@ -62,10 +70,12 @@ def test_losses_forward_and_sampling_with_logprobs(served):
     assert res.prompt_logprobs[0] is None and len(res.prompt_logprobs) == 6
 
 
-def test_a_step_through_the_server_is_the_torch_trainers_step(served):
-    """The SDK -> server -> TrainingClient path against `TorchTrainer`'s split step called directly, from the same
-    seed: two accumulating forward_backward calls (two losses), an optim_step with every Adam parameter set, and a
-    second step give the same losses, and the sampler weights the server saves are the same adapter."""
+@pytest.mark.parametrize("trainer", ["torch", "fsdp", "megatron"])
+def test_a_step_through_the_server_is_the_trainers_step(trainer, tmp_path):
+    """The SDK -> server -> TrainingClient path against the `--backend` trainer's split step called directly
+    (`TorchTrainer`, `FSDPTrainer` over one rank, `MegatronTrainer` TP=1 PP=1), from the same seed: two accumulating
+    forward_backward calls (two losses), an optim_step with every Adam parameter set, and a second step give the same
+    losses and gradient norm, and the sampler weights the server saves are the same adapter."""
     import copy
 
     from slime_env.agents.lora_adapter import LoRAAdapter
@@ -74,26 +84,39 @@ def test_a_step_through_the_server_is_the_torch_trainers_step(served):
     from slime_env.trainers.tinker.losses import loss_for
     from slime_env.trainers.torch_trainer import TorchTrainer, TrainerConfig
 
-    service, _, tok, backend = served
-    a, b = tok.encode("one step through the server"), tok.encode("and the same step, direct")
-    wa = [1.0, 0.5] + [1.0] * (len(a) - 3)
-    qb, adv = [-11.0] * (len(b) - 1), [0.5, -1.0] + [0.25] * (len(b) - 3)
-    adam = {"learning_rate": 1e-2, "beta1": 0.8, "beta2": 0.9, "eps": 1e-8, "weight_decay": 0.1,
-            "grad_clip_norm": 0.05}
+    if trainer == "megatron":
+        pytest.importorskip("megatron.core", reason="megatron-core is not installed")
+        from slime_env.trainers.megatron_trainer import MegatronTrainer as Trainer
+    elif trainer == "fsdp":
+        from slime_env.trainers.fsdp_trainer import FSDPTrainer as Trainer
+    else:
+        Trainer = TorchTrainer
+    with _serving(tmp_path, trainer) as (service, backend):
+        tok = backend.tokenizer
+        a, b = tok.encode("one step through the server"), tok.encode("and the same step, direct")
+        wa = [1.0, 0.5] + [1.0] * (len(a) - 3)
+        qb, adv = [-11.0] * (len(b) - 1), [0.5, -1.0] + [0.25] * (len(b) - 3)
+        adam = {"learning_rate": 1e-2, "beta1": 0.8, "beta2": 0.9, "eps": 1e-8, "weight_decay": 0.1,
+                "grad_clip_norm": 0.05}
 
-    client = service.create_lora_training_client(base_model=MODEL, rank=4, seed=11).result()
-    got = [client.forward_backward([_datum(a, weights=wa)], "cross_entropy").result().metrics["loss:sum"],
-           client.forward_backward([_datum(b, logprobs=qb, advantages=adv)], "ppo").result().metrics["loss:sum"]]
-    norm = client.optim_step(tinker.AdamParams(**adam)).result().metrics["grad_norm"]
-    # a second step: Adam's first update is lr * g / |g| whatever the betas or the clipping, its second is not
-    got.append(client.forward_backward([_datum(a, weights=wa)], "cross_entropy").result().metrics["loss:sum"])
-    client.optim_step(tinker.AdamParams(**adam)).result()
-    path = client.save_weights_for_sampler("same").result().path
+        client = service.create_lora_training_client(base_model=MODEL, rank=4, seed=11).result()
+        got = [client.forward_backward([_datum(a, weights=wa)], "cross_entropy").result().metrics["loss:sum"],
+               client.forward_backward([_datum(b, logprobs=qb, advantages=adv)], "ppo").result().metrics["loss:sum"]]
+        norm = client.optim_step(tinker.AdamParams(**adam)).result().metrics["grad_norm"]
+        # a second step: Adam's first update is lr * g / |g| whatever the betas or the clipping, its second is not
+        got.append(client.forward_backward([_datum(a, weights=wa)], "cross_entropy").result().metrics["loss:sum"])
+        client.optim_step(tinker.AdamParams(**adam)).result()
+        path = client.save_weights_for_sampler("same").result().path
+        # the trainer's checkpoint (adapter, optimizer) comes back as a new client computing the same forward
+        state = client.save_state("same").result().path
+        restored = service.create_training_client_from_state_with_optimizer(state).result()
+        assert restored.forward([_datum(a, weights=wa)], "cross_entropy").result().metrics["loss:sum"] == \
+            pytest.approx(client.forward([_datum(a, weights=wa)], "cross_entropy").result().metrics["loss:sum"],
+                          rel=1e-5)
 
-    torch.manual_seed(11)
-    direct = TorchTrainer(copy.deepcopy(backend.base), TrainerConfig(lora={"rank": 4, "alpha": LORA_ALPHA,
-                                                                           "target_modules": list(ATTN + MLP)}),
-                          pad_id=backend.pad_id)
+        torch.manual_seed(11)
+        lora = {"rank": 4, "alpha": LORA_ALPHA, "target_modules": list(ATTN + MLP)}
+        direct = Trainer(copy.deepcopy(backend.base), TrainerConfig(backend=trainer, lora=lora), pad_id=backend.pad_id)
     initial = direct.adapter()
 
     def datum(ids, **inputs):
@@ -106,6 +129,7 @@ def test_a_step_through_the_server_is_the_torch_trainers_step(served):
     want.append(direct.forward_backward([datum(a, weights=wa)], loss_for("cross_entropy", {})[0])[1])
     direct.optim_step(AdamParams(**adam))
     assert got == pytest.approx(want, rel=1e-5) and norm == pytest.approx(want_norm, rel=1e-4)
+    assert norm > adam["grad_clip_norm"]  # the clipping acted
     model_id, _, name = path.removeprefix("tinker://").split("/")
     served_adapter = LoRAAdapter.load(backend.root / model_id / "sampler_weights" / name).tensors
     expected = direct.adapter().tensors
@@ -115,7 +139,9 @@ def test_a_step_through_the_server_is_the_torch_trainers_step(served):
         torch.testing.assert_close(served_adapter[k], expected[k], rtol=1e-4, atol=1e-6)
 
 
-def test_backends_not_built_yet_are_refused_by_name(tmp_path):
+def test_several_ranks_and_unknown_backends_are_refused_by_name(tmp_path, monkeypatch):
+    """fsdp and megatron run in the server's one process; launched over several ranks they are refused (before any
+    weight is loaded), as is a backend that does not exist."""
     import typer
     from typer.testing import CliRunner
 
@@ -125,9 +151,12 @@ def test_backends_not_built_yet_are_refused_by_name(tmp_path):
 
     app = typer.Typer()
     register(app)  # the trainers package's subcommands, as `slime-env` adds them
+    monkeypatch.setenv("WORLD_SIZE", "2")  # what torchrun sets
     for name in ("fsdp", "megatron"):
         result = CliRunner().invoke(app, ["serve-tinker", "--model", MODEL, "--backend", name, "--root", str(tmp_path)])
-        assert result.exit_code == 1 and f"--backend {name}: not built yet" in result.output, result.output
+        assert result.exit_code == 1 and f"--backend {name} over 2 ranks: not built yet" in result.output, \
+            result.output
+        assert "broadcast from rank 0" in result.output
     with pytest.raises(InvalidInput, match=r"--backend 'jax': one of \['torch', 'megatron', 'fsdp'\]"):
         TinkerBackend(MODEL, None, None, tmp_path, trainer="jax")
 
@@ -192,11 +221,14 @@ def test_state_round_trip_with_optimizer(served):
     assert restored.forward([datum], "cross_entropy").result().metrics["loss:sum"] == pytest.approx(before, rel=1e-5)
 
 
-def test_cookbook_sft_recipe_loss_falls(tmp_path):
-    """tinker_cookbook.supervised.train.main, unchanged, for a few steps against the server (a subprocess: the
-    cookbook configures logging and the Hugging Face cache for its whole process)."""
+@pytest.mark.parametrize("trainer", ["torch", "megatron"])
+def test_cookbook_sft_recipe_loss_falls(trainer, tmp_path):
+    """tinker_cookbook.supervised.train.main, unchanged, for a few steps against the server on `trainer` (a
+    subprocess: the cookbook configures logging and the Hugging Face cache for its whole process)."""
+    if trainer == "megatron":
+        pytest.importorskip("megatron.core", reason="megatron-core is not installed")
     code = ("import sys, json; sys.path.insert(0, 'examples'); import tinker_cookbook_sft as m; from pathlib import "
-            f"Path; print(json.dumps(m.run(5, Path({str(tmp_path)!r}), lr=1e-2, batch_size=4)))")
+            f"Path; print(json.dumps(m.run(5, Path({str(tmp_path)!r}), lr=1e-2, batch_size=4, backend={trainer!r})))")
     env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1", "TINKER_API_KEY": "tml-local"}
     proc = subprocess.run([sys.executable, "-P", "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=600)

@@ -25,8 +25,9 @@ def serve_tinker(model: str = typer.Option(..., help="the base model name client
                  port: int = typer.Option(8000, help="port (0 picks a free one)"),
                  root: str = typer.Option("tinker_checkpoints", help="where checkpoints are written"),
                  max_context_length: int = typer.Option(8192, min=1, help="longest datum or prompt accepted"),
-                 backend: str = typer.Option("torch", help="the trainer of each training client: torch "
-                                                           "(TorchTrainer + LoRA); fsdp and megatron are not built yet")
+                 backend: str = typer.Option("torch", help="the trainer of each training client, with LoRA, in "
+                                                           "this one process: torch, fsdp (one rank) or megatron "
+                                                           "(TP=1, PP=1); several ranks are not built yet")
                  ) -> None:
     """A Tinker-compatible training API (the `tinker` SDK, tinker-cookbook recipes) over our trainer and engine."""
     import asyncio

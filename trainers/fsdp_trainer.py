@@ -174,10 +174,10 @@ class FSDPTrainer(TorchTrainer):
             (path / "config.json").write_text(json.dumps(asdict(self.config)))
         return path
 
-    def load(self, path: str | Path) -> None:
+    def load(self, path: str | Path, *, optimizer: bool = True) -> None:
         """Weights of an HF folder (ours, any trainer's, or the model's own) — with LoRA the adapter of a LoRA
-        checkpoint (ours, `TorchTrainer`'s, or a PEFT folder) — then this rank's optimizer shard and the step when
-        `path` holds them (same number of ranks, else refused by name)."""
+        checkpoint (ours, `TorchTrainer`'s, or a PEFT folder) — then, when `optimizer`, this rank's optimizer shard
+        and the step when `path` holds them (same number of ranks, else refused by name)."""
         from torch.distributed.tensor import DTensor
 
         path = Path(path)
@@ -186,7 +186,7 @@ class FSDPTrainer(TorchTrainer):
         else:
             self._load_model_state(read_hf_weights(path))
         shard = path / f"trainer_rank{self.rank}.pt"
-        if not shard.exists():
+        if not optimizer or not shard.exists():
             return
         saved = torch.load(shard, map_location="cpu", weights_only=False)
         if saved["world"] != self.world:

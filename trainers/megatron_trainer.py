@@ -24,12 +24,14 @@ loss, KL, entropy and TIS, the exact per-mini-batch reduction. What differs:
 - **LoRA** (`trainer.lora`): TP-aware adapters on the attention and dense MLP linears
   (`slime_env.trainers.megatron.lora`), the base frozen (megatron's DDP and optimizer hold the adapters alone), the
   KL reference the model with its adapters off; `adapter()` is the adapter in PEFT's names, as `TorchTrainer`'s, and
-  a checkpoint holds it in PEFT's format.
+  a checkpoint holds it in PEFT's format. The split step (`trainers.split_step`: `serve-tinker --backend megatron`)
+  is `TorchTrainer`'s over `_datum_logprobs` and this optimizer, without pipeline parallel.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -44,6 +46,7 @@ from slime_env.errors import InvalidInput
 from slime_env.trajectory import Trajectory
 from slime_env.trainers import algorithms as alg
 from slime_env.trainers.batch import TrainBatch
+from slime_env.trainers.split_step import Datum
 from slime_env.trainers.distributed import balanced_ranges, lockstep, token_budget_slices
 from slime_env.trainers.megatron.logprobs import head_chunk_tokens
 from slime_env.trainers.torch_trainer import TorchTrainer, TrainerConfig, read_hf_weights
@@ -390,6 +393,26 @@ class MegatronTrainer(TorchTrainer):
 
         return [self._scatter(batch, p.need, x) for x in self._at_scored(p, logits, score)]
 
+    def _datum_logprobs(self, data: Sequence[Datum]) -> list[torch.Tensor]:
+        """The split step's log-probs (`TorchTrainer.forward` / `forward_backward` call this): the data packed (THD),
+        the logit at each datum's position p scoring its `targets[p]`. No pipeline: its schedule owns the backward."""
+        if self.pp > 1:
+            raise ValueError("forward / forward_backward (the split step) run without pipeline parallel (pp: 1)")
+        lengths = [len(d.tokens) for d in data]
+        ids, params, (where, local_row, _) = self._layout(torch.cat([d.tokens for d in data]),
+                                                           torch.tensor([0, *itertools.accumulate(lengths)],
+                                                                        dtype=torch.int32))
+        need = torch.arange(sum(lengths))
+        src = where if local_row is None else local_row[where]  # a datum's own position scores its target
+        p = _Packed(ids, params, need.to(self.device), src.to(self.device),
+                    torch.cat([d.targets for d in data]).to(self.device))
+        forward = self.ddp if self.ddp is not None else self.model
+        logits = forward(input_ids=p.ids, position_ids=None, attention_mask=None, packed_seq_params=p.params)[0]
+        from slime_env.trainers.megatron import vocab_parallel_logprobs
+
+        (logp,) = self._at_scored(p, logits, lambda rows, targets: (vocab_parallel_logprobs(rows, targets),))
+        return list(logp.float().split(lengths))
+
     # --- pipeline parallel -----------------------------------------------------------------------------------
     def _pipeline(self, micros: Sequence[TrainBatch], on_logits: Callable[[int, _Packed, torch.Tensor], Any], *,
                   train: bool) -> None:
@@ -660,6 +683,8 @@ class MegatronTrainer(TorchTrainer):
             return self._cpu_optimizer_step(module, optimizer)
         from megatron.core.distributed import finalize_model_grads
 
+        for o in getattr(optimizer, "chained_optimizers", [optimizer]):  # it clips to its own config's clip_grad:
+            o.config.clip_grad = self.config.max_grad_norm  # `optim_step` sets each call's (inf: none, norm reported)
         finalize_model_grads([ddp])  # sums gradients over DP ranks (per-token loss: no 1/dp scaling)
         if self.lora is not None and module is self.model and self.config.tp > 1:
             from megatron.core import parallel_state as ps
@@ -780,9 +805,10 @@ class MegatronTrainer(TorchTrainer):
         torch.save(saved, path / f"trainer_rank{rank}.pt")
         return path
 
-    def load(self, path: str | Path) -> None:
+    def load(self, path: str | Path, *, optimizer: bool = True) -> None:
         """Weights from `path/model` (HF safetensors: ours, or any of this architecture) or, with LoRA, the adapter
-        of `path/adapter` (or of the PEFT folder `path`), then the optimizer state and step when `path` holds them."""
+        of `path/adapter` (or of the PEFT folder `path`), then, when `optimizer`, the optimizer state and step when
+        `path` holds them."""
         path = Path(path)
         if self.lora is not None:
             from slime_env.agents.lora_adapter import LoRAAdapter
@@ -798,7 +824,7 @@ class MegatronTrainer(TorchTrainer):
         if self.ddp is not None:
             self.optimizer.reload_model_params()  # fp32 master weights from the loaded parameters
         state = path / f"trainer_rank{dist.get_rank()}.pt"
-        if state.exists():
+        if optimizer and state.exists():
             saved = torch.load(state, map_location="cpu", weights_only=False)
             _restore_optimizer(self.optimizer, self.ddp, saved["optimizer"], state)
             if self.critic is not None and "critic" in saved:

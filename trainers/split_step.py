@@ -6,10 +6,13 @@ entry point `slime-env serve-tinker` drives (`slime_env.trainers.tinker`), besid
 - `DatumLoss`: a datum's loss from its log-probs; the caller owns the loss (Tinker's are `trainers.tinker.losses`),
   the trainer owns the forward and the gradients.
 - `AdamParams`: one `optim_step`'s hyper-parameters, checked (a `ValueError` naming the field).
-- `SplitStepTrainer`: the Protocol. `TorchTrainer` implements it (full weights or LoRA, `trainers.lora`). A sharded
-  trainer implements it over its own hooks: every rank calls each method with the same data, `forward_backward`
-  backs each micro-batch's loss through `_backward` (FSDP sums over ranks; Megatron runs its pipeline schedule with
-  the loss inside), `optim_step` sets the hyper-parameters on `_param_groups()` and clips through `_optimizer_step`.
+- `SplitStepTrainer`: the Protocol. `TorchTrainer` implements it (full weights or LoRA, `trainers.lora`), and its
+  subclasses through its hooks: `forward_backward` backs each micro-batch's loss through `_backward` (FSDP: its
+  sharded gradients), the log-probs come from `_datum_logprobs` (Megatron: the data packed as THD sequences),
+  `optim_step` sets the hyper-parameters on `_param_groups()` and clips through `_optimizer_step` (Megatron: its own
+  optimizer and gradient buffers, the clipping set on its config). Over several ranks every rank would call each
+  method with the same data; `serve-tinker` runs one process (Megatron's pipeline schedule would need the loss
+  inside it).
 
 No run import here: a trainer and its caller meet on these types only.
 """

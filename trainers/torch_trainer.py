@@ -489,8 +489,8 @@ class TorchTrainer:
         from dataclasses import replace
 
         for g in self._param_groups():
-            g.update(lr=adam.learning_rate, betas=(adam.beta1, adam.beta2), eps=adam.eps,
-                     weight_decay=adam.weight_decay)
+            g.update(lr=adam.learning_rate, betas=(adam.beta1, adam.beta2), eps=adam.eps,  # megatron's groups
+                     weight_decay=adam.weight_decay * g.get("wd_mult", 1.0))  # without decay (norms, biases) keep none
         saved = self.config
         self.config = replace(saved, max_grad_norm=adam.grad_clip_norm or math.inf)  # what `_optimizer_step` clips to
         try:

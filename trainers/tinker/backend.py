@@ -1,9 +1,11 @@
 """The model side of `slime-env serve-tinker`: a thin adapter from Tinker's calls to our trainers and our engine.
 
-- A training client is a trainer of `--backend` that implements `slime_env.trainers.split_step.SplitStepTrainer`:
-  `TorchTrainer` with a LoRA (`trainers.lora`, peft) of the requested rank over the shared base model (each client
-  has its own module tree; the base weights are one frozen copy). `forward` / `forward_backward` / `optim_step` are
-  the trainer's, with Tinker's losses (`losses.py`) and Tinker's per-call Adam parameters.
+- A training client is a trainer of `--backend` that implements `slime_env.trainers.split_step.SplitStepTrainer`,
+  with a LoRA (`trainer.lora`) of the requested rank over the base model, in this one process (`TRAINERS`):
+  `TorchTrainer` (each client has its own module tree; the base weights are one frozen copy), `FSDPTrainer` over one
+  rank, `MegatronTrainer` at TP = PP = 1 (each of these two holds its own copy of the base). `forward` /
+  `forward_backward` / `optim_step` are the trainer's, with Tinker's losses (`losses.py`) and Tinker's per-call Adam
+  parameters. Several ranks are refused (`check_backend`): each would need every call broadcast from rank 0.
 - `save_state` / `load_state` are the trainer's checkpoint (`save` / `load`: the adapter in PEFT's format,
   optimizer, step) plus the client's LoRA request (`tinker.json`, to recreate it from the checkpoint).
 - `save_weights_for_sampler` writes the trainer's adapter as a PEFT folder; `sample` pushes it to an embedded
@@ -53,21 +55,44 @@ def torch_trainer(base: torch.nn.Module, lora: LoRAOptions, pad_id: int) -> Spli
     return TorchTrainer(shared_base(base), TrainerConfig(lora=lora), pad_id=pad_id)
 
 
-# --backend -> a training client's trainer over the base model (the backends of `trainer.backend` not here are refused)
-TRAINERS: dict[str, Callable[[torch.nn.Module, LoRAOptions, int], SplitStepTrainer]] = {"torch": torch_trainer}
+def fsdp_trainer(base: torch.nn.Module, lora: LoRAOptions, pad_id: int) -> SplitStepTrainer:
+    from slime_env.trainers.fsdp_trainer import FSDPTrainer
+    from slime_env.trainers.torch_trainer import TrainerConfig
+
+    # FSDP2 shards (so copies) the base weights it is given: each client holds its own copy of the base
+    return FSDPTrainer(shared_base(base), TrainerConfig(backend="fsdp", lora=lora), pad_id=pad_id)
+
+
+def megatron_trainer(base: torch.nn.Module, lora: LoRAOptions, pad_id: int) -> SplitStepTrainer:
+    from slime_env.trainers.megatron_trainer import MegatronTrainer
+    from slime_env.trainers.torch_trainer import TrainerConfig
+
+    # TP = PP = 1; the GPTModel takes a copy of the base weights (per client)
+    return MegatronTrainer(base, TrainerConfig(backend="megatron", lora=lora), pad_id=pad_id)
+
+
+# --backend -> a training client's trainer over the base model, in this one process (world size 1)
+TRAINERS: dict[str, Callable[[torch.nn.Module, LoRAOptions, int], SplitStepTrainer]] = {
+    "torch": torch_trainer, "fsdp": fsdp_trainer, "megatron": megatron_trainer}
 
 
 def check_backend(name: str) -> None:
-    """`name` is a trainer `serve-tinker` runs on, or an `InvalidInput` naming it."""
+    """`name` is a trainer `serve-tinker` runs on in this one process, or an `InvalidInput` naming it: an unknown
+    name, or fsdp / megatron launched over several ranks (torchrun's `WORLD_SIZE`, or a process group of several)."""
+    import os
+
+    import torch.distributed as dist
+
     from slime_env.trainers.torch_trainer import BACKENDS
 
-    if name in TRAINERS:
-        return
-    if name in BACKENDS:
-        raise InvalidInput(f"--backend {name}: not built yet. A training client is a LoRA trainer implementing "
-                           "SplitStepTrainer (trainers/split_step.py: forward_backward / optim_step), and only "
-                           f"TorchTrainer does so far (docs/tinker.md, Backends); use one of {sorted(TRAINERS)}")
-    raise InvalidInput(f"--backend {name!r}: one of {list(BACKENDS)}")
+    if name not in TRAINERS:
+        raise InvalidInput(f"--backend {name!r}: one of {list(BACKENDS)}")
+    world = max(int(os.environ.get("WORLD_SIZE", "1")), dist.get_world_size() if dist.is_initialized() else 1)
+    if world > 1:
+        raise InvalidInput(f"--backend {name} over {world} ranks: not built yet. serve-tinker runs its trainers in one "
+                           "process (FSDP over one rank, Megatron TP=1 PP=1); driving N ranks needs every training "
+                           "call broadcast from rank 0 to the others (docs/tinker.md, Backends). Start it without "
+                           "torchrun")
 
 
 @dataclass
