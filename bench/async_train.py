@@ -144,7 +144,7 @@ def main() -> None:
         raise SystemExit("--layers: only with --shape")
     args.model = "default"
     if args.shape:  # saved once, every run loads the same weights
-        args.model = str(out / f"model_{args.shape}" + (f"_{args.layers}l" if args.layers else ""))
+        args.model = str(out / (f"model_{args.shape}" + (f"_{args.layers}l" if args.layers else "")))
         save_random_model(args.shape, args.model, layers=args.layers)
     results: dict[str, dict] = {}
     for seed in args.seeds:

@@ -160,9 +160,6 @@ def train_step_seconds(folder: Path) -> float:
 def cmd_sync(args) -> None:
     logs = Path(args.out_dir)
     logs.mkdir(parents=True, exist_ok=True)
-    folder = Path(tempfile.mkdtemp(prefix="bench_model_"))
-    state = make_model_folder(args, folder)
-    params = sum(v.numel() for v in {v.data_ptr(): v for v in state.values()}.values())  # tied embeddings once
     gpu = torch.cuda.is_available()
     # CUDA IPC reaches only an engine that sees the sender's GPU; NCCL only one on another GPU. So the engines go to
     # GPU 1 by default only where there is one and `tensor` is not asked for.
@@ -175,6 +172,9 @@ def cmd_sync(args) -> None:
     if gpus is not None and "tensor" in (args.kinds or []):
         raise SystemExit(f"--kinds tensor: CUDA IPC cannot reach engines on GPU(s) {gpus} (drop --engine-gpu / "
                          "--gpus, or give --gpus 1)")
+    folder = Path(tempfile.mkdtemp(prefix="bench_model_"))
+    state = make_model_folder(args, folder)
+    params = sum(v.numel() for v in {v.data_ptr(): v for v in state.values()}.values())  # tied embeddings once
     kinds = args.kinds or (["distributed", "disk"] if gpus is not None else
                            ["tensor", "disk"] if gpu else ["distributed", "tensor", "disk"])
     rows = []
@@ -231,8 +231,9 @@ def serve(count: int, args, **more) -> dict:
 
 def cmd_throughput(args) -> None:
     table = {}
+    engines = (("embedded", {}), ("serve x2", serve(2, args)))
     model = run_model(args)
-    for name, engine in (("embedded", {}), ("serve x2", serve(2, args))):
+    for name, engine in engines:
         rows = run_config(tempfile.mkdtemp(prefix="bench_pipe_"), engine, args.steps, model=model)
         steady = rows[1:] or rows  # the first step warms up
         episodes = sum(sum(r["rollout/statuses"].values()) for r in steady)
@@ -263,8 +264,8 @@ def cmd_fault(args) -> None:
             seen.update(failovers=engines.pool.failovers, restarts=engines.processes[0].starts - 1,
                         version=gen.weight_version, events=[(u, s) for u, s, _ in engines.pool.events])
 
-    rows = run_config(tempfile.mkdtemp(prefix="bench_fault_"), serve(2, args, health_interval_s=0.5), 2, on_step,
-                      model=run_model(args))
+    engine = serve(2, args, health_interval_s=0.5)
+    rows = run_config(tempfile.mkdtemp(prefix="bench_fault_"), engine, 2, on_step, model=run_model(args))
     for r in rows:
         print(f"step {r['step']}: statuses {r['rollout/statuses']}, rollout {r['rollout/s']:.1f}s, "
               f"engines up after the sync {r.get('engines/up')}")
