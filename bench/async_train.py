@@ -11,12 +11,17 @@ check's (Megatron trainer, 32 prompts x 8 samples); `--cpu-small` runs a CPU-siz
 the trainer's process), `serve` (a serve-engine process on the trainer's GPU, weights by CUDA IPC), `apart` (a
 serve-engine on GPU 1, the trainer on GPU 0, weights over NCCL: `engine.gpus: [1]`). Every engine runs every mode, or
 `--runs ENGINE:MODE ...` names the runs; each seed's first `off` run is the baseline of the side-by-side table.
+`--gpus N` gives `apart` N-1 serve-engines, one on each of GPUs 1..N-1 (the trainer stays on GPU 0; `embedded` and
+`serve` use one GPU, so `--gpus` above 1 needs an `apart` run). The model is SmolLM2-135M-Instruct, or with
+`--shape NAME` random bf16 weights at a shape of bench/shapes.py with SmolLM2's tokenizer (`--layers` for fewer):
+step time, tokens/s and idle shares at that shape — its accuracy stays near 0, random weights do not learn this.
 Writes OUT/<task>_<mode>_s<seed>[_<engine>]/ (each run's metrics.jsonl), OUT/<task>_summary.json and
 OUT/<task>_accuracy.png.
 
   python bench/async_train.py --task longtail --steps 100 --seeds 0 1
   python bench/async_train.py --task retry --cpu-small --steps 8 --seeds 0
   python bench/async_train.py --task longtail --steps 30 --seeds 0 --runs serve:off apart:off apart:overlap apart:full
+  python bench/async_train.py --shape qwen3-1.7b --gpus 3 --steps 10 --seeds 0 --runs apart:off apart:full
 """
 
 from __future__ import annotations
@@ -30,6 +35,9 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from shapes import SHAPES, gpus_arg, save_random_model  # noqa: E402
 
 from slime_env.trainers.run import TrainConfig, train  # noqa: E402
 
@@ -40,12 +48,19 @@ ATTEMPTS = {"retry": 3, "longtail": 8}
 ENGINES = {"embedded": {}, "serve": {"kind": "serve", "count": 1}, "apart": {"kind": "serve", "count": 1, "gpus": [1]}}
 
 
+def engines(gpus: int | None) -> dict[str, dict]:
+    """`ENGINES` with `apart` spread over GPUs 1..gpus-1 (as is, GPU 1, without `--gpus`)."""
+    if gpus is None:
+        return ENGINES
+    return {**ENGINES, "apart": {"kind": "serve", "count": gpus - 1, "gpus": list(range(1, gpus))}}
+
+
 def config(args, engine: str, mode: str, seed: int, run_dir: Path) -> TrainConfig:
     attempts = ATTEMPTS[args.task]
     small = args.cpu_small
     prompts, n = args.prompts or (4 if small else 32), args.n or (4 if small else 8)
     return TrainConfig.from_dict({
-        "run_dir": str(run_dir), "model": "default", "env": "ArithmeticRetry-v0",
+        "run_dir": str(run_dir), "model": args.model, "env": "ArithmeticRetry-v0",
         "env_kwargs": {"digits": [2, 1], "ops": "+-", "max_attempts": attempts},
         "train_data": {**TASKS, "size": 20000, "seed": 11, "split": "train"},
         "eval_data": {**TASKS, "size": args.eval_size, "seed": 12, "split": "test"},
@@ -55,7 +70,7 @@ def config(args, engine: str, mode: str, seed: int, run_dir: Path) -> TrainConfi
         "trainer": {"backend": "torch" if small else args.backend, "estimator": "grpo", "lr": args.lr,
                     "micro_batch_size": 4 if small else 64, "max_tokens_per_micro_batch": 16384,
                     "clip_low": 0.2, "clip_high": 0.28, "max_grad_norm": 1.0},
-        "engine": ENGINES[engine],
+        "engine": engines(args.gpus)[engine],
         "async": {"mode": mode, "max_staleness": args.max_staleness,
                   "in_flight": args.in_flight or 2 * prompts * n, "interrupt": args.interrupt},
     }, "bench/async_train.py")
@@ -110,6 +125,9 @@ def main() -> None:
     ap.add_argument("--runs", nargs="+", default=None, metavar="ENGINE:MODE",
                     help="the runs, instead of every --engine with every --modes")
     ap.add_argument("--cpu-small", action="store_true", help="a CPU-sized run: 4 prompts x 4 samples, torch trainer")
+    ap.add_argument("--shape", default=None, choices=sorted(SHAPES), help="random bf16 weights at this shape")
+    ap.add_argument("--layers", type=int, default=None, help="fewer of --shape's layers (a quick check)")
+    ap.add_argument("--gpus", type=gpus_arg, default=None, help="apart: one serve-engine on each of GPUs 1..N-1")
     ap.add_argument("--out", default="runs/async_bench")
     args = ap.parse_args()
     out = Path(args.out)
@@ -119,6 +137,15 @@ def main() -> None:
     for engine, mode in runs:
         if engine not in ENGINES or mode not in ("off", "overlap", "full"):
             raise SystemExit(f"--runs {engine}:{mode}: ENGINE is one of {sorted(ENGINES)}, MODE off, overlap or full")
+    if args.gpus is not None and (args.gpus > 1) != any(e == "apart" for e, _ in runs):
+        raise SystemExit(f"--gpus {args.gpus}: only the apart engine is placed on GPUs beyond the trainer's; it needs "
+                         "--gpus 2 or more, embedded and serve runs need none (or --gpus 1)")
+    if args.layers and not args.shape:
+        raise SystemExit("--layers: only with --shape")
+    args.model = "default"
+    if args.shape:  # saved once, every run loads the same weights
+        args.model = str(out / (f"model_{args.shape}" + (f"_{args.layers}l" if args.layers else "")))
+        save_random_model(args.shape, args.model, layers=args.layers)
     results: dict[str, dict] = {}
     for seed in args.seeds:
         for engine, mode in runs:

@@ -1,7 +1,8 @@
 """The embedded engine on one GPU: the paged engine beside today's continuous engine and HF `generate`, same run.
 
-Three engines on the same model (SmolLM2-135M-Instruct in bfloat16; `--random` gives the same shapes with random
-weights, which generate at the same speed — every turn's length is fixed, `ignore_eos`):
+Three engines on the same model (SmolLM2-135M-Instruct in bfloat16; `--shape NAME` gives random bf16 weights at a
+shape of bench/shapes.py with SmolLM2's tokenizer — `--random` is `--shape smollm2-135m`, the same model's shape —
+which generate at the same speed as trained ones: every turn's length is fixed, `ignore_eos`):
 - `old`: `TransformersPolicy(paged=False)`, the continuous engine of `slime_env.agents.engine` (left-padded K/V buffers,
   packed eager steps, per-session prefix cache);
 - `hf`: Hugging Face `generate` with a static cache (`cache_implementation="static"`, which transformers compiles
@@ -18,7 +19,11 @@ Reported: generated tokens/s, time to the first token of turn 3 of a ~1,900-toke
 memory, and for the paged engine its decode steps as a fraction of the memory-bandwidth ceiling (weights + the
 K/V the step reads, over the device's copy bandwidth measured here).
 
-    python bench/engine_gpu.py [--workload multi single] [--engines old hf paged] [--random] [--out FILE.json]
+    python bench/engine_gpu.py [--workload multi single] [--engines old hf paged] [--random | --shape NAME]
+                               [--layers N] [--out FILE.json]
+
+One GPU: the embedded engine runs in one process on one device (`--gpus` other than 1 is refused). Without CUDA it
+runs on the CPU, a check of the script (`--shape qwen3-0.6b --layers 1 --engines old --prompts 4 --episodes 4`).
 """
 
 from __future__ import annotations
@@ -33,6 +38,9 @@ import time
 import torch
 
 sys.path.insert(0, __file__.rsplit("/bench/", 1)[0])
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+
+from shapes import SHAPES, gpus_arg, random_model  # noqa: E402
 
 from slime_env.agents.transformers_policy import TransformersPolicy  # noqa: E402
 
@@ -42,30 +50,22 @@ TOPICS = ["the tides", "prime numbers", "a haiku about rain", "the French revolu
           "how a compiler works", "the rules of chess", "black holes", "sourdough bread", "the stock market"]
 
 
-def load(random_weights: bool):
-    """(model, tokenizer): SmolLM2-135M-Instruct in bf16 on CUDA, or random weights of its exact configuration
-    (then the tokenizer comes from $SLIME_ENV_GPU_TOKENIZER when set: no model package needed)."""
-    if not random_weights:
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def load(shape: str | None, layers: int | None = None):
+    """(model, tokenizer): SmolLM2-135M-Instruct in bf16, or random bf16 weights at `shape` (bench/shapes.py, no model
+    package needed), on `DEVICE`."""
+    if shape is None:
         from slime_env.agents.default_model import load_default_model
 
-        return load_default_model("cuda", torch.bfloat16)
-    import os
+        return load_default_model(DEVICE, torch.bfloat16)
+    return random_model(shape, layers=layers, device=DEVICE)
 
-    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
 
-    folder = os.environ.get("SLIME_ENV_GPU_TOKENIZER")
-    if folder:
-        tok = AutoTokenizer.from_pretrained(folder)
-    else:
-        from slime_env.offline_tokenizers import smollm2
-
-        tok = smollm2()
-    config = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                         num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,
-                         rope_theta=100000.0,
-                         rms_norm_eps=1e-5, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=2)
-    torch.manual_seed(0)
-    return AutoModelForCausalLM.from_config(config).to("cuda", torch.bfloat16).eval(), tok
+def synchronize() -> None:
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
 
 
 def multi_turn_plan(tok, episodes: int, turns: int, seed: int = 0):
@@ -94,7 +94,7 @@ async def run_engine_multi(policy, plan, renderer) -> tuple[float, int]:
 
     t0 = time.perf_counter()
     made = await asyncio.gather(*(episode(i, *p) for i, p in enumerate(plan)))
-    torch.cuda.synchronize()
+    synchronize()
     return time.perf_counter() - t0, sum(made)
 
 
@@ -110,7 +110,7 @@ def run_hf_multi(model, tok, plan, renderer) -> tuple[float, int]:
             gen = row[:lengths[i]]
             made += len(gen)
             ids[i] = ids[i] + gen + renderer.bridge(gen, [Message("user", plan[i][2][t])])
-    torch.cuda.synchronize()
+    synchronize()
     return time.perf_counter() - t0, made
 
 
@@ -121,7 +121,7 @@ def hf_generate(model, prompts: list[list[int]], new_tokens: int, pad: int) -> l
     for i, p in enumerate(prompts):
         ids[i, width - len(p):] = torch.tensor(p)
         mask[i, width - len(p):] = 1
-    out = model.generate(input_ids=ids.cuda(), attention_mask=mask.cuda(), max_new_tokens=new_tokens,
+    out = model.generate(input_ids=ids.to(model.device), attention_mask=mask.to(model.device), max_new_tokens=new_tokens,
                          min_new_tokens=new_tokens, do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
                          cache_implementation="static", pad_token_id=pad)
     return out[:, width:].tolist()
@@ -139,7 +139,7 @@ async def run_engine_single(policy, prompts, new_tokens: int) -> tuple[float, in
     params = {"temperature": 1.0, "max_new_tokens": new_tokens, "ignore_eos": True}
     t0 = time.perf_counter()
     gens = await asyncio.gather(*(policy.generate(p, params) for p in prompts))
-    torch.cuda.synchronize()
+    synchronize()
     return time.perf_counter() - t0, sum(len(g.token_ids) for g in gens)
 
 
@@ -152,7 +152,7 @@ def turn3_ttft(policy, renderer) -> tuple[float, int]:
         for _ in range(2):
             gen = await session.generate(ids, {"temperature": 0.0, "max_new_tokens": 16})
             ids = ids + list(gen.token_ids) + renderer.bridge(gen.token_ids, [Message("user", "and?")])
-        torch.cuda.synchronize()
+        synchronize()
         t0 = time.perf_counter()
         await session.generate(ids, {"temperature": 0.0, "max_new_tokens": 1})
         return time.perf_counter() - t0
@@ -161,7 +161,9 @@ def turn3_ttft(policy, renderer) -> tuple[float, int]:
 
 
 def copy_bandwidth() -> float:
-    """Bytes per second of a device-to-device copy (read + write), median of 10."""
+    """Bytes per second of a device-to-device copy (read + write), median of 10; 0 on a CPU (no ceiling)."""
+    if DEVICE != "cuda":
+        return 0.0
     x = torch.empty(1 << 28, dtype=torch.float32, device="cuda")
     y = torch.empty_like(x)
     times = []
@@ -188,18 +190,31 @@ def main() -> None:
     ap.add_argument("--turns", type=int, default=4)
     ap.add_argument("--prompts", type=int, default=1024)
     ap.add_argument("--new-tokens", type=int, default=256)
-    ap.add_argument("--random", action="store_true", help="random weights of the same shapes (no model package)")
+    ap.add_argument("--random", action="store_true", help="random weights of the same shapes (--shape smollm2-135m)")
+    ap.add_argument("--shape", default=None, choices=sorted(SHAPES), help="random bf16 weights at this shape")
+    ap.add_argument("--layers", type=int, default=None, help="fewer layers (a quick check of the script)")
+    ap.add_argument("--gpus", type=gpus_arg, default=1, help="1: the embedded engine runs on one GPU")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    model, tok = load(args.random)
+    if args.gpus != 1:
+        raise SystemExit(f"--gpus {args.gpus}: the embedded engine runs in one process on one GPU; run one bench per "
+                         "GPU instead")
+    if args.random and args.shape not in (None, "smollm2-135m"):
+        raise SystemExit(f"--random is --shape smollm2-135m; it cannot go with --shape {args.shape}")
+    shape = args.shape or ("smollm2-135m" if args.random else None)
+    if args.layers and shape is None:
+        raise SystemExit("--layers: only with --shape or --random (random weights)")
+    model, tok = load(shape, args.layers)
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     bandwidth = copy_bandwidth()
-    results: dict = {"gpu": torch.cuda.get_device_name(), "copy_bandwidth_GBps": bandwidth / 1e9}
+    results: dict = {"gpu": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu", "shape": shape,
+                     "layers": model.config.num_hidden_layers, "copy_bandwidth_GBps": bandwidth / 1e9}
     rows = []
     for workload in args.workload:
         for name in args.engines:
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats()
+            if DEVICE == "cuda":
+                torch.cuda.empty_cache()
+                torch.cuda.reset_peak_memory_stats()
             row = {"workload": workload, "engine": name}
             if workload == "multi":
                 plan, renderer = multi_turn_plan(tok, args.episodes, args.turns)
@@ -227,7 +242,7 @@ def main() -> None:
                     row["compile_pass_s"] = time.perf_counter() - t0
                     t0 = time.perf_counter()
                     made = sum(len(r) for r in hf_generate(model, prompts, args.new_tokens, pad))
-                    torch.cuda.synchronize()
+                    synchronize()
                     wall = time.perf_counter() - t0
                 else:
                     policy = engine(model, tok, name, min(args.prompts, 512))
@@ -236,12 +251,12 @@ def main() -> None:
                     row["warmup_s"] = time.perf_counter() - t0
                     wall, made = asyncio.run(run_engine_single(policy, prompts, args.new_tokens))
             row.update({"tokens": made, "wall_s": wall, "tokens_per_s": made / wall,
-                        "peak_gpu_GB": torch.cuda.max_memory_allocated() / 1e9})
+                        "peak_gpu_GB": torch.cuda.max_memory_allocated() / 1e9 if DEVICE == "cuda" else 0.0})
             if name == "paged":
                 e = policy._engine
                 row.update({"steps": e.steps, "decode_steps": e.decode_steps, "mixed_steps": e.mixed_steps,
                             "pool_GB": e.runner.pool_bytes() / 1e9, "preemptions": e.preemptions})
-                if e.decode_rows:
+                if e.decode_rows and bandwidth:
                     batch_avg, ctx_avg = e.decode_rows / e.steps, e.decode_ctx / e.decode_rows
                     per_token_kv = e.runner.pool_bytes() / (e.prefix.num_blocks * e.block_size)
                     step_bytes = weights + batch_avg * ctx_avg * per_token_kv

@@ -1,8 +1,14 @@
 """The training pipeline across processes: weight sync, rollout throughput through engine servers, an engine's death.
 
     python bench/pipeline.py sync [--engines 1 2 4] [--hidden 2048 --layers 16]   # ~1B parameters by default
-    python bench/pipeline.py throughput [--steps 3]
-    python bench/pipeline.py fault
+    python bench/pipeline.py sync --shape qwen3-4b [--gpus 4]     # a shape of bench/shapes.py, engines on GPUs 1-3
+    python bench/pipeline.py throughput [--steps 3] [--shape qwen3-0.6b] [--gpus 3]
+    python bench/pipeline.py fault [--shape NAME] [--gpus N]
+
+`--shape NAME` (every command): random bf16 weights at that shape with SmolLM2's tokenizer (bench/shapes.py), instead
+of sync's `--hidden` Llama and throughput's / fault's SmolLM2-135M-Instruct; `--layers` overrides its depth.
+`--gpus N`: the sender / trainer on GPU 0 and the `serve-engine`s spread over GPUs 1..N-1 (engine i on GPU
+1 + i mod (N-1)), weights over NCCL; `--gpus 1` puts every engine on the sender's GPU.
 
 `sync`: seconds to push a model's weights from this process to N `serve-engine` servers, three ways in the same run —
 `distributed` (SGLang's `update_weights_from_distributed`: a torch.distributed group, NCCL on a GPU, gloo on CPUs),
@@ -37,6 +43,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from shapes import SHAPES, gpus_arg, save_random_model, tokenizer  # noqa: E402
 
 from slime_env.agents.launcher import ServeProcess  # noqa: E402
 from slime_env.clients.sglang import SGLangPolicy  # noqa: E402
@@ -44,26 +53,25 @@ from slime_env.trainers import weight_sync as ws  # noqa: E402
 from slime_env.trainers.run.engines import gpu_env  # noqa: E402
 
 
-def make_model_folder(hidden: int, layers: int, folder: Path) -> tuple[Path, dict[str, torch.Tensor]]:
-    """A Llama of this shape with random weights (bf16), saved with SmolLM2's tokenizer; its state dict."""
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+def make_model_folder(args, folder: Path) -> dict[str, torch.Tensor]:
+    """Random bf16 weights saved with SmolLM2's tokenizer at `folder`: `--shape` (with `--layers`), or else a Llama of
+    `--hidden` / `--layers`; their state dict."""
+    from transformers import LlamaConfig
 
-    if os.environ.get("SLIME_ENV_GPU_TOKENIZER"):  # a machine without the model package (the GPU machine)
-        tok = AutoTokenizer.from_pretrained(os.environ["SLIME_ENV_GPU_TOKENIZER"])
-    else:
-        from slime_env.offline_tokenizers import smollm2
+    shape = args.shape or LlamaConfig(vocab_size=len(tokenizer()), hidden_size=args.hidden,
+                                      intermediate_size=int(args.hidden * 2.75) // 64 * 64,
+                                      num_hidden_layers=args.layers, num_attention_heads=args.hidden // 64,
+                                      num_key_value_heads=args.hidden // 256, max_position_embeddings=4096,
+                                      tie_word_embeddings=False)
+    return save_random_model(shape, folder, layers=args.layers if args.shape else None,
+                             device="cuda" if torch.cuda.is_available() else "cpu")
 
-        tok = smollm2()
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=hidden, intermediate_size=int(hidden * 2.75) // 64 * 64,
-                         num_hidden_layers=layers, num_attention_heads=hidden // 64, num_key_value_heads=hidden // 256,
-                         max_position_embeddings=4096, tie_word_embeddings=False)
-    torch.manual_seed(0)
-    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
-        model = LlamaForCausalLM(config).to(torch.bfloat16)
-    model.save_pretrained(folder)
-    tok.save_pretrained(folder)
-    state = {k: v.detach() for k, v in model.state_dict().items()}
-    return folder, state
+
+def engine_gpus(gpus: int | None) -> list[int] | None:
+    """`--gpus N`'s engine placement: GPUs 1..N-1; None (the sender's GPU, or the CPU) when N is 1 or not given."""
+    if gpus is not None and gpus > max(1, torch.cuda.device_count()):
+        raise SystemExit(f"--gpus {gpus}: this machine has {torch.cuda.device_count()} GPU(s)")
+    return list(range(1, gpus)) if gpus and gpus > 1 else None
 
 
 def digest(t: torch.Tensor) -> str:
@@ -71,11 +79,12 @@ def digest(t: torch.Tensor) -> str:
 
 
 async def time_channels(state: dict[str, torch.Tensor], folder: Path, n: int, kinds: list[str], logs: Path,
-                        repeats: int, engine_gpu: int | None = None) -> dict[str, float]:
+                        repeats: int, gpus: list[int] | None = None) -> dict[str, float]:
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    env = gpu_env(engine_gpu) if engine_gpu is not None else {}  # what engine.gpus does
     procs = [ServeProcess(model=str(folder), args=["--dtype", "bfloat16", "--device", device, "--max-batch-size", "4"],
-                          log_path=logs / f"engine_{n}_{i}.log", env=env) for i in range(n)]
+                          log_path=logs / f"engine_{n}_{i}.log",
+                          env=gpu_env(gpus[i % len(gpus)]) if gpus else {})  # what engine.gpus does
+             for i in range(n)]
     urls = await asyncio.gather(*(p.start() for p in procs))
     engines = [SGLangPolicy(u, timeout_s=3600) for u in urls]
     out: dict[str, float] = {}
@@ -87,7 +96,10 @@ async def time_channels(state: dict[str, torch.Tensor], folder: Path, n: int, ki
             from safetensors.torch import save_file
 
             path.mkdir(parents=True, exist_ok=True)
-            save_file({k: v.contiguous().cpu() for k, v in pushing["weights"].items()},
+            first: dict[int, str] = {}  # one copy of tied embeddings (safetensors refuses shared tensors)
+            for k, v in pushing["weights"].items():
+                first.setdefault(v.data_ptr(), k)
+            save_file({k: v.contiguous().cpu() for k, v in pushing["weights"].items() if first[v.data_ptr()] == k},
                       str(path / "model.safetensors"), metadata={"format": "pt"})
             shutil.copy(folder / "config.json", path / "config.json")
 
@@ -148,29 +160,33 @@ def train_step_seconds(folder: Path) -> float:
 def cmd_sync(args) -> None:
     logs = Path(args.out_dir)
     logs.mkdir(parents=True, exist_ok=True)
-    folder = Path(tempfile.mkdtemp(prefix="bench_model_"))
-    _, state = make_model_folder(args.hidden, args.layers, folder)
-    params = sum(v.numel() for v in state.values())
     gpu = torch.cuda.is_available()
     # CUDA IPC reaches only an engine that sees the sender's GPU; NCCL only one on another GPU. So the engines go to
     # GPU 1 by default only where there is one and `tensor` is not asked for.
-    engine_gpu = args.engine_gpu
-    if engine_gpu is None and torch.cuda.device_count() > 1 and "tensor" not in (args.kinds or []):
-        engine_gpu = 1
-    if engine_gpu is not None and "tensor" in (args.kinds or []):
-        raise SystemExit(f"--kinds tensor: CUDA IPC cannot reach engines on GPU {engine_gpu} (drop --engine-gpu)")
-    kinds = args.kinds or (["distributed", "disk"] if engine_gpu is not None else
+    if args.gpus is not None and args.engine_gpu is not None:
+        raise SystemExit("--gpus and --engine-gpu: give one of them")
+    gpus = engine_gpus(args.gpus) if args.gpus is not None else \
+        [args.engine_gpu] if args.engine_gpu is not None else None
+    if gpus is None and args.gpus is None and torch.cuda.device_count() > 1 and "tensor" not in (args.kinds or []):
+        gpus = [1]
+    if gpus is not None and "tensor" in (args.kinds or []):
+        raise SystemExit(f"--kinds tensor: CUDA IPC cannot reach engines on GPU(s) {gpus} (drop --engine-gpu / "
+                         "--gpus, or give --gpus 1)")
+    folder = Path(tempfile.mkdtemp(prefix="bench_model_"))
+    state = make_model_folder(args, folder)
+    params = sum(v.numel() for v in {v.data_ptr(): v for v in state.values()}.values())  # tied embeddings once
+    kinds = args.kinds or (["distributed", "disk"] if gpus is not None else
                            ["tensor", "disk"] if gpu else ["distributed", "tensor", "disk"])
     rows = []
     for n in args.engines:
-        times = asyncio.run(time_channels(state, folder, n, kinds, logs, args.repeats, engine_gpu))
+        times = asyncio.run(time_channels(state, folder, n, kinds, logs, args.repeats, gpus))
         rows.append({"engines": n, **times})
         print(json.dumps(rows[-1]), flush=True)
     step = train_step_seconds(folder) if args.train_step and gpu else None
     where = torch.cuda.get_device_name() if gpu else f"CPU ({os.cpu_count()} cores)"
-    if engine_gpu is not None:
-        where += f"; sender on GPU 0, engines on GPU {engine_gpu}"
-    print(f"\nweight sync of a {params / 1e9:.2f}B-parameter Llama ({params * 2 / 1e9:.2f} GB in bf16), {where}; "
+    if gpus is not None:
+        where += f"; sender on GPU 0, engines on GPU(s) {gpus}"
+    print(f"\nweight sync of a {params / 1e9:.2f}B-parameter {args.shape or 'Llama'} ({params * 2 / 1e9:.2f} GB in bf16), {where}; "
           f"seconds, median of {args.repeats}")
     print(f"{'engines':>7} " + " ".join(f"{k:>12}" for k in kinds) + "   disk / fastest")
     for r in rows:
@@ -182,12 +198,12 @@ def cmd_sync(args) -> None:
     shutil.rmtree(folder, ignore_errors=True)
 
 
-def run_config(run_dir: str, engine: dict, steps: int, on_step=None) -> list[dict]:
+def run_config(run_dir: str, engine: dict, steps: int, on_step=None, model: str = "default") -> list[dict]:
     from slime_env.trainers.run import TrainConfig, train
 
     tasks = {"generator": "slime_env.envs.math.retry_env:arithmetic_tasks", "digits": [2, 1], "ops": "+-"}
     cfg = TrainConfig.from_dict({
-        "run_dir": run_dir, "model": "default", "env": "ArithmeticRetry-v0",
+        "run_dir": run_dir, "model": model, "env": "ArithmeticRetry-v0",
         "env_kwargs": {"digits": [2, 1], "ops": "+-", "max_attempts": 3},
         "train_data": {**tasks, "size": 2000, "seed": 11, "split": "train"},
         "steps": steps, "prompts_per_step": 4, "n_samples_per_prompt": 8, "max_turns": 3, "max_new_tokens": 24,
@@ -198,10 +214,27 @@ def run_config(run_dir: str, engine: dict, steps: int, on_step=None) -> list[dic
     return [json.loads(line) for line in open(summary["metrics"])]
 
 
+def run_model(args) -> str:
+    """The runs' `model:`: SmolLM2-135M-Instruct, or a folder of random weights at `--shape`."""
+    if not args.shape:
+        return "default"
+    folder = tempfile.mkdtemp(prefix="bench_model_")
+    save_random_model(args.shape, folder, layers=args.layers)
+    return folder
+
+
+def serve(count: int, args, **more) -> dict:
+    """`engine:` of `count` serve-engines, placed by `--gpus`."""
+    gpus = engine_gpus(args.gpus)
+    return {"kind": "serve", "count": count, **more, **({"gpus": gpus} if gpus else {})}
+
+
 def cmd_throughput(args) -> None:
     table = {}
-    for name, engine in (("embedded", {}), ("serve x2", {"kind": "serve", "count": 2})):
-        rows = run_config(tempfile.mkdtemp(prefix="bench_pipe_"), engine, args.steps)
+    engines = (("embedded", {}), ("serve x2", serve(2, args)))
+    model = run_model(args)
+    for name, engine in engines:
+        rows = run_config(tempfile.mkdtemp(prefix="bench_pipe_"), engine, args.steps, model=model)
         steady = rows[1:] or rows  # the first step warms up
         episodes = sum(sum(r["rollout/statuses"].values()) for r in steady)
         rollout = sum(r["rollout/s"] for r in steady)
@@ -231,8 +264,8 @@ def cmd_fault(args) -> None:
             seen.update(failovers=engines.pool.failovers, restarts=engines.processes[0].starts - 1,
                         version=gen.weight_version, events=[(u, s) for u, s, _ in engines.pool.events])
 
-    rows = run_config(tempfile.mkdtemp(prefix="bench_fault_"), {"kind": "serve", "count": 2,
-                                                                  "health_interval_s": 0.5}, 2, on_step)
+    engine = serve(2, args, health_interval_s=0.5)
+    rows = run_config(tempfile.mkdtemp(prefix="bench_fault_"), engine, 2, on_step, model=run_model(args))
     for r in rows:
         print(f"step {r['step']}: statuses {r['rollout/statuses']}, rollout {r['rollout/s']:.1f}s, "
               f"engines up after the sync {r.get('engines/up')}")
@@ -243,10 +276,14 @@ def cmd_fault(args) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
-    s = sub.add_parser("sync")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--shape", default=None, choices=sorted(SHAPES), help="random bf16 weights at this shape")
+    common.add_argument("--gpus", type=gpus_arg, default=None,
+                        help="the sender / trainer on GPU 0, the engines on GPUs 1..N-1")
+    s = sub.add_parser("sync", parents=[common])
     s.add_argument("--engines", type=int, nargs="+", default=[1, 2, 4])
     s.add_argument("--hidden", type=int, default=2048)
-    s.add_argument("--layers", type=int, default=16)
+    s.add_argument("--layers", type=int, default=None, help="the Llama's layers (16), or fewer of --shape's")
     s.add_argument("--kinds", nargs="+", default=None, choices=["distributed", "tensor", "disk"])
     s.add_argument("--repeats", type=int, default=3)
     s.add_argument("--train-step", action="store_true", help="GPU: also time one MegatronTrainer step")
@@ -254,10 +291,16 @@ def main() -> None:
                    help="the engines' GPU (default: 1 where there are two or more and --kinds has no tensor, "
                         "else the sender's)")
     s.add_argument("--out-dir", default="runs/bench_pipeline")
-    t = sub.add_parser("throughput")
+    t = sub.add_parser("throughput", parents=[common])
     t.add_argument("--steps", type=int, default=3)
-    sub.add_parser("fault")
+    f = sub.add_parser("fault", parents=[common])
+    for p in (t, f):
+        p.add_argument("--layers", type=int, default=None, help="fewer of --shape's layers (a quick check)")
     args = ap.parse_args()
+    if args.layers and not args.shape and args.cmd != "sync":
+        raise SystemExit("--layers: only with --shape")
+    if args.cmd == "sync" and not args.shape:
+        args.layers = args.layers or 16
     {"sync": cmd_sync, "throughput": cmd_throughput, "fault": cmd_fault}[args.cmd](args)
 
 

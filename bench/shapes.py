@@ -2,7 +2,13 @@
 
 Qwen3 dense 0.6B / 1.7B / 4B / 8B (their config.json values), a Qwen3-MoE shape small enough for one or two GPUs
 (Qwen3-30B-A3B's layer, 8 of its 48 layers), and SmolLM2-135M. `hf_config(name)` is the transformers config;
-`model_class(name)` the causal-LM class to build it with.
+`model_class(name)` the causal-LM class to build it with; `random_model(name)` the model with random weights and
+SmolLM2's tokenizer, `save_random_model` the same as a Hugging Face folder (what a run's `model:` or an engine loads).
+
+The tokenizer is SmolLM2's (49,152 ids, built offline) at every shape, and each shape keeps its own vocabulary size
+(Qwen3's 151,936): the embedding and LM head cost what they cost at that shape. No id is clamped: every id the
+tokenizer makes is below every shape's vocabulary size, and an id the random model samples at or past 49,152 is a
+valid model input that decodes to no text.
 """
 
 from __future__ import annotations
@@ -49,6 +55,57 @@ def model_class(name: str):
     family = SHAPES[name][0]
     return {"qwen3": transformers.Qwen3ForCausalLM, "qwen3_moe": transformers.Qwen3MoeForCausalLM,
             "llama": transformers.LlamaForCausalLM}[family]
+
+
+def tokenizer():
+    """SmolLM2-135M-Instruct's tokenizer: from the saved folder $SLIME_ENV_GPU_TOKENIZER when set (a machine without
+    the model package), else built offline (`slime_env.offline_tokenizers.smollm2`)."""
+    import os
+
+    folder = os.environ.get("SLIME_ENV_GPU_TOKENIZER")
+    if folder:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(folder)
+    from slime_env.offline_tokenizers import smollm2
+
+    return smollm2()
+
+
+def random_model(shape: Any, *, layers: int | None = None, device: str = "cpu", dtype: Any = None):
+    """(model, tokenizer): random weights (seed 0, `dtype`, default bfloat16) on `device` in eval mode, at `shape` — a
+    name in `SHAPES` (`layers` overriding its depth, the tokenizer's special ids set) or a transformers config — with
+    `tokenizer()`."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    tok = tokenizer()
+    if isinstance(shape, str):
+        pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        shape = hf_config(shape, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=pad,
+                          **({"num_hidden_layers": layers} if layers else {}))
+    torch.manual_seed(0)
+    with torch.device(device):  # built where it runs, in its dtype: an 8B shape never sits in host memory in fp32
+        model = AutoModelForCausalLM.from_config(shape, dtype=dtype or torch.bfloat16)
+    return model.eval(), tok
+
+
+def save_random_model(shape: Any, folder: Any, *, layers: int | None = None, device: str = "cpu") -> dict:
+    """`random_model(shape, layers=layers, device=device)` saved with its tokenizer as a Hugging Face folder at
+    `folder`; returns its state dict (the saved tensors, on `device`)."""
+    model, tok = random_model(shape, layers=layers, device=device)
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return {k: v.detach() for k, v in model.state_dict().items()}
+
+
+def gpus_arg(value: str) -> int:
+    """argparse type of `--gpus N`: a count of at least 1."""
+    import argparse
+
+    if not value.isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"{value!r}: a number of GPUs, at least 1")
+    return int(value)
 
 
 def dense_flops(cfg: Any, lengths: list[int], *, recompute: bool = False) -> float:

@@ -4,7 +4,7 @@
 #
 #   tests/gpu/run_on_device.sh STEP...     steps: tests, paged-tests, engine-bench, engine-bench-random,
 #                                                 learn, learn-tools, learn-opd, learn-search, learn-swe, megatron-bench,
-#                                                 pipeline-bench, async-tests,
+#                                                 pipeline-bench [PIPELINE_ARGS], async-tests,
 #                                                 async-bench [ASYNC_ARGS], scale-tests,
 #                                                 scale-bench [SCALE_ARGS], scale-bench-2gpu, two-gpu,
 #                                                 scale-tests-2gpu, pipeline-2gpu, async-2gpu [ASYNC_ARGS],
@@ -90,7 +90,7 @@ for step in "$@"; do
         async-2gpu) python3 bench/async_train.py ${ASYNC_ARGS:---task longtail --steps 20 --seeds 0 --eval-size 100 --eval-every 10} \
             --runs ${ASYNC_RUNS:-serve:off apart:full apart:off apart:overlap} --out "$OUT/async2" 2>&1 | tee -a "$OUT/async_2gpu.log" \
             | grep -v "^Loading\|^Writing" | tail -30 || rc=1 ;;
-        pipeline-bench) python3 bench/pipeline.py sync --engines 1 --kinds tensor disk --train-step \
+        pipeline-bench) python3 bench/pipeline.py sync --engines 1 --kinds tensor disk --train-step ${PIPELINE_ARGS:-} \
             --out-dir "$OUT/pipeline" 2>&1 | tee "$OUT/pipeline.log" | tail -12 || rc=1 ;;
         *) echo "unknown step $step"; rc=2 ;;
     esac
