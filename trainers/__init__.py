@@ -11,6 +11,9 @@ The trainer backends (one `step / sft_step / save / load / sync / weights` contr
   megatron-core is an optional dependency (`slime_env[megatron]`).
 - `FSDPTrainer`: the same RL step on any Hugging Face causal LM sharded with FSDP2 (no conversion).
 - `weight_sync`: the weight channels every backend's `sync` and the run push through (engine-bound layout).
+- `LoRAOptions`: the `trainer.lora` section (peft on torch / FSDP2, our TP-aware adapters on Megatron).
+- `SplitStepTrainer`, `Datum`, `AdamParams`: the split step (`forward_backward` accumulates, `optim_step` applies with
+  its own Adam hyper-parameters) that every backend implements and `slime-env serve-tinker` drives.
 
 The training application, `slime_env.trainers.run` (`slime-env train` / `sft` / `report`):
 - `TrainConfig`, `train`: the run config and the loop over its roles; `AsyncConfig`: its `async:` section;
@@ -32,6 +35,9 @@ _EXPORTS = {
     "WarmupConfig": "slime_env.trainers.run.warmup",
     "ServerTeacher": "slime_env.trainers.run.teacher", "LocalTeacher": "slime_env.trainers.run.teacher",
     "make_teacher": "slime_env.trainers.run.teacher",
+    "LoRAOptions": "slime_env.trainers.lora",
+    "SplitStepTrainer": "slime_env.trainers.split_step", "Datum": "slime_env.trainers.split_step",
+    "AdamParams": "slime_env.trainers.split_step",
 }
 
 __all__ = sorted(_EXPORTS)

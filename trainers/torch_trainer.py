@@ -606,12 +606,12 @@ class TorchTrainer:
         return self.config.lora is not None and self.config.lora.sync == "adapter"
 
     async def sync(self, policy: Any, *, version: str | None = None, path: str | Path | None = None) -> str:
-        """Push the current weights to `policy` through the run's own weight channels (`weight_sync.channel_for`):
+        """Push the current weights to `policy` through the run's own weight channels (`vllm_sync.channel_for`):
         in place when it has `update_weights` (TransformersPolicy); to an engine server (SGLangPolicy: SGLang or
         serve-engine) through a model folder at `path` and `update_weights_from_disk` when `path` is given, else from
-        memory (`update_weights_from_tensor`: CUDA IPC / shared memory, same host). What leaves this process takes
-        the engine-bound layout (`weight_layout()`). Every rank of a sharded trainer calls it; rank 0 pushes."""
-        from slime_env.trainers.weight_sync import channel_for
+        memory (`update_weights_from_tensor`: CUDA IPC / shared memory, same host); to a vLLM server (`VLLMPolicy`) through
+        a model folder and its `reload_weights`. What leaves this process takes the engine-bound layout (`weight_layout()`). Every rank of a sharded trainer calls it; rank 0 pushes."""
+        from slime_env.trainers.vllm_sync import channel_for
 
         version = version or str(self.step_count)
         channel = channel_for(policy, self.weight_layout(), path=path)

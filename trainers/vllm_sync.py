@@ -34,6 +34,7 @@ import asyncio
 import base64
 import hashlib
 import pickle
+import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -43,7 +44,7 @@ import torch
 
 from slime_env.agents.weight_layout import WeightLayout
 from slime_env.errors import InvalidInput
-from slime_env.trainers.weight_sync import _free_port, _Servers
+from slime_env.trainers.weight_sync import _free_port, _Servers, channel_for as _channel_for
 
 
 class WeightSyncMismatch(RuntimeError):
@@ -270,3 +271,15 @@ def _dtype_name(t: torch.Tensor) -> str:
 def sha256_of(t: torch.Tensor) -> str:
     """vLLM's per-tensor checksum (`vllm/model_executor/model_loader/weight_checksum.py`) of a tensor."""
     return hashlib.sha256(t.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy()).hexdigest()
+
+
+def channel_for(policy: Any, layout: WeightLayout, *, path: str | Path | None = None) -> Any:
+    """The channel `trainer.sync(policy)` pushes through: `weight_sync.channel_for`'s, and for a vLLM server
+    (`VLLMPolicy`) a model folder at `path` (a temporary folder if None) it reloads (`reload_weights`), adapters
+    through `/v1/load_lora_adapter`."""
+    if not hasattr(policy, "reload_weights"):
+        return _channel_for(policy, layout, path=path)
+    folder = Path(path) if path is not None else Path(tempfile.mkdtemp(prefix="slime_env-weights-"))
+    channel = VLLMFromDisk(lambda: [policy], folder=folder, layout=layout)
+    channel.adapter_folder = folder
+    return channel

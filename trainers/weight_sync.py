@@ -260,16 +260,10 @@ class Frozen:
 def channel_for(policy: Any, layout: WeightLayout, *, path: str | Path | None = None) -> Any:
     """The channel `trainer.sync(policy)` pushes through: in place for a policy that takes a state dict
     (`TransformersPolicy`), a model folder at `path` for an engine server when `path` is given, else its memory
-    (`update_weights_from_tensor`: CUDA IPC / shared memory, same host); a vLLM server (`VLLMPolicy`) through a
-    model folder at `path` (a temporary folder if None) and its `reload_weights` RPC, adapters through
-    `/v1/load_lora_adapter`."""
+    (`update_weights_from_tensor`: CUDA IPC / shared memory, same host). vLLM servers: `vllm_sync.channel_for`."""
     if hasattr(policy, "reload_weights"):  # VLLMPolicy: its `update_weights` is vLLM's transfer RPC, not a state dict
-        from slime_env.trainers.vllm_sync import VLLMFromDisk
-
-        folder = Path(path) if path is not None else Path(tempfile.mkdtemp(prefix="slime_env-weights-"))
-        channel = VLLMFromDisk(lambda: [policy], folder=folder, layout=layout)
-        channel.adapter_folder = folder
-        return channel
+        raise TypeError(f"{type(policy).__name__} is a vLLM server: its channel is slime_env.trainers.vllm_sync."
+                        "channel_for's")
     if hasattr(policy, "update_weights"):
         return InPlace(policy)
     if path is not None and hasattr(policy, "update_weights_from_disk"):
