@@ -90,7 +90,7 @@ def _memory_after_a_big_test(request):
     yield
     if _rss_mb() > before + 256:
         _give_memory_back()
-    if _peak_mb() > peak:
+    if _peak_mb() > peak + 16:
         _PEAK_RISES.append((_peak_mb() - peak, request.node.nodeid, _peak_mb()))
 
 
