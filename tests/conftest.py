@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import gc
+import os
 
 import pytest
 
@@ -47,25 +50,61 @@ def tokenizers(smollm2_tok, qwen25_tok, qwen3_tok, llama31_tok, deepseek_tok):
             "deepseek_r1": deepseek_tok}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _give_memory_back(request):
-    """After each module: collect, and hand freed heap back to the OS. The suite runs in one process; modules that
-    load models leave its resident size in the gigabytes otherwise, and every fork after them (the process and
-    bubblewrap sandboxes spawn with one) copies that many page tables: the sandbox leak test's 1,000 runs went from
-    10 s to over 240 s behind the reward-model tests."""
-    yield
-    import ctypes
-    import gc
+def _malloc_for_tensors() -> None:
+    """glibc's malloc, set for a process that frees big tensors all the time (CPU torch allocates them with malloc,
+    with no cache of its own). By default glibc raises its mmap threshold to the size of the last block it unmapped
+    (up to 32 MB), so later activations come from the heap, and each thread that runs a step (asyncio's executor
+    threads, the engine's) gets an arena of its own: freed tensors stay resident, fragmented across arenas.
+    test_sft_opd's Search-R1 warm-up (SFT steps on SmolLM2) peaked at 12.3 GB resident that way, 6.7 GB with the
+    settings here: a fixed threshold keeps every block over 128 KB an mmap of its own (unmapped when freed), two
+    arenas bound the rest. Set for this process (before torch starts its threads) and in the environment for the
+    processes the tests start (servers, torchrun ranks, the CLI); a value given in the environment wins."""
+    os.environ.setdefault("MALLOC_ARENA_MAX", "2")
+    os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", str(128 * 1024))
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-8, int(os.environ["MALLOC_ARENA_MAX"]))  # M_ARENA_MAX
+        libc.mallopt(-3, int(os.environ["MALLOC_MMAP_THRESHOLD_"]))  # M_MMAP_THRESHOLD
+    except (OSError, AttributeError, ValueError):  # not glibc
+        pass
 
+
+_malloc_for_tensors()
+
+
+def _give_memory_back() -> None:
     gc.collect()
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):  # not glibc
         pass
-    _MODULE_RSS.append((request.module.__name__, _rss_mb(), _peak_mb()))
 
 
-_MODULE_RSS: list[tuple[str, float, float]] = []
+@pytest.fixture(autouse=True)
+def _memory_after_a_big_test(request):
+    """A test that left the process over 256 MB larger (a model, a training run): collect, and hand freed heap back
+    to the OS before the next test, not at the module's end, where the next model test would stack on top of it.
+    Cheap enough for every test: two reads of /proc/self/status, and the collection only after big ones. A test
+    that raised the process's peak is noted for the summary."""
+    before, peak = _rss_mb(), _peak_mb()
+    yield
+    if _rss_mb() > before + 256:
+        _give_memory_back()
+    if _peak_mb() > peak + 16:
+        _PEAK_RISES.append((_peak_mb() - peak, request.node.nodeid, _peak_mb()))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _memory_after_each_module():
+    """After each module: collect, and hand freed heap back to the OS. The suite runs in one process; modules that
+    load models leave its resident size in the gigabytes otherwise, and every fork after them (the process and
+    bubblewrap sandboxes spawn with one) copies that many page tables: the sandbox leak test's 1,000 runs went from
+    10 s to over 240 s behind the reward-model tests."""
+    yield
+    _give_memory_back()
+
+
+_PEAK_RISES: list[tuple[float, str, float]] = []  # (MB the peak rose by, test id, the peak after it)
 
 
 def _rss_mb() -> float:
@@ -83,18 +122,12 @@ def _peak_mb() -> float:
 
 
 def pytest_terminal_summary(terminalreporter):
-    """The suite's memory: its process's peak resident size (and the modules that raised it most), so CI sees
-    when the suite creeps towards the machine's memory."""
+    """The suite's memory: its process's peak resident size and the tests that raised it most, so CI sees when the
+    suite creeps towards the machine's memory and which test took it there."""
     import resource
 
     children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     terminalreporter.write_line(f"memory: the test process peaked at {_peak_mb():.0f} MB resident "
                                 f"(the largest child process at {children:.0f} MB)")
-    rises = []
-    previous = 0.0
-    for name, _, peak in _MODULE_RSS:
-        if peak > previous:
-            rises.append((peak - previous, name, peak))
-        previous = max(previous, peak)
-    for rise, name, peak in sorted(rises, reverse=True)[:5]:
-        terminalreporter.write_line(f"  {name}: peak +{rise:.0f} MB (to {peak:.0f} MB)")
+    for rise, test, peak in sorted(_PEAK_RISES, reverse=True)[:5]:
+        terminalreporter.write_line(f"  {test}: peak +{rise:.0f} MB (to {peak:.0f} MB)")
