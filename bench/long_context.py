@@ -6,7 +6,8 @@ Random bf16 weights at `--shape` (bench/shapes.py), `--seqs` sequences of `--tok
 trained), full activation recompute by default, megatron's distributed Adam. Under `torchrun --nproc-per-node N`
 the step is DP = N on N times the sequences (each rank its own `--seqs`). A mode that runs out of memory is
 reported as such. `--kernels flash,auto` times the packed attention's kernels side by side (`attention_kernel`;
-bench/attention.py times the kernels alone). Usage:
+bench/attention.py times the kernels alone); `--recompute-method block --recompute-layers N` recomputes only N
+layers, `--keep-attention` keeps attention outputs through the recompute (MFU "with recompute" counts what runs). Usage:
     torchrun --nproc-per-node 4 bench/long_context.py --shape qwen3-4b --tokens 16384 --seqs 4
     python bench/long_context.py --shape qwen3-1.7b --tokens 65536 --seqs 1
 """
@@ -27,6 +28,15 @@ import torch  # noqa: E402
 from megatron_mfu import SPEC_TFLOPS, trajectories  # noqa: E402 - the same random trajectories as its full-step row
 from shapes import dense_flops, hf_config, model_class  # noqa: E402
 
+def recompute_fields(args) -> dict:
+    """The trainer's recompute fields from the flags (`--recompute-method block --recompute-layers N`: only the first
+    N layers are recomputed; `--keep-attention`: recompute_attention false)."""
+    out = {"recompute_method": args.recompute_method, "recompute_attention": not args.keep_attention}
+    if args.recompute_layers is not None:
+        out["recompute_layers"] = args.recompute_layers
+    return out
+
+
 def run_mode(args, cfg, chunk, kernel, info) -> dict:
     from slime_env.trainers.megatron_trainer import MegatronTrainer
     from slime_env.trainers.torch_trainer import TrainerConfig
@@ -37,8 +47,8 @@ def run_mode(args, cfg, chunk, kernel, info) -> dict:
     with torch.device(device):
         hf = model_class(args.shape)(cfg).to(dtype)
     trainer = MegatronTrainer(hf, TrainerConfig(backend="megatron", lr=1e-6, recompute=args.recompute,
-                                                max_tokens_per_micro_batch=args.tokens,
-                                                lm_head_chunk_tokens=chunk, attention_kernel=kernel), pad_id=0)
+                                                max_tokens_per_micro_batch=args.tokens, lm_head_chunk_tokens=chunk,
+                                                attention_kernel=kernel, **recompute_fields(args)), pad_id=0)
     del hf
     gc.collect()
     if device == "cuda":
@@ -69,7 +79,9 @@ def run_mode(args, cfg, chunk, kernel, info) -> dict:
     spec = next((v for k, v in SPEC_TFLOPS.items() if device == "cuda" and k in torch.cuda.get_device_name()),
                 float("nan"))
     model = dense_flops(cfg, lengths) / seconds / 1e12
-    hardware = dense_flops(cfg, lengths, recompute=args.recompute == "full") / seconds / 1e12
+    recomputed = args.recompute_layers if args.recompute_method == "block" else None
+    hardware = dense_flops(cfg, lengths, recompute=args.recompute == "full", recomputed_layers=recomputed,
+                           recompute_attention=not args.keep_attention) / seconds / 1e12
     return {"step_s": seconds, "tokens_per_s_per_gpu": sum(lengths) / seconds, "model_tflops": model,
             "mfu": model / spec, "mfu_with_recompute": hardware / spec, "peak_gib": peak}
 
@@ -80,6 +92,11 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=16384, help="tokens per sequence")
     ap.add_argument("--seqs", type=int, default=4, help="sequences per rank")
     ap.add_argument("--recompute", default="full", choices=["none", "selective", "full"])
+    ap.add_argument("--recompute-method", default="uniform", choices=["uniform", "block"],
+                    help="block: only the first --recompute-layers layers are recomputed")
+    ap.add_argument("--recompute-layers", type=int, default=None)
+    ap.add_argument("--keep-attention", action="store_true",
+                    help="recompute_attention: false (attention outputs kept through full recompute)")
     ap.add_argument("--modes", default="auto,0", help="lm_head_chunk_tokens values to run (auto = None)")
     ap.add_argument("--kernels", default="auto", help="attention_kernel values to run (auto, flash, cudnn)")
     ap.add_argument("--iters", type=int, default=3)
@@ -101,6 +118,7 @@ def main() -> None:
             if info["rank"] == 0:
                 print(json.dumps({"shape": args.shape, "gpus": info["world"], "tokens": args.tokens, "seqs": args.seqs,
                                   "recompute": args.recompute, "attention_kernel": kernel,
+                                  **recompute_fields(args),
                                   "lm_head_chunk_tokens": mode, **row}), flush=True)
     if args.out and info["rank"] == 0:
         with open(args.out, "w") as f:

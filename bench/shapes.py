@@ -108,15 +108,20 @@ def gpus_arg(value: str) -> int:
     return int(value)
 
 
-def dense_flops(cfg: Any, lengths: list[int], *, recompute: bool = False) -> float:
+def dense_flops(cfg: Any, lengths: list[int], *, recompute: bool = False, recomputed_layers: int | None = None,
+                recompute_attention: bool = True) -> float:
     """Model FLOPs of a forward + backward over sequences of `lengths` (6·N·tokens + causal attention), N without the
-    embedding lookup; `recompute`: plus the forward that full activation recompute runs again (8·N·tokens)."""
+    embedding lookup; `recompute`: plus the forward that full activation recompute runs again (2·N·tokens and the
+    attention forward) in `recomputed_layers` layers (None: all), without the attention's if `recompute_attention`
+    is false (its output kept from the forward)."""
     h, layers, v = cfg.hidden_size, cfg.num_hidden_layers, cfg.vocab_size
     d = getattr(cfg, "head_dim", None) or h // cfg.num_attention_heads
     q, kv = cfg.num_attention_heads * d, cfg.num_key_value_heads * d
     per_layer = h * (q + 2 * kv) + q * h + 3 * h * cfg.intermediate_size
-    n_layers = layers * per_layer
     tokens, quad = sum(lengths), sum(s * s for s in lengths)
-    factor = 8.0 if recompute else 6.0  # recompute runs the layers' forward once more (the head is not recomputed)
-    # causal attention: QK^T and AV over half the square, 2·s²·q forward, twice that backward
-    return factor * n_layers * tokens + 6.0 * h * v * tokens + factor * layers * q * quad
+    again = (layers if recomputed_layers is None else min(recomputed_layers, layers)) if recompute else 0
+    # causal attention: QK^T and AV over half the square, 2·s²·q forward, twice that backward (the head is not
+    # recomputed)
+    linear = 6.0 * layers * per_layer * tokens + 2.0 * again * per_layer * tokens
+    attention = 6.0 * layers * q * quad + (2.0 * again * q * quad if recompute_attention else 0.0)
+    return linear + 6.0 * h * v * tokens + attention

@@ -130,7 +130,11 @@ def test_parallel_sizes_that_do_not_fit_the_model_are_refused_before_anything_is
                        (dict(backend="torch", cp=2), r"cp=2 needs backend: megatron"),
                        (dict(backend="megatron", cp=0), r"cp \(0\),.* must be >= 1"),
                        (dict(backend="fsdp", pp=2), r"pp=2 needs backend: megatron"),
-                       (dict(backend="megatron", pp=2, estimator="ppo"), r"the critic is not pipelined")):
+                       (dict(backend="megatron", pp=2, estimator="ppo"), r"the critic is not pipelined"),
+                       (dict(backend="megatron", recompute_method="block"), r"block is megatron's full recompute"),
+                       (dict(backend="megatron", recompute="full", recompute_method="layers"), r"uniform or block"),
+                       (dict(backend="megatron", recompute="full", recompute_attention=False, cp=2),
+                        r"recompute_attention: false .* cp: 1 \(got backend megatron, recompute full, cp 2\)")):
         with pytest.raises(ValueError, match=match):
             TrainerConfig(**bad)
 
@@ -138,27 +142,41 @@ def test_parallel_sizes_that_do_not_fit_the_model_are_refused_before_anything_is
 @pytest.mark.parametrize("family", ["llama", "qwen3_moe"])
 def test_activation_recompute_gives_the_same_step(family, parallel):
     """Selective recompute re-runs the core attention and full recompute every layer inside the backward (their
-    forward counts double); the loss, the gradient norm and the weights after a step equal those without."""
+    forward counts double); `recompute_method: block` recomputes only the first `recompute_layers` layers;
+    `recompute_attention: false` keeps each recomputed layer's attention output from the forward (nothing kept is
+    left after the step). The loss, the gradient norm and the weights after a step equal those without recompute."""
+    from slime_env.trainers.megatron.attention import SDPAttention
     from slime_env.trainers.megatron_trainer import MegatronTrainer
 
     hf = tiny(family)
     trajs = trajectories(8, seed=3)
     results = {}
-    for recompute in ("none", "selective", "full"):
-        trainer = MegatronTrainer(hf, TrainerConfig(backend="megatron", lr=1e-3, recompute=recompute,
-                                                    max_tokens_per_micro_batch=48), pad_id=0)
-        layer = trainer.model.decoder.layers[0]
-        calls = {"attention": 0, "mlp": 0}
-        layer.self_attention.core_attention.register_forward_hook(lambda *_: calls.__setitem__(
-            "attention", calls["attention"] + 1))
-        layer.mlp.register_forward_hook(lambda *_: calls.__setitem__("mlp", calls["mlp"] + 1))
+    runs = {"none": {}, "selective": {}, "full": {}, "block": dict(recompute_method="block"),
+            "kept": dict(recompute_attention=False)}
+    for name, extra in runs.items():
+        trainer = MegatronTrainer(hf, TrainerConfig(backend="megatron", lr=1e-3, max_tokens_per_micro_batch=48,
+                                                    recompute=name if name in ("none", "selective") else "full",
+                                                    **extra), pad_id=0)
+        calls = {}
+        for i, layer in enumerate(trainer.model.decoder.layers):
+            for what, module in (("attention", layer.self_attention.core_attention), ("mlp", layer.mlp)):
+                calls[what, i] = 0
+                module.register_forward_hook(lambda *_, key=(what, i): calls.__setitem__(key, calls[key] + 1))
+        kept_before = SDPAttention.kept_calls
         metrics = trainer.step(trajs, group_size=4)
-        results[recompute] = (metrics, trainer.weights(), calls)
+        calls["kept"] = SDPAttention.kept_calls - kept_before
+        assert not any(m._kept for m in trainer.model.modules() if isinstance(m, SDPAttention))
+        results[name] = (metrics, trainer.weights(), calls)
     m0, w0, c0 = results["none"]
-    assert m0["train/grad_norm"] > 0 and c0["attention"] == c0["mlp"] > 0
-    assert results["selective"][2] == {"attention": 2 * c0["attention"], "mlp": c0["mlp"]}
-    assert results["full"][2] == {"attention": 2 * c0["attention"], "mlp": 2 * c0["mlp"]}
-    for m, w, _ in (results["selective"], results["full"]):
+    once = c0["attention", 0]
+    assert m0["train/grad_norm"] > 0 and once > 0 and set(c0.values()) - {0} == {once} and c0["kept"] == 0
+    doubled = {k: 2 * v for k, v in c0.items()}
+    assert results["selective"][2] == c0 | {k: 2 * v for k, v in c0.items() if k[0] == "attention"}
+    assert results["full"][2] == doubled
+    assert results["block"][2] == c0 | {("attention", 0): 2 * once, ("mlp", 0): 2 * once}  # the others: not recomputed
+    layers = len({k[1] for k in c0 if k != "kept"})  # every layer's recompute took the kept output, not the kernel
+    assert results["kept"][2] == doubled | {"kept": once * layers}
+    for m, w, _ in (results[k] for k in ("selective", "full", "block", "kept")):
         assert m["train/grad_norm"] == pytest.approx(m0["train/grad_norm"], rel=1e-6)
         assert m["train/loss"] == pytest.approx(m0["train/loss"], rel=1e-6, abs=1e-8)
         assert all(torch.allclose(w[k], w0[k], atol=1e-7, rtol=0) for k in w0)

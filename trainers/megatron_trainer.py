@@ -99,6 +99,7 @@ class MegatronTrainer(TorchTrainer):
         # Every size is checked against the model before the process group or any weight is allocated.
         self._options = dict(ep=c.ep, cp=c.cp, pp=c.pp, sequence_parallel=c.sequence_parallel, recompute=c.recompute,
                              recompute_layers=c.recompute_layers, recompute_modules=c.recompute_modules,
+                             recompute_method=c.recompute_method,
                              moe_options=dict(aux_loss_coeff=c.moe_aux_loss_coeff, load_balancing=c.moe_load_balancing,
                                               dispatcher=c.moe_token_dispatcher))
         from slime_env.trainers.megatron import transformer_config
@@ -128,7 +129,8 @@ class MegatronTrainer(TorchTrainer):
 
             self.lora = lora.plan(c.lora, self.hf_config)
         self.model = build_gpt(self.hf_config, tp=c.tp, dtype=self.dtype, grouped_experts=self.grouped,
-                               attention_kernel=c.attention_kernel, lora=self.lora, **self._options)
+                               attention_kernel=c.attention_kernel, keep_attention=not c.recompute_attention,
+                               lora=self.lora, **self._options)
         self._gathers_tokens = self._lockstep and self.model.config.moe_token_dispatcher_type == "allgather"
         self.device = next(self.model.parameters()).device
         hf_state = {k: v.detach().to("cpu") for k, v in hf_model.state_dict().items()}
@@ -477,6 +479,13 @@ class MegatronTrainer(TorchTrainer):
 
     def _update(self, mini: TrainBatch, old: torch.Tensor | None, ref: torch.Tensor | None,
                 targets: tuple[torch.Tensor, torch.Tensor] | None = None) -> dict[str, float]:
+        from slime_env.trainers.megatron.attention import keeping
+
+        with keeping(self.model):  # `recompute_attention: false`: outputs kept through recompute, dropped after
+            return self._update_kept(mini, old, ref, targets)
+
+    def _update_kept(self, mini: TrainBatch, old: torch.Tensor | None, ref: torch.Tensor | None,
+                     targets: tuple[torch.Tensor, torch.Tensor] | None) -> dict[str, float]:
         if self.pp == 1:
             return super()._update(mini, old, ref, targets)
         self._zero_grad()

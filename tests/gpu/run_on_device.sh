@@ -8,7 +8,7 @@
 #                                                 async-bench [ASYNC_ARGS], scale-tests,
 #                                                 scale-bench [SCALE_ARGS], scale-bench-2gpu, two-gpu,
 #                                                 scale-tests-2gpu, pipeline-2gpu, async-2gpu [ASYNC_ARGS],
-#                                                 long-context [LC_GPUS LC_SHAPE LC_RUNS LC_KERNELS] (4 GPUs: Qwen3-4B,
+#                                                 long-context [LC_GPUS LC_SHAPE LC_RUNS LC_KERNELS LC_ARGS] (4 GPUs: Qwen3-4B,
 #                                                 4x16k, 1x64k),
 #                                                 attention [ATTN_SHAPE ATTN_ARGS]
 #
@@ -63,7 +63,7 @@ for step in "$@"; do
             for run in "${runs[@]}"; do read -r tokens seqs mode <<< "$run"
                 timeout 420 python3 -m torch.distributed.run --standalone --nproc-per-node=${LC_GPUS:-4} \
                     bench/long_context.py --shape ${LC_SHAPE:-qwen3-4b} --tokens $tokens --seqs $seqs --modes $mode --iters 2 \
-                    --kernels ${LC_KERNELS:-auto} \
+                    --kernels ${LC_KERNELS:-auto} ${LC_ARGS:-} \
                     2>&1 | grep '^{' | tee -a "$OUT/long_context.jsonl" || rc=1
             done ;;
         megatron-bench) python3 bench/megatron_mfu.py 2>&1 | tee "$OUT/megatron_mfu.log" | tail -20 || rc=1 ;;

@@ -187,16 +187,13 @@ def test_offload_frees_gpu_memory_between_steps_and_changes_nothing():
     assert all(torch.equal(w_on[k], w_off[k]) for k in w_on)  # same training, bit for bit
 
 
-def test_cudnn_and_flash_attention_kernels_agree_on_a_packed_batch_of_long_and_short_sequences():
-    """`attention_kernel`: cuDNN (each sequence alone), flash (varlen over the pack) and auto (cuDNN for the two
-    sequences of >= 8k tokens, one varlen run for each stretch of short ones) give the same log-probs and gradient
-    norm up to bf16 rounding; random weights at SmolLM2's shape, 4 layers (GQA: 9 query heads over 3 K/V heads)."""
+def _long_and_short():
+    """Random weights at SmolLM2's shape, 4 layers (GQA: 9 query heads over 3 K/V heads), and five trajectories of
+    9,000, 120, 300, 8,300 and 64 tokens (two cuDNN sequences and short ones between them under `auto`)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from slime_env import Task
     from slime_env.ledger import Span
-    from slime_env.trainers.megatron import attention
-    from slime_env.trainers.megatron_trainer import MegatronTrainer
     from slime_env.trajectory import Trajectory
 
     torch.manual_seed(0)
@@ -212,6 +209,17 @@ def test_cudnn_and_flash_attention_kernels_agree_on_a_packed_batch_of_long_and_s
                                 loss_mask=[1] * len(response), rollout_logprobs=[-1.0] * len(response),
                                 spans=[Span(0, "generated", 0, len(response))], turn_rewards=[float(i % 2)],
                                 reward=float(i % 2), status="completed"))
+    return model, trajs
+
+
+def test_cudnn_and_flash_attention_kernels_agree_on_a_packed_batch_of_long_and_short_sequences():
+    """`attention_kernel`: cuDNN (each sequence alone), flash (varlen over the pack) and auto (cuDNN for the two
+    sequences of >= 8k tokens, one varlen run for each stretch of short ones) give the same log-probs and gradient
+    norm up to bf16 rounding; random weights at SmolLM2's shape, 4 layers (GQA: 9 query heads over 3 K/V heads)."""
+    from slime_env.trainers.megatron import attention
+    from slime_env.trainers.megatron_trainer import MegatronTrainer
+
+    model, trajs = _long_and_short()
     results = {}
     for kernel in ("flash", "cudnn", "auto"):
         attention._runs_cache.clear()
@@ -238,3 +246,33 @@ def test_cudnn_and_flash_attention_kernels_agree_on_a_packed_batch_of_long_and_s
               f"grad norm {norm:.4f} vs {norm_flash:.4f}")
         assert diff.mean() < 0.02
         assert norm_flash > 0 and norm == pytest.approx(norm_flash, rel=0.05)
+
+
+def test_kept_attention_outputs_give_the_full_recompute_step():
+    """`recompute_attention: false`: under full recompute each layer's attention output and log-sum-exp are kept
+    from the forward (cuDNN for the two long sequences, varlen flash for the short ones) and the backward runs the
+    kernels' own backward on them; the step equals plain full recompute up to bf16 rounding, and the recompute took
+    every layer's kept output instead of running the kernel again."""
+    from slime_env.trainers.megatron.attention import SDPAttention
+    from slime_env.trainers.megatron_trainer import MegatronTrainer
+
+    model, trajs = _long_and_short()
+    results = {}
+    for keep in (False, True):
+        torch.manual_seed(1)
+        trainer = MegatronTrainer(model, TrainerConfig(backend="megatron", dtype="bfloat16", recompute="full",
+                                                       recompute_attention=not keep, max_tokens_per_micro_batch=20000,
+                                                       lr=1e-4), pad_id=0)
+        before = SDPAttention.kept_calls
+        metrics = trainer.step(trajs, group_size=5)
+        results[keep] = (metrics, trainer.weights(), SDPAttention.kept_calls - before)
+        del trainer
+        torch.cuda.empty_cache()
+    (m0, w0, k0), (m1, w1, k1) = results[False], results[True]
+    print(f"grad norm {m1['train/grad_norm']:.6f} kept vs {m0['train/grad_norm']:.6f}; loss {m1['train/loss']:.6f} "
+          f"vs {m0['train/loss']:.6f}; kept outputs {k1}")
+    assert k0 == 0 and k1 == 4  # one micro-batch, four layers
+    assert m0["train/grad_norm"] > 0 and m1["train/grad_norm"] == pytest.approx(m0["train/grad_norm"], rel=1e-2)
+    assert m1["train/loss"] == pytest.approx(m0["train/loss"], rel=1e-3, abs=1e-4)
+    moved = sum(float((w1[k].float() - w0[k].float()).abs().max()) for k in w0)
+    assert moved < 1e-2, moved

@@ -13,13 +13,22 @@ backward at 64k tokens and 1.6x at 16k on an H100, 0.7x at 4k — `bench/attenti
 sequences of at least `CUDNN_MIN_TOKENS` on Hopper or newer, flash for the runs of shorter ones between them).
 Under context parallelism (packed input only) each layer all-gathers K/V over the CP group and every local
 query chunk attends to its causal prefix (`slime_env.trainers.megatron.context_parallel`).
+
+`keep=True` (the trainer's `recompute_attention: false`, under full recompute): while the trainer's update runs
+(`keeping(model)`), the first, gradient-free forward of a recomputed layer keeps the attention output and its
+softmax log-sum-exp, and the backward's recompute takes them instead of running the kernel again; the backward
+kernels run on them as the kernels' own autograd would. At 64k tokens attention is ~70% of a 4B model's FLOPs, and
+full recompute ran its forward twice; the price is heads x (head_dim + 1) values per token and recomputed layer.
 """
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import inspect
 import itertools
 import math
+from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -48,9 +57,11 @@ class SDPAttention(MegatronModule):
     no sliding window: refused at construction, not silently ignored.
     """
 
+    kept_calls = 0  # gradient-free forwards whose output was kept (the tests count the kernels that did not run again)
+
     def __init__(self, config, layer_number: int, attn_mask_type: AttnMaskType, attention_type: str,
                  attention_dropout: float | None = None, softmax_scale: float | None = None,
-                 cp_comm_type: str | None = None, pg_collection=None, kernel: str = "auto"):
+                 cp_comm_type: str | None = None, pg_collection=None, kernel: str = "auto", keep: bool = False):
         super().__init__(config=config)
         if kernel not in KERNELS:
             raise ValueError(f"attention_kernel must be one of {KERNELS}, got {kernel!r}")
@@ -80,6 +91,10 @@ class SDPAttention(MegatronModule):
         self._varlen_native_gqa: bool | None = None
         # The shortest sequence cuDNN takes (None: never; -1: auto, decided on the first CUDA call).
         self._cudnn_min: int | None = None if kernel == "flash" else 0 if kernel == "cudnn" else -1
+        # keep: outputs kept by gradient-free forwards, oldest first (megatron's schedules recompute the micro-batches
+        # in the order they ran forward); `_keeping` is set by `keeping()` for the length of an update.
+        self.keep, self._keeping = keep, False
+        self._kept: collections.deque[_Kept] = collections.deque()
 
     def forward(self, query, key, value, attention_mask=None, attn_mask_type=None, attention_bias=None,
                 packed_seq_params=None):
@@ -100,6 +115,8 @@ class SDPAttention(MegatronModule):
         cu_q = p.cu_seqlens_q_padded if p.cu_seqlens_q_padded is not None else p.cu_seqlens_q
         cu_k = p.cu_seqlens_kv_padded if p.cu_seqlens_kv_padded is not None else p.cu_seqlens_kv
         if self.cp_group is None:
+            if self._keeping and (out := self._kept_attention(q, k, v, cu_q, int(p.max_seqlen_q))) is not None:
+                return out
             if self._cudnn_min is not None and q.is_cuda and q.dtype in (torch.bfloat16, torch.float16):
                 if self._cudnn_min < 0:  # auto: measured ahead on Hopper
                     self._cudnn_min = CUDNN_MIN_TOKENS if torch.cuda.get_device_capability(q.device)[0] >= 9 else None
@@ -164,6 +181,148 @@ class SDPAttention(MegatronModule):
                                                    enable_gqa=self.kv_heads != self.heads)
                 out[a:b] = o.squeeze(0).transpose(0, 1)
         return out
+
+    # --- attention kept through recompute (`keep`) -------------------------------------------------------------
+    def _kept_attention(self, q, k, v, cu: torch.Tensor, max_len: int):
+        """The output under `keeping`, or None where attention runs as usual (with its own autograd)."""
+        if not torch.is_grad_enabled():  # the first pass of a recomputed layer: run the kernels, keep what they made
+            kept = _Kept(cu, q.shape, [(run, *run.forward(q, k, v)) for run in self._plan(q, cu, max_len)])
+            self._kept.append(kept)
+            SDPAttention.kept_calls += 1
+            return kept.output(q)
+        kept = self._kept.popleft() if self._kept else None
+        if kept is None or kept.cu is not cu or kept.shape != q.shape:
+            self._kept.clear()  # a layer megatron does not recompute (or, defensively, a stale entry)
+            return None
+        return _KeptAttention.apply(q, k, v, kept)
+
+    def _plan(self, q, cu: torch.Tensor, max_len: int) -> list[_Run]:
+        """The kernel of each stretch of the packed batch, as the forward without `keep` would choose them."""
+        if not (q.is_cuda and q.dtype in (torch.bfloat16, torch.float16)):
+            return [_MathRun(self, 0, q.shape[0], cu, max_len)]
+        if self._cudnn_min is not None and self._cudnn_min < 0:
+            self._cudnn_min = CUDNN_MIN_TOKENS if torch.cuda.get_device_capability(q.device)[0] >= 9 else None
+        if self._cudnn_min is None or max_len < self._cudnn_min:
+            return [_FlashRun(self, 0, q.shape[0], cu, max_len)]
+        return [_CudnnRun(self, a, b, None, n) if run_cu is None else _FlashRun(self, a, b, run_cu, n)
+                for a, b, run_cu, n in _runs(cu, self._cudnn_min)]
+
+
+@contextlib.contextmanager
+def keeping(model: torch.nn.Module) -> Iterator[None]:
+    """Within: `SDPAttention` modules built with `keep=True` keep their outputs through full recompute (see the
+    module docstring); on leaving, whatever is still kept is dropped (nothing outlives an update)."""
+    mods = [m for m in model.modules() if isinstance(m, SDPAttention) and m.keep]
+    for m in mods:
+        m._keeping = True
+    try:
+        yield
+    finally:
+        for m in mods:
+            m._keeping = False
+            m._kept.clear()
+
+
+class _Run:
+    """One stretch [a, b) of a packed batch under one kernel: `forward(q, k, v)` -> (out [b-a, heads, d], state),
+    `backward(dout, q, k, v, out, state)` -> (dq, dk, dv) of the stretch."""
+
+    def __init__(self, attn: SDPAttention, a: int, b: int, cu: torch.Tensor | None, max_len: int):
+        self.attn, self.a, self.b, self.cu, self.max_len = attn, a, b, cu, max_len
+
+
+class _FlashRun(_Run):
+    """Varlen flash attention (K/V heads as they are: the kernel maps query heads onto them)."""
+
+    def forward(self, q, k, v):
+        q, k, v = (x[self.a:self.b].contiguous() for x in (q, k, v))
+        out, lse, rng, unused, _ = torch.ops.aten._flash_attention_forward(
+            q, k, v, self.cu, self.cu, self.max_len, self.max_len, 0.0, True, False, scale=self.attn.scale)
+        return out, (lse, rng, unused)
+
+    def backward(self, dout, q, k, v, out, state):
+        lse, rng, unused = state
+        q, k, v = (x[self.a:self.b].contiguous() for x in (q, k, v))
+        return torch.ops.aten._flash_attention_backward(
+            dout[self.a:self.b].contiguous(), q, k, v, out, lse, self.cu, self.cu, self.max_len, self.max_len, 0.0,
+            True, rng, unused, scale=self.attn.scale)
+
+
+class _CudnnRun(_Run):
+    """cuDNN's fused attention over one sequence ([1, heads, s, d] views; K/V heads repeated, their gradients summed)."""
+
+    def _views(self, q, k, v):
+        group = self.attn.heads // self.attn.kv_heads
+        qs, ks, vs = (x[self.a:self.b].transpose(0, 1).unsqueeze(0) for x in (q, k, v))
+        if group > 1:
+            ks, vs = (x.repeat_interleave(group, dim=1) for x in (ks, vs))
+        return qs, ks, vs
+
+    def forward(self, q, k, v):
+        out, lse, cum_q, cum_k, max_q, max_k, seed, offset, _ = torch.ops.aten._scaled_dot_product_cudnn_attention(
+            *self._views(q, k, v), None, True, 0.0, True, False, scale=self.attn.scale)
+        return out.squeeze(0).transpose(0, 1), (out, lse, cum_q, cum_k, max_q, max_k, seed, offset)
+
+    def backward(self, dout, q, k, v, out, state):
+        out4, lse, cum_q, cum_k, max_q, max_k, seed, offset = state
+        d4 = dout[self.a:self.b].transpose(0, 1).unsqueeze(0)
+        if d4.stride() != out4.stride():  # the kernel reads the output's gradient in the output's layout
+            d4 = torch.empty_like(out4).copy_(d4)
+        dq, dk, dv = torch.ops.aten._scaled_dot_product_cudnn_attention_backward(
+            d4, *self._views(q, k, v), out4, lse, seed, offset, None, cum_q, cum_k, max_q, max_k, 0.0, True,
+            scale=self.attn.scale)
+        group = self.attn.heads // self.attn.kv_heads
+        dk, dv = (x.unflatten(1, (self.attn.kv_heads, group)).sum(2) if group > 1 else x for x in (dk, dv))
+        return tuple(x.squeeze(0).transpose(0, 1) for x in (dq, dk, dv))
+
+
+class _MathRun(_Run):
+    """Anywhere else (CPU, fp32): the exact per-sequence path; its backward recomputes it under autograd (which is
+    what keep saves on GPUs: here it only exercises the bookkeeping)."""
+
+    def forward(self, q, k, v):
+        return self.attn._varlen_causal_attn(q, k, v, self.cu, self.cu, self.max_len, self.max_len), ()
+
+    def backward(self, dout, q, k, v, out, state):
+        with torch.enable_grad():
+            qkv = [x.detach().requires_grad_() for x in (q, k, v)]
+            o = self.attn._varlen_causal_attn(*qkv, self.cu, self.cu, self.max_len, self.max_len)
+            return torch.autograd.grad(o, qkv, dout)
+
+
+class _Kept:
+    """What a gradient-free forward kept: the batch it ran on (`cu` by identity, the query shape) and, per stretch,
+    (run, out, state)."""
+
+    def __init__(self, cu: torch.Tensor, shape: torch.Size, parts: list[tuple[_Run, torch.Tensor, tuple]]):
+        self.cu, self.shape, self.parts = cu, shape, parts
+
+    def output(self, q: torch.Tensor) -> torch.Tensor:
+        outs = [out for _, out, _ in self.parts]
+        end = self.parts[-1][0].b
+        if end < q.shape[0]:  # rows past the last sequence (padding): zeros, never read
+            outs.append(q.new_zeros(q.shape[0] - end, *q.shape[1:]))
+        return outs[0].contiguous() if len(outs) == 1 else torch.cat(outs)
+
+
+class _KeptAttention(torch.autograd.Function):
+    """The recompute's attention: the kept output, and the kernels' backward on it."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, kept: _Kept):
+        ctx.save_for_backward(q, k, v)
+        ctx.kept = kept
+        return kept.output(q)
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v = ctx.saved_tensors
+        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        for run, out, state in ctx.kept.parts:
+            gq, gk, gv = run.backward(dout, q, k, v, out, state)
+            dq[run.a:run.b], dk[run.a:run.b], dv[run.a:run.b] = gq, gk, gv
+        ctx.kept = None
+        return dq, dk, dv, None
 
 
 def _pairs(cu: torch.Tensor) -> list[tuple[int, int]]:

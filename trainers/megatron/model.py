@@ -22,17 +22,18 @@ from slime_env.trainers.megatron.convert import attention_dims, model_family
 RECOMPUTE = ("none", "selective", "full")
 
 
-def recompute_config(recompute: str = "none", *, layers: int = 1, modules: list[str] | None = None
-                     ) -> dict[str, Any]:
+def recompute_config(recompute: str = "none", *, layers: int = 1, modules: list[str] | None = None,
+                     method: str = "uniform") -> dict[str, Any]:
     """megatron's activation-recompute fields: "selective" recomputes `modules` (megatron's default: the core
-    attention) in the backward pass; "full" keeps only each chunk of `layers` layers' input (method "uniform")."""
+    attention) in the backward pass; "full" keeps only each chunk of `layers` layers' input (method "uniform"), or
+    recomputes only the first `layers` layers of each stage (method "block")."""
     if recompute not in RECOMPUTE:
         raise ValueError(f"recompute {recompute!r}: one of {RECOMPUTE}")
     if recompute == "none":
         return {}
     if recompute == "selective":
         return {"recompute_granularity": "selective", **({"recompute_modules": list(modules)} if modules else {})}
-    return {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": layers}
+    return {"recompute_granularity": "full", "recompute_method": method, "recompute_num_layers": layers}
 
 
 def rope_theta(hf_config: Any) -> float:
@@ -50,8 +51,8 @@ def rope_theta(hf_config: Any) -> float:
 def transformer_config(hf_config: Any, *, tp: int = 1, ep: int = 1, cp: int = 1, pp: int = 1,
                        dtype: torch.dtype = torch.float32,
                        sequence_parallel: bool = False, recompute: str = "none", recompute_layers: int = 1,
-                       recompute_modules: list[str] | None = None, moe_options: dict[str, Any] | None = None,
-                       **overrides):
+                       recompute_modules: list[str] | None = None, recompute_method: str = "uniform",
+                       moe_options: dict[str, Any] | None = None, **overrides):
     """megatron `TransformerConfig` for `hf_config`; refuses, naming the numbers, a TP size that does not divide
     the attention heads, the KV heads or the vocabulary, an EP size that does not divide the experts (or EP on a
     dense model), sequence parallelism without TP, a CP size below 1, a PP size that does not divide the layers.
@@ -81,7 +82,7 @@ def transformer_config(hf_config: Any, *, tp: int = 1, ep: int = 1, cp: int = 1,
     if extra and recompute_modules and "moe_act" in recompute_modules:
         raise ValueError("recompute_modules: moe_act recomputes megatron's GroupedMLP (the grouped_gemm package), "
                          "which this trainer does not use")
-    extra |= recompute_config(recompute, layers=recompute_layers, modules=recompute_modules)
+    extra |= recompute_config(recompute, layers=recompute_layers, modules=recompute_modules, method=recompute_method)
     cuda = torch.cuda.is_available()
     kw = dict(
         num_layers=c.num_hidden_layers, hidden_size=c.hidden_size, num_attention_heads=heads, num_query_groups=kv,
@@ -111,10 +112,11 @@ def transformer_config(hf_config: Any, *, tp: int = 1, ep: int = 1, cp: int = 1,
     return TransformerConfig(**kw)
 
 
-def layer_spec(config, *, grouped_experts: bool = True, attention_kernel: str = "auto",
+def layer_spec(config, *, grouped_experts: bool = True, attention_kernel: str = "auto", keep_attention: bool = False,
                lora: dict[str, Any] | None = None):
     """megatron's local GPT block spec (dense and MoE layers as `config.moe_layer_freq` says) with `SDPAttention`
-    (its packed kernel `attention_kernel`) as the core attention, every norm (layers, q/k, final) a `FusedRMSNorm`
+    (its packed kernel `attention_kernel`; `keep_attention`: its `keep`) as the core attention, every norm (layers,
+    q/k, final) a `FusedRMSNorm`
     and, with `grouped_experts`, the MoE layers' experts a `GroupedExperts` (else megatron's `SequentialMLP`);
     `lora`: `lora.plan`'s adapted linears."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
@@ -127,7 +129,7 @@ def layer_spec(config, *, grouped_experts: bool = True, attention_kernel: str = 
     for spec in block.layer_specs:  # dense layers may share one spec object: setting it twice is harmless
         attn = spec.submodules.self_attention.submodules
         # megatron calls the spec's core_attention itself (not through build_module): a partial carries the kernel
-        attn.core_attention = functools.partial(SDPAttention, kernel=attention_kernel)
+        attn.core_attention = functools.partial(SDPAttention, kernel=attention_kernel, keep=keep_attention)
         if config.qk_layernorm:
             attn.q_layernorm = attn.k_layernorm = FusedRMSNorm
         spec.submodules.input_layernorm = spec.submodules.pre_mlp_layernorm = FusedRMSNorm
@@ -143,14 +145,15 @@ def layer_spec(config, *, grouped_experts: bool = True, attention_kernel: str = 
 
 
 def build_gpt(hf_config: Any, *, tp: int = 1, dtype: torch.dtype = torch.float32, post_process: bool = True,
-              grouped_experts: bool = True, attention_kernel: str = "auto", lora: dict[str, Any] | None = None,
-              **options):
+              grouped_experts: bool = True, attention_kernel: str = "auto", keep_attention: bool = False,
+              lora: dict[str, Any] | None = None, **options):
     """A randomly initialised `GPTModel` of `hf_config`'s shape on the current device (load weights with
     `convert.hf_to_mcore`, then `convert.stage_weights` under PP); `post_process=False` stops before the final norm
     and the LM head (a critic's trunk). Under pipeline parallelism (`pp` in `options`) it is this rank's stage: its
     share of the layers, the embedding on the first stage, the head on the last. `options`: `transformer_config`'s
     (ep, cp, pp, sequence_parallel, recompute, ...); `grouped_experts`: see `layer_spec` (its megatron names:
-    `moe.to_grouped`); `attention_kernel`: `SDPAttention`'s packed kernel; `lora`: the adapted linears (`lora.plan`),
+    `moe.to_grouped`); `attention_kernel`, `keep_attention`: `SDPAttention`'s packed kernel and `keep`; `lora`: the
+    adapted linears (`lora.plan`),
     their adapters zero until loaded. Megatron's parallel state must be initialised (`parallel.init_parallel`) with
     the same sizes."""
     from megatron.core.models.gpt import GPTModel
@@ -168,7 +171,8 @@ def build_gpt(hf_config: Any, *, tp: int = 1, dtype: torch.dtype = torch.float32
         first, last = ps.is_pipeline_first_stage(), ps.is_pipeline_last_stage()
     with cpu_compat.building():
         model = GPTModel(config=config, transformer_layer_spec=layer_spec(config, grouped_experts=grouped_experts,
-                                                                          attention_kernel=attention_kernel, lora=lora),
+                                                                          attention_kernel=attention_kernel,
+                                                                          keep_attention=keep_attention, lora=lora),
                          vocab_size=hf_config.vocab_size,
                          max_sequence_length=hf_config.max_position_embeddings, position_embedding_type="rope",
                          rotary_base=rope_theta(hf_config),

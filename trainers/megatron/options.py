@@ -25,6 +25,13 @@ class MegatronOptions:
     sequence_parallel: bool = False
     recompute_layers: int = 1
     recompute_modules: list[str] | None = None
+    # Full recompute's layers: `uniform` (every layer, in chunks of recompute_layers) or `block` (only the first
+    # recompute_layers layers of each pipeline stage; the others keep their activations: faster, more memory).
+    recompute_method: str = "uniform"
+    # false: a recomputed layer keeps its attention output and softmax statistics from the forward, so the backward's
+    # recompute skips the attention kernel (heads x (head_dim + 1) values per token and layer; trainers/megatron/
+    # attention.py). Full recompute, no CP.
+    recompute_attention: bool = True
     # MoE routers: the load-balancing loss kind and its coefficient (None: the model's router_aux_loss_coef), the
     # token dispatcher (None: alltoall on CUDA, allgather on CPU).
     moe_load_balancing: str = "aux_loss"
@@ -57,6 +64,14 @@ class MegatronOptions:
         if backend != "megatron" and self.attention_kernel != "auto":
             raise ValueError(f"attention_kernel is the megatron trainer's; the {backend} trainer runs the model's own "
                              "attention")
+        if self.recompute_method not in ("uniform", "block"):
+            raise ValueError(f"recompute_method must be uniform or block, got {self.recompute_method!r}")
+        if self.recompute_method != "uniform" and (backend != "megatron" or recompute != "full"):
+            raise ValueError("recompute_method: block is megatron's full recompute (backend: megatron, recompute: full)")
+        if not self.recompute_attention and (backend != "megatron" or recompute != "full" or self.cp > 1):
+            raise ValueError("recompute_attention: false keeps attention outputs through megatron's full recompute: "
+                             f"it needs backend: megatron, recompute: full and cp: 1 (got backend {backend}, "
+                             f"recompute {recompute}, cp {self.cp})")
         if self.lm_head_chunk_tokens is not None and self.lm_head_chunk_tokens < 0:
             raise ValueError(f"lm_head_chunk_tokens must be >= 0 (0: never), got {self.lm_head_chunk_tokens}")
         if self.lm_head_chunk_tokens and (self.tp > 1 or self.pp > 1):
