@@ -206,6 +206,63 @@ def test_weight_update_clears_the_prefix_cache_and_changes_the_output(tok):
     assert max(abs(a - b) for a, b in zip(first.logprobs, second.logprobs)) > 1e-2  # the new weights answered
 
 
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
+def test_fused_projections_are_the_models_parameters_and_follow_in_place_updates(family, tok):
+    """One GEMM for q/k/v and one for gate/up per layer: the modules' parameters are row slices of the fused tensors
+    (the state dict's names and values unchanged), so weights written into the parameters -- `update_weights` (the
+    in-place channel and LoRA merges: `load_state`) or a broadcast straight into the state dict's tensors
+    (serve-engine's `update_weights_from_distributed`) -- are what the next step computes with: the engine answers
+    as one built fresh on those weights."""
+    model = tiny(family, tok)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    policy = paged_policy(model, tok)
+    runner = policy._engine.runner
+    layer = model.model.layers[1]
+    (qkv, bias), (gate_up, none) = runner.qkv[1], runner.gate_up[1]
+    assert qkv.shape[0] == sum(p.shape[0] for p in (layer.self_attn.q_proj.weight, layer.self_attn.k_proj.weight,
+                                                     layer.self_attn.v_proj.weight))
+    for p, fused in ((layer.self_attn.v_proj.weight, qkv), (layer.mlp.up_proj.weight, gate_up)):
+        assert p.untyped_storage().data_ptr() == fused.untyped_storage().data_ptr()
+    assert (bias is not None) == (family == "qwen2") and none is None  # Qwen2's q/k/v biases are fused too
+    state = model.state_dict()
+    assert state.keys() == before.keys() and all(torch.equal(state[k], v) for k, v in before.items())
+    again = paged_policy(model, tok)  # a second engine on the model: the same storage, nothing copied
+    assert again._engine.runner.qkv[1][0].data_ptr() == qkv.data_ptr()
+    again.close()
+    prompt, params = list(range(100, 140)), {**GREEDY, "max_new_tokens": 8, "ignore_eos": True}
+
+    def fresh(seed):
+        other = paged_policy(tiny(family, tok, seed=seed), tok)
+        try:
+            return asyncio.run(other.generate(prompt, params))
+        finally:
+            other.close()
+
+    def broadcast_into_parameters(weights):
+        def receive():
+            for name, t in model.state_dict().items():
+                t.copy_(weights[name])
+            return {}
+        return receive
+
+    async def main():
+        first = await policy.generate(prompt, params)
+        await policy.update_weights(tiny(family, tok, seed=5).state_dict(), "1")
+        loaded = await policy.generate(prompt, params)
+        await policy.update_weights(broadcast_into_parameters(tiny(family, tok, seed=7).state_dict()), "2",
+                                    partial=True)
+        return first, loaded, await policy.generate(prompt, params)
+
+    try:
+        first, loaded, received = asyncio.run(main())
+    finally:
+        policy.close()
+    for got, seed in ((loaded, 5), (received, 7)):
+        want = fresh(seed)
+        assert got.token_ids == want.token_ids and list(got.logprobs) == pytest.approx(list(want.logprobs), abs=1e-6)
+        assert max(abs(a - b) for a, b in zip(first.logprobs, got.logprobs)) > 1e-2
+
+
 def test_many_requests_with_random_lengths_and_aborts_leave_no_block_behind(tok):
     model = tiny("qwen2", tok)
     policy = paged_policy(model, tok, max_kv_tokens=512, block_size=8)
