@@ -335,3 +335,40 @@ def test_pool_sizing_names_what_is_missing_on_a_cpu(tok):
                     max_tokens=None, min_tokens=64)
     assert pool_blocks(model, block_size=16, dtype=torch.float32, device=torch.device("cpu"), memory_fraction=0.5,
                        max_tokens=100, min_tokens=64) == math.ceil(100 / 16) + 1
+    with pytest.raises(ValueError, match=r"kv_memory_fraction must be in \(0, 1\), got 1.5"):
+        paged_policy(model, tok, kv_memory_fraction=1.5)
+
+
+def test_serve_engine_mem_fraction_reaches_the_paged_pool_and_is_checked_by_name(tok, tmp_path, monkeypatch):
+    """`serve-engine --mem-fraction F` is the paged engine's `kv_memory_fraction` (the embedded default unchanged);
+    outside (0, 1) it is refused naming the flag, before any model loads. The paged engine runs on this CPU as in
+    the tests above (`paged_usable` answers yes: it asks for CUDA), and the HTTP loop is a recorder (the real one
+    serves until interrupted)."""
+    import typer
+    from slime_env.agents import cli, engine_server, transformers_policy
+    from typer.testing import CliRunner
+
+    app = typer.Typer()
+    cli.register(app)
+    runner = CliRunner()
+    for bad in ("0", "1", "1.5", "-0.2"):
+        out = runner.invoke(app, ["serve-engine", "--mem-fraction", bad])
+        assert out.exit_code == 2 and "--mem-fraction" in out.output and "(0, 1)" in out.output, out.output
+    folder = tmp_path / "model"
+    tiny("llama", tok).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    seen = {}
+    load = engine_server.load_policy
+    monkeypatch.setattr(engine_server, "load_policy", lambda *a, **kw: seen.setdefault("loaded", load(*a, **kw)))
+    monkeypatch.setattr(engine_server, "serve_forever", lambda app, **kw: seen.update(app=app))
+    monkeypatch.setattr(transformers_policy, "paged_usable", lambda model: True)
+    for flag, want in ((["--mem-fraction", "0.85"], 0.85), ([], 0.4)):
+        seen.clear()
+        out = runner.invoke(app, ["serve-engine", "--model", str(folder), "--device", "cpu", "--max-batch-size", "2",
+                                  *flag])
+        assert out.exit_code == 0, out.output
+        policy, _ = seen["loaded"]
+        try:
+            assert policy.paged and policy._engine._pool_args["memory_fraction"] == want and "app" in seen
+        finally:
+            policy.close()
