@@ -5,9 +5,11 @@ the model's rotary embedding evaluated once for every position), so the weights 
 an in-place weight update is seen by the next replay. Two exceptions, one GEMM each instead of several: q, k, v,
 and gate, up. At construction each layer's q/k/v weights (and biases) are re-homed into one tensor, gate/up into
 another, and the modules' parameters become row slices of them (`fuse_rows`): the same `Parameter` objects, so a
-weight sync's `copy_`, a broadcast into a parameter or a LoRA merge writes the fused tensor the next replay reads. A step's tokens are packed (T, hidden): one per decoding
-sequence, then the new tokens of sequences being prefilled (`Step`). Attention reads and writes the pool through
-`slime_env.agents.paged_attention`, whose kernels have grids fixed by T alone.
+weight sync's `copy_`, a broadcast into a parameter or a LoRA merge writes the fused tensor the next replay reads
+(only replacing a parameter's tensor -- `param.data = ...`, `model.to(...)` -- would not). A step's tokens are
+packed (T, hidden): one per decoding sequence, then the new tokens of sequences being prefilled (`Step`).
+Attention reads and writes the pool through `slime_env.agents.paged_attention`, whose kernels have grids fixed by
+T alone.
 
 So a step of T tokens is shape-static once T is padded up to a size of the ladder `STEP_SIZES`: each size is
 captured once into a CUDA graph (when first needed) whose inputs are views of one device buffer, filled by one
@@ -120,6 +122,8 @@ class ModelRunner:
         with torch.no_grad():
             self.qkv = [fuse_rows([x.self_attn.q_proj, x.self_attn.k_proj, x.self_attn.v_proj]) for x in layers]
             self.gate_up = [fuse_rows([x.mlp.gate_proj, x.mlp.up_proj]) for x in layers]
+        if self.device.type == "cuda":  # the unfused weights' blocks, cached by the allocator, go back for the pool
+            torch.cuda.empty_cache()
         self._split = [self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim]
         self.rope = _rope(model.model.layers[0].self_attn)
         self.max_model_len = max_model_len
