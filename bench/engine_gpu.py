@@ -25,7 +25,7 @@ K/V the step reads, over the device's copy bandwidth measured here).
 
 `--kv-fraction`: the paged engine's K/V pool as a share of free GPU memory (a pool large enough that nothing is
 preempted: each paged row reports its timed run's `preemptions`); `--max-batch`: the engines' rows; `--hf-batch`: HF
-`generate` in chunks of that many prompts (the largest batch that fits); `--profile`: the timed paged runs under
+`generate` in chunks of that many prompts (halved while it runs out of memory: the largest batch that fits); `--profile`: the timed paged runs under
 torch.profiler, their top 25 kernels printed and a chrome trace written beside `--out`.
 
 One GPU: the embedded engine runs in one process on one device (`--gpus` other than 1 is refused). Without CUDA it
@@ -241,18 +241,29 @@ def top_kernels(prof, n: int = 25) -> list[dict]:
             for e in sorted(events, key=spent, reverse=True)[:n]]
 
 
-def run_one(args, model, tok, workload: str, name: str, row: dict, folder: str):
+def free_gpu() -> None:
+    """What a failed run left (its compiled graphs, cached blocks) goes back before the next one."""
+    import gc
+
+    torch._dynamo.reset()
+    gc.collect()
+    if DEVICE == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def run_one(args, model, tok, workload: str, name: str, row: dict, folder: str, hf_batch: int | None = None):
     """One engine on one workload: a warm-up (or compile) pass, then the timed pass, its results into `row`.
-    Returns the engine's policy (None for HF)."""
+    Returns the engine's policy (None for HF, which runs in chunks of `hf_batch` prompts)."""
     policy = None
     if workload == "multi":
         plan, renderer = multi_turn_plan(tok, args.episodes, args.turns)
         if name == "hf":
-            row["hf_batch"] = args.hf_batch or len(plan)
+            row["hf_batch"] = hf_batch or len(plan)
             t0 = time.perf_counter()
-            run_hf_multi(model, tok, plan, renderer, args.hf_batch)  # first pass: compiles
+            run_hf_multi(model, tok, plan, renderer, hf_batch)  # first pass: compiles
             row["compile_pass_s"] = time.perf_counter() - t0
-            wall, made = run_hf_multi(model, tok, plan, renderer, args.hf_batch)
+            wall, made = run_hf_multi(model, tok, plan, renderer, hf_batch)
         else:
             policy = engine(model, tok, name, args.max_batch or args.episodes, args.kv_fraction)
             # Warm-up: the paged engine's first pass captures a CUDA graph per step size (as HF's compiles);
@@ -267,13 +278,13 @@ def run_one(args, model, tok, workload: str, name: str, row: dict, folder: str):
     else:
         prompts = single_plan(tok, args.prompts)
         if name == "hf":
-            row["hf_batch"] = args.hf_batch or len(prompts)
+            row["hf_batch"] = hf_batch or len(prompts)
             pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
             t0 = time.perf_counter()
-            hf_generate(model, prompts, args.new_tokens, pad, args.hf_batch)  # the same shapes as the timed pass
+            hf_generate(model, prompts, args.new_tokens, pad, hf_batch)  # the same shapes as the timed pass
             row["compile_pass_s"] = time.perf_counter() - t0
             t0 = time.perf_counter()
-            made = sum(len(r) for r in hf_generate(model, prompts, args.new_tokens, pad, args.hf_batch))
+            made = sum(len(r) for r in hf_generate(model, prompts, args.new_tokens, pad, hf_batch))
             synchronize()
             wall = time.perf_counter() - t0
         else:
@@ -365,12 +376,24 @@ def main() -> None:
                 torch.cuda.empty_cache()
                 torch.cuda.reset_peak_memory_stats()
             row = {"workload": workload, "engine": name}
-            try:
-                policy = run_one(args, model, tok, workload, name, row, folder)
-            except torch.cuda.OutOfMemoryError as e:  # a batch too large for this GPU: the row says so, the rest runs
-                row["error"] = f"out of memory: {str(e).splitlines()[0]}"
+            policy, hf_batch = None, args.hf_batch
+            while True:
+                try:
+                    policy = run_one(args, model, tok, workload, name, row, folder, hf_batch)
+                    break
+                except torch.cuda.OutOfMemoryError as e:  # a batch too large for this GPU
+                    row["error"] = f"out of memory: {str(e).splitlines()[0]}"
+                if name != "hf" or row["hf_batch"] == 1:
+                    break
+                # HF at the largest batch that fits: halve it and run again (compile pass included).
+                row.setdefault("hf_out_of_memory_at", []).append(row["hf_batch"])
+                hf_batch = row["hf_batch"] // 2
+                row = {"workload": workload, "engine": name, "hf_out_of_memory_at": row["hf_out_of_memory_at"]}
+                free_gpu()
+            if "error" in row:  # the row says so, the rest runs
                 rows.append(row)
                 print(json.dumps(row), flush=True)
+                free_gpu()
                 continue
             row["peak_gpu_GB"] = torch.cuda.max_memory_allocated() / 1e9 if DEVICE == "cuda" else 0.0
             if name == "paged":
