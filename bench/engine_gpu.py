@@ -25,8 +25,9 @@ K/V the step reads, over the device's copy bandwidth measured here).
 
 `--kv-fraction`: the paged engine's K/V pool as a share of free GPU memory (a pool large enough that nothing is
 preempted: each paged row reports its timed run's `preemptions`); `--max-batch`: the engines' rows; `--hf-batch`: HF
-`generate` in chunks of that many prompts (halved while it runs out of memory: the largest batch that fits); `--profile`: the timed paged runs under
-torch.profiler, their top 25 kernels printed and a chrome trace written beside `--out`.
+`generate` in chunks of that many prompts (halved while it runs out of memory: the largest batch that fits);
+`--profile`: the timed paged runs under torch.profiler, their top 25 kernels printed and a chrome trace written beside
+`--out`.
 
 One GPU: the embedded engine runs in one process on one device (`--gpus` other than 1 is refused). Without CUDA it
 runs on the CPU, a check of the script (`--shape qwen3-0.6b --layers 1 --engines old --prompts 4 --episodes 4`).
