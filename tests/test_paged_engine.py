@@ -209,10 +209,12 @@ def test_weight_update_clears_the_prefix_cache_and_changes_the_output(tok):
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
 def test_fused_projections_are_the_models_parameters_and_follow_in_place_updates(family, tok):
     """One GEMM for q/k/v and one for gate/up per layer: the modules' parameters are row slices of the fused tensors
-    (the state dict's names and values unchanged), so weights written into the parameters -- `update_weights` (the
-    in-place channel and LoRA merges: `load_state`) or a broadcast straight into the state dict's tensors
-    (serve-engine's `update_weights_from_distributed`) -- are what the next step computes with: the engine answers
-    as one built fresh on those weights."""
+    (the state dict's names and values unchanged), so weights written into the parameters -- the in-place channel
+    (`update_weights` -> `load_state`, as LoRA merges and serve-engine's tensor and disk routes load) or a broadcast
+    straight into the state dict's tensors (serve-engine's `update_weights_from_distributed`) -- are what the next
+    step computes with: the engine answers as one built fresh on those weights."""
+    from slime_env.trainers.weight_sync import InPlace
+
     model = tiny(family, tok)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     policy = paged_policy(model, tok)
@@ -247,7 +249,7 @@ def test_fused_projections_are_the_models_parameters_and_follow_in_place_updates
 
     async def main():
         first = await policy.generate(prompt, params)
-        await policy.update_weights(tiny(family, tok, seed=5).state_dict(), "1")
+        await InPlace(policy).push(tiny(family, tok, seed=5).state_dict(), "1")
         loaded = await policy.generate(prompt, params)
         await policy.update_weights(broadcast_into_parameters(tiny(family, tok, seed=7).state_dict()), "2",
                                     partial=True)
