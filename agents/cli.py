@@ -23,16 +23,22 @@ def serve_engine(model: str = typer.Option("default", help="'default' (embedded 
                  dtype: str = typer.Option("auto", help="'auto' (bfloat16 on CUDA, float32 on CPU), 'bfloat16', "
                                                          "'float16' or 'float32'"),
                  threads: int = typer.Option(0, min=0, help="CPU threads for torch (0: torch's default); several "
-                                                            "engines on one CPU host share its cores")) -> None:
+                                                            "engines on one CPU host share its cores"),
+                 mem_fraction: float = typer.Option(
+                     None, help="the fraction of the GPU's free memory the paged engine's K/V pool takes, in (0, 1) "
+                                "(default: the embedded engine's 0.4, which leaves room for a trainer on the same "
+                                "GPU; a GPU of its own can give more, e.g. 0.85)")) -> None:
     """Serve a local transformers model through SGLang's native HTTP API (/generate, ...)."""
     from slime_env.agents.engine_server import serve
 
+    if mem_fraction is not None and not 0 < mem_fraction < 1:
+        raise typer.BadParameter(f"must be in (0, 1), got {mem_fraction}", param_hint="'--mem-fraction'")
     if threads:
         import torch
 
         torch.set_num_threads(threads)
     serve(model=model, host=host, port=port, max_batch_size=max_batch_size, batch_window_s=batch_window_ms / 1000,
-          device=device, dtype=dtype)
+          device=device, dtype=dtype, mem_fraction=mem_fraction)
 
 
 def serve_gateway(engine: str = typer.Option(..., help="the engine's URL: an SGLang server or router (/generate), or "

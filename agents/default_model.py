@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -54,10 +55,11 @@ def resolve_device(device: str = "auto", dtype: str = "auto") -> tuple[str, Any]
 
 
 def load_policy(model: str, *, max_batch_size: int = 16, batch_window_s: float = 0.02, device: str = "auto",
-                dtype: str = "auto", seed: int | None = None) -> tuple[Any, str]:
+                dtype: str = "auto", seed: int | None = None,
+                paged_options: Mapping[str, Any] | None = None) -> tuple[Any, str]:
     """(`TransformersPolicy`, model folder) for `model`: "default" (the embedded SmolLM2) or a Hugging Face
-    model folder, on `device` in `dtype` ("auto": bfloat16 on CUDA, float32 on CPU). The one place where
-    the engine server and the train loop load a model."""
+    model folder, on `device` in `dtype` ("auto": bfloat16 on CUDA, float32 on CPU); `paged_options` go to the
+    paged engine where it runs. The one place where the engine server and the train loop load a model."""
     from slime_env.agents.transformers_policy import TransformersPolicy
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -68,7 +70,8 @@ def load_policy(model: str, *, max_batch_size: int = 16, batch_window_s: float =
     else:
         m = AutoModelForCausalLM.from_pretrained(model, dtype=torch_dtype).to(device).eval()
         tok, path = AutoTokenizer.from_pretrained(model), model
-    return TransformersPolicy(m, tok, max_batch_size=max_batch_size, batch_window_s=batch_window_s, seed=seed), path
+    return TransformersPolicy(m, tok, max_batch_size=max_batch_size, batch_window_s=batch_window_s, seed=seed,
+                              paged_options=paged_options), path
 
 
 def _convert(path: Path) -> None:

@@ -441,10 +441,13 @@ class EngineServer:
 
 
 def serve(model: str = "default", host: str = "127.0.0.1", port: int = 30000, max_batch_size: int = 16,
-          batch_window_s: float = 0.02, device: str = "auto", dtype: str = "auto") -> None:
-    """Load the model and serve until interrupted. Prints `listening on http://HOST:PORT` when ready."""
+          batch_window_s: float = 0.02, device: str = "auto", dtype: str = "auto",
+          mem_fraction: float | None = None) -> None:
+    """Load the model and serve until interrupted. Prints `listening on http://HOST:PORT` when ready.
+    `mem_fraction`: of the free GPU memory, for the paged engine's K/V pool (None: the engine's default)."""
     policy, path = load_policy(model, max_batch_size=max_batch_size, batch_window_s=batch_window_s, device=device,
-                               dtype=dtype)
+                               dtype=dtype, paged_options=None if mem_fraction is None else
+                               {"kv_memory_fraction": mem_fraction})
 
     async def close() -> None:
         policy.close()

@@ -8,7 +8,7 @@ launch, which is most of a small model's step. Three kernels do the same arithme
   the input dtype before the weight multiplies it);
 - `rope_store(q, k, v, cos, sin, ...)`: optional per-head RMSNorm of q and k (Qwen3), the rotary embedding of both
   (rotate-half convention), q rotated in place, k and v written into the K/V pool at their slots;
-- `silu_mul(gate, up)`: `silu(gate) * up`, the gated MLP's middle.
+- `silu_mul(gate, up)`: `silu(gate) * up`, the gated MLP's middle (gate and up: the halves of one GEMM's output).
 Each reads its inputs once and writes its outputs once, in float32 registers, so results differ from the modules'
 own (which round to the model dtype between operations) by at most a rounding step; tests compare against them.
 """
@@ -75,13 +75,13 @@ if triton is not None:
             tl.store(VC + dst, tl.load(V + t * s_vt + h * s_vh + offs).to(VC.dtype.element_ty))
 
     @triton.jit
-    def _silu_mul_kernel(GATE, UP, OUT, n, BLOCK: tl.constexpr):
+    def _silu_mul_kernel(GATE, UP, OUT, n, s_g, s_u, BLOCK: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         start = tl.program_id(1) * BLOCK
         offs = start + tl.arange(0, BLOCK)
         mask = offs < n
-        g = tl.load(GATE + row * n + offs, mask=mask, other=0.0).to(tl.float32)
-        u = tl.load(UP + row * n + offs, mask=mask, other=0.0).to(tl.float32)
+        g = tl.load(GATE + row * s_g + offs, mask=mask, other=0.0).to(tl.float32)
+        u = tl.load(UP + row * s_u + offs, mask=mask, other=0.0).to(tl.float32)
         tl.store(OUT + row * n + offs, (g / (1.0 + tl.exp(-g)) * u).to(OUT.dtype.element_ty), mask=mask)
 
 
@@ -110,8 +110,11 @@ def rope_store(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Ten
 
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up for (T, n) tensors whose rows are contiguous (e.g. the two halves of one fused GEMM's output:
+    any row stride); the result is contiguous."""
     n = gate.shape[-1]
-    out = torch.empty_like(gate)
+    out = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
     block = min(1024, triton.next_power_of_2(n))
-    _silu_mul_kernel[(gate.shape[0], triton.cdiv(n, block))](gate, up, out, n, BLOCK=block)
+    _silu_mul_kernel[(gate.shape[0], triton.cdiv(n, block))](gate, up, out, n, gate.stride(0), up.stride(0),
+                                                              BLOCK=block)
     return out

@@ -2,9 +2,14 @@
 
 The model's own modules do the arithmetic (embedding, norms, projections, MLP, LM head; the rotary tables are
 the model's rotary embedding evaluated once for every position), so the weights stay the model's parameters:
-an in-place weight update is seen by the next replay. A step's tokens are packed (T, hidden): one per decoding
-sequence, then the new tokens of sequences being prefilled (`Step`). Attention reads and writes the pool through
-`slime_env.agents.paged_attention`, whose kernels have grids fixed by T alone.
+an in-place weight update is seen by the next replay. Two exceptions, one GEMM each instead of several: q, k, v,
+and gate, up. At construction each layer's q/k/v weights (and biases) are re-homed into one tensor, gate/up into
+another, and the modules' parameters become row slices of them (`fuse_rows`): the same `Parameter` objects, so a
+weight sync's `copy_`, a broadcast into a parameter or a LoRA merge writes the fused tensor the next replay reads
+(only replacing a parameter's tensor -- `param.data = ...`, `model.to(...)` -- would not). A step's tokens are
+packed (T, hidden): one per decoding sequence, then the new tokens of sequences being prefilled (`Step`).
+Attention reads and writes the pool through `slime_env.agents.paged_attention`, whose kernels have grids fixed by
+T alone.
 
 So a step of T tokens is shape-static once T is padded up to a size of the ladder `STEP_SIZES`: each size is
 captured once into a CUDA graph (when first needed) whose inputs are views of one device buffer, filled by one
@@ -21,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from slime_env.agents import paged_attention as pa
 from slime_env.agents.kv_blocks import SCRATCH
 from slime_env.agents.packed_forward import _rope
@@ -59,6 +65,38 @@ def attention_dims(model: Any) -> tuple[int, int, int, int]:
     return len(model.model.layers), attn.q_proj.weight.shape[0] // d, attn.k_proj.weight.shape[0] // d, d
 
 
+def fuse_rows(linears: list[Any]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(weight, bias or None) of `linears` stacked by output rows, so that one GEMM computes all their outputs.
+    Each module's `weight` / `bias` Parameter stays the same object but becomes a row slice of the stacked tensor
+    (its values kept): an in-place write into a parameter is a write into the stack. Already so (a second runner on
+    the same model): the stack is that storage, nothing is copied."""
+    biases = [m.bias for m in linears]
+    if any(b is None for b in biases) != all(b is None for b in biases):
+        raise ValueError("fuse_rows: either every projection has a bias or none has")
+    return _stack([m.weight for m in linears]), (None if biases[0] is None else _stack(biases))
+
+
+def _stack(params: list[torch.Tensor]) -> torch.Tensor:
+    first = params[0]
+    shape = (sum(p.shape[0] for p in params), *first.shape[1:])
+    at, storage = first.storage_offset(), first.untyped_storage().data_ptr()
+    adjacent = True
+    for p in params:
+        adjacent = adjacent and p.is_contiguous() and p.untyped_storage().data_ptr() == storage and \
+            p.storage_offset() == at
+        at += p.numel()
+    if adjacent:
+        return first.detach().as_strided(shape, first.stride(), first.storage_offset())
+    stacked = torch.cat([p.detach() for p in params])
+    at = 0
+    for p in params:
+        # `.data`, not a new Parameter: whoever holds the parameter (state_dict views taken later, an optimizer,
+        # a LoRA merge's name lookup) keeps writing the tensor the engine reads.
+        p.data = stacked[at:at + p.shape[0]]
+        at += p.shape[0]
+    return stacked
+
+
 def kv_bytes_per_token(model: Any, dtype: torch.dtype) -> int:
     layers, _, kv_heads, d = attention_dims(model)
     return 2 * layers * kv_heads * d * torch.empty((), dtype=dtype).element_size()
@@ -80,6 +118,13 @@ class ModelRunner:
         self.layers, self.heads, self.kv_heads, self.head_dim = attention_dims(model)
         self.scale = model.model.layers[0].self_attn.scaling
         self.qk_norm = hasattr(model.model.layers[0].self_attn, "q_norm")
+        layers = model.model.layers
+        with torch.no_grad():
+            self.qkv = [fuse_rows([x.self_attn.q_proj, x.self_attn.k_proj, x.self_attn.v_proj]) for x in layers]
+            self.gate_up = [fuse_rows([x.mlp.gate_proj, x.mlp.up_proj]) for x in layers]
+        if self.device.type == "cuda":  # the unfused weights' blocks, cached by the allocator, go back for the pool
+            torch.cuda.empty_cache()
+        self._split = [self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim]
         self.rope = _rope(model.model.layers[0].self_attn)
         self.max_model_len = max_model_len
         self.max_blocks = -(-max_model_len // block_size)
@@ -220,9 +265,7 @@ class ModelRunner:
         for i, layer in enumerate(inner.layers):
             attn = layer.self_attn
             h = layer.input_layernorm(x)
-            q = attn.q_proj(h).view(tokens, self.heads, self.head_dim)
-            k = attn.k_proj(h).view(tokens, self.kv_heads, self.head_dim)
-            v_ = attn.v_proj(h).view(tokens, self.kv_heads, self.head_dim)
+            q, k, v_ = self._qkv(h, i)
             if self.qk_norm:  # Qwen3: RMSNorm over each head before the rotary embedding
                 q, k = attn.q_norm(q), attn.k_norm(k)
             q, k = self.rope(q, k, cos, sin, unsqueeze_dim=1)
@@ -230,8 +273,15 @@ class ModelRunner:
             o = pa.attention(q, self.k_cache[i], self.v_cache[i], self.tables_dev, meta, self.scale,
                              use_triton=self.use_triton)
             x = x + attn.o_proj(o.reshape(tokens, self.heads * self.head_dim))
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            gate, up = F.linear(layer.post_attention_layernorm(x), *self.gate_up[i]).chunk(2, -1)
+            x = x + layer.mlp.down_proj(layer.mlp.act_fn(gate) * up)
         return self.model.lm_head(inner.norm(x[v["last"]])).float()
+
+    def _qkv(self, h: torch.Tensor, i: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Layer i's q, k, v of the normed tokens `h` from one GEMM: (T, heads, dim) views of its output."""
+        q, k, v = F.linear(h, *self.qkv[i]).split(self._split, -1)
+        t, d = h.shape[0], self.head_dim
+        return q.view(t, self.heads, d), k.view(t, self.kv_heads, d), v.view(t, self.kv_heads, d)
 
     def _forward_fused(self, x, cos, sin, v, meta) -> torch.Tensor:
         """The same layers with `slime_env.agents.fused_ops`: each norm fused with the residual add before it, the q/k norms
@@ -243,9 +293,7 @@ class ModelRunner:
         res, h = fo.add_rms_norm(x, None, norms[0].weight, norms[0].variance_epsilon)
         for i, layer in enumerate(layers):
             attn, mlp = layer.self_attn, layer.mlp
-            q = attn.q_proj(h).view(tokens, self.heads, self.head_dim)
-            k = attn.k_proj(h).view(tokens, self.kv_heads, self.head_dim)
-            v_ = attn.v_proj(h).view(tokens, self.kv_heads, self.head_dim)
+            q, k, v_ = self._qkv(h, i)
             qn, kn = (attn.q_norm, attn.k_norm) if self.qk_norm else (None, None)
             fo.rope_store(q, k, v_, cos, sin, self.k_cache[i], self.v_cache[i], v["slots"],
                           qn.weight if qn is not None else None, kn.weight if kn is not None else None,
@@ -255,8 +303,8 @@ class ModelRunner:
             res, h = fo.add_rms_norm(res, attn.o_proj(o.reshape(tokens, self.heads * self.head_dim)), post.weight,
                                      post.variance_epsilon)
             nxt = norms[i + 1] if i + 1 < len(layers) else self.model.model.norm
-            res, h = fo.add_rms_norm(res, mlp.down_proj(fo.silu_mul(mlp.gate_proj(h), mlp.up_proj(h))), nxt.weight,
-                                     nxt.variance_epsilon)
+            gate, up = F.linear(h, *self.gate_up[i]).chunk(2, -1)
+            res, h = fo.add_rms_norm(res, mlp.down_proj(fo.silu_mul(gate, up)), nxt.weight, nxt.variance_epsilon)
         return self.model.lm_head(h[v["last"]]).float()
 
     def _capture(self, size: int) -> None:

@@ -60,6 +60,8 @@ class PagedEngine(EngineWorker):
     def __init__(self, front: EngineFront, *, max_batch_size: int, block_size: int = 16,
                  kv_memory_fraction: float = 0.4, max_kv_tokens: int | None = None, max_step_tokens: int = 8192,
                  max_model_len: int | None = None, cuda_graphs: bool = True, use_triton: bool | None = None):
+        if not 0 < kv_memory_fraction < 1:
+            raise ValueError(f"kv_memory_fraction must be in (0, 1), got {kv_memory_fraction}")
         super().__init__(front, name="slime_env-paged-engine")
         model = front.model
         self.max_batch_size = max_batch_size

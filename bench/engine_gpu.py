@@ -20,7 +20,14 @@ memory, and for the paged engine its decode steps as a fraction of the memory-ba
 K/V the step reads, over the device's copy bandwidth measured here).
 
     python bench/engine_gpu.py [--workload multi single] [--engines old hf paged] [--random | --shape NAME]
-                               [--layers N] [--out FILE.json]
+                               [--layers N] [--kv-fraction F] [--max-batch N] [--hf-batch N] [--profile]
+                               [--out FILE.json]
+
+`--kv-fraction`: the paged engine's K/V pool as a share of free GPU memory (a pool large enough that nothing is
+preempted: each paged row reports its timed run's `preemptions`); `--max-batch`: the engines' rows; `--hf-batch`: HF
+`generate` in chunks of that many prompts (halved while it runs out of memory: the largest batch that fits);
+`--profile`: the timed paged runs under torch.profiler, their top 25 kernels printed and a chrome trace written beside
+`--out`.
 
 One GPU: the embedded engine runs in one process on one device (`--gpus` other than 1 is refused). Without CUDA it
 runs on the CPU, a check of the script (`--shape qwen3-0.6b --layers 1 --engines old --prompts 4 --episodes 4`).
@@ -31,6 +38,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import sys
 import time
@@ -98,14 +106,14 @@ async def run_engine_multi(policy, plan, renderer) -> tuple[float, int]:
     return time.perf_counter() - t0, sum(made)
 
 
-def run_hf_multi(model, tok, plan, renderer) -> tuple[float, int]:
+def run_hf_multi(model, tok, plan, renderer, batch: int | None = None) -> tuple[float, int]:
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     ids = [list(p) for p, _, _ in plan]
     made = 0
     t0 = time.perf_counter()
     for t in range(len(plan[0][1])):
         lengths = [lens[t] for _, lens, _ in plan]
-        out = hf_generate(model, ids, max(lengths), pad)
+        out = hf_generate(model, ids, max(lengths), pad, batch)
         for i, row in enumerate(out):
             gen = row[:lengths[i]]
             made += len(gen)
@@ -114,17 +122,27 @@ def run_hf_multi(model, tok, plan, renderer) -> tuple[float, int]:
     return time.perf_counter() - t0, made
 
 
-def hf_generate(model, prompts: list[list[int]], new_tokens: int, pad: int) -> list[list[int]]:
+def hf_generate(model, prompts: list[list[int]], new_tokens: int, pad: int, batch: int | None = None
+                ) -> list[list[int]]:
+    """`new_tokens` sampled tokens per prompt; in chunks of `batch` prompts (None: all at once). Every chunk has one
+    shape -- the widest prompt's width, `batch` rows (the last chunk filled up with copies of its first prompt, whose
+    outputs are dropped) -- so the compiled static-cache decode is compiled once, not once per chunk."""
     width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, p in enumerate(prompts):
-        ids[i, width - len(p):] = torch.tensor(p)
-        mask[i, width - len(p):] = 1
-    out = model.generate(input_ids=ids.to(model.device), attention_mask=mask.to(model.device), max_new_tokens=new_tokens,
-                         min_new_tokens=new_tokens, do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
-                         cache_implementation="static", pad_token_id=pad)
-    return out[:, width:].tolist()
+    batch = batch or len(prompts)
+    out: list[list[int]] = []
+    for at in range(0, len(prompts), batch):
+        chunk = prompts[at:at + batch]
+        chunk = chunk + [chunk[0]] * (batch - len(chunk))
+        ids = torch.full((len(chunk), width), pad, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for i, p in enumerate(chunk):
+            ids[i, width - len(p):] = torch.tensor(p)
+            mask[i, width - len(p):] = 1
+        gen = model.generate(input_ids=ids.to(model.device), attention_mask=mask.to(model.device),
+                             max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=True, temperature=1.0,
+                             top_p=1.0, top_k=0, cache_implementation="static", pad_token_id=pad)
+        out += gen[:min(batch, len(prompts) - at), width:].tolist()
+    return out
 
 
 def single_plan(tok, prompts: int, seed: int = 1) -> list[list[int]]:
@@ -178,8 +196,134 @@ def copy_bandwidth() -> float:
     return 2 * (1 << 30) / sorted(times[2:])[len(times[2:]) // 2]
 
 
-def engine(model, tok, name: str, batch: int) -> TransformersPolicy:
-    return TransformersPolicy(model, tok, max_batch_size=batch, paged=(name == "paged"), seed=0)
+def engine(model, tok, name: str, batch: int, kv_fraction: float | None = None) -> TransformersPolicy:
+    options = {"kv_memory_fraction": kv_fraction} if name == "paged" and kv_fraction is not None else None
+    return TransformersPolicy(model, tok, max_batch_size=batch, paged=(name == "paged"), seed=0, paged_options=options)
+
+
+COUNTERS = ("steps", "decode_steps", "mixed_steps", "preemptions", "decode_rows", "decode_ctx")
+
+
+def counters(policy) -> dict[str, int]:
+    """The paged engine's step counters now (a run's are the difference across it)."""
+    return {k: getattr(policy._engine, k) for k in COUNTERS}
+
+
+def profiled(enabled: bool, trace: str | None):
+    """A torch.profiler context when `enabled` (else a null context); on exit the chrome trace goes to `trace`. The
+    device's kernels are recorded whichever thread launched them (the engine's own); CPU ops only on this thread."""
+    import contextlib
+
+    if not enabled:
+        return contextlib.nullcontext(None)
+    from torch.profiler import ProfilerActivity, profile
+
+    prof = profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if DEVICE == "cuda" else []))
+
+    @contextlib.contextmanager
+    def run():
+        with prof:
+            yield prof
+        if trace:
+            prof.export_chrome_trace(trace)
+
+    return run()
+
+
+def top_kernels(prof, n: int = 25) -> list[dict]:
+    """The `n` kernels (CPU ops on a CPU) with the most total time: name, launches, total ms, share of all."""
+    from torch.autograd import DeviceType
+
+    kind = DeviceType.CUDA if DEVICE == "cuda" else DeviceType.CPU
+    spent = (lambda e: e.self_device_time_total) if DEVICE == "cuda" else (lambda e: e.self_cpu_time_total)
+    events = [e for e in prof.key_averages() if e.device_type == kind and spent(e) > 0]
+    total = sum(spent(e) for e in events) or 1.0
+    return [{"kernel": e.key, "count": e.count, "total_ms": spent(e) / 1e3, "share": spent(e) / total}
+            for e in sorted(events, key=spent, reverse=True)[:n]]
+
+
+def free_gpu() -> None:
+    """What a failed run left (its compiled graphs, cached blocks) goes back before the next one."""
+    import gc
+
+    torch._dynamo.reset()
+    gc.collect()
+    if DEVICE == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def run_one(args, model, tok, workload: str, name: str, row: dict, folder: str, hf_batch: int | None = None):
+    """One engine on one workload: a warm-up (or compile) pass, then the timed pass, its results into `row`.
+    Returns the engine's policy (None for HF, which runs in chunks of `hf_batch` prompts)."""
+    policy = None
+    if workload == "multi":
+        plan, renderer = multi_turn_plan(tok, args.episodes, args.turns)
+        if name == "hf":
+            row["hf_batch"] = hf_batch or len(plan)
+            t0 = time.perf_counter()
+            run_hf_multi(model, tok, plan, renderer, hf_batch)  # first pass: compiles
+            row["compile_pass_s"] = time.perf_counter() - t0
+            wall, made = run_hf_multi(model, tok, plan, renderer, hf_batch)
+        else:
+            policy = engine(model, tok, name, args.max_batch or args.episodes, args.kv_fraction)
+            # Warm-up: the paged engine's first pass captures a CUDA graph per step size (as HF's compiles);
+            # the old engine has nothing to warm beyond a few steps.
+            warm = plan if name == "paged" else plan[:8]
+            t0 = time.perf_counter()
+            asyncio.run(run_engine_multi(policy, warm, renderer))
+            row["warmup_s"] = time.perf_counter() - t0
+            wall, made = timed(args, policy, name, workload, row, folder,
+                               lambda: asyncio.run(run_engine_multi(policy, plan, renderer)))
+            row["turn3_ttft_s"], row["turn3_tokens"] = turn3_ttft(policy, renderer)
+    else:
+        prompts = single_plan(tok, args.prompts)
+        if name == "hf":
+            row["hf_batch"] = hf_batch or len(prompts)
+            pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+            t0 = time.perf_counter()
+            hf_generate(model, prompts, args.new_tokens, pad, hf_batch)  # the same shapes as the timed pass
+            row["compile_pass_s"] = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            made = sum(len(r) for r in hf_generate(model, prompts, args.new_tokens, pad, hf_batch))
+            synchronize()
+            wall = time.perf_counter() - t0
+        else:
+            batch = args.max_batch or min(args.prompts, 512)
+            policy = engine(model, tok, name, batch, args.kv_fraction)
+            t0 = time.perf_counter()
+            asyncio.run(run_engine_single(policy, prompts[:batch] if name == "paged" else prompts[:8], 16))
+            row["warmup_s"] = time.perf_counter() - t0
+            wall, made = timed(args, policy, name, workload, row, folder,
+                               lambda: asyncio.run(run_engine_single(policy, prompts, args.new_tokens)))
+    row.update({"tokens": made, "wall_s": wall, "tokens_per_s": made / wall})
+    return policy
+
+
+def timed(args, policy, name: str, workload: str, row: dict, folder: str, run) -> tuple[float, int]:
+    """`run()` (the timed pass); the paged engine's counters of that pass into `row` (preemptions included), and
+    with --profile its top kernels and a chrome trace (the profiler's overhead is in that pass's time)."""
+    before = counters(policy) if name == "paged" else None
+    profile = args.profile and name == "paged"
+    trace = os.path.join(folder, f"engine_gpu_{workload}_{name}_trace.json") if profile else None
+    with profiled(profile, trace) as prof:
+        wall, made = run()
+    if before is not None:
+        after = counters(policy)
+        row.update({k: after[k] - before[k] for k in COUNTERS})
+    if prof is not None:
+        row["top_kernels"], row["trace"] = top_kernels(prof), trace
+    return wall, made
+
+
+def print_kernels(row: dict) -> None:
+    print(f"\ntop kernels of the {row['workload']} {row['engine']} run ({row['trace']}):")
+    if not row["top_kernels"]:
+        print("(none recorded: on a CPU the profiler sees this thread's ops, not the engine thread's)")
+        return
+    print(f"{'share':>6} {'total ms':>9} {'count':>7}  kernel")
+    for k in row["top_kernels"]:
+        print(f"{k['share']:>6.1%} {k['total_ms']:>9.1f} {k['count']:>7}  {k['kernel'][:110]}")
 
 
 def main() -> None:
@@ -194,8 +338,22 @@ def main() -> None:
     ap.add_argument("--shape", default=None, choices=sorted(SHAPES), help="random bf16 weights at this shape")
     ap.add_argument("--layers", type=int, default=None, help="fewer layers (a quick check of the script)")
     ap.add_argument("--gpus", type=gpus_arg, default=1, help="1: the embedded engine runs on one GPU")
+    ap.add_argument("--kv-fraction", type=float, default=None,
+                    help="the paged engine's K/V pool, as a fraction of free GPU memory (default: the engine's 0.4)")
+    ap.add_argument("--max-batch", type=int, default=None,
+                    help="the engines' max_batch_size (default: --episodes for multi-turn, min(--prompts, 512) for "
+                         "single-turn)")
+    ap.add_argument("--hf-batch", type=int, default=None,
+                    help="HF generate in chunks of this many prompts (default: all at once; the largest that fits)")
+    ap.add_argument("--profile", action="store_true",
+                    help="profile each timed paged run: the top 25 kernels, and a chrome trace beside --out")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    if args.kv_fraction is not None and not 0 < args.kv_fraction < 1:
+        raise SystemExit(f"--kv-fraction {args.kv_fraction}: a fraction in (0, 1)")
+    for flag in ("max_batch", "hf_batch"):
+        if getattr(args, flag) is not None and getattr(args, flag) < 1:
+            raise SystemExit(f"--{flag.replace('_', '-')} {getattr(args, flag)}: at least 1")
     if args.gpus != 1:
         raise SystemExit(f"--gpus {args.gpus}: the embedded engine runs in one process on one GPU; run one bench per "
                          "GPU instead")
@@ -208,7 +366,10 @@ def main() -> None:
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     bandwidth = copy_bandwidth()
     results: dict = {"gpu": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu", "shape": shape,
-                     "layers": model.config.num_hidden_layers, "copy_bandwidth_GBps": bandwidth / 1e9}
+                     "layers": model.config.num_hidden_layers, "copy_bandwidth_GBps": bandwidth / 1e9,
+                     "kv_fraction": args.kv_fraction, "hf_batch": args.hf_batch}
+    folder = os.path.dirname(os.path.abspath(args.out)) if args.out else os.getcwd()
+    os.makedirs(folder, exist_ok=True)
     rows = []
     for workload in args.workload:
         for name in args.engines:
@@ -216,71 +377,61 @@ def main() -> None:
                 torch.cuda.empty_cache()
                 torch.cuda.reset_peak_memory_stats()
             row = {"workload": workload, "engine": name}
-            if workload == "multi":
-                plan, renderer = multi_turn_plan(tok, args.episodes, args.turns)
-                if name == "hf":
-                    t0 = time.perf_counter()
-                    run_hf_multi(model, tok, plan, renderer)  # first pass: compiles
-                    row["compile_pass_s"] = time.perf_counter() - t0
-                    wall, made = run_hf_multi(model, tok, plan, renderer)
-                else:
-                    policy = engine(model, tok, name, args.episodes)
-                    # Warm-up: the paged engine's first pass captures a CUDA graph per step size (as HF's compiles);
-                    # the old engine has nothing to warm beyond a few steps.
-                    warm = plan if name == "paged" else plan[:8]
-                    t0 = time.perf_counter()
-                    asyncio.run(run_engine_multi(policy, warm, renderer))
-                    row["warmup_s"] = time.perf_counter() - t0
-                    wall, made = asyncio.run(run_engine_multi(policy, plan, renderer))
-                    row["turn3_ttft_s"], row["turn3_tokens"] = turn3_ttft(policy, renderer)
-            else:
-                prompts = single_plan(tok, args.prompts)
-                if name == "hf":
-                    t0 = time.perf_counter()
-                    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-                    hf_generate(model, prompts, args.new_tokens, pad)  # the same shapes as the timed pass
-                    row["compile_pass_s"] = time.perf_counter() - t0
-                    t0 = time.perf_counter()
-                    made = sum(len(r) for r in hf_generate(model, prompts, args.new_tokens, pad))
-                    synchronize()
-                    wall = time.perf_counter() - t0
-                else:
-                    policy = engine(model, tok, name, min(args.prompts, 512))
-                    t0 = time.perf_counter()
-                    asyncio.run(run_engine_single(policy, prompts[:512] if name == "paged" else prompts[:8], 16))
-                    row["warmup_s"] = time.perf_counter() - t0
-                    wall, made = asyncio.run(run_engine_single(policy, prompts, args.new_tokens))
-            row.update({"tokens": made, "wall_s": wall, "tokens_per_s": made / wall,
-                        "peak_gpu_GB": torch.cuda.max_memory_allocated() / 1e9 if DEVICE == "cuda" else 0.0})
+            policy, hf_batch = None, args.hf_batch
+            while True:
+                try:
+                    policy = run_one(args, model, tok, workload, name, row, folder, hf_batch)
+                    break
+                except torch.cuda.OutOfMemoryError as e:  # a batch too large for this GPU
+                    row["error"] = f"out of memory: {str(e).splitlines()[0]}"
+                if name != "hf" or row["hf_batch"] == 1:
+                    break
+                # HF at the largest batch that fits: halve it and run again (compile pass included).
+                row.setdefault("hf_out_of_memory_at", []).append(row["hf_batch"])
+                hf_batch = row["hf_batch"] // 2
+                row = {"workload": workload, "engine": name, "hf_out_of_memory_at": row["hf_out_of_memory_at"]}
+                free_gpu()
+            if "error" in row:  # the row says so, the rest runs
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+                free_gpu()
+                continue
+            row["peak_gpu_GB"] = torch.cuda.max_memory_allocated() / 1e9 if DEVICE == "cuda" else 0.0
             if name == "paged":
                 e = policy._engine
-                row.update({"steps": e.steps, "decode_steps": e.decode_steps, "mixed_steps": e.mixed_steps,
-                            "pool_GB": e.runner.pool_bytes() / 1e9, "preemptions": e.preemptions})
-                if e.decode_rows and bandwidth:
-                    batch_avg, ctx_avg = e.decode_rows / e.steps, e.decode_ctx / e.decode_rows
+                row["pool_GB"] = e.runner.pool_bytes() / 1e9
+                if row["decode_rows"] and bandwidth:
+                    # The ceiling: every decode step reads the weights once and each row's K/V; at the run's average
+                    # batch and context, tokens per second at the device's copy bandwidth.
+                    batch_avg, ctx_avg = row["decode_rows"] / row["steps"], row["decode_ctx"] / row["decode_rows"]
                     per_token_kv = e.runner.pool_bytes() / (e.prefix.num_blocks * e.block_size)
                     step_bytes = weights + batch_avg * ctx_avg * per_token_kv
                     row["ceiling_tokens_per_s"] = batch_avg * bandwidth / step_bytes
+                    row["of_ceiling"] = row["tokens_per_s"] / row["ceiling_tokens_per_s"]
                     row["decode_batch_avg"], row["decode_ctx_avg"] = batch_avg, ctx_avg
             if name != "hf":
                 policy.close()
             rows.append(row)
-            print(json.dumps(row), flush=True)
+            print(json.dumps({k: v for k, v in row.items() if k != "top_kernels"}), flush=True)
+            if "top_kernels" in row:
+                print_kernels(row)
     results["rows"] = rows
     if args.out:
         with open(args.out, "w") as f:
             json.dump(results, f, indent=1)
     print(f"\n{results['gpu']}, copy bandwidth {bandwidth / 1e9:.0f} GB/s, weights {weights / 1e6:.0f} MB")
     print(f"{'workload':8} {'engine':6} {'tokens':>8} {'wall s':>8} {'tok/s':>9} {'vs old':>7} {'TTFT3 ms':>9} "
-          f"{'peak GB':>8} {'of ceiling':>10}")
-    base = {r["workload"]: r["tokens_per_s"] for r in rows if r["engine"] == "old"}
+          f"{'peak GB':>8} {'of ceiling':>10} {'preempt':>7}")
+    base = {r["workload"]: r["tokens_per_s"] for r in rows if r["engine"] == "old" and "error" not in r}
     for r in rows:
+        if "error" in r:
+            print(f"{r['workload']:8} {r['engine']:6} {r['error']}")
+            continue
         ratio = r["tokens_per_s"] / base[r["workload"]] if r["workload"] in base else float("nan")
         ttft = f"{r['turn3_ttft_s'] * 1000:.1f}" if "turn3_ttft_s" in r else "-"
-        ceil = f"{r['tokens_per_s'] / r['ceiling_tokens_per_s']:.1%}" if "ceiling_tokens_per_s" in r else "-"
+        ceil = f"{r['of_ceiling']:.1%}" if "of_ceiling" in r else "-"
         print(f"{r['workload']:8} {r['engine']:6} {r['tokens']:>8} {r['wall_s']:>8.2f} {r['tokens_per_s']:>9.0f} "
-              f"{ratio:>6.1f}x {ttft:>9} {r['peak_gpu_GB']:>8.2f} {ceil:>10}")
-
+              f"{ratio:>6.1f}x {ttft:>9} {r['peak_gpu_GB']:>8.2f} {ceil:>10} {r.get('preemptions', '-'):>7}")
 
 if __name__ == "__main__":
     main()

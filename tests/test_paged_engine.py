@@ -206,6 +206,65 @@ def test_weight_update_clears_the_prefix_cache_and_changes_the_output(tok):
     assert max(abs(a - b) for a, b in zip(first.logprobs, second.logprobs)) > 1e-2  # the new weights answered
 
 
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
+def test_fused_projections_are_the_models_parameters_and_follow_in_place_updates(family, tok):
+    """One GEMM for q/k/v and one for gate/up per layer: the modules' parameters are row slices of the fused tensors
+    (the state dict's names and values unchanged), so weights written into the parameters -- the in-place channel
+    (`update_weights` -> `load_state`, as LoRA merges and serve-engine's tensor and disk routes load) or a broadcast
+    straight into the state dict's tensors (serve-engine's `update_weights_from_distributed`) -- are what the next
+    step computes with: the engine answers as one built fresh on those weights."""
+    from slime_env.trainers.weight_sync import InPlace
+
+    model = tiny(family, tok)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    policy = paged_policy(model, tok)
+    runner = policy._engine.runner
+    layer = model.model.layers[1]
+    (qkv, bias), (gate_up, none) = runner.qkv[1], runner.gate_up[1]
+    assert qkv.shape[0] == sum(p.shape[0] for p in (layer.self_attn.q_proj.weight, layer.self_attn.k_proj.weight,
+                                                     layer.self_attn.v_proj.weight))
+    for p, fused in ((layer.self_attn.v_proj.weight, qkv), (layer.mlp.up_proj.weight, gate_up)):
+        assert p.untyped_storage().data_ptr() == fused.untyped_storage().data_ptr()
+    assert (bias is not None) == (family == "qwen2") and none is None  # Qwen2's q/k/v biases are fused too
+    state = model.state_dict()
+    assert state.keys() == before.keys() and all(torch.equal(state[k], v) for k, v in before.items())
+    again = paged_policy(model, tok)  # a second engine on the model: the same storage, nothing copied
+    assert again._engine.runner.qkv[1][0].data_ptr() == qkv.data_ptr()
+    again.close()
+    prompt, params = list(range(100, 140)), {**GREEDY, "max_new_tokens": 8, "ignore_eos": True}
+
+    def fresh(seed):
+        other = paged_policy(tiny(family, tok, seed=seed), tok)
+        try:
+            return asyncio.run(other.generate(prompt, params))
+        finally:
+            other.close()
+
+    def broadcast_into_parameters(weights):
+        def receive():
+            for name, t in model.state_dict().items():
+                t.copy_(weights[name])
+            return {}
+        return receive
+
+    async def main():
+        first = await policy.generate(prompt, params)
+        await InPlace(policy).push(tiny(family, tok, seed=5).state_dict(), "1")
+        loaded = await policy.generate(prompt, params)
+        await policy.update_weights(broadcast_into_parameters(tiny(family, tok, seed=7).state_dict()), "2",
+                                    partial=True)
+        return first, loaded, await policy.generate(prompt, params)
+
+    try:
+        first, loaded, received = asyncio.run(main())
+    finally:
+        policy.close()
+    for got, seed in ((loaded, 5), (received, 7)):
+        want = fresh(seed)
+        assert got.token_ids == want.token_ids and list(got.logprobs) == pytest.approx(list(want.logprobs), abs=1e-6)
+        assert max(abs(a - b) for a, b in zip(first.logprobs, got.logprobs)) > 1e-2
+
+
 def test_many_requests_with_random_lengths_and_aborts_leave_no_block_behind(tok):
     model = tiny("qwen2", tok)
     policy = paged_policy(model, tok, max_kv_tokens=512, block_size=8)
@@ -278,3 +337,40 @@ def test_pool_sizing_names_what_is_missing_on_a_cpu(tok):
                     max_tokens=None, min_tokens=64)
     assert pool_blocks(model, block_size=16, dtype=torch.float32, device=torch.device("cpu"), memory_fraction=0.5,
                        max_tokens=100, min_tokens=64) == math.ceil(100 / 16) + 1
+    with pytest.raises(ValueError, match=r"kv_memory_fraction must be in \(0, 1\), got 1.5"):
+        paged_policy(model, tok, kv_memory_fraction=1.5)
+
+
+def test_serve_engine_mem_fraction_reaches_the_paged_pool_and_is_checked_by_name(tok, tmp_path, monkeypatch):
+    """`serve-engine --mem-fraction F` is the paged engine's `kv_memory_fraction` (the embedded default unchanged);
+    outside (0, 1) it is refused naming the flag, before any model loads. The paged engine runs on this CPU as in
+    the tests above (`paged_usable` answers yes: it asks for CUDA), and the HTTP loop is a recorder (the real one
+    serves until interrupted)."""
+    import typer
+    from slime_env.agents import cli, engine_server, transformers_policy
+    from typer.testing import CliRunner
+
+    app = typer.Typer()
+    cli.register(app)
+    runner = CliRunner()
+    for bad in ("0", "1", "1.5", "-0.2"):
+        out = runner.invoke(app, ["serve-engine", "--mem-fraction", bad])
+        assert out.exit_code == 2 and "--mem-fraction" in out.output and "(0, 1)" in out.output, out.output
+    folder = tmp_path / "model"
+    tiny("llama", tok).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    seen = {}
+    load = engine_server.load_policy
+    monkeypatch.setattr(engine_server, "load_policy", lambda *a, **kw: seen.setdefault("loaded", load(*a, **kw)))
+    monkeypatch.setattr(engine_server, "serve_forever", lambda app, **kw: seen.update(app=app))
+    monkeypatch.setattr(transformers_policy, "paged_usable", lambda model: True)
+    for flag, want in ((["--mem-fraction", "0.85"], 0.85), ([], 0.4)):
+        seen.clear()
+        out = runner.invoke(app, ["serve-engine", "--model", str(folder), "--device", "cpu", "--max-batch-size", "2",
+                                  *flag])
+        assert out.exit_code == 0, out.output
+        policy, _ = seen["loaded"]
+        try:
+            assert policy.paged and policy._engine._pool_args["memory_fraction"] == want and "app" in seen
+        finally:
+            policy.close()
