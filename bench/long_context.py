@@ -57,6 +57,15 @@ def run_mode(args, cfg, chunk, kernel, info) -> dict:
     trajs = trajectories([args.tokens] * (args.seqs * info["world"]), cfg.vocab_size, seed=1)
     times = []
     try:
+        if args.profile and device == "cuda":
+            trainer.step(trajs, group_size=2)  # warm-up outside the profile
+            from torch.profiler import ProfilerActivity, profile
+
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                trainer.step(trajs, group_size=2)
+                torch.cuda.synchronize()
+            if info["rank"] == 0:
+                print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=args.profile), flush=True)
         for i in range(args.warmup + args.iters):
             if device == "cuda":
                 torch.cuda.synchronize()
@@ -102,6 +111,8 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--layers", type=int, default=None, help="fewer layers (a quick check of the script)")
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="profile one step after a warm-up and print its N costliest CUDA kernels")
     ap.add_argument("--out", default=None, help="write the rows as JSON here")
     args = ap.parse_args()
     from slime_env.trainers.megatron import init_parallel
