@@ -12,8 +12,8 @@ Attention reads and writes the pool through `slime_env.agents.paged_attention`, 
 T alone.
 
 So a step of T tokens is shape-static once T is padded up to a size of the ladder `STEP_SIZES`: each size is
-captured once into a CUDA graph (when first needed) whose inputs are views of one device buffer, filled by one
-host-to-device copy per step. Decode-only steps and steps where sequences join (the multi-turn case, where turns
+captured once into a CUDA graph (when first needed; decode-only steps have their own, without the prefill kernel)
+whose inputs are views of one device buffer, filled by one host-to-device copy per step. Decode-only steps and steps where sequences join (the multi-turn case, where turns
 end and start all the time) replay alike; an eager step cost ~28 ms of Python and kernel launches for a 30-layer
 model, a replay ~3-4 ms. The pool and the graphs can be dropped (`release()`) to give the GPU's memory to a
 colocated trainer and rebuilt (`resume()`); graphs are then captured again as sizes come up.
@@ -146,7 +146,7 @@ class ModelRunner:
         self.tables_dev = torch.zeros((max_rows + 1, self.max_blocks), dtype=torch.int32, device=self.device)
         self.k_cache: list[torch.Tensor] = []
         self.v_cache: list[torch.Tensor] = []
-        self.graphs: dict[int, tuple[Any, torch.Tensor]] = {}  # step size: (graph, logits)
+        self.graphs: dict[tuple[int, bool], tuple[Any, torch.Tensor]] = {}  # (step size, prefill): (graph, logits)
         self._graph_pool = None
         self._layout(max_step_tokens)
         self._rope_tables()
@@ -198,11 +198,12 @@ class ModelRunner:
             self._host = self._host.pin_memory()
         self._host_np = self._host.numpy()
 
-    def _views(self, buffer: Any, size: int) -> dict[str, Any]:
-        """Each field of `buffer` cut to what a step of `size` tokens uses."""
+    def _views(self, buffer: Any, size: int, prefill: bool = True) -> dict[str, Any]:
+        """Each field of `buffer` cut to what a step of `size` tokens uses; without `prefill` (a decode-only step) no
+        tiles, so the prefill kernel is not launched at all."""
         rows = min(size, self.max_rows)
-        lengths = {"ids": size, "positions": size, "slots": size, "tile_seq": pa.max_tiles(size, self.max_rows),
-                   "tile_m": pa.max_tiles(size, self.max_rows)}
+        tiles = pa.max_tiles(size, self.max_rows) if prefill else 0
+        lengths = {"ids": size, "positions": size, "slots": size, "tile_seq": tiles, "tile_m": tiles}
         out = {}
         for name, (at, _) in self._fields.items():
             out[name] = buffer[at:at + lengths.get(name, rows)]
@@ -238,17 +239,20 @@ class ModelRunner:
         size = next((s for s in self.sizes if s >= n), None)
         if not self.graphs_enabled or size is None:
             size = n
+        # Decode-only steps (most of a long generation) get graphs of their own without the prefill kernel, whose
+        # fixed grid of mostly idle programs cost ~0.1 ms a layer at 512 tokens (an 8B model on an H100).
+        key = (size, bool(step.q_len))
         self._fill(step, size)
         if not self.graphs_enabled:
             self._static[:self._host.numel()].copy_(self._host)
-            return self._forward(self._views(self._static, size))[:len(step.last)]
-        if size not in self.graphs:
-            self._capture(size)
+            return self._forward(self._views(self._static, *key))[:len(step.last)]
+        if key not in self.graphs:
+            self._capture(*key)
             self._fill(step, size)  # the capture ran on padding inputs
         # The whole buffer in one copy: a non-contiguous pinned source would be staged through a temporary that
         # can be freed before the asynchronous copy has read it.
         self._static.copy_(self._host, non_blocking=True)
-        graph, out = self.graphs[size]
+        graph, out = self.graphs[key]
         graph.replay()
         return out[:len(step.last)]
 
@@ -307,11 +311,11 @@ class ModelRunner:
             res, h = fo.add_rms_norm(res, mlp.down_proj(fo.silu_mul(gate, up)), nxt.weight, nxt.variance_epsilon)
         return self.model.lm_head(h[v["last"]]).float()
 
-    def _capture(self, size: int) -> None:
+    def _capture(self, size: int, prefill: bool) -> None:
         # Capture on padding inputs: every token writes into the scratch block, no tile runs.
         self._fill(Step([], [], [], [], [], [], [], [], [], []), size)
         self._static.copy_(self._host)
-        views = self._views(self._static, size)
+        views = self._views(self._static, size, prefill)
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
@@ -323,7 +327,7 @@ class ModelRunner:
         with torch.cuda.graph(graph, pool=self._graph_pool, capture_error_mode="thread_local"):
             out = self._forward(views)
         self._graph_pool = graph.pool()
-        self.graphs[size] = (graph, out)
+        self.graphs[size, prefill] = (graph, out)
 
 
 def pool_blocks(model: Any, *, block_size: int, dtype: torch.dtype, device: torch.device, memory_fraction: float,
