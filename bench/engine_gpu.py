@@ -48,6 +48,7 @@ import torch
 sys.path.insert(0, __file__.rsplit("/bench/", 1)[0])
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 
+from megatron_mfu import SPEC_TFLOPS  # noqa: E402 - the cards' dense bf16 peaks
 from shapes import SHAPES, gpus_arg, random_model  # noqa: E402
 
 from slime_env.agents.transformers_policy import TransformersPolicy  # noqa: E402
@@ -408,6 +409,14 @@ def main() -> None:
                     step_bytes = weights + batch_avg * ctx_avg * per_token_kv
                     row["ceiling_tokens_per_s"] = batch_avg * bandwidth / step_bytes
                     row["of_ceiling"] = row["tokens_per_s"] / row["ceiling_tokens_per_s"]
+                    # The roofline: at a large batch the projections are compute-bound (2 FLOPs per weight and row at
+                    # the card's dense bf16 peak), not bandwidth-bound; the K/V read stays a memory cost.
+                    peak = next((v for k, v in SPEC_TFLOPS.items() if k in results["gpu"]), None)
+                    if peak:
+                        flops_s = 2 * weights / e.runner.dtype.itemsize * batch_avg / (peak * 1e12)
+                        step_s = max(weights / bandwidth, flops_s) + (step_bytes - weights) / bandwidth
+                        row["roofline_tokens_per_s"] = batch_avg / step_s
+                        row["of_roofline"] = row["tokens_per_s"] / row["roofline_tokens_per_s"]
                     row["decode_batch_avg"], row["decode_ctx_avg"] = batch_avg, ctx_avg
             if name != "hf":
                 policy.close()
@@ -421,7 +430,7 @@ def main() -> None:
             json.dump(results, f, indent=1)
     print(f"\n{results['gpu']}, copy bandwidth {bandwidth / 1e9:.0f} GB/s, weights {weights / 1e6:.0f} MB")
     print(f"{'workload':8} {'engine':6} {'tokens':>8} {'wall s':>8} {'tok/s':>9} {'vs old':>7} {'TTFT3 ms':>9} "
-          f"{'peak GB':>8} {'of ceiling':>10} {'preempt':>7}")
+          f"{'peak GB':>8} {'of ceiling':>10} {'of roofline':>11} {'preempt':>7}")
     base = {r["workload"]: r["tokens_per_s"] for r in rows if r["engine"] == "old" and "error" not in r}
     for r in rows:
         if "error" in r:
@@ -430,8 +439,9 @@ def main() -> None:
         ratio = r["tokens_per_s"] / base[r["workload"]] if r["workload"] in base else float("nan")
         ttft = f"{r['turn3_ttft_s'] * 1000:.1f}" if "turn3_ttft_s" in r else "-"
         ceil = f"{r['of_ceiling']:.1%}" if "of_ceiling" in r else "-"
+        roof = f"{r['of_roofline']:.1%}" if "of_roofline" in r else "-"
         print(f"{r['workload']:8} {r['engine']:6} {r['tokens']:>8} {r['wall_s']:>8.2f} {r['tokens_per_s']:>9.0f} "
-              f"{ratio:>6.1f}x {ttft:>9} {r['peak_gpu_GB']:>8.2f} {ceil:>10} {r.get('preemptions', '-'):>7}")
+              f"{ratio:>6.1f}x {ttft:>9} {r['peak_gpu_GB']:>8.2f} {ceil:>10} {roof:>11} {r.get('preemptions', '-'):>7}")
 
 if __name__ == "__main__":
     main()
