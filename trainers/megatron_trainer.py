@@ -262,7 +262,8 @@ class MegatronTrainer(TorchTrainer):
         from slime_env.trainers.megatron import lora
         from slime_env.trainers.megatron.convert import stage_weights
 
-        state = lora.from_peft(tensors, self.lora, self.hf_config, tp_rank=self.tp_rank, tp_size=self.config.tp)
+        state = lora.from_peft(tensors, self.lora, self.hf_config, tp_rank=self.tp_rank, tp_size=self.config.tp,
+                               ep_rank=self.ep_rank, ep_size=self.config.ep)
         if self.pp > 1:
             state = stage_weights(state, **(self._stage | {"tied": False}))
         _copy_params(self.model, state, lora.is_lora_param)
@@ -307,10 +308,15 @@ class MegatronTrainer(TorchTrainer):
         from megatron.core import parallel_state as ps
 
         from slime_env.agents.lora_adapter import LoRAAdapter
-        from slime_env.trainers.megatron import lora
+        from slime_env.trainers.megatron import lora, moe
 
         local = {k: v.detach() for k, v in lora.lora_state(self.model).items()}
-        shards = _gather(local, self.config.tp, ps.get_tensor_model_parallel_group() if self.config.tp > 1 else None)
+        experts = {k: v for k, v in local.items() if moe.is_expert_param(k)}  # [local experts, ...]: joined over EP
+        shards = _gather({k: v for k, v in local.items() if k not in experts}, self.config.tp,
+                         ps.get_tensor_model_parallel_group() if self.config.tp > 1 else None)
+        if experts:
+            parts = _gather(experts, self.config.ep, ps.get_expert_model_parallel_group() if self.config.ep > 1 else None)
+            shards[0] = shards[0] | {k: torch.cat([p[k] for p in parts]) for k in experts}
         tensors = lora.to_peft(self._all_stages(shards), self.lora, self.hf_config)
         return LoRAAdapter(self.config.lora.name, {k: v.cpu() for k, v in tensors.items()},
                            lora.peft_config(self.config.lora, self.lora, self.hf_config))
