@@ -240,7 +240,10 @@ def test_moe_expert_and_router_adapters_step_like_torch_trainers_peft(tmp_path, 
 def test_moe_all_linear_adapter_is_peft_s_layout_and_config(parallel, tmp_path):
     """all-linear on Qwen3-MoE: the Megatron trainer's fresh adapter has the keys, shapes and adapter_config peft
     itself writes for the torch trainer (target_parameters, the fused gate_up_proj's rank and alpha patterns); a peft
-    adapter (fused attention layers' A shared) goes in and comes out bit for bit."""
+    adapter (fused attention layers' A shared) goes in and comes out bit for bit, and its merged weights are peft's
+    `merge_and_unload`."""
+    from peft import PeftModel
+
     from slime_env.agents.lora_adapter import LoRAAdapter
     from slime_env.trainers.megatron_trainer import MegatronTrainer
 
@@ -257,6 +260,17 @@ def test_moe_all_linear_adapter_is_peft_s_layout_and_config(parallel, tmp_path):
     sent, back = LoRAAdapter.load(tmp_path / "all"), trainer.adapter()
     assert back.tensors.keys() == sent.tensors.keys()
     assert all(torch.equal(back.tensors[k], sent.tensors[k]) for k in sent.tensors)
+    # the merged weights (full-weight sync, engines' merged adapters) are peft's own merge
+    merged = PeftModel.from_pretrained(tiny("qwen3_moe"), str(tmp_path / "all")).merge_and_unload().state_dict()
+    ours = {k: v.cpu() for k, v in trainer.weights().items()}
+    assert ours.keys() == merged.keys()
+    for k in ("model.layers.0.mlp.experts.gate_up_proj", "model.layers.0.mlp.experts.down_proj",
+              "model.layers.0.mlp.gate.weight", "model.layers.0.self_attn.v_proj.weight"):
+        assert not torch.equal(merged[k], tiny("qwen3_moe").state_dict()[k]), k  # adapted
+    assert torch.equal(merged["model.layers.1.mlp.up_proj.weight"], tiny("qwen3_moe").state_dict()[
+        "model.layers.1.mlp.up_proj.weight"])  # a dense layer's MLP (mlp_only_layers): peft leaves it, so do we
+    for k in merged:
+        assert torch.allclose(ours[k], merged[k], atol=1e-6), k
 
 
 def test_what_the_megatron_adapters_do_not_cover_is_refused_by_name(parallel):
