@@ -16,6 +16,7 @@ Punica kernels), several versions at once.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -121,9 +122,7 @@ class LoRAAdapter:
         return out
 
     def _rank_scaling(self, param: str) -> tuple[int, float]:
-        """(rank, scale) of one adapted parameter: peft's `rank_pattern` / `alpha_pattern` over the config's r / alpha."""
-        import re
-
+        """(rank, scale) of one adapted parameter: peft's `rank_pattern` / `alpha_pattern`, else the config's r / alpha."""
         def pattern(which: str, default: float) -> float:
             for key, value in (self.config.get(which) or {}).items():
                 if re.match(rf"(.*\.)?({key})$", param):

@@ -1,8 +1,8 @@
 """LoRA on the Megatron trainer (`trainer.lora` with `backend: megatron`, `slime_env.trainers.megatron.lora`), on CPU:
 a TP=2 step equals `TorchTrainer`'s peft step from the same adapter, the exported adapter is PEFT's (peft loads it and
-gives Megatron's log-probs; `export --merge` too), the base never moves, checkpoints resume; what is not built (MoE
-dropout, a module the trainer does not know) is refused by name. On Qwen3-MoE the experts' fused weights and the router are adapted
-in peft's own layout (`target_parameters`), under expert parallelism too.
+gives Megatron's log-probs; `export --merge` too), the base never moves, checkpoints resume; what is not built
+(dropout, a module the trainer does not know) is refused by name. On Qwen3-MoE the experts' fused weights and the
+router are adapted in peft's own layout (`target_parameters`), under expert parallelism too.
 
 megatron-core runs on CPU through the stand-in described in tests/test_megatron.py (`cpu_compat`)."""
 

@@ -21,9 +21,9 @@ loss, KL, entropy and TIS, the exact per-mini-batch reduction. What differs:
 - **Reference model.** Its weights stay on the CPU and are swapped into the model for the no-grad pass.
 - **Checkpoints and sync** speak Hugging Face: `save` writes safetensors with HF names (gathered across TP)
   and the HF config, so the engine, `TorchTrainer.load` and HF tools read them; optimizer state goes beside.
-- **LoRA** (`trainer.lora`): TP-aware adapters on the attention and dense MLP linears
-  (`slime_env.trainers.megatron.lora`), the base frozen (megatron's DDP and optimizer hold the adapters alone), the
-  KL reference the model with its adapters off; `adapter()` is the adapter in PEFT's names, as `TorchTrainer`'s, and
+- **LoRA** (`trainer.lora`): TP-aware adapters on the attention and dense MLP linears, and on Qwen3-MoE's experts
+  (EP-split, peft's `target_parameters` layout) and router (`slime_env.trainers.megatron.lora`), the base frozen
+  (megatron's DDP and optimizer hold the adapters alone), the KL reference the model with its adapters off; `adapter()` is the adapter in PEFT's names, as `TorchTrainer`'s, and
   a checkpoint holds it in PEFT's format. The split step (`trainers.split_step`: `serve-tinker --backend megatron`)
   is `TorchTrainer`'s over `_datum_logprobs` and this optimizer, without pipeline parallel.
 """
@@ -315,7 +315,8 @@ class MegatronTrainer(TorchTrainer):
         shards = _gather({k: v for k, v in local.items() if k not in experts}, self.config.tp,
                          ps.get_tensor_model_parallel_group() if self.config.tp > 1 else None)
         if experts:
-            parts = _gather(experts, self.config.ep, ps.get_expert_model_parallel_group() if self.config.ep > 1 else None)
+            group = ps.get_expert_model_parallel_group() if self.config.ep > 1 else None
+            parts = _gather(experts, self.config.ep, group)
             shards[0] = shards[0] | {k: torch.cat([p[k] for p in parts]) for k in experts}
         tensors = lora.to_peft(self._all_stages(shards), self.lora, self.hf_config)
         return LoRAAdapter(self.config.lora.name, {k: v.cpu() for k, v in tensors.items()},

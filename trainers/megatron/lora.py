@@ -495,7 +495,8 @@ def peft_config(options: Any, adapted: Mapping[str, Adapted], hf_config: Any) ->
 
     config = LoraConfig(r=options.rank, lora_alpha=options.alpha, lora_dropout=0.0,
                         target_modules=peft_target_modules(adapted), use_rslora=options.use_rslora, bias="none",
-                        task_type="CAUSAL_LM", base_model_name_or_path=getattr(hf_config, "_name_or_path", None) or None)
+                        task_type="CAUSAL_LM",
+                        base_model_name_or_path=getattr(hf_config, "_name_or_path", None) or None)
     if any(linear in MOE_PARTS for linear in adapted):
         # peft's own transformers-5 conversion (what `get_peft_model` does to the torch trainer's config): the expert
         # and router names become `target_parameters`, the fused gate_up_proj gets its rank and alpha patterns. It
