@@ -2,7 +2,8 @@
 tests/test_megatron_lora.py (gloo on CPU, NCCL on GPUs; fp32, EP = `--ep`). `--dir` holds `base/` (an HF model folder)
 and `moe/` (a PEFT adapter on the experts, the router and one projection of each fused attention layer). Rank 0 writes
 `--dir/result.json` (the shapes of its local expert adapters, the KL reference's and the policy's log-probs, one GRPO
-step's loss, KL and grad norm, the log-probs after it) and the adapter after the step, gathered over EP (`moe_after/`).
+step's loss, KL and grad norm, the log-probs after it and after resuming from the checkpoint `ckpt/`) and the adapter
+after the step, gathered over EP (`moe_after/`).
 """
 
 from __future__ import annotations
@@ -33,11 +34,14 @@ def main() -> None:
     from slime_env.trainers.megatron_trainer import MegatronTrainer
     from slime_env.trainers.torch_trainer import TrainerConfig
 
-    base = AutoModelForCausalLM.from_pretrained(os.path.join(args.dir, "base"), dtype=torch.float32)
-    # the torch trainer adds no load-balancing loss: off here too, so the router adapters see the same gradient
-    t = MegatronTrainer(base, TrainerConfig(backend="megatron", dtype="float32", ep=args.ep, lr=1e-2, kl_coef=0.1,
-                                            micro_batch_size=2, moe_aux_loss_coeff=0.0,
-                                            lora=dict(LORA, target_modules=MOE)), pad_id=0)
+    def trainer() -> MegatronTrainer:
+        base = AutoModelForCausalLM.from_pretrained(os.path.join(args.dir, "base"), dtype=torch.float32)
+        # the torch trainer adds no load-balancing loss: off here too, so the router adapters see the same gradient
+        return MegatronTrainer(base, TrainerConfig(backend="megatron", dtype="float32", ep=args.ep, lr=1e-2,
+                                                   kl_coef=0.1, micro_batch_size=2, moe_aux_loss_coeff=0.0,
+                                                   lora=dict(LORA, target_modules=MOE)), pad_id=0)
+
+    t = trainer()
     t.load(os.path.join(args.dir, "moe"))
     trajs = trajectories(8, seed=3)
     batch = pack(trajs, group_size=4, pad_id=0)
@@ -63,6 +67,11 @@ def main() -> None:
     with torch.no_grad():
         out["after"] = everyone(t.logprobs(t.model, batch))
     after = t.adapter()  # a collective: every rank
+    t.save(os.path.join(args.dir, "ckpt"))
+    fresh = trainer()
+    fresh.load(os.path.join(args.dir, "ckpt"))  # each EP rank takes its experts' share of the PEFT adapter
+    with torch.no_grad():
+        out["resumed"] = everyone(fresh.logprobs(fresh.model, batch))
     if dist.get_rank() == 0:
         after.save(os.path.join(args.dir, "moe_after"))
         out["parallel"] = t.parallel

@@ -187,11 +187,13 @@ def test_moe_expert_and_router_adapters_step_like_torch_trainers_peft(tmp_path, 
     """Qwen3-MoE, torchrun with `ep` gloo ranks (tests/megatron_moe_lora_check.py): from the same random PEFT adapter
     on the experts' fused weights, the router and attention, Megatron (each EP rank holding its local experts'
     adapters, reduced outside DP) gives TorchTrainer+peft's reference and policy log-probs, loss, KL, grad norm and
-    adapter after one step; peft loads the adapter gathered over EP and gives Megatron's log-probs."""
+    adapter after one step; peft loads the adapter gathered over EP and gives Megatron's log-probs, and so do a resumed
+    checkpoint and its `export --merge`."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
     from slime_env.agents.lora_adapter import LoRAAdapter
+    from slime_env.trainers.lora import export_merged
 
     tiny("qwen3_moe").save_pretrained(tmp_path / "base")
     random_adapter("qwen3_moe", MOE, tmp_path / "moe")
@@ -234,6 +236,10 @@ def test_moe_expert_and_router_adapters_step_like_torch_trainers_peft(tmp_path, 
     assert got["after"] == pytest.approx(masked_logprobs(ref.model, batch, ref.config.lora).tolist(), abs=1e-5)
     peft_model = PeftModel.from_pretrained(base(), str(tmp_path / "moe_after"), is_trainable=True).eval()
     assert masked_logprobs(peft_model, batch, dict(LORA, target_modules=MOE)).tolist() == \
+        pytest.approx(got["after"], abs=1e-5)
+    assert got["resumed"] == pytest.approx(got["after"], abs=1e-6)
+    merged = export_merged(tmp_path / "ckpt", tmp_path / "merged")  # peft's merge_and_unload of the checkpoint
+    assert masked_logprobs(AutoModelForCausalLM.from_pretrained(merged, dtype=torch.float32), batch).tolist() == \
         pytest.approx(got["after"], abs=1e-5)
 
 
