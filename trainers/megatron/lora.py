@@ -280,7 +280,8 @@ def adapt_layer_spec(spec: Any, adapted: Mapping[str, Adapted]) -> None:
             mlp.router = functools.partial(LoRATopKRouter, adapted=adapted["router"])
         experts = {k: a for k, a in adapted.items() if k.startswith("experts_")}
         if experts:
-            if getattr(mlp.experts, "module", None) is not GroupedExperts:
+            module = getattr(mlp.experts, "module", None)
+            if not (isinstance(module, type) and issubclass(module, GroupedExperts)):  # a shared spec: adapted once
                 raise ValueError("LoRA on MoE experts adapts GroupedExperts: set trainer.moe_grouped_gemm: true")
             mlp.experts = ModuleSpec(module=LoRAGroupedExperts, params={"adapted": experts})
         return
