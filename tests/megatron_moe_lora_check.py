@@ -1,5 +1,5 @@
 """One process of the expert-parallel LoRA check of `MegatronTrainer` on Qwen3-MoE, started under torchrun by
-tests/test_megatron_lora.py (gloo on CPU, NCCL on GPUs; fp32, EP = `--ep`). `--dir` holds `base/` (an HF model folder)
+tests/test_megatron_lora.py (gloo on CPU, NCCL on GPUs; fp32, EP = `--ep`, TP = `--tp` with sequence parallel). `--dir` holds `base/` (an HF model folder)
 and `moe/` (a PEFT adapter on the experts, the router and one projection of each fused attention layer). Rank 0 writes
 `--dir/result.json` (the shapes of its local expert adapters, the KL reference's and the policy's log-probs, one GRPO
 step's loss, KL and grad norm, the log-probs after it and after resuming from the checkpoint `ckpt/`) and the adapter
@@ -25,6 +25,7 @@ LORA = dict(rank=4, alpha=8)
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--ep", type=int, default=1)
+    ap.add_argument("--tp", type=int, default=1)  # with sequence parallel, as megatron's MoE layers need under TP
     ap.add_argument("--dir", required=True)
     args = ap.parse_args()
     from transformers import AutoModelForCausalLM
@@ -37,7 +38,8 @@ def main() -> None:
     def trainer() -> MegatronTrainer:
         base = AutoModelForCausalLM.from_pretrained(os.path.join(args.dir, "base"), dtype=torch.float32)
         # the torch trainer adds no load-balancing loss: off here too, so the router adapters see the same gradient
-        return MegatronTrainer(base, TrainerConfig(backend="megatron", dtype="float32", ep=args.ep, lr=1e-2,
+        return MegatronTrainer(base, TrainerConfig(backend="megatron", dtype="float32", ep=args.ep, tp=args.tp,
+                                                   sequence_parallel=args.tp > 1, lr=1e-2,
                                                    kl_coef=0.1, micro_batch_size=2, moe_aux_loss_coeff=0.0,
                                                    lora=dict(LORA, target_modules=MOE)), pad_id=0)
 
