@@ -23,8 +23,8 @@ loss, KL, entropy and TIS, the exact per-mini-batch reduction. What differs:
   and the HF config, so the engine, `TorchTrainer.load` and HF tools read them; optimizer state goes beside.
 - **LoRA** (`trainer.lora`): TP-aware adapters on the attention and dense MLP linears, and on Qwen3-MoE's experts
   (EP-split, peft's `target_parameters` layout) and router (`slime_env.trainers.megatron.lora`), the base frozen
-  (megatron's DDP and optimizer hold the adapters alone), the KL reference the model with its adapters off; `adapter()` is the adapter in PEFT's names, as `TorchTrainer`'s, and
-  a checkpoint holds it in PEFT's format. The split step (`trainers.split_step`: `serve-tinker --backend megatron`)
+  (megatron's DDP and optimizer hold the adapters alone), the KL reference the model with its adapters off;
+  `adapter()` is the adapter in PEFT's names, as `TorchTrainer`'s, and a checkpoint holds it in PEFT's format. The split step (`trainers.split_step`: `serve-tinker --backend megatron`)
   is `TorchTrainer`'s over `_datum_logprobs` and this optimizer, without pipeline parallel.
 """
 
@@ -136,12 +136,14 @@ class MegatronTrainer(TorchTrainer):
         hf_state = {k: v.detach().to("cpu") for k, v in hf_model.state_dict().items()}
         self._load_mcore(self._from_hf(hf_state))
         if self.lora is not None:  # a fresh adapter from one seed (rank 0's), the same in every parallel layout
-            from slime_env.trainers.megatron.lora import freeze_base, initial_adapter
+            from slime_env.trainers.megatron.lora import freeze_base, initial_adapter, inputs_need_grad
 
             seed = torch.randint(0, 2**31 - 1, (1,)).to(self.device)  # NCCL broadcasts device tensors only
             dist.broadcast(seed, src=0)
             self._load_adapter_tensors(initial_adapter(self.lora, self.hf_config, int(seed)))
             freeze_base(self.model)
+            if c.recompute != "none":
+                inputs_need_grad(self.model)
         # the KL reference: with LoRA the model itself with its adapters off (`_reference_logprobs`)
         self.ref_model = _RefWeights(self._mcore_state()) if c.kl_coef > 0 and self.lora is None else None
         self.critic = self.critic_ddp = None

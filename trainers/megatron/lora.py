@@ -301,6 +301,15 @@ def freeze_base(model: torch.nn.Module) -> None:
         p.requires_grad_(is_lora_param(name))
 
 
+def inputs_need_grad(model: torch.nn.Module) -> None:
+    """Under megatron's activation recompute (a reentrant checkpoint: a chunk whose inputs need no gradient returns
+    outputs that need none, so the adapters inside it would get none) the frozen embedding's output is made to need a
+    gradient, as peft's `enable_input_require_grads` does for transformers' checkpointing."""
+    embedding = getattr(model, "embedding", None)  # the first pipeline stage's; later stages receive graded inputs
+    if embedding is not None:
+        embedding.register_forward_hook(lambda module, args, out: out.requires_grad_(True))
+
+
 def lora_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The model's adapter parameters (this rank's shards, megatron names)."""
     return {k: p for k, p in model.named_parameters() if is_lora_param(k)}
