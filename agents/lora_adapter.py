@@ -16,6 +16,7 @@ Punica kernels), several versions at once.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -67,7 +68,10 @@ class LoRAAdapter:
         return folder
 
     def deltas(self, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
-        """{HF weight name: scaling * B @ A} for every adapted linear layer (computed in `dtype`)."""
+        """{HF weight name: scaling * B @ A} for every adapted linear layer (computed in `dtype`); for a parameter peft
+        adapts directly (`target_parameters`: Qwen3-MoE's fused experts and router, `_parameters`), that parameter's
+        delta: a 3-D expert weight [E, out, in] gets B_e @ A_e per expert e, scaled by its rank / alpha patterns."""
+        owners = self._parameters()
         out: dict[str, torch.Tensor] = {}
         for key, a in self.tensors.items():
             if not key.endswith(".lora_A.weight"):
@@ -76,9 +80,58 @@ class LoRAAdapter:
                                      "lora_B); only linear target modules can be merged")
                 continue
             module = key.removesuffix(".lora_A.weight")
-            b = self.tensors[module + ".lora_B.weight"]
-            out[module.removeprefix("base_model.model.") + ".weight"] = (b.to(dtype) @ a.to(dtype)) * self.scaling
+            a, b = a.to(dtype), self.tensors[module + ".lora_B.weight"].to(dtype)
+            param = owners.get(module.removeprefix("base_model.model."))
+            if param is None:
+                out[module.removeprefix("base_model.model.") + ".weight"] = (b @ a) * self.scaling
+                continue
+            r, scaling = self._rank_scaling(param)
+            experts = a.shape[0] // r
+            if experts == 1 and param.endswith(".weight"):  # a 2-D parameter (the router)
+                out[param] = (b @ a) * scaling
+            else:  # peft's ParamWrapper: A [E * r, in] (expert e: rows e*r...), B [out, r * E] (expert e: columns e::E)
+                out[param] = torch.einsum("ore,eri->eoi", b.reshape(b.shape[0], r, experts),
+                                          a.reshape(experts, r, a.shape[-1])) * scaling
         return out
+
+    def _parameters(self) -> dict[str, str]:
+        """{adapter module (HF names): the parameter it adapts} for peft's `target_parameters`. peft wraps a module
+        once per targeted parameter, the first one innermost (`….base_layer`), in the order the module defines them
+        (transformers' experts: gate_up_proj, then down_proj)."""
+        targets = list(self.config.get("target_parameters") or [])
+        if not targets:
+            return {}
+        order = ("gate_up_proj", "down_proj")
+        bare = sorted((t for t in targets if "." not in t), key=lambda t: (order.index(t) if t in order else 2, t))
+        modules = {k.removeprefix("base_model.model.").removesuffix(".lora_A.weight") for k in self.tensors
+                   if k.endswith(".lora_A.weight")}
+        linear = self.config.get("target_modules") or []
+        out = {}
+        for m in modules:
+            owner, depth = m, 0
+            while owner.endswith(".base_layer"):
+                owner, depth = owner.removesuffix(".base_layer"), depth + 1
+            if depth == 0 and not isinstance(linear, str) and m.rsplit(".", 1)[-1] in linear:
+                continue  # a target module: a linear layer
+            dotted = [t for t in targets if "." in t and owner.endswith("." + t.rsplit(".", 1)[0])]
+            if dotted:
+                out[m] = f"{owner}.{dotted[0].rsplit('.', 1)[1]}"
+            elif bare:
+                nested = sum(1 for other in modules if other.startswith(owner + ".base_layer") or other == owner)
+                out[m] = f"{owner}.{bare[nested - 1 - depth] if nested <= len(bare) else bare[0]}"
+        return out
+
+    def _rank_scaling(self, param: str) -> tuple[int, float]:
+        """(rank, scale) of one adapted parameter: peft's `rank_pattern` / `alpha_pattern`, else the config's r / alpha."""
+        def pattern(which: str, default: float) -> float:
+            for key, value in (self.config.get(which) or {}).items():
+                if re.match(rf"(.*\.)?({key})$", param):
+                    return value
+            return default
+
+        r = int(pattern("rank_pattern", int(self.config.get("r", 8))))
+        alpha = float(pattern("alpha_pattern", float(self.config.get("lora_alpha", 8))))
+        return r, alpha / r ** 0.5 if self.config.get("use_rslora") else alpha / r
 
 
 def config_dict(peft_config: Any) -> dict[str, Any]:

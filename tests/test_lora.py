@@ -136,6 +136,30 @@ def test_export_merge_writes_hf_weights_peft_agrees_with(tmp_path):
     assert out.returncode == 1 and "is no trainer checkpoint" in out.stderr
 
 
+def test_moe_expert_and_router_adapters_merge_as_peft_merges_them():
+    """Qwen3-MoE, all-linear: peft adapts the experts' fused 3-D weights and the router (`target_parameters`); the
+    adapter's deltas (merged sync, the engines' merged adapters) on those are peft's own `merge_and_unload`."""
+    import copy
+
+    from slime_env.agents.lora_adapter import MergedAdapter
+    from slime_env.trainers.lora import merged_weights
+
+    trainer = TorchTrainer(tiny("qwen3_moe"), TrainerConfig(lr=5e-2, micro_batch_size=4, lora={"rank": 4, "alpha": 8}),
+                           pad_id=0)
+    trainer.step(trajectories(8, seed=3), group_size=4)  # B moves off zero
+    ours = merged_weights(trainer.model)
+    want = copy.deepcopy(trainer.model).merge_and_unload().state_dict()
+    assert ours.keys() == want.keys()
+    for k in ("model.layers.0.mlp.experts.gate_up_proj", "model.layers.0.mlp.experts.down_proj",
+              "model.layers.0.mlp.gate.weight"):
+        assert not torch.equal(want[k], tiny("qwen3_moe").state_dict()[k]), k
+    for k in want:
+        assert torch.allclose(ours[k], want[k], atol=1e-6), k
+    engine_side = MergedAdapter(tiny("qwen3_moe")).merged(trainer.adapter())
+    assert torch.allclose(engine_side["model.layers.2.mlp.experts.down_proj"],
+                          want["model.layers.2.mlp.experts.down_proj"], atol=1e-6)
+
+
 def test_adapter_sync_reaches_the_embedded_engine_and_is_recorded(smollm2_tok):
     from slime_env.agents import TransformersPolicy
 

@@ -617,10 +617,13 @@ def test_train_loop_with_the_megatron_backend_from_the_example_config(tmp_path):
         assert torch.equal(reader.model.state_dict()[name], saved[name])
 
 
-def test_train_loop_trains_a_qwen3_moe_from_the_moe_example_config(tmp_path):
+@pytest.mark.parametrize("lora", [False, True])
+def test_train_loop_trains_a_qwen3_moe_from_the_moe_example_config(tmp_path, lora):
     """examples/moe_megatron_train.yaml shrunk to the CPU: a tiny random Qwen3-MoE with SmolLM2's tokenizer, the
     embedded engine generating through transformers' own Qwen3-MoE classes, a Megatron MoE step, the weights synced
-    into the engine in place (fused expert layout), and a checkpoint transformers loads (per-expert layout)."""
+    into the engine in place (fused expert layout), and a checkpoint transformers loads (per-expert layout). With
+    a `lora:` section (the example's commented line): the adapter (attention, experts, router) synced and merged into the engine, the checkpoint
+    a PEFT adapter whose expert weights moved."""
     import asyncio
 
     import yaml
@@ -645,9 +648,18 @@ def test_train_loop_trains_a_qwen3_moe_from_the_moe_example_config(tmp_path):
     raw.update(model=str(tmp_path / "moe"), run_dir=str(tmp_path / "run"), steps=1, prompts_per_step=2,
                n_samples_per_prompt=2, eval_every=1, max_new_tokens=8, save_every=1, device="cpu")
     raw["eval_data"]["size"] = 4
+    if lora:
+        raw["trainer"]["lora"] = {"rank": 4, "alpha": 8}
     summary = asyncio.run(train(TrainConfig.from_dict(raw), log=lambda _: None))
     rows = [json.loads(line) for line in open(summary["metrics"])]
     assert [r["step"] for r in rows] == [0, 1] and rows[1]["train/tokens"] > 0
+    if lora:
+        from slime_env.agents.lora_adapter import LoRAAdapter
+
+        adapter = LoRAAdapter.load(tmp_path / "run" / "checkpoints" / "step_1" / "adapter")
+        assert adapter.config["target_parameters"] == ["down_proj", "gate.weight", "gate_up_proj"]
+        assert adapter.tensors["base_model.model.model.layers.1.mlp.experts.base_layer.lora_B.weight"].abs().sum() > 0
+        return
     saved = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "checkpoints" / "step_1" / "model")
     start = AutoModelForCausalLM.from_pretrained(tmp_path / "moe")
     name = "model.layers.1.mlp.experts.gate_up_proj"

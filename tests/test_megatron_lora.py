@@ -1,7 +1,8 @@
 """LoRA on the Megatron trainer (`trainer.lora` with `backend: megatron`, `slime_env.trainers.megatron.lora`), on CPU:
 a TP=2 step equals `TorchTrainer`'s peft step from the same adapter, the exported adapter is PEFT's (peft loads it and
-gives Megatron's log-probs; `export --merge` too), the base never moves, checkpoints resume; what is not built (MoE
-experts and routers, dropout) is refused by name.
+gives Megatron's log-probs; `export --merge` too), the base never moves, checkpoints resume; what is not built
+(dropout, a module the trainer does not know) is refused by name. On Qwen3-MoE the experts' fused weights and the
+router are adapted in peft's own layout (`target_parameters`), under expert parallelism too.
 
 megatron-core runs on CPU through the stand-in described in tests/test_megatron.py (`cpu_compat`)."""
 
@@ -178,16 +179,146 @@ def test_moe_attention_adapters_and_adapter_only_sync(parallel):
     assert torch.equal(merged["model.layers.0.mlp.experts.down_proj"], base["model.layers.0.mlp.experts.down_proj"])
 
 
-def test_what_the_megatron_adapters_do_not_cover_is_refused_by_name():
+MOE = ["q_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "gate"]  # experts, router, one of each fused layer
+
+
+@pytest.mark.parametrize("ep,tp", [(1, 1), (2, 1), (1, 2)])
+def test_moe_expert_and_router_adapters_step_like_torch_trainers_peft(tmp_path, ep, tp):
+    """Qwen3-MoE, torchrun with `ep` x `tp` gloo ranks (tests/megatron_moe_lora_check.py; TP with sequence parallel):
+    from the same random PEFT adapter on the experts' fused weights, the router and attention, Megatron (each EP rank
+    holding its local experts' adapters, reduced outside DP; under TP+SP each rank routing its own tokens) gives TorchTrainer+peft's reference and policy log-probs, loss, KL, grad norm and
+    adapter after one step; peft loads the adapter gathered over EP and gives Megatron's log-probs, and so do a resumed
+    checkpoint and its `export --merge`."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from slime_env.agents.lora_adapter import LoRAAdapter
+    from slime_env.trainers.lora import export_merged
+
+    tiny("qwen3_moe").save_pretrained(tmp_path / "base")
+    random_adapter("qwen3_moe", MOE, tmp_path / "moe")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ep * tp}",
+           os.path.join(ROOT, "tests", "megatron_moe_lora_check.py"), "--ep", str(ep), "--tp", str(tp),
+           "--dir", str(tmp_path)]
+    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    got = json.loads((tmp_path / "result.json").read_text())
+    assert (got["parallel"]["ep"], got["parallel"]["tp"]) == (ep, tp)
+    c = tiny("qwen3_moe").config
+    assert got["local_fc1_A"] == [c.num_experts // ep, 2 * LORA["rank"], c.hidden_size]  # peft's fused rank 2r
+    assert got["local_fc2_B"] == [c.num_experts // ep, c.hidden_size, LORA["rank"]]
+    assert got["expert_adapters_skip_dp"]
+    assert all(n.endswith((".lora_A", ".lora_B")) for n in got["trainable"])
+    assert {n.split(".", 3)[-1] for n in got["trainable"]} >= {"mlp.router.lora_A", "mlp.experts.fc1.lora_B",
+                                                               "mlp.experts.fc2.lora_A"}
+
+    def base():
+        return AutoModelForCausalLM.from_pretrained(tmp_path / "base", dtype=torch.float32)
+
+    trajs = trajectories(8, seed=3)
+    batch = pack(trajs, group_size=4, pad_id=0)
+    ref = TorchTrainer(base(), TrainerConfig(lr=1e-2, kl_coef=0.1, micro_batch_size=2,
+                                             lora=dict(LORA, target_modules=MOE)), pad_id=0)
+    ref.load(tmp_path / "moe")
+    mask = batch.loss_mask.bool()
+    assert got["reference"] == pytest.approx(ref._reference_logprobs(batch)[mask].tolist(), abs=1e-5)
+    assert got["before"] == pytest.approx(masked_logprobs(ref.model, batch, ref.config.lora).tolist(), abs=1e-5)
+    assert got["before"] != pytest.approx(got["reference"], abs=1e-3)
+    metrics = ref.step(trajs, group_size=4)
+    assert got["loss"] == pytest.approx(metrics["train/loss"], rel=1e-4, abs=1e-6)
+    assert got["kl"] == pytest.approx(metrics["train/kl"], rel=1e-4) and got["kl"] > 0
+    assert got["grad_norm"] == pytest.approx(metrics["train/grad_norm"], rel=1e-5)
+    ours, theirs = LoRAAdapter.load(tmp_path / "moe_after"), ref.adapter()
+    assert ours.tensors.keys() == theirs.tensors.keys()
+    assert "base_model.model.model.layers.0.mlp.experts.base_layer.lora_B.weight" in ours.tensors  # gate_up_proj's
+    for k in ours.tensors:  # Adam's first step moves an entry by lr·g / (|g| + eps): where |g| is near eps, float
+        # summation order shows (TP+SP: one entry of 2048 in an expert's A off by 7e-5 of its 8e-3 move; else < 2e-5)
+        assert torch.allclose(ours.tensors[k], theirs.tensors[k], atol=1e-4), k
+    # after the step: that adapter's gap (relative 2e-6 of a log-prob under TP+SP)
+    assert got["after"] == pytest.approx(masked_logprobs(ref.model, batch, ref.config.lora).tolist(), rel=1e-5,
+                                         abs=1e-5)
+    peft_model = PeftModel.from_pretrained(base(), str(tmp_path / "moe_after"), is_trainable=True).eval()
+    assert masked_logprobs(peft_model, batch, dict(LORA, target_modules=MOE)).tolist() == \
+        pytest.approx(got["after"], abs=1e-5)
+    assert got["resumed"] == pytest.approx(got["after"], abs=1e-6)
+    merged = export_merged(tmp_path / "ckpt", tmp_path / "merged")  # peft's merge_and_unload of the checkpoint
+    assert masked_logprobs(AutoModelForCausalLM.from_pretrained(merged, dtype=torch.float32), batch).tolist() == \
+        pytest.approx(got["after"], abs=1e-5)
+
+
+def test_moe_all_linear_adapter_is_peft_s_layout_and_config(parallel, tmp_path):
+    """all-linear on Qwen3-MoE: the Megatron trainer's fresh adapter has the keys, shapes and adapter_config peft
+    itself writes for the torch trainer (target_parameters, the fused gate_up_proj's rank and alpha patterns); a peft
+    adapter (fused attention layers' A shared) goes in and comes out bit for bit, and its merged weights are peft's
+    `merge_and_unload`."""
+    from peft import PeftModel
+
+    from slime_env.agents.lora_adapter import LoRAAdapter
+    from slime_env.trainers.megatron_trainer import MegatronTrainer
+
+    trainer = MegatronTrainer(tiny("qwen3_moe"), TrainerConfig(backend="megatron", dtype="float32", lora=dict(
+        LORA, target_modules="all-linear")), pad_id=0)
+    ours, peft_s = trainer.adapter(), adapter_of(wrap(tiny("qwen3_moe"), LoRAOptions(**LORA)), "policy")
+    assert {k: v.shape for k, v in ours.tensors.items()} == {k: v.shape for k, v in peft_s.tensors.items()}
+    drop = ("base_model_name_or_path",)
+    assert {k: v for k, v in ours.config.items() if k not in drop} == \
+        {k: v for k, v in peft_s.config.items() if k not in drop}
+    assert ours.config["target_parameters"] == ["down_proj", "gate.weight", "gate_up_proj"]
+    random_adapter("qwen3_moe", "all-linear", tmp_path / "all", shared=True)
+    trainer.load(tmp_path / "all")
+    sent, back = LoRAAdapter.load(tmp_path / "all"), trainer.adapter()
+    assert back.tensors.keys() == sent.tensors.keys()
+    assert all(torch.equal(back.tensors[k], sent.tensors[k]) for k in sent.tensors)
+    # the merged weights (full-weight sync, engines' merged adapters) are peft's own merge
+    merged = PeftModel.from_pretrained(tiny("qwen3_moe"), str(tmp_path / "all")).merge_and_unload().state_dict()
+    ours = {k: v.cpu() for k, v in trainer.weights().items()}
+    assert ours.keys() == merged.keys()
+    for k in ("model.layers.0.mlp.experts.gate_up_proj", "model.layers.0.mlp.experts.down_proj",
+              "model.layers.0.mlp.gate.weight", "model.layers.0.self_attn.v_proj.weight"):
+        assert not torch.equal(merged[k], tiny("qwen3_moe").state_dict()[k]), k  # adapted
+    assert torch.equal(merged["model.layers.1.mlp.up_proj.weight"], tiny("qwen3_moe").state_dict()[
+        "model.layers.1.mlp.up_proj.weight"])  # a dense layer's MLP (mlp_only_layers): peft leaves it, so do we
+    for k in merged:
+        assert torch.allclose(ours[k], merged[k], atol=1e-6), k
+
+
+def test_lora_under_activation_recompute_steps_as_without(parallel):
+    """megatron's recompute is a reentrant checkpoint: with the base frozen no layer's input needs a gradient by
+    itself, so the adapters inside would get none (the step raised); with the embedding's output marked, selective
+    and full recompute give the step without recompute (loss, grad norm, adapter after it)."""
+    from slime_env.trainers.megatron_trainer import MegatronTrainer
+
+    trajs = trajectories(8, seed=3)
+    results = {}
+    for recompute in ("none", "selective", "full"):
+        torch.manual_seed(0)  # the same fresh adapter each time
+        trainer = MegatronTrainer(tiny("qwen3_moe"), TrainerConfig(backend="megatron", lr=1e-3, recompute=recompute,
+                                                                   max_tokens_per_micro_batch=48, lora=dict(LORA)),
+                                  pad_id=0)
+        results[recompute] = (trainer.step(trajs, group_size=4), trainer.adapter().tensors)
+    m0, a0 = results["none"]
+    assert m0["train/grad_norm"] > 0
+    for m, a in (results["selective"], results["full"]):
+        assert m["train/grad_norm"] == pytest.approx(m0["train/grad_norm"], rel=1e-6)
+        assert m["train/loss"] == pytest.approx(m0["train/loss"], rel=1e-6, abs=1e-8)
+        assert all(torch.allclose(a[k], a0[k], atol=1e-7, rtol=0) for k in a0)
+
+
+def test_what_the_megatron_adapters_do_not_cover_is_refused_by_name(parallel):
+    from slime_env.trainers.megatron import build_gpt
     from slime_env.trainers.megatron.lora import plan
     from slime_env.trainers.run import TrainConfig
 
     moe, dense = tiny("qwen3_moe").config, tiny("qwen2").config
     for options, config, match in (
-            (dict(target_modules="all-linear"), moe, r"all-linear on qwen3_moe means the MoE experts and routers"),
-            (dict(target_modules=["q_proj", "gate"]), moe, r"'gate': LoRA on MoE experts and routers is not built"),
-            (dict(target_modules=["gate_up_proj"]), moe, r"'gate_up_proj': LoRA on MoE experts"),
-            (dict(target_modules=["q_proj", "up_proj"]), moe, r"'up_proj' on qwen3_moe: peft adapts the MoE experts"),
+            (dict(target_modules=["gate_up_proj"]), moe,
+             r"'gate_up_proj': the Megatron trainer adapts .* \(on qwen3_moe gate_proj / up_proj / down_proj are the "
+             r"experts'"),
+            (dict(target_modules=["shared_expert"]), moe, r"'shared_expert': the Megatron trainer adapts"),
+            (dict(target_modules=["q_proj", "up_proj"]), moe, r"'up_proj' on qwen3_moe: the experts' gate and up rows "
+                                                              r"are one weight"),
+            (dict(target_modules=["gate"]), dense, r"'gate': the Megatron trainer adapts \['q_proj'"),
             (dict(target_modules=["lm_head"]), dense, r"'lm_head': the Megatron trainer adapts \['q_proj'"),
             (dict(target_modules=".*proj"), dense, r"'\.\*proj': the Megatron trainer takes 'all-linear' or a list"),
             (dict(dropout=0.1), dense, r"lora\.dropout 0\.1: the Megatron trainer's adapters have no dropout")):
@@ -197,5 +328,13 @@ def test_what_the_megatron_adapters_do_not_cover_is_refused_by_name():
     assert {k: v.parts for k, v in fused.items()} == {"linear_qkv": ("q_proj", "v_proj"), "linear_fc1": ("up_proj",)}
     assert fused["linear_qkv"].scaling == 2.0
     assert plan(LoRAOptions(rank=4, alpha=8, use_rslora=True), dense)["linear_fc2"].scaling == 4.0
+    # MoE: peft's names and its fused gate_up_proj (rank and alpha doubled: alpha / r kept, rsLoRA 2 alpha / sqrt(2r))
+    experts = plan(LoRAOptions(**LORA), moe)
+    assert {k: (v.rank, v.scaling, v.parts) for k, v in experts.items() if "linear" not in k} == {
+        "experts_fc1": (8, 2.0, ("gate_proj", "up_proj")), "experts_fc2": (4, 2.0, ("down_proj",)),
+        "router": (4, 2.0, ("gate",))}
+    assert plan(LoRAOptions(rank=4, alpha=8, use_rslora=True), moe)["experts_fc1"].scaling == pytest.approx(16 / 8**0.5)
+    with pytest.raises(ValueError, match=r"LoRA on MoE experts adapts GroupedExperts: set trainer\.moe_grouped_gemm"):
+        build_gpt(moe, grouped_experts=False, lora=experts)
     TrainConfig.from_dict({"trainer": {"backend": "megatron", "tp": 2, "lora": {"rank": 8}}})  # accepted now
     TrainConfig.from_dict({"trainer": {"backend": "fsdp", "lora": {"rank": 8}}})  # and on FSDP (test_fsdp_lora.py)

@@ -138,8 +138,11 @@ def adapter_names(peft_model: Any) -> dict[str, str]:
 def base_weights(peft_model: Any, state: Mapping[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
     """The frozen base model's HF state dict (views) out of a peft model (or out of its full `state`, as in
     `adapter_of`): no adapter tensors, no `base_layer.`."""
+    import re
+
     state = peft_model.state_dict() if state is None else state
-    return {k.removeprefix("base_model.model.").replace(".base_layer.", "."): v.detach()
+    # peft nests one wrapper per adapted parameter of a module (MoE experts: `experts.base_layer.base_layer.…`)
+    return {re.sub(r"(\.base_layer)+\.", ".", k.removeprefix("base_model.model.")): v.detach()
             for k, v in state.items() if ".lora_" not in k}
 
 

@@ -21,10 +21,10 @@ loss, KL, entropy and TIS, the exact per-mini-batch reduction. What differs:
 - **Reference model.** Its weights stay on the CPU and are swapped into the model for the no-grad pass.
 - **Checkpoints and sync** speak Hugging Face: `save` writes safetensors with HF names (gathered across TP)
   and the HF config, so the engine, `TorchTrainer.load` and HF tools read them; optimizer state goes beside.
-- **LoRA** (`trainer.lora`): TP-aware adapters on the attention and dense MLP linears
-  (`slime_env.trainers.megatron.lora`), the base frozen (megatron's DDP and optimizer hold the adapters alone), the
-  KL reference the model with its adapters off; `adapter()` is the adapter in PEFT's names, as `TorchTrainer`'s, and
-  a checkpoint holds it in PEFT's format. The split step (`trainers.split_step`: `serve-tinker --backend megatron`)
+- **LoRA** (`trainer.lora`): TP-aware adapters on the attention and dense MLP linears, and on Qwen3-MoE's experts
+  (EP-split, peft's `target_parameters` layout) and router (`slime_env.trainers.megatron.lora`), the base frozen
+  (megatron's DDP and optimizer hold the adapters alone), the KL reference the model with its adapters off;
+  `adapter()` is the adapter in PEFT's names, as `TorchTrainer`'s, and a checkpoint holds it in PEFT's format. The split step (`trainers.split_step`: `serve-tinker --backend megatron`)
   is `TorchTrainer`'s over `_datum_logprobs` and this optimizer, without pipeline parallel.
 """
 
@@ -136,12 +136,14 @@ class MegatronTrainer(TorchTrainer):
         hf_state = {k: v.detach().to("cpu") for k, v in hf_model.state_dict().items()}
         self._load_mcore(self._from_hf(hf_state))
         if self.lora is not None:  # a fresh adapter from one seed (rank 0's), the same in every parallel layout
-            from slime_env.trainers.megatron.lora import freeze_base, initial_adapter
+            from slime_env.trainers.megatron.lora import freeze_base, initial_adapter, inputs_need_grad
 
             seed = torch.randint(0, 2**31 - 1, (1,)).to(self.device)  # NCCL broadcasts device tensors only
             dist.broadcast(seed, src=0)
             self._load_adapter_tensors(initial_adapter(self.lora, self.hf_config, int(seed)))
             freeze_base(self.model)
+            if c.recompute != "none":
+                inputs_need_grad(self.model)
         # the KL reference: with LoRA the model itself with its adapters off (`_reference_logprobs`)
         self.ref_model = _RefWeights(self._mcore_state()) if c.kl_coef > 0 and self.lora is None else None
         self.critic = self.critic_ddp = None
@@ -262,7 +264,8 @@ class MegatronTrainer(TorchTrainer):
         from slime_env.trainers.megatron import lora
         from slime_env.trainers.megatron.convert import stage_weights
 
-        state = lora.from_peft(tensors, self.lora, self.hf_config, tp_rank=self.tp_rank, tp_size=self.config.tp)
+        state = lora.from_peft(tensors, self.lora, self.hf_config, tp_rank=self.tp_rank, tp_size=self.config.tp,
+                               ep_rank=self.ep_rank, ep_size=self.config.ep)
         if self.pp > 1:
             state = stage_weights(state, **(self._stage | {"tied": False}))
         _copy_params(self.model, state, lora.is_lora_param)
@@ -307,10 +310,16 @@ class MegatronTrainer(TorchTrainer):
         from megatron.core import parallel_state as ps
 
         from slime_env.agents.lora_adapter import LoRAAdapter
-        from slime_env.trainers.megatron import lora
+        from slime_env.trainers.megatron import lora, moe
 
         local = {k: v.detach() for k, v in lora.lora_state(self.model).items()}
-        shards = _gather(local, self.config.tp, ps.get_tensor_model_parallel_group() if self.config.tp > 1 else None)
+        experts = {k: v for k, v in local.items() if moe.is_expert_param(k)}  # [local experts, ...]: joined over EP
+        shards = _gather({k: v for k, v in local.items() if k not in experts}, self.config.tp,
+                         ps.get_tensor_model_parallel_group() if self.config.tp > 1 else None)
+        if experts:
+            group = ps.get_expert_model_parallel_group() if self.config.ep > 1 else None
+            parts = _gather(experts, self.config.ep, group)
+            shards[0] = shards[0] | {k: torch.cat([p[k] for p in parts]) for k in experts}
         tensors = lora.to_peft(self._all_stages(shards), self.lora, self.hf_config)
         return LoRAAdapter(self.config.lora.name, {k: v.cpu() for k, v in tensors.items()},
                            lora.peft_config(self.config.lora, self.lora, self.hf_config))

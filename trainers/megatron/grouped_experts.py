@@ -24,8 +24,10 @@ def grouped_mm_available(x: torch.Tensor) -> bool:
             and torch.cuda.get_device_capability(x.device)[0] >= 9)
 
 
-def _grouped(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, counts: list[int] | None) -> torch.Tensor:
-    """x [N, K] (rows grouped by expert), w [E, M, K] -> [N, M]: each group times its expert's weight."""
+def _grouped(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor | None, counts: list[int] | None
+             ) -> torch.Tensor:
+    """x [N, K] (rows grouped by expert), w [E, M, K] -> [N, M]: each group times its expert's weight (`offsets`:
+    torch._grouped_mm's cumulative group ends, else `counts`: the per-expert loop)."""
     if counts is None:
         return torch._grouped_mm(x, w.transpose(-2, -1), offs=offsets)
     return torch.cat([part @ w[e].t() for e, part in enumerate(torch.split(x, counts))], dim=0)
@@ -57,9 +59,13 @@ class GroupedExperts(MegatronModule):
         fast = grouped_mm_available(hidden)
         offsets = torch.cumsum(tokens_per_expert.to(hidden.device), 0, dtype=torch.int32) if fast else None
         counts = None if fast else [int(n) for n in tokens_per_expert.tolist()]
-        gate, up = _grouped(hidden, self.weight1, offsets, counts).chunk(2, dim=-1)
+        gate, up = self.fc(1, hidden, offsets, counts).chunk(2, dim=-1)
         inner = (F.silu(gate) * up * probs.unsqueeze(-1)).to(hidden.dtype)
-        return _grouped(inner, self.weight2, offsets, counts), None
+        return self.fc(2, inner, offsets, counts), None
+
+    def fc(self, which: int, x: torch.Tensor, offsets: torch.Tensor | None, counts: list[int] | None) -> torch.Tensor:
+        """fc1 (x [N, H] -> [N, 2F]) or fc2 ([N, F] -> [N, H]) of every token's expert; LoRA adds its branch here."""
+        return _grouped(x, self.weight1 if which == 1 else self.weight2, offsets, counts)
 
     def backward_dw(self) -> None:  # megatron calls it when it splits weight gradients out; ours come with autograd
         return None

@@ -20,7 +20,20 @@ A x; A of a column-parallel layer under sequence parallel: each rank saw its own
 Fused layers carry one adapter: `linear_qkv` one A shared by q, k and v and B with the fused rows, `linear_fc1` one A
 for gate and up. In PEFT's names (`to_peft`) each of q_proj / k_proj / v_proj gets that A and its rows of B, exactly
 the same function; a projection not in `target_modules` keeps its rows of B at zero (`rows`, a fixed mask).
-MoE experts and routers are not adapted (`plan` refuses them by name).
+
+Qwen3-MoE (transformers 5 keeps a layer's experts as two 3-D parameters): peft adapts them through its
+`target_parameters` (`ParamWrapper`), and so do we, with the same parametrisation:
+- `LoRAGroupedExperts` (`experts_fc1` = HF gate_proj + up_proj, `experts_fc2` = down_proj): per local expert e,
+  fc(x) = W_e x + s B_e A_e x, A [E, r, in] and B [E, out, r] stacked like `weight1` / `weight2` and computed by the
+  same grouped GEMMs (the per-expert loop on CPU). fc1 has rank 2r and alpha 2·alpha: peft fuses gate and up into one
+  `gate_up_proj` adapter with that `rank_pattern` / `alpha_pattern`. Split over EP with the experts; their gradients
+  are reduced over the expert-data-parallel group (`allreduce = False`, as the base weights).
+- `LoRATopKRouter` (`router` = HF `gate`, peft adapts it under all-linear): logits + s B A x in the router's dtype.
+In PEFT's names one expert weight is `mlp.experts.lora_A.weight` [E·r, in] (expert e's A its rows e·r…e·r+r-1) and
+`lora_B.weight` [out, r·E] (expert e's B its columns e, e+E, …: peft reshapes it to [out, r, E]); with both expert
+weights adapted peft nests its wrappers: gate_up_proj's is `mlp.experts.base_layer.lora_*`, down_proj's
+`mlp.experts.lora_*`. On an MoE model gate_proj / up_proj / down_proj name the experts (peft's mapping), so a dense
+MLP layer of a mixed model (`mlp_only_layers`) stays unadapted, as under peft.
 """
 
 from __future__ import annotations
@@ -42,9 +55,11 @@ from megatron.core.tensor_parallel.mappings import (
     reduce_from_tensor_model_parallel_region,
     reduce_scatter_to_sequence_parallel_region,
 )
+from megatron.core.transformer.moe.router import TopKRouter
 
 from slime_env.trainers.megatron import moe
 from slime_env.trainers.megatron.convert import _qkv, _shard, _split_qkv, attention_dims
+from slime_env.trainers.megatron.grouped_experts import GroupedExperts, _grouped
 
 # HF projection -> (megatron linear, its block: self_attention / mlp); the fused layers' parts in their row order.
 LINEARS = {"q_proj": "linear_qkv", "k_proj": "linear_qkv", "v_proj": "linear_qkv", "o_proj": "linear_proj",
@@ -53,7 +68,9 @@ PARTS = {"linear_qkv": ("q_proj", "k_proj", "v_proj"), "linear_proj": ("o_proj",
          "linear_fc1": ("gate_proj", "up_proj"), "linear_fc2": ("down_proj",)}
 _BLOCK = {"linear_qkv": ("self_attention", "self_attn"), "linear_proj": ("self_attention", "self_attn"),
           "linear_fc1": ("mlp", "mlp"), "linear_fc2": ("mlp", "mlp")}
-_EXPERT_NAMES = ("experts", "gate_up_proj", "gate", "router", "shared_expert")
+# Qwen3-MoE: peft's HF names (its `target_modules` before its transformers-5 conversion) of the experts and router
+MOE_PARTS = {"experts_fc1": ("gate_proj", "up_proj"), "experts_fc2": ("down_proj",), "router": ("gate",)}
+_MOE_MODULE = {"experts_fc1": "mlp.experts.fc1", "experts_fc2": "mlp.experts.fc2", "router": "mlp.router"}
 
 
 @dataclass(frozen=True)
@@ -67,38 +84,40 @@ class Adapted:
 
 
 def plan(options: Any, hf_config: Any) -> dict[str, Adapted]:
-    """{megatron linear: Adapted} for `trainer.lora` (`slime_env.trainers.lora.LoRAOptions`) on `hf_config`'s model.
-    ValueError naming `lora.<field>` for what this backend does not build: dropout > 0, MoE experts or routers — on an
-    MoE model that includes `all-linear` and the MLP names, which peft maps onto the experts' fused weights (its
-    `target_parameters`) — and a module other than the seven dense projections."""
+    """{megatron linear: Adapted} for `trainer.lora` (`slime_env.trainers.lora.LoRAOptions`) on `hf_config`'s model,
+    what peft adapts for the same options: on an MoE model gate_proj / up_proj / down_proj are the experts' and
+    all-linear takes the router (`gate`) too. ValueError naming `lora.<field>` for what this backend does not build:
+    dropout > 0, a module other than these, gate_proj without up_proj on an MoE model (peft refuses it too)."""
     if options.dropout:
         raise ValueError(f"lora.dropout {options.dropout}: the Megatron trainer's adapters have no dropout yet; set "
                          "lora.dropout: 0")
-    sparse = moe.sparse_layers(hf_config)
+    sparse = any(moe.sparse_layers(hf_config))
+    known = list(LINEARS) + (["gate"] if sparse else [])
     names = options.target_modules
     if names == "all-linear":
-        if any(sparse):
-            raise ValueError(f"lora.target_modules: all-linear on {hf_config.model_type} means the MoE experts and "
-                             "routers too (peft adapts them), which the Megatron trainer does not adapt yet; list the "
-                             "attention projections: [q_proj, k_proj, v_proj, o_proj]")
-        names = list(LINEARS)
+        names = known
     elif isinstance(names, str):
-        raise ValueError(f"lora.target_modules {names!r}: the Megatron trainer takes 'all-linear' or a list of "
-                         f"{list(LINEARS)}")
+        raise ValueError(f"lora.target_modules {names!r}: the Megatron trainer takes 'all-linear' or a list of {known}")
     for n in names:
-        if n in _EXPERT_NAMES or "expert" in n:
-            raise ValueError(f"lora.target_modules {n!r}: LoRA on MoE experts and routers is not built for the "
-                             f"Megatron trainer yet; it adapts {list(LINEARS)}")
-        if n not in LINEARS:
-            raise ValueError(f"lora.target_modules {n!r}: the Megatron trainer adapts {list(LINEARS)} (the "
-                             "attention and dense MLP projections)")
-        if any(sparse) and LINEARS[n] in ("linear_fc1", "linear_fc2"):
-            raise ValueError(f"lora.target_modules {n!r} on {hf_config.model_type}: peft adapts the MoE experts under "
-                             "this name (their fused gate_up_proj / down_proj), which the Megatron trainer does not "
-                             "adapt yet; use the attention projections [q_proj, k_proj, v_proj, o_proj]")
-    scaling = options.alpha / (math.sqrt(options.rank) if options.use_rslora else options.rank)
-    return {linear: Adapted(options.rank, scaling, tuple(p for p in parts if p in names))
-            for linear, parts in PARTS.items() if any(p in names for p in parts)}
+        if n not in known:
+            where = (f" (on {hf_config.model_type} gate_proj / up_proj / down_proj are the experts' and gate the "
+                     "router's, peft's names)") if sparse else " (the attention and dense MLP projections)"
+            raise ValueError(f"lora.target_modules {n!r}: the Megatron trainer adapts {known}{where}")
+    parts_of = PARTS
+    if sparse:
+        parts_of = {k: PARTS[k] for k in ("linear_qkv", "linear_proj")} | MOE_PARTS
+        fused = [p for p in MOE_PARTS["experts_fc1"] if p in names]
+        if len(fused) == 1:
+            raise ValueError(f"lora.target_modules {fused[0]!r} on {hf_config.model_type}: the experts' gate and up "
+                             "rows are one weight (gate_up_proj): list gate_proj and up_proj together, as peft needs")
+    out = {}
+    for linear, parts in parts_of.items():
+        chosen = tuple(p for p in parts if p in names)
+        if chosen:  # peft's fused expert weight: rank and alpha times its parts (its rank_pattern / alpha_pattern)
+            k = len(chosen) if linear == "experts_fc1" else 1
+            rank, alpha = options.rank * k, options.alpha * k
+            out[linear] = Adapted(rank, alpha / (math.sqrt(rank) if options.use_rslora else rank), chosen)
+    return out
 
 
 def peft_target_modules(adapted: Mapping[str, Adapted]) -> list[str]:
@@ -175,6 +194,60 @@ class LoRARowParallelLinear(RowParallelLinear):
         return (out + self.bias if self.bias is not None else out), None
 
 
+class LoRAGroupedExperts(GroupedExperts):
+    """`GroupedExperts` plus s·B_e·A_e on fc1 and / or fc2 of every local expert e (module docstring), A [E, r, in] and
+    B [E, out, r], through the same grouped GEMMs (torch._grouped_mm on CUDA when r keeps its 16-byte alignment)."""
+
+    def __init__(self, num_local_experts: int, config, submodules=None, pg_collection=None, *,
+                 adapted: Mapping[str, Adapted]):
+        super().__init__(num_local_experts, config, submodules, pg_collection)
+        h, f, e = config.hidden_size, config.moe_ffn_hidden_size, num_local_experts
+        kw = dict(dtype=config.params_dtype, device=torch.cuda.current_device() if torch.cuda.is_available() else "cpu")
+        self.lora_on = True
+        for linear, a in adapted.items():
+            fan_in, fan_out = (h, 2 * f) if linear == "experts_fc1" else (f, h)
+            branch = torch.nn.Module()
+            branch.lora = a
+            branch.lora_A = torch.nn.Parameter(torch.zeros(e, a.rank, fan_in, **kw))
+            branch.lora_B = torch.nn.Parameter(torch.zeros(e, fan_out, a.rank, **kw))
+            for p in (branch.lora_A, branch.lora_B):
+                p.allreduce = False  # reduced over the expert-data-parallel group, as the experts' weights
+            self.add_module(linear.removeprefix("experts_"), branch)
+
+    def fc(self, which: int, x: torch.Tensor, offsets: torch.Tensor | None, counts: list[int] | None) -> torch.Tensor:
+        out = super().fc(which, x, offsets, counts)
+        branch = getattr(self, f"fc{which}", None)
+        if branch is None or not self.lora_on:
+            return out
+        if offsets is not None and branch.lora.rank % 8:  # cuBLAS grouped GEMM needs 16-byte aligned strides
+            counts = torch.diff(offsets, prepend=offsets.new_zeros(1)).tolist()
+            offsets = None
+        h = _grouped(x, branch.lora_A, offsets, counts)
+        return out + branch.lora.scaling * _grouped(h, branch.lora_B, offsets, counts).to(out.dtype)
+
+
+class LoRATopKRouter(TopKRouter):
+    """megatron's `TopKRouter` (logits = W x, W [E, H]) plus s·B·A x, A [r, H], B [E, r], in the router's dtype;
+    replicated like W (the same `sequence_parallel` mark: under SP each TP rank's gradient is its tokens' share)."""
+
+    def __init__(self, config, pg_collection=None, *, adapted: Adapted):
+        super().__init__(config=config, pg_collection=pg_collection)
+        kw = dict(dtype=config.params_dtype, device=torch.cuda.current_device() if torch.cuda.is_available() else "cpu")
+        self.lora = adapted
+        self.lora_on = True
+        self.lora_A = torch.nn.Parameter(torch.zeros(adapted.rank, config.hidden_size, **kw))
+        self.lora_B = torch.nn.Parameter(torch.zeros(config.num_moe_experts, adapted.rank, **kw))
+        for p in (self.lora_A, self.lora_B):
+            p.sequence_parallel = config.sequence_parallel
+
+    def gating(self, input: torch.Tensor) -> torch.Tensor:
+        logits = super().gating(input)
+        if not self.lora_on:
+            return logits
+        h = F.linear(input.to(logits.dtype), self.lora_A.to(logits.dtype))
+        return logits + self.lora.scaling * F.linear(h, self.lora_B.to(logits.dtype))
+
+
 def _row_mask(config: Any, layer: str | None, parts: tuple[str, ...], rows: int) -> torch.Tensor | None:
     """[rows, 1] ones on this TP rank's rows of the adapted parts of a fused layer (`linear_qkv`: per local KV group
     its query heads, key, value; `linear_fc1`: [gate; up]), None when every part is adapted."""
@@ -202,7 +275,15 @@ def adapt_layer_spec(spec: Any, adapted: Mapping[str, Adapted]) -> None:
     if "linear_proj" in adapted:
         attn.linear_proj = ModuleSpec(module=LoRARowParallelLinear, params={"adapted": adapted["linear_proj"]})
     mlp = spec.submodules.mlp.submodules
-    if getattr(mlp, "experts", None) is not None:  # an MoE layer (`plan` adapts no MLP of an MoE model)
+    if getattr(mlp, "experts", None) is not None:  # an MoE layer: its experts and router (`plan`'s MoE names)
+        if "router" in adapted:  # MoELayer calls this submodule directly, not through build_module
+            mlp.router = functools.partial(LoRATopKRouter, adapted=adapted["router"])
+        experts = {k: a for k, a in adapted.items() if k.startswith("experts_")}
+        if experts:
+            module = getattr(mlp.experts, "module", None)
+            if not (isinstance(module, type) and issubclass(module, GroupedExperts)):  # a shared spec: adapted once
+                raise ValueError("LoRA on MoE experts adapts GroupedExperts: set trainer.moe_grouped_gemm: true")
+            mlp.experts = ModuleSpec(module=LoRAGroupedExperts, params={"adapted": experts})
         return
     for name, cls in (("linear_fc1", LoRAColumnParallelLinear), ("linear_fc2", LoRARowParallelLinear)):
         if name in adapted:
@@ -218,6 +299,15 @@ def freeze_base(model: torch.nn.Module) -> None:
     """Only the adapters train: every other parameter stops needing a gradient (megatron's DDP and optimizer skip it)."""
     for name, p in model.named_parameters():
         p.requires_grad_(is_lora_param(name))
+
+
+def inputs_need_grad(model: torch.nn.Module) -> None:
+    """Under megatron's activation recompute (a reentrant checkpoint: a chunk whose inputs need no gradient returns
+    outputs that need none, so the adapters inside it would get none) the frozen embedding's output is made to need a
+    gradient, as peft's `enable_input_require_grads` does for transformers' checkpointing."""
+    embedding = getattr(model, "embedding", None)  # the first pipeline stage's; later stages receive graded inputs
+    if embedding is not None:
+        embedding.register_forward_hook(lambda module, args, out: out.requires_grad_(True))
 
 
 def lora_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -262,7 +352,29 @@ def _peft_key(layer: int, part: str, which: str) -> str:
 
 
 def _mcore_key(layer: int, linear: str, which: str) -> str:
+    if linear in _MOE_MODULE:
+        return f"decoder.layers.{layer}.{_MOE_MODULE[linear]}.lora_{which}"
     return f"decoder.layers.{layer}.{_BLOCK[linear][0]}.{linear}.lora_{which}"
+
+
+def _moe_peft_key(layer: int, linear: str, which: str, adapted: Mapping[str, Adapted]) -> str:
+    """peft's saved name of an expert weight's or the router's adapter (module docstring: nested expert wrappers)."""
+    module = {"router": "gate", "experts_fc2": "experts"}.get(linear) or \
+        ("experts.base_layer" if "experts_fc2" in adapted else "experts")
+    return f"base_model.model.model.layers.{layer}.mlp.{module}.lora_{which}.weight"
+
+
+def _moe_dims(linear: str, c: Any) -> tuple[int, int, int]:
+    """(experts, in, out) of an MoE adapter's weight (1 expert: the router)."""
+    return {"experts_fc1": (c.num_experts, c.hidden_size, 2 * c.moe_intermediate_size),
+            "experts_fc2": (c.num_experts, c.moe_intermediate_size, c.hidden_size),
+            "router": (1, c.hidden_size, c.num_experts)}[linear]
+
+
+def _moe_layers(adapted: Mapping[str, Adapted], hf_config: Any) -> list[tuple[int, str, Adapted]]:
+    sparse = moe.sparse_layers(hf_config)
+    return [(layer, linear, a) for linear, a in adapted.items() if linear in MOE_PARTS
+            for layer in range(hf_config.num_hidden_layers) if sparse[layer]]
 
 
 def initial_adapter(adapted: Mapping[str, Adapted], hf_config: Any, seed: int) -> dict[str, torch.Tensor]:
@@ -271,13 +383,22 @@ def initial_adapter(adapted: Mapping[str, Adapted], hf_config: Any, seed: int) -
     same one. A fused layer's parts share its A."""
     heads, kv, d = attention_dims(hf_config)
     h = hf_config.hidden_size
-    ffn = hf_config.intermediate_size
+    ffn = getattr(hf_config, "intermediate_size", None)
     shapes = {"q_proj": (heads * d, h), "k_proj": (kv * d, h), "v_proj": (kv * d, h), "o_proj": (h, heads * d),
               "gate_proj": (ffn, h), "up_proj": (ffn, h), "down_proj": (h, ffn)}
+    moe_layers = _moe_layers(adapted, hf_config)
     out = {}
     for n, (linear, a) in enumerate(sorted(adapted.items())):
         for layer in range(hf_config.num_hidden_layers):
             g = torch.Generator().manual_seed(seed * 1_000_003 + layer * 8 + n)
+            if linear in MOE_PARTS:
+                if (layer, linear, a) in moe_layers:  # peft's [E * r, in] and [out, r * E]
+                    e, fan_in, fan_out = _moe_dims(linear, hf_config)
+                    bound = 1.0 / math.sqrt(fan_in)
+                    out[_moe_peft_key(layer, linear, "A", adapted)] = \
+                        torch.empty(e * a.rank, fan_in).uniform_(-bound, bound, generator=g)
+                    out[_moe_peft_key(layer, linear, "B", adapted)] = torch.zeros(fan_out, a.rank * e)
+                continue
             fan_in = shapes[a.parts[0]][1]
             bound = 1.0 / math.sqrt(fan_in)
             shared = torch.empty(a.rank, fan_in).uniform_(-bound, bound, generator=g)
@@ -288,23 +409,36 @@ def initial_adapter(adapted: Mapping[str, Adapted], hf_config: Any, seed: int) -
 
 
 def from_peft(tensors: Mapping[str, torch.Tensor], adapted: Mapping[str, Adapted], hf_config: Any, *,
-              tp_rank: int = 0, tp_size: int = 1) -> dict[str, torch.Tensor]:
-    """TP rank `tp_rank`'s adapter parameters (megatron names, layers numbered globally) from a PEFT adapter's tensors.
-    ValueError naming the key for a missing tensor, a shape that is not this plan's rank, the parts of a fused
-    layer with different A matrices (its one adapter shares A), or a tensor this plan does not adapt."""
+              tp_rank: int = 0, tp_size: int = 1, ep_rank: int = 0, ep_size: int = 1) -> dict[str, torch.Tensor]:
+    """TP rank `tp_rank`'s (and EP rank `ep_rank`'s local experts') adapter parameters (megatron names, layers
+    numbered globally) from a PEFT adapter's tensors. ValueError naming the key for a missing tensor, a shape that is
+    not this plan's, the parts of a fused layer with different A matrices (its one adapter shares A), or a tensor
+    this plan does not adapt."""
     out = {}
     used = set()
 
-    def get(layer: int, part: str, which: str) -> torch.Tensor:
-        key = _peft_key(layer, part, which)
+    def get(layer: int, part: str, which: str, key: str | None = None) -> torch.Tensor:
+        key = key or _peft_key(layer, part, which)
         if key not in tensors:
             raise ValueError(f"adapter: {key} is missing (target_modules of this trainer: "
                              f"{peft_target_modules(adapted)})")
         used.add(key)
         return tensors[key].float()
 
+    for layer, linear, a in _moe_layers(adapted, hf_config):
+        e, fan_in, fan_out = _moe_dims(linear, hf_config)
+        A, B = (get(layer, "", w, _moe_peft_key(layer, linear, w, adapted)) for w in "AB")
+        if A.shape != (e * a.rank, fan_in) or B.shape != (fan_out, a.rank * e):
+            raise ValueError(f"adapter: {_moe_peft_key(layer, linear, 'A', adapted)} and lora_B are "
+                             f"{tuple(A.shape)} and {tuple(B.shape)}, this trainer's (rank {a.rank}, {e} experts) are "
+                             f"{(e * a.rank, fan_in)} and {(fan_out, a.rank * e)}")
+        if linear != "router":  # per expert: [E, r, in] and [E, out, r], this EP rank's experts
+            per = e // ep_size
+            A = A.reshape(e, a.rank, fan_in)[ep_rank * per:(ep_rank + 1) * per]
+            B = B.reshape(fan_out, a.rank, e).permute(2, 0, 1)[ep_rank * per:(ep_rank + 1) * per]
+        out[_mcore_key(layer, linear, "A")], out[_mcore_key(layer, linear, "B")] = A, B.contiguous()
     for linear, a in adapted.items():
-        for layer in range(hf_config.num_hidden_layers):
+        for layer in range(hf_config.num_hidden_layers if linear not in MOE_PARTS else 0):
             As = [get(layer, p, "A") for p in a.parts]
             for p, other in zip(a.parts[1:], As[1:]):
                 if not torch.equal(other, As[0]):
@@ -336,11 +470,18 @@ def from_peft(tensors: Mapping[str, torch.Tensor], adapted: Mapping[str, Adapted
 
 def to_peft(shards: list[Mapping[str, torch.Tensor]], adapted: Mapping[str, Adapted], hf_config: Any
             ) -> dict[str, torch.Tensor]:
-    """The adapter in PEFT names from every TP rank's adapter parameters (rank order, layers numbered globally): each
-    part of a fused layer gets its A and its rows of B. The inverse of `from_peft`, exactly."""
+    """The adapter in PEFT names from every TP rank's adapter parameters (rank order, layers numbered globally, every
+    expert in the first shard: the EP ranks' joined): each part of a fused layer gets its A and its rows of B. The
+    inverse of `from_peft`, exactly."""
     out = {}
+    for layer, linear, a in _moe_layers(adapted, hf_config):
+        A, B = shards[0][_mcore_key(layer, linear, "A")], shards[0][_mcore_key(layer, linear, "B")]
+        if linear != "router":  # peft's [E * r, in] and [out, r * E]
+            A, B = A.reshape(-1, A.shape[-1]), B.permute(1, 2, 0).reshape(B.shape[1], -1)
+        out[_moe_peft_key(layer, linear, "A", adapted)] = A.detach().clone()
+        out[_moe_peft_key(layer, linear, "B", adapted)] = B.detach().clone()
     for linear, a in adapted.items():
-        for layer in range(hf_config.num_hidden_layers):
+        for layer in range(hf_config.num_hidden_layers if linear not in MOE_PARTS else 0):
             As = [sh[_mcore_key(layer, linear, "A")] for sh in shards]
             Bs = [sh[_mcore_key(layer, linear, "B")] for sh in shards]
             if linear == "linear_qkv":
@@ -362,7 +503,17 @@ def peft_config(options: Any, adapted: Mapping[str, Adapted], hf_config: Any) ->
 
     from slime_env.agents.lora_adapter import config_dict
 
-    return config_dict(LoraConfig(r=options.rank, lora_alpha=options.alpha, lora_dropout=0.0,
-                                  target_modules=peft_target_modules(adapted), use_rslora=options.use_rslora,
-                                  bias="none", task_type="CAUSAL_LM",
-                                  base_model_name_or_path=getattr(hf_config, "_name_or_path", None) or None))
+    config = LoraConfig(r=options.rank, lora_alpha=options.alpha, lora_dropout=0.0,
+                        target_modules=peft_target_modules(adapted), use_rslora=options.use_rslora, bias="none",
+                        task_type="CAUSAL_LM",
+                        base_model_name_or_path=getattr(hf_config, "_name_or_path", None) or None)
+    if any(linear in MOE_PARTS for linear in adapted):
+        # peft's own transformers-5 conversion (what `get_peft_model` does to the torch trainer's config): the expert
+        # and router names become `target_parameters`, the fused gate_up_proj gets its rank and alpha patterns. It
+        # reads the model's config alone for a list of names.
+        import types
+
+        from peft.utils.transformers_weight_conversion import convert_peft_config_for_transformers
+
+        convert_peft_config_for_transformers(config, types.SimpleNamespace(config=hf_config), None)
+    return config_dict(config)

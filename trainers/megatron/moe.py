@@ -27,6 +27,7 @@ import torch
 MOE_TYPES = ("qwen3_moe",)
 _LOCAL = re.compile(r"^(.*\.mlp\.experts\.local_experts\.)(\d+)(\..*)$")
 _STACKED = re.compile(r"^(.*\.mlp\.experts\.)weight([12])$")
+_ADAPTER = re.compile(r"^.*\.mlp\.experts\.fc[12]\.lora_[AB]$")  # LoRA on `GroupedExperts` (megatron/lora.py)
 
 
 def is_moe(hf_config: Any) -> bool:
@@ -108,8 +109,9 @@ def required_hf_keys(c: Any, layer: int) -> list[str]:
 
 # --- global <-> one expert-parallel rank's experts -----------------------------------------------------------
 def is_expert_param(name: str) -> bool:
-    """A parameter of an expert (per-expert or `GroupedExperts`' stacked names): split over EP, not DP."""
-    return _LOCAL.match(name) is not None or _STACKED.match(name) is not None
+    """A parameter of an expert (per-expert or `GroupedExperts`' stacked names, or their LoRA adapters): split over
+    EP, not DP."""
+    return any(r.match(name) is not None for r in (_LOCAL, _STACKED, _ADAPTER))
 
 
 def to_grouped(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
