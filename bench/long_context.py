@@ -4,7 +4,8 @@ head's log-probs computed whole (`lm_head_chunk_tokens: 0`) beside in chunks (au
 
 Random bf16 weights at `--shape` (bench/shapes.py), `--seqs` sequences of `--tokens` tokens per rank (3/4 of each
 trained), full activation recompute by default, megatron's distributed Adam. Under `torchrun --nproc-per-node N`
-the step is DP = N on N times the sequences (each rank its own `--seqs`). A mode that runs out of memory is
+the step is DP = N on N times the sequences (each rank its own `--seqs`); with `--cp C` it is DP = N / C, each
+sequence split over C GPUs (tokens/s/GPU and MFU then count each DP rank's tokens over its C GPUs). A mode that runs out of memory is
 reported as such. `--kernels flash,auto` times the packed attention's kernels side by side (`attention_kernel`;
 bench/attention.py times the kernels alone); `--recompute-method block --recompute-layers N` recomputes only N
 layers, `--keep-attention` keeps attention outputs through the recompute (MFU "with recompute" counts what runs). Usage:
@@ -48,13 +49,14 @@ def run_mode(args, cfg, chunk, kernel, info) -> dict:
         hf = model_class(args.shape)(cfg).to(dtype)
     trainer = MegatronTrainer(hf, TrainerConfig(backend="megatron", lr=1e-6, recompute=args.recompute,
                                                 max_tokens_per_micro_batch=args.tokens, lm_head_chunk_tokens=chunk,
-                                                attention_kernel=kernel, **recompute_fields(args)), pad_id=0)
+                                                attention_kernel=kernel, cp=args.cp, **recompute_fields(args)),
+                              pad_id=0)
     del hf
     gc.collect()
     if device == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
-    trajs = trajectories([args.tokens] * (args.seqs * info["world"]), cfg.vocab_size, seed=1)
+    trajs = trajectories([args.tokens] * (args.seqs * info["world"] // args.cp), cfg.vocab_size, seed=1)
     times = []
     try:
         if args.profile and device == "cuda":
@@ -84,14 +86,15 @@ def run_mode(args, cfg, chunk, kernel, info) -> dict:
         if device == "cuda":
             torch.cuda.empty_cache()
     seconds = statistics.median(times)
-    lengths = [args.tokens] * args.seqs  # one rank's share
+    lengths = [args.tokens] * args.seqs  # one DP rank's share, over its CP ranks
+    gpu_s = seconds * args.cp  # GPU-seconds of a DP rank's step: its sequences take CP GPUs
     spec = next((v for k, v in SPEC_TFLOPS.items() if device == "cuda" and k in torch.cuda.get_device_name()),
                 float("nan"))
-    model = dense_flops(cfg, lengths) / seconds / 1e12
+    model = dense_flops(cfg, lengths) / gpu_s / 1e12
     recomputed = args.recompute_layers if args.recompute_method == "block" else None
     hardware = dense_flops(cfg, lengths, recompute=args.recompute == "full", recomputed_layers=recomputed,
-                           recompute_attention=not args.keep_attention) / seconds / 1e12
-    return {"step_s": seconds, "tokens_per_s_per_gpu": sum(lengths) / seconds, "model_tflops": model,
+                           recompute_attention=not args.keep_attention) / gpu_s / 1e12
+    return {"step_s": seconds, "tokens_per_s_per_gpu": sum(lengths) / gpu_s, "model_tflops": model,
             "mfu": model / spec, "mfu_with_recompute": hardware / spec, "peak_gib": peak}
 
 
@@ -99,7 +102,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", default="qwen3-4b")
     ap.add_argument("--tokens", type=int, default=16384, help="tokens per sequence")
-    ap.add_argument("--seqs", type=int, default=4, help="sequences per rank")
+    ap.add_argument("--seqs", type=int, default=4, help="sequences per DP rank")
+    ap.add_argument("--cp", type=int, default=1, help="context parallel: each sequence split over CP GPUs")
     ap.add_argument("--recompute", default="full", choices=["none", "selective", "full"])
     ap.add_argument("--recompute-method", default="uniform", choices=["uniform", "block"],
                     help="block: only the first --recompute-layers layers are recomputed")
@@ -117,9 +121,10 @@ def main() -> None:
     args = ap.parse_args()
     from slime_env.trainers.megatron import init_parallel
 
-    info = init_parallel(1)
-    if args.seqs * info["world"] % 2:
-        raise SystemExit(f"--seqs {args.seqs} x {info['world']} ranks is odd: the step trains GRPO groups of 2")
+    info = init_parallel(1, cp=args.cp)
+    if args.seqs * info["world"] // args.cp % 2:
+        raise SystemExit(f"--seqs {args.seqs} x {info['world'] // args.cp} DP ranks is odd: the step trains GRPO groups "
+                         "of 2")
     cfg = hf_config(args.shape, **({"num_hidden_layers": args.layers} if args.layers else {}))
     rows = {}
     for kernel in args.kernels.split(","):
@@ -127,7 +132,8 @@ def main() -> None:
             chunk = None if mode == "auto" else int(mode)
             rows[f"{kernel}/{mode}"] = row = run_mode(args, cfg, chunk, kernel, info)
             if info["rank"] == 0:
-                print(json.dumps({"shape": args.shape, "gpus": info["world"], "tokens": args.tokens, "seqs": args.seqs,
+                print(json.dumps({"shape": args.shape, "gpus": info["world"], "cp": args.cp, "tokens": args.tokens,
+                                  "seqs": args.seqs,
                                   "recompute": args.recompute, "attention_kernel": kernel,
                                   **recompute_fields(args),
                                   "lm_head_chunk_tokens": mode, **row}), flush=True)
