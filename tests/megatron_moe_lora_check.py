@@ -55,8 +55,9 @@ def main() -> None:
            "trainable": sorted(n for n, p in params.items() if p.requires_grad)}
 
     def everyone(lp: torch.Tensor) -> list[float]:  # a DP rank may score its own rows alone (zeros elsewhere)
+        lp = lp.detach().to(t.device).contiguous()  # NCCL gathers device tensors (some log-probs come on the host)
         parts = [torch.empty_like(lp) for _ in range(dist.get_world_size())]
-        dist.all_gather(parts, lp.detach().contiguous())
+        dist.all_gather(parts, lp)
         for p in parts[1:]:
             parts[0] = torch.where(parts[0] != 0, parts[0], p)
         return parts[0].cpu()[mask].tolist()
