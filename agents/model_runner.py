@@ -15,8 +15,9 @@ So a step of T tokens is shape-static once T is padded up to a size of the ladde
 captured once into a CUDA graph (when first needed; decode-only steps have their own, without the prefill kernel)
 whose inputs are views of one device buffer, filled by one host-to-device copy per step. Steps where sequences join
 (the multi-turn case, where turns end and start all the time) replay too; an eager step cost ~28 ms of Python and
-kernel launches for a 30-layer model, a replay ~3-4 ms. The pool and the graphs can be dropped (`release()`) to give the GPU's memory to a
-colocated trainer and rebuilt (`resume()`); graphs are then captured again as sizes come up.
+kernel launches for a 30-layer model, a replay ~3-4 ms. The pool and the graphs can be dropped (`release()`) to
+give the GPU's memory to a colocated trainer and rebuilt (`resume()`); graphs are then captured again as sizes
+come up.
 """
 
 from __future__ import annotations

@@ -24,8 +24,9 @@ loss, KL, entropy and TIS, the exact per-mini-batch reduction. What differs:
 - **LoRA** (`trainer.lora`): TP-aware adapters on the attention and dense MLP linears, and on Qwen3-MoE's experts
   (EP-split, peft's `target_parameters` layout) and router (`slime_env.trainers.megatron.lora`), the base frozen
   (megatron's DDP and optimizer hold the adapters alone), the KL reference the model with its adapters off;
-  `adapter()` is the adapter in PEFT's names, as `TorchTrainer`'s, and a checkpoint holds it in PEFT's format. The split step (`trainers.split_step`: `serve-tinker --backend megatron`)
-  is `TorchTrainer`'s over `_datum_logprobs` and this optimizer, without pipeline parallel.
+  `adapter()` is the adapter in PEFT's names, as `TorchTrainer`'s, and a checkpoint holds it in PEFT's format.
+  The split step (`trainers.split_step`: `serve-tinker --backend megatron`) is `TorchTrainer`'s over
+  `_datum_logprobs` and this optimizer, without pipeline parallel.
 """
 
 from __future__ import annotations

@@ -249,7 +249,8 @@ class _FlashRun(_Run):
 
 
 class _CudnnRun(_Run):
-    """cuDNN's fused attention over one sequence ([1, heads, s, d] views; K/V heads repeated, their gradients summed)."""
+    """cuDNN's fused attention over one sequence ([1, heads, s, d] views; K/V heads repeated, their gradients
+    summed)."""
 
     def _views(self, q, k, v):
         group = self.attn.heads // self.attn.kv_heads

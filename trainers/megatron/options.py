@@ -67,7 +67,8 @@ class MegatronOptions:
         if self.recompute_method not in ("uniform", "block"):
             raise ValueError(f"recompute_method must be uniform or block, got {self.recompute_method!r}")
         if self.recompute_method != "uniform" and (backend != "megatron" or recompute != "full"):
-            raise ValueError("recompute_method: block is megatron's full recompute (backend: megatron, recompute: full)")
+            raise ValueError("recompute_method: block is megatron's full recompute (backend: megatron, "
+                             "recompute: full)")
         if not self.recompute_attention and (backend != "megatron" or recompute != "full" or self.cp > 1):
             raise ValueError("recompute_attention: false keeps attention outputs through megatron's full recompute: "
                              f"it needs backend: megatron, recompute: full and cp: 1 (got backend {backend}, "
