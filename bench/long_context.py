@@ -5,10 +5,11 @@ head's log-probs computed whole (`lm_head_chunk_tokens: 0`) beside in chunks (au
 Random bf16 weights at `--shape` (bench/shapes.py), `--seqs` sequences of `--tokens` tokens per rank (3/4 of each
 trained), full activation recompute by default, megatron's distributed Adam. Under `torchrun --nproc-per-node N`
 the step is DP = N on N times the sequences (each rank its own `--seqs`); with `--cp C` it is DP = N / C, each
-sequence split over C GPUs (tokens/s/GPU and MFU then count each DP rank's tokens over its C GPUs). A mode that runs out of memory is
-reported as such. `--kernels flash,auto` times the packed attention's kernels side by side (`attention_kernel`;
-bench/attention.py times the kernels alone); `--recompute-method block --recompute-layers N` recomputes only N
-layers, `--keep-attention` keeps attention outputs through the recompute (MFU "with recompute" counts what runs). Usage:
+sequence split over C GPUs (tokens/s/GPU and MFU then count each DP rank's tokens over its C GPUs). A mode that runs
+out of memory is reported as such. `--kernels flash,auto` times the packed attention's kernels side by side
+(`attention_kernel`; bench/attention.py times the kernels alone); `--recompute-method block --recompute-layers N`
+recomputes only N layers, `--keep-attention` keeps attention outputs through the recompute (MFU "with recompute"
+counts what runs). Usage:
     torchrun --nproc-per-node 4 bench/long_context.py --shape qwen3-4b --tokens 16384 --seqs 4
     python bench/long_context.py --shape qwen3-1.7b --tokens 65536 --seqs 1
 """
@@ -28,6 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 from megatron_mfu import SPEC_TFLOPS, trajectories  # noqa: E402 - the same random trajectories as its full-step row
 from shapes import dense_flops, hf_config, model_class  # noqa: E402
+
 
 def recompute_fields(args) -> dict:
     """The trainer's recompute fields from the flags (`--recompute-method block --recompute-layers N`: only the first
