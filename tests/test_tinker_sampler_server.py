@@ -97,6 +97,11 @@ def test_sampler_paths_share_the_server_and_the_base_samples_the_base(served):
     np.testing.assert_allclose(_prompt_logprobs(service.create_sampling_client(base_model=MODEL).result(), ids), base,
                                atol=1e-4)
     np.testing.assert_allclose(_prompt_logprobs(clients[0], ids), want[0], atol=1e-4)
+    # interleaved requests for two adapters: on a merging server each waits for the other's to finish
+    futures = [(i, clients[i].sample(tinker.ModelInput.from_ints(ids), 1, tinker.SamplingParams(max_tokens=3),
+                                     include_prompt_logprobs=True)) for i in [0, 2, 0, 2, 1]]
+    for i, future in futures:
+        np.testing.assert_allclose(future.result().prompt_logprobs[1:], want[i], atol=1e-4, err_msg=paths[i])
     loaded = backend.server_sampler.policy.loras  # what the client loaded and did not unload on the server
     assert len(loaded) <= 2 and len(set(backend.server_sampler.names.values())) >= 4  # 3 paths + the base
 
