@@ -125,3 +125,12 @@ def test_vllm_prompt_logprobs_and_unknown_kinds_are_refused_by_name(tmp_path):
 
     with pytest.raises(InvalidInput, match="include_prompt_logprobs is not served by a vLLM sampler"):
         asyncio.run(sampler.prompt_logprobs([1, 2, 3], None))
+
+
+def test_cli_refuses_an_unknown_sampler_kind_before_loading_weights():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-P", "-m", "slime_env", "serve-tinker", "--model", MODEL, "--sampler-url",
+                          "http://127.0.0.1:1", "--sampler-kind", "tgi"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and "--sampler-kind 'tgi': one of ['sglang', 'vllm']" in out.stderr

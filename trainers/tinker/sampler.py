@@ -61,8 +61,9 @@ class ServerSampler:
         adapter stays loaded (and, on serve-engine, generating) until the block ends."""
         if self._changed is None:
             self._changed = asyncio.Condition()
-            await self._ask_server()
         async with self._changed:
+            if self.merged is None:  # under the lock: no request runs before the answer is in
+                await self._ask_server()
             name = await self._ready(key, folder)
             self.busy[name] = self.busy.get(name, 0) + 1
         try:
