@@ -11,7 +11,8 @@
 - `save_weights_for_sampler` writes the trainer's adapter as a PEFT folder; `sample` pushes it to an embedded
   `TransformersPolicy` through the weight-sync channel (`trainers.weight_sync.channel_for` -> `InPlace.push_adapter`:
   the engine merges it), the path an RL run's weights take. `samplers_kept` engines, each on its own copy of the
-  base, hold one sampler's weights each; a miss reloads the least recently used idle one.
+  base, hold one sampler's weights each; a miss reloads the least recently used idle one. With `sampler_url` an
+  engine server samples instead (`sampler.ServerSampler`, the adapters pushed to it through the same channel).
 
 Training methods are synchronous and run on the server's one worker thread, in arrival order; sampling runs on the
 server's event loop. The LoRA of the unembedding (`train_unembed`) is not built: the served models tie it to the
