@@ -134,3 +134,65 @@ def test_cli_refuses_an_unknown_sampler_kind_before_loading_weights():
     out = subprocess.run([sys.executable, "-P", "-m", "slime_env", "serve-tinker", "--model", MODEL, "--sampler-url",
                           "http://127.0.0.1:1", "--sampler-kind", "tgi"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 1 and "--sampler-kind 'tgi': one of ['sglang', 'vllm']" in out.stderr
+
+
+def test_vllm_sampler_names_each_paths_adapter_and_evicts_the_least_recently_used_idle_one(tmp_path):
+    """`--sampler-kind vllm` over `FakeVLLM` (tests/vllm_support.py: a test double written from vLLM's source, as no
+    vLLM server runs on this CPU host): each sampler path's adapter is loaded once as `tinker@<version>`, its requests
+    name it in `model` and sample under it, the base names none, and with two slots a third adapter unloads the least
+    recently used one without requests running (not the one a request holds)."""
+    import asyncio
+
+    import torch
+    from helpers import LocalServer
+    from vllm_support import FakeVLLM
+
+    from slime_env.agents.lora_adapter import LoRAAdapter
+    from slime_env.agents.weight_layout import WeightLayout
+    from slime_env.errors import InvalidInput
+    from slime_env.trainers.tinker.sampler import ServerSampler
+
+    key = "base_model.model.model.layers.0.self_attn.q_proj.lora_{}.weight"
+    folders = {}
+    for i, path in enumerate("abc"):
+        g = torch.Generator().manual_seed(i)
+        folders[path] = LoRAAdapter("x", {key.format("A"): torch.randn(2, 8, generator=g),
+                                          key.format("B"): (i + 1) * torch.randn(8, 2, generator=g)},
+                                    {"r": 2, "lora_alpha": 4, "peft_type": "LORA", "target_modules": ["q_proj"]}
+                                    ).save(tmp_path / path)
+
+    def greedy(fake, last, lora):
+        out = []
+        for _ in range(3):
+            last, _ = fake.next_token(last, lora)
+            out.append(last)
+        return out
+
+    async def main():
+        fake = FakeVLLM(lora=True)
+        async with LocalServer(fake.app()) as srv:
+            sampler = ServerSampler(srv.url, "vllm", WeightLayout(), tmp_path / "pushed", kept=2)
+            params = {"max_new_tokens": 3, "temperature": 0.0}
+            got = {}
+            try:
+                for path in ["a", "b", "a"]:
+                    async with sampler.sampling(path, folders[path]) as view:
+                        got[path] = list((await view.generate([1, 2, 3], params)).token_ids)
+                async with sampler.sampling("b", folders["b"]) as held:  # b busy: c must evict a, not b
+                    async with sampler.sampling("c", folders["c"]) as view:
+                        got["c"] = list((await view.generate([1, 2, 3], params)).token_ids)
+                    assert list((await held.generate([1, 2, 3], params)).token_ids) == got["b"]
+                async with sampler.sampling("base", None) as view:
+                    got["base"] = list((await view.generate([1, 2, 3], params)).token_ids)
+                with pytest.raises(InvalidInput, match="include_prompt_logprobs is not served by a vLLM sampler"):
+                    await view.score([1, 2, 3])
+                return fake, got, dict(sampler.names)
+            finally:
+                await sampler.close()
+
+    fake, got, names = asyncio.run(main())
+    assert names == {"a": "tinker@1", "b": "tinker@2", "c": "tinker@3"}
+    assert fake.calls == ["load:tinker@1", "load:tinker@2", "unload:tinker@1", "load:tinker@3"]
+    assert fake.models_asked == ["tinker@1", "tinker@2", "tinker@1", "tinker@3", "tinker@2", None]
+    assert got["b"] == greedy(fake, 3, "tinker@2") and got["c"] == greedy(fake, 3, "tinker@3")
+    assert got["base"] == greedy(fake, 3, None) and len({tuple(v) for v in got.values()}) == 4
