@@ -196,7 +196,9 @@ class EngineServer:
     async def server_info(self, request: web.Request) -> web.Response:
         p = self.policy
         return web.json_response({"max_batch_size": p.max_batch_size, "batch_window_s": p.batch_window_s,
-                                  "paused": p.paused, "weight_version": p.weight_version, "usage": p.usage})
+                                  "paused": p.paused, "weight_version": p.weight_version, "usage": p.usage,
+                                  # adapters are merged: the last one loaded generates every request (not SGLang's)
+                                  "lora_merged": True})
 
     async def flush_cache(self, request: web.Request) -> web.Response:
         await asyncio.to_thread(self.policy.flush_cache)

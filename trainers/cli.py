@@ -27,7 +27,13 @@ def serve_tinker(model: str = typer.Option(..., help="the base model name client
                  max_context_length: int = typer.Option(8192, min=1, help="longest datum or prompt accepted"),
                  backend: str = typer.Option("torch", help="the trainer of each training client, with LoRA, in "
                                                            "this one process: torch, fsdp (one rank) or megatron "
-                                                           "(TP=1, PP=1); several ranks are not built yet")
+                                                           "(TP=1, PP=1); several ranks are not built yet"),
+                 sampler_url: str = typer.Option(None, help="an engine server that samples for every sampling "
+                                                            "client (e.g. http://127.0.0.1:30000: SGLang or "
+                                                            "slime-env serve-engine, started on the same weights; it "
+                                                            "must see --root); default: the embedded engine"),
+                 sampler_kind: str = typer.Option("sglang", help="the --sampler-url server's API: sglang (SGLang, "
+                                                                 "serve-engine) or vllm (no prompt log-probs)")
                  ) -> None:
     """A Tinker-compatible training API (the `tinker` SDK, tinker-cookbook recipes) over our trainer and engine."""
     import asyncio
@@ -37,14 +43,18 @@ def serve_tinker(model: str = typer.Option(..., help="the base model name client
     from slime_env.trainers.tinker.backend import check_backend
     from slime_env.trainers.tinker.models import load_model, load_tokenizer
 
+    from slime_env.trainers.tinker.sampler import KINDS
+
     try:
         check_backend(backend)  # before loading any weights
+        if sampler_kind not in KINDS:
+            raise InvalidInput(f"--sampler-kind {sampler_kind!r}: one of {list(KINDS)}")
     except InvalidInput as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(1) from None
     tok = load_tokenizer(tokenizer)
     server = TinkerBackend(model, load_model(checkpoint, tok), tok, root, trainer=backend,
-                           max_context_length=max_context_length)
+                           max_context_length=max_context_length, sampler_url=sampler_url, sampler_kind=sampler_kind)
 
     async def main() -> None:
         runner, url = await start(server, host, port)

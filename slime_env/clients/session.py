@@ -8,6 +8,7 @@ import dataclasses
 import inspect
 import itertools
 from collections.abc import Mapping, Sequence
+from types import EllipsisType
 from typing import Any
 
 from slime_env import Generation
@@ -64,6 +65,10 @@ class LoadedAdapters:
     generations they give carry it. The client defines `unload_lora_adapter(name)`."""
 
     loras: list[str]
+
+    def _adapter(self, adapter: str | None | EllipsisType) -> str | None:
+        """A request's adapter: `...` is the newest this client loaded (None before any), None the base model."""
+        return (self.loras[-1] if self.loras else None) if adapter is ... else adapter
 
     def _loaded(self, lora_name: str) -> None:
         self.loras = [n for n in self.loras if n != lora_name] + [lora_name]

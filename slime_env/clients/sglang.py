@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Mapping, Sequence
+from types import EllipsisType
 from typing import Any
 
 from slime_env import Generation
@@ -101,14 +102,15 @@ class SGLangPolicy(LoadedAdapters):
         self.loras: list[str] = []
 
     async def generate(self, input_ids: Sequence[int], sampling_params: Mapping[str, Any], *,
-                       rid: str | None = None, routing_key: str | None = None) -> Generation:
+                       rid: str | None = None, routing_key: str | None = None,
+                       adapter: str | None | EllipsisType = ...) -> Generation:
         if sampling_params.get("sampling_seed") is not None:  # the caller's error, before any engine sees it
             check_sampling_seed(sampling_params["sampling_seed"])
         body: dict[str, Any] = {"input_ids": list(input_ids), "sampling_params": dict(sampling_params),
                                 "return_logprob": True, "rid": rid or uuid.uuid4().hex}
         if self.routed_experts is not None:
             body["return_routed_experts"] = True
-        lora = self.loras[-1] if self.loras else None
+        lora = self._adapter(adapter)  # the newest loaded unless the caller names one (None: the base model)
         if lora is not None:  # the adapter by name, as SGLang selects one per request
             body["lora_path"] = lora
         headers = {ROUTING_HEADER: routing_key} if routing_key else None

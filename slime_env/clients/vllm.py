@@ -27,6 +27,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Mapping, Sequence
+from types import EllipsisType
 from typing import Any
 
 from slime_env import Generation
@@ -125,12 +126,13 @@ class VLLMPolicy(LoadedAdapters):
         self.loras: list[str] = []
 
     async def generate(self, input_ids: Sequence[int], sampling_params_: Mapping[str, Any], *,
-                       rid: str | None = None, routing_key: str | None = None) -> Generation:
+                       rid: str | None = None, routing_key: str | None = None,
+                       adapter: str | None | EllipsisType = ...) -> Generation:
         if sampling_params_.get("sampling_seed") is not None:
             check_sampling_seed(sampling_params_["sampling_seed"])
         body = {"request_id": rid or uuid.uuid4().hex, "token_ids": list(input_ids),
                 "sampling_params": sampling_params(sampling_params_), "output_mode": "tokens"}
-        lora = self.loras[-1] if self.loras else None
+        lora = self._adapter(adapter)  # the newest loaded unless the caller names one (None: the base model)
         if lora is not None:
             body["model"] = lora
         t0 = time.perf_counter()

@@ -11,7 +11,8 @@
 - `save_weights_for_sampler` writes the trainer's adapter as a PEFT folder; `sample` pushes it to an embedded
   `TransformersPolicy` through the weight-sync channel (`trainers.weight_sync.channel_for` -> `InPlace.push_adapter`:
   the engine merges it), the path an RL run's weights take. `samplers_kept` engines, each on its own copy of the
-  base, hold one sampler's weights each; a miss reloads the least recently used idle one.
+  base, hold one sampler's weights each; a miss reloads the least recently used idle one. With `sampler_url` an
+  engine server samples instead (`sampler.ServerSampler`, the adapters pushed to it through the same channel).
 
 Training methods are synchronous and run on the server's one worker thread, in arrival order; sampling runs on the
 server's event loop. The LoRA of the unembedding (`train_unembed`) is not built: the served models tie it to the
@@ -115,7 +116,8 @@ class TinkerBackend:
     samplers (see the module docstring)."""
 
     def __init__(self, base_model: str, model: Any, tokenizer: Any, root: str | Path, *, trainer: str = "torch",
-                 max_context_length: int = 32768, samplers_kept: int = 2, max_batch_size: int = 16):
+                 max_context_length: int = 32768, samplers_kept: int = 2, max_batch_size: int = 16,
+                 sampler_url: str | None = None, sampler_kind: str = "sglang"):
         check_backend(trainer)
         self.base_model = base_model
         self.base = model.eval().requires_grad_(False)  # frozen: clients train adapters over it
@@ -132,6 +134,13 @@ class TinkerBackend:
         self._samplers_kept = samplers_kept
         self._max_batch_size = max_batch_size
         self._ephemeral = 0
+        self.server_sampler = None  # `sampler_url`: an engine server samples (trainers/tinker/sampler.py)
+        if sampler_url is not None:
+            from slime_env.agents.weight_layout import WeightLayout
+            from slime_env.trainers.tinker.sampler import ServerSampler
+
+            self.server_sampler = ServerSampler(sampler_url, sampler_kind, WeightLayout.of(model.config),
+                                                self.root / "sampler_adapters")
 
     # --- training clients ----------------------------------------------------------------------------------------
     def check_base_model(self, name: str | None) -> None:
@@ -279,7 +288,13 @@ class TinkerBackend:
 
     @asynccontextmanager
     async def sampling(self, key: str) -> AsyncIterator[Any]:
-        """An engine (`TransformersPolicy`) holding sampler `key`'s weights, not reloaded until the block ends."""
+        """An engine (`TransformersPolicy`, or a view of the `sampler_url` server) holding sampler `key`'s weights,
+        not reloaded until the block ends."""
+        if self.server_sampler is not None:
+            folder = None if key == "base" else self._folder(key, "sampler_weights", "adapter_config.json")
+            async with self.server_sampler.sampling(key, folder) as view:
+                yield view
+            return
         if self._engines_changed is None:
             self._engines_changed = asyncio.Condition()
         async with self._engines_changed:
@@ -333,6 +348,11 @@ class TinkerBackend:
         engine.key = key
 
     def close(self) -> None:
+        if self.server_sampler is not None:
+            try:  # on the server's loop (its cleanup), where the HTTP pool lives
+                asyncio.get_running_loop().create_task(self.server_sampler.close())
+            except RuntimeError:
+                pass  # no loop: the pool was never opened on one that runs
         for engine in self._engines:
             engine.policy.close()
         self._engines.clear()
