@@ -1,9 +1,9 @@
 """The model side of `slime-env serve-tinker`: a thin adapter from Tinker's calls to our trainers and our engine.
 
 - A training client is a trainer of `--backend` that implements `slime_env.trainers.split_step.SplitStepTrainer`,
-  with a LoRA (`trainer.lora`) of the requested rank over the base model (`TRAINERS`):
-  `TorchTrainer` (each client has its own module tree; the base weights are one frozen copy), `FSDPTrainer` over one rank
-  or several, `MegatronTrainer` at DP x TP (each of these two holds its own copy of the base). `forward` /
+  with a LoRA (`trainer.lora`) of the requested rank over the base model (`TRAINERS`): `TorchTrainer` (each client
+  has its own module tree; the base weights are one frozen copy), `FSDPTrainer` over one rank or several,
+  `MegatronTrainer` at DP x TP (each of these two holds its own copy of the base). `forward` /
   `forward_backward` / `optim_step` are the trainer's, with Tinker's losses (`losses.py`) and Tinker's per-call Adam
   parameters. Over several ranks (torchrun) every rank holds this backend and runs each training call (`ranks.py`).
 - `save_state` / `load_state` are the trainer's checkpoint (`save` / `load`: the adapter in PEFT's format,
@@ -172,7 +172,8 @@ class TinkerBackend:
         if lora.get("seed") is not None:  # the adapter's initial A matrices
             torch.manual_seed(int(lora["seed"]))
         options = LoRAOptions(rank=rank, alpha=LORA_ALPHA, target_modules=list(targets))
-        self.models[model_id] = TrainingModel(model_id, self.make_trainer(self.base, options, self.pad_id, self.tp), dict(lora))
+        trainer = self.make_trainer(self.base, options, self.pad_id, self.tp)
+        self.models[model_id] = TrainingModel(model_id, trainer, dict(lora))
         return model_id
 
     def get(self, model_id: str | None) -> TrainingModel:
