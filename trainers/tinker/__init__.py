@@ -5,6 +5,7 @@ unchanged against our trainer and engine.
 - `backend.TinkerBackend`: a thin adapter over our trainers: a training client is a `SplitStepTrainer`
   (`slime_env.trainers.split_step`; `TorchTrainer` with a LoRA over the shared base model), sampler weights reach
   the embedded engine (`slime_env.agents.TransformersPolicy`) through the weight-sync channel (`push_adapter`).
+- `ranks`: over several ranks (torchrun), rank 0's training calls broadcast to the others, which run them too.
 - `losses`: cross_entropy, importance_sampling, ppo, cispo, dro as pure functions (a trainer's `DatumLoss`).
 - `wire`: the SDK's protobuf request / responses.
 
