@@ -139,24 +139,11 @@ def test_a_step_through_the_server_is_the_trainers_step(trainer, tmp_path):
         torch.testing.assert_close(served_adapter[k], expected[k], rtol=1e-4, atol=1e-6)
 
 
-def test_several_ranks_and_unknown_backends_are_refused_by_name(tmp_path, monkeypatch):
-    """fsdp and megatron run in the server's one process; launched over several ranks they are refused (before any
-    weight is loaded), as is a backend that does not exist."""
-    import typer
-    from typer.testing import CliRunner
-
+def test_unknown_backends_are_refused_by_name(tmp_path):
+    """A backend that does not exist is refused (several ranks: tests/test_tinker_ranks.py)."""
     from slime_env.errors import InvalidInput
-    from slime_env.trainers.cli import register
     from slime_env.trainers.tinker import TinkerBackend
 
-    app = typer.Typer()
-    register(app)  # the trainers package's subcommands, as `slime-env` adds them
-    monkeypatch.setenv("WORLD_SIZE", "2")  # what torchrun sets
-    for name in ("fsdp", "megatron"):
-        result = CliRunner().invoke(app, ["serve-tinker", "--model", MODEL, "--backend", name, "--root", str(tmp_path)])
-        assert result.exit_code == 1 and f"--backend {name} over 2 ranks: not built yet" in result.output, \
-            result.output
-        assert "broadcast from rank 0" in result.output
     with pytest.raises(InvalidInput, match=r"--backend 'jax': one of \['torch', 'megatron', 'fsdp'\]"):
         TinkerBackend(MODEL, None, None, tmp_path, trainer="jax")
 

@@ -25,9 +25,13 @@ def serve_tinker(model: str = typer.Option(..., help="the base model name client
                  port: int = typer.Option(8000, help="port (0 picks a free one)"),
                  root: str = typer.Option("tinker_checkpoints", help="where checkpoints are written"),
                  max_context_length: int = typer.Option(8192, min=1, help="longest datum or prompt accepted"),
-                 backend: str = typer.Option("torch", help="the trainer of each training client, with LoRA, in "
-                                                           "this one process: torch, fsdp (one rank) or megatron "
-                                                           "(TP=1, PP=1); several ranks are not built yet"),
+                 backend: str = typer.Option("torch", help="the trainer of each training client, with LoRA: "
+                                                           "torch (one process), fsdp or megatron (one process, or "
+                                                           "every rank of `torchrun --nproc-per-node N -m slime_env "
+                                                           "serve-tinker ...`: rank 0 serves, all train)"),
+                 tp: int = typer.Option(1, help="megatron's tensor-parallel size (DP = ranks / TP)"),
+                 pp: int = typer.Option(1, help="pipeline-parallel size: only 1 (Megatron's schedule owns the "
+                                                "backward of Tinker's split step)"),
                  sampler_url: str = typer.Option(None, help="an engine server that samples for every sampling "
                                                             "client (e.g. http://127.0.0.1:30000: SGLang or "
                                                             "slime-env serve-engine, started on the same weights; it "
@@ -40,21 +44,36 @@ def serve_tinker(model: str = typer.Option(..., help="the base model name client
 
     from slime_env.errors import InvalidInput
     from slime_env.trainers.tinker import TinkerBackend, start
-    from slime_env.trainers.tinker.backend import check_backend
+    from slime_env.trainers.tinker.backend import check_backend, world_size
     from slime_env.trainers.tinker.models import load_model, load_tokenizer
 
     from slime_env.trainers.tinker.sampler import KINDS
 
     try:
-        check_backend(backend)  # before loading any weights
+        check_backend(backend, tp=tp, pp=pp)  # before loading any weights
         if sampler_kind not in KINDS:
             raise InvalidInput(f"--sampler-kind {sampler_kind!r}: one of {list(KINDS)}")
     except InvalidInput as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(1) from None
+    group = None
+    if world_size() > 1:  # torchrun: every rank holds the trainers, rank 0 serves and broadcasts each training call
+        import torch.distributed as dist
+
+        from slime_env.trainers.distributed import init_process_group
+        from slime_env.trainers.tinker import ranks
+
+        init_process_group()
+        group = ranks.command_group()
     tok = load_tokenizer(tokenizer)
     server = TinkerBackend(model, load_model(checkpoint, tok), tok, root, trainer=backend,
-                           max_context_length=max_context_length, sampler_url=sampler_url, sampler_kind=sampler_kind)
+                           max_context_length=max_context_length, tp=tp, sampler_url=sampler_url,
+                           sampler_kind=sampler_kind)
+    if group is not None:
+        if dist.get_rank() != 0:
+            ranks.follow(server, group)
+            return
+        server = ranks.Leader(server, group)
 
     async def main() -> None:
         runner, url = await start(server, host, port)

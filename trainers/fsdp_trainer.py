@@ -121,6 +121,10 @@ class FSDPTrainer(TorchTrainer):
         # FSDP averages gradients over ranks; `share` is already over the whole mini-batch, so the sum is wanted
         super()._backward(loss * self.world, share)
 
+    def _split_share(self) -> float:
+        # every rank backs the same data and `_backward` scales by `world` against FSDP's average: undo that here
+        return 1.0 / self.world
+
     def _optimizer_step(self) -> float:
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)
         grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)

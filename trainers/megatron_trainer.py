@@ -791,6 +791,10 @@ class MegatronTrainer(TorchTrainer):
             MoEAuxLossAutoScaler.set_loss_scale(torch.tensor(share, device=self.device))
         super()._backward(loss, share)
 
+    def _split_share(self) -> float:
+        # the DP replicas back the same data and their gradients are summed (TP / CP ranks hold shares, not copies)
+        return 1.0 / self.dp
+
     _STATS = TorchTrainer._STATS + ("value_loss",)
 
     def _reduce_stats(self, stats: dict[str, float]) -> dict[str, float]:

@@ -10,9 +10,9 @@ entry point `slime-env serve-tinker` drives (`slime_env.trainers.tinker`), besid
   subclasses through its hooks: `forward_backward` backs each micro-batch's loss through `_backward` (FSDP: its
   sharded gradients), the log-probs come from `_datum_logprobs` (Megatron: the data packed as THD sequences),
   `optim_step` sets the hyper-parameters on `_param_groups()` and clips through `_optimizer_step` (Megatron: its own
-  optimizer and gradient buffers, the clipping set on its config). Over several ranks every rank would call each
-  method with the same data; `serve-tinker` runs one process (Megatron's pipeline schedule would need the loss
-  inside it).
+  optimizer and gradient buffers, the clipping set on its config). Over several ranks every rank calls each
+  method with the same data (`serve-tinker` broadcasts them: `trainers.tinker.ranks`) and `_split_share` weights the
+  DP replicas' gradients; not under Megatron's pipeline parallel (its schedule would need the loss inside it).
 
 No run import here: a trainer and its caller meet on these types only.
 """

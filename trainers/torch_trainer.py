@@ -478,7 +478,7 @@ class TorchTrainer:
             logps = self._datum_logprobs(chunk)
             chunk_loss = sum((loss(lp, {k: v.to(self.device) for k, v in d.inputs.items()})
                               for lp, d in zip(logps, chunk)), torch.zeros((), device=self.device))
-            self._backward(chunk_loss, 1.0)  # a sum over data: no share to weight by
+            self._backward(chunk_loss, self._split_share())  # a sum over data: weighted for replicas only
             total += float(chunk_loss.detach())
             out += [lp.detach().cpu() for lp in logps]
         return out, total
@@ -500,6 +500,12 @@ class TorchTrainer:
         self._zero_grad()
         self.step_count += 1
         return {"grad_norm": grad_norm, "learning_rate": adam.learning_rate}
+
+    def _split_share(self) -> float:
+        """The weight of a split-step backward. Every rank computes a call's whole data (`serve-tinker` broadcasts
+        it), so a trainer whose ranks reduce their gradients weights each rank's by what makes the reduction the
+        one-process gradient; one process: 1."""
+        return 1.0
 
     def _datum_chunks(self, data: Sequence[Datum]) -> list[Sequence[Datum]]:
         if not data:

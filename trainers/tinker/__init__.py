@@ -7,6 +7,7 @@ unchanged against our trainer and engine.
   the embedded engine (`slime_env.agents.TransformersPolicy`) through the weight-sync channel (`push_adapter`).
 - `sampler.ServerSampler`: `--sampler-url`, an engine server (SGLang, serve-engine, vLLM) sampling instead, the
   adapters pushed to it through the same channel.
+- `ranks`: over several ranks (torchrun), rank 0's training calls broadcast to the others, which run them too.
 - `losses`: cross_entropy, importance_sampling, ppo, cispo, dro as pure functions (a trainer's `DatumLoss`).
 - `wire`: the SDK's protobuf request / responses.
 

@@ -1,11 +1,11 @@
 """The model side of `slime-env serve-tinker`: a thin adapter from Tinker's calls to our trainers and our engine.
 
 - A training client is a trainer of `--backend` that implements `slime_env.trainers.split_step.SplitStepTrainer`,
-  with a LoRA (`trainer.lora`) of the requested rank over the base model, in this one process (`TRAINERS`):
-  `TorchTrainer` (each client has its own module tree; the base weights are one frozen copy), `FSDPTrainer` over one
-  rank, `MegatronTrainer` at TP = PP = 1 (each of these two holds its own copy of the base). `forward` /
+  with a LoRA (`trainer.lora`) of the requested rank over the base model (`TRAINERS`): `TorchTrainer` (each client
+  has its own module tree; the base weights are one frozen copy), `FSDPTrainer` over one rank or several,
+  `MegatronTrainer` at DP x TP (each of these two holds its own copy of the base). `forward` /
   `forward_backward` / `optim_step` are the trainer's, with Tinker's losses (`losses.py`) and Tinker's per-call Adam
-  parameters. Several ranks are refused (`check_backend`): each would need every call broadcast from rank 0.
+  parameters. Over several ranks (torchrun) every rank holds this backend and runs each training call (`ranks.py`).
 - `save_state` / `load_state` are the trainer's checkpoint (`save` / `load`: the adapter in PEFT's format,
   optimizer, step) plus the client's LoRA request (`tinker.json`, to recreate it from the checkpoint).
 - `save_weights_for_sampler` writes the trainer's adapter as a PEFT folder; `sample` pushes it to an embedded
@@ -50,13 +50,13 @@ def shared_base(base: torch.nn.Module) -> torch.nn.Module:
     return copy.deepcopy(base, memo={id(p): p for p in base.parameters()})
 
 
-def torch_trainer(base: torch.nn.Module, lora: LoRAOptions, pad_id: int) -> SplitStepTrainer:
+def torch_trainer(base: torch.nn.Module, lora: LoRAOptions, pad_id: int, tp: int) -> SplitStepTrainer:
     from slime_env.trainers.torch_trainer import TorchTrainer, TrainerConfig
 
     return TorchTrainer(shared_base(base), TrainerConfig(lora=lora), pad_id=pad_id)
 
 
-def fsdp_trainer(base: torch.nn.Module, lora: LoRAOptions, pad_id: int) -> SplitStepTrainer:
+def fsdp_trainer(base: torch.nn.Module, lora: LoRAOptions, pad_id: int, tp: int) -> SplitStepTrainer:
     from slime_env.trainers.fsdp_trainer import FSDPTrainer
     from slime_env.trainers.torch_trainer import TrainerConfig
 
@@ -64,36 +64,47 @@ def fsdp_trainer(base: torch.nn.Module, lora: LoRAOptions, pad_id: int) -> Split
     return FSDPTrainer(shared_base(base), TrainerConfig(backend="fsdp", lora=lora), pad_id=pad_id)
 
 
-def megatron_trainer(base: torch.nn.Module, lora: LoRAOptions, pad_id: int) -> SplitStepTrainer:
+def megatron_trainer(base: torch.nn.Module, lora: LoRAOptions, pad_id: int, tp: int) -> SplitStepTrainer:
     from slime_env.trainers.megatron_trainer import MegatronTrainer
     from slime_env.trainers.torch_trainer import TrainerConfig
 
-    # TP = PP = 1; the GPTModel takes a copy of the base weights (per client)
-    return MegatronTrainer(base, TrainerConfig(backend="megatron", lora=lora), pad_id=pad_id)
+    # PP = 1, DP = world / TP; the GPTModel takes a copy of the base weights (per client)
+    return MegatronTrainer(base, TrainerConfig(backend="megatron", lora=lora, tp=tp), pad_id=pad_id)
 
 
-# --backend -> a training client's trainer over the base model, in this one process (world size 1)
-TRAINERS: dict[str, Callable[[torch.nn.Module, LoRAOptions, int], SplitStepTrainer]] = {
+# --backend -> a training client's trainer over the base model (its TP size: megatron's alone)
+TRAINERS: dict[str, Callable[[torch.nn.Module, LoRAOptions, int, int], SplitStepTrainer]] = {
     "torch": torch_trainer, "fsdp": fsdp_trainer, "megatron": megatron_trainer}
 
 
-def check_backend(name: str) -> None:
-    """`name` is a trainer `serve-tinker` runs on in this one process, or an `InvalidInput` naming it: an unknown
-    name, or fsdp / megatron launched over several ranks (torchrun's `WORLD_SIZE`, or a process group of several)."""
+def world_size() -> int:
+    """The ranks `serve-tinker` runs on: torchrun's `WORLD_SIZE`, or a process group's size."""
     import os
 
     import torch.distributed as dist
 
+    return max(int(os.environ.get("WORLD_SIZE", "1")), dist.get_world_size() if dist.is_initialized() else 1)
+
+
+def check_backend(name: str, *, tp: int = 1, pp: int = 1) -> None:
+    """`name` is a trainer `serve-tinker` runs on at this world size, or an `InvalidInput` naming what is not: an
+    unknown name, torch over several ranks, TP with fsdp or torch, Megatron's pipeline parallel (its schedule owns
+    the backward), a TP size that does not divide the ranks."""
     from slime_env.trainers.torch_trainer import BACKENDS
 
     if name not in TRAINERS:
         raise InvalidInput(f"--backend {name!r}: one of {list(BACKENDS)}")
-    world = max(int(os.environ.get("WORLD_SIZE", "1")), dist.get_world_size() if dist.is_initialized() else 1)
-    if world > 1:
-        raise InvalidInput(f"--backend {name} over {world} ranks: not built yet. serve-tinker runs its trainers in one "
-                           "process (FSDP over one rank, Megatron TP=1 PP=1); driving N ranks needs every training "
-                           "call broadcast from rank 0 to the others (docs/tinker.md, Backends). Start it without "
-                           "torchrun")
+    world = world_size()
+    supported = "(fsdp on any number of ranks, megatron with DP x TP; torch in one process)"
+    if name == "torch" and world > 1:
+        raise InvalidInput(f"--backend torch over {world} ranks: the torch trainer runs in one process; use --backend "
+                           f"fsdp or megatron under torchrun {supported}")
+    if pp != 1:
+        raise InvalidInput(f"--pp {pp}: Megatron's pipeline schedule owns the backward, so the split step (Tinker's "
+                           f"forward_backward) runs without pipeline parallel {supported}")
+    if tp < 1 or (tp > 1 and name != "megatron") or world % tp:
+        raise InvalidInput(f"--tp {tp} with --backend {name} over {world} ranks: tensor parallel is megatron's, and "
+                           f"TP must divide the ranks {supported}")
 
 
 @dataclass
@@ -116,9 +127,13 @@ class TinkerBackend:
     samplers (see the module docstring)."""
 
     def __init__(self, base_model: str, model: Any, tokenizer: Any, root: str | Path, *, trainer: str = "torch",
-                 max_context_length: int = 32768, samplers_kept: int = 2, max_batch_size: int = 16,
+                 max_context_length: int = 32768, samplers_kept: int = 2, max_batch_size: int = 16, tp: int = 1,
                  sampler_url: str | None = None, sampler_kind: str = "sglang"):
-        check_backend(trainer)
+        import torch.distributed as dist
+
+        check_backend(trainer, tp=tp)
+        self.tp = tp
+        self.writes = not dist.is_initialized() or dist.get_rank() == 0  # rank 0 writes the files of every rank
         self.base_model = base_model
         self.base = model.eval().requires_grad_(False)  # frozen: clients train adapters over it
         self.tokenizer = tokenizer
@@ -166,7 +181,8 @@ class TinkerBackend:
         if lora.get("seed") is not None:  # the adapter's initial A matrices
             torch.manual_seed(int(lora["seed"]))
         options = LoRAOptions(rank=rank, alpha=LORA_ALPHA, target_modules=list(targets))
-        self.models[model_id] = TrainingModel(model_id, self.make_trainer(self.base, options, self.pad_id), dict(lora))
+        trainer = self.make_trainer(self.base, options, self.pad_id, self.tp)
+        self.models[model_id] = TrainingModel(model_id, trainer, dict(lora))
         return model_id
 
     def get(self, model_id: str | None) -> TrainingModel:
@@ -250,7 +266,8 @@ class TinkerBackend:
         m = self.get(model_id)
         path, folder = self._new_path(model_id, "weights", name)
         m.trainer.save(folder)
-        (folder / "tinker.json").write_text(json.dumps({"base_model": self.base_model, "lora": m.lora}))
+        if self.writes:
+            (folder / "tinker.json").write_text(json.dumps({"base_model": self.base_model, "lora": m.lora}))
         return path
 
     def load_state(self, model_id: str, path: str, optimizer: bool, *, create: bool = False) -> str:
@@ -270,7 +287,9 @@ class TinkerBackend:
             self._ephemeral += 1
             name = f"ephemeral-{self._ephemeral}"
         path, folder = self._new_path(model_id, "sampler_weights", name)
-        m.trainer.adapter().save(folder)
+        adapter = m.trainer.adapter()  # a collective where the weights are sharded
+        if self.writes:
+            adapter.save(folder)
         return path
 
     # --- sampling ------------------------------------------------------------------------------------------------
