@@ -275,7 +275,8 @@ def test_kill_9_of_a_run_with_16_open_workspaces_leaves_nothing_after_the_reaper
         line = proc.stdout.readline()
         assert line == "open\n", proc.stderr.read()[-2000:] if proc.poll() is not None else line
         if backend == "docker":
-            assert len(our_containers(run)) == 16
+            # running: a container whose start failed under load and was retried may still be on its way out
+            assert len(our_containers(run, "running")) == 16
         else:
             mine = [d for d in work_root().glob(f"{WORK_PREFIX}*") if run in (d / "owner.json").read_text()]
             assert len(mine) == 16

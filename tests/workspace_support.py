@@ -47,8 +47,10 @@ def require_backend(backend: str) -> None:
             unavailable("bubblewrap is not installed")
 
 
-def our_containers(run: str) -> list[str]:
-    """Ids of the workspace containers (any state) labelled with run id `run`."""
+def our_containers(run: str, status: str | None = None) -> list[str]:
+    """Ids of the workspace containers labelled with run id `run` (in `status`, e.g. "running"; None: any state).
+    Sparse: one list call, no per-container inspect that a container removed meanwhile would fail with 404."""
     from slime_env.tools_sandbox.workspace.docker import LABEL, RUN_LABEL, docker_client
 
-    return [c.id for c in docker_client().containers.list(all=True, filters={"label": [LABEL, f"{RUN_LABEL}={run}"]})]
+    filters = {"label": [LABEL, f"{RUN_LABEL}={run}"], **({"status": status} if status else {})}
+    return [c.id for c in docker_client().containers.list(all=True, filters=filters, sparse=True)]
