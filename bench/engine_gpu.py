@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import random
 import sys
@@ -48,7 +49,7 @@ import torch
 sys.path.insert(0, __file__.rsplit("/bench/", 1)[0])
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 
-from megatron_mfu import SPEC_TFLOPS  # noqa: E402 - the cards' dense bf16 peaks
+from megatron_mfu import spec_peak  # noqa: E402 - the card's dense bf16 peak
 from shapes import SHAPES, gpus_arg, random_model  # noqa: E402
 
 from slime_env.agents.transformers_policy import TransformersPolicy  # noqa: E402
@@ -411,8 +412,8 @@ def main() -> None:
                     row["of_ceiling"] = row["tokens_per_s"] / row["ceiling_tokens_per_s"]
                     # The roofline: at a large batch the projections are compute-bound (2 FLOPs per weight and row at
                     # the card's dense bf16 peak), not bandwidth-bound; the K/V read stays a memory cost.
-                    peak = next((v for k, v in SPEC_TFLOPS.items() if k in results["gpu"]), None)
-                    if peak:
+                    peak = spec_peak()
+                    if math.isfinite(peak):
                         flops_s = 2 * weights / e.runner.dtype.itemsize * batch_avg / (peak * 1e12)
                         step_s = max(weights / bandwidth, flops_s) + (step_bytes - weights) / bandwidth
                         row["roofline_tokens_per_s"] = batch_avg / step_s

@@ -27,7 +27,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
-from megatron_mfu import SPEC_TFLOPS, trajectories  # noqa: E402 - the same random trajectories as its full-step row
+from megatron_mfu import spec_peak, trajectories  # noqa: E402 - the same random trajectories as its full-step row
 from shapes import dense_flops, hf_config, model_class  # noqa: E402
 
 
@@ -90,8 +90,7 @@ def run_mode(args, cfg, chunk, kernel, info) -> dict:
     seconds = statistics.median(times)
     lengths = [args.tokens] * args.seqs  # one DP rank's share, over its CP ranks
     gpu_s = seconds * args.cp  # GPU-seconds of a DP rank's step: its sequences take CP GPUs
-    spec = next((v for k, v in SPEC_TFLOPS.items() if device == "cuda" and k in torch.cuda.get_device_name()),
-                float("nan"))
+    spec = spec_peak() if device == "cuda" else float("nan")
     model = dense_flops(cfg, lengths) / gpu_s / 1e12
     recomputed = args.recompute_layers if args.recompute_method == "block" else None
     hardware = dense_flops(cfg, lengths, recompute=args.recompute == "full", recomputed_layers=recomputed,

@@ -117,17 +117,20 @@ class SDPAttention(MegatronModule):
         if self.cp_group is None:
             if self._keeping and (out := self._kept_attention(q, k, v, cu_q, int(p.max_seqlen_q))) is not None:
                 return out
-            if self._cudnn_min is not None and q.is_cuda and q.dtype in (torch.bfloat16, torch.float16):
-                if self._cudnn_min < 0:  # auto: measured ahead on Hopper
-                    self._cudnn_min = CUDNN_MIN_TOKENS if torch.cuda.get_device_capability(q.device)[0] >= 9 else None
-                if self._cudnn_min is not None and int(p.max_seqlen_q) >= self._cudnn_min:
-                    return self._by_length(q, k, v, cu_q)
+            if _fused_kernels(q) and (least := self._cudnn_from(q)) is not None and int(p.max_seqlen_q) >= least:
+                return self._by_length(q, k, v, cu_q)
             return self._varlen_causal_attn(q, k, v, cu_q, cu_k, int(p.max_seqlen_q), int(p.max_seqlen_kv))
         from slime_env.trainers.megatron import context_parallel as cp
 
         layout = _cp_layout(cu_q, self.cp_group.rank(), self.cp_group.size())
         k, v = (cp.gather_kv(x, self.cp_group)[layout.kv_index] for x in (k, v))
         return self._varlen_causal_attn(q, k, v, layout.cu_q, layout.cu_k, layout.max_q, layout.max_k)
+
+    def _cudnn_from(self, q) -> int | None:
+        """The shortest sequence cuDNN takes on `q`'s GPU (None: never); `auto` decides on the first call."""
+        if self._cudnn_min is not None and self._cudnn_min < 0:  # auto: measured ahead on Hopper
+            self._cudnn_min = CUDNN_MIN_TOKENS if torch.cuda.get_device_capability(q.device)[0] >= 9 else None
+        return self._cudnn_min
 
     def _by_length(self, q, k, v, cu: torch.Tensor):
         """Self-attention of a packed batch with cuDNN for each sequence of at least `_cudnn_min` tokens and one
@@ -139,21 +142,23 @@ class SDPAttention(MegatronModule):
             if run_cu is not None:
                 outs.append(self._varlen_causal_attn(q[a:b], k[a:b], v[a:b], run_cu, run_cu, run_max, run_max))
                 continue
-            qs, ks, vs = (x[a:b].transpose(0, 1).unsqueeze(0) for x in (q, k, v))
-            if self.kv_heads != self.heads:  # cuDNN's kernel takes as many K/V heads as query heads
-                ks, vs = (x.repeat_interleave(self.heads // self.kv_heads, dim=1) for x in (ks, vs))
             with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=self.scale)
+                o = F.scaled_dot_product_attention(*self._cudnn_views(q, k, v, a, b), is_causal=True, scale=self.scale)
             outs.append(o.squeeze(0).transpose(0, 1))
-        end = runs[-1][1] if runs else 0
-        if end < q.shape[0]:  # rows past the last sequence (padding): zeros, never read
-            outs.append(q.new_zeros(q.shape[0] - end, *q.shape[1:]))
-        return outs[0].contiguous() if len(outs) == 1 else torch.cat(outs)
+        return _joined(outs, runs[-1][1] if runs else 0, q)
+
+    def _cudnn_views(self, q, k, v, a: int, b: int):
+        """Rows [a, b) of the packed q, k, v as [1, heads, s, d] views; K/V heads repeated (cuDNN's kernel takes as
+        many K/V heads as query heads)."""
+        qs, ks, vs = (x[a:b].transpose(0, 1).unsqueeze(0) for x in (q, k, v))
+        if self.kv_heads != self.heads:
+            ks, vs = (x.repeat_interleave(self.heads // self.kv_heads, dim=1) for x in (ks, vs))
+        return qs, ks, vs
 
     def _varlen_causal_attn(self, q, k, v, cu_q, cu_k, max_q: int, max_k: int):
         """Causal attention of each query segment to its key segment, aligned at their ends (a query segment shorter
         than its keys is the tail of the sequence the keys span)."""
-        if self._varlen is not None and q.is_cuda and q.dtype in (torch.bfloat16, torch.float16):
+        if self._varlen is not None and _fused_kernels(q):
             kw = dict(self._varlen_causal, scale=self.scale)
             args = (cu_q, cu_k, max_q, max_k)
             q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
@@ -198,14 +203,25 @@ class SDPAttention(MegatronModule):
 
     def _plan(self, q, cu: torch.Tensor, max_len: int) -> list[_Run]:
         """The kernel of each stretch of the packed batch, as the forward without `keep` would choose them."""
-        if not (q.is_cuda and q.dtype in (torch.bfloat16, torch.float16)):
+        if not _fused_kernels(q):
             return [_MathRun(self, 0, q.shape[0], cu, max_len)]
-        if self._cudnn_min is not None and self._cudnn_min < 0:
-            self._cudnn_min = CUDNN_MIN_TOKENS if torch.cuda.get_device_capability(q.device)[0] >= 9 else None
-        if self._cudnn_min is None or max_len < self._cudnn_min:
+        if (least := self._cudnn_from(q)) is None or max_len < least:
             return [_FlashRun(self, 0, q.shape[0], cu, max_len)]
         return [_CudnnRun(self, a, b, None, n) if run_cu is None else _FlashRun(self, a, b, run_cu, n)
-                for a, b, run_cu, n in _runs(cu, self._cudnn_min)]
+                for a, b, run_cu, n in _runs(cu, least)]
+
+
+def _fused_kernels(q: torch.Tensor) -> bool:
+    """The GPU kernels (flash, cuDNN) run on `q`: CUDA, 16-bit; elsewhere the exact per-sequence path."""
+    return q.is_cuda and q.dtype in (torch.bfloat16, torch.float16)
+
+
+def _joined(outs: list[torch.Tensor], end: int, q: torch.Tensor) -> torch.Tensor:
+    """The per-stretch outputs `outs` (covering rows [0, end)) as one [T, heads, d] tensor like `q`; rows past the
+    last sequence (padding) are zeros, never read."""
+    if end < q.shape[0]:
+        outs = outs + [q.new_zeros(q.shape[0] - end, *q.shape[1:])]
+    return outs[0].contiguous() if len(outs) == 1 else torch.cat(outs)
 
 
 @contextlib.contextmanager
@@ -249,15 +265,11 @@ class _FlashRun(_Run):
 
 
 class _CudnnRun(_Run):
-    """cuDNN's fused attention over one sequence ([1, heads, s, d] views; K/V heads repeated, their gradients
+    """cuDNN's fused attention over one sequence (`SDPAttention._cudnn_views`; the repeated K/V heads' gradients
     summed)."""
 
     def _views(self, q, k, v):
-        group = self.attn.heads // self.attn.kv_heads
-        qs, ks, vs = (x[self.a:self.b].transpose(0, 1).unsqueeze(0) for x in (q, k, v))
-        if group > 1:
-            ks, vs = (x.repeat_interleave(group, dim=1) for x in (ks, vs))
-        return qs, ks, vs
+        return self.attn._cudnn_views(q, k, v, self.a, self.b)
 
     def forward(self, q, k, v):
         out, lse, cum_q, cum_k, max_q, max_k, seed, offset, _ = torch.ops.aten._scaled_dot_product_cudnn_attention(
@@ -299,11 +311,7 @@ class _Kept:
         self.cu, self.shape, self.parts = cu, shape, parts
 
     def output(self, q: torch.Tensor) -> torch.Tensor:
-        outs = [out for _, out, _ in self.parts]
-        end = self.parts[-1][0].b
-        if end < q.shape[0]:  # rows past the last sequence (padding): zeros, never read
-            outs.append(q.new_zeros(q.shape[0] - end, *q.shape[1:]))
-        return outs[0].contiguous() if len(outs) == 1 else torch.cat(outs)
+        return _joined([out for _, out, _ in self.parts], self.parts[-1][0].b, q)
 
 
 class _KeptAttention(torch.autograd.Function):
