@@ -18,6 +18,11 @@ import torch.nn.functional as F
 from megatron.core.transformer.module import MegatronModule
 
 
+def param_device() -> torch.device | str:
+    """Where megatron builds this rank's parameters: its current CUDA device, else the CPU."""
+    return torch.cuda.current_device() if torch.cuda.is_available() else "cpu"
+
+
 def grouped_mm_available(x: torch.Tensor) -> bool:
     """torch._grouped_mm runs here: CUDA, bf16, compute capability 9.0+ (its cuBLAS path)."""
     return (hasattr(torch, "_grouped_mm") and x.is_cuda and x.dtype == torch.bfloat16
@@ -45,7 +50,7 @@ class GroupedExperts(MegatronModule):
         if (config.expert_tensor_parallel_size or 1) != 1:
             raise ValueError("GroupedExperts keeps experts whole: expert_tensor_parallel_size must be 1")
         h, f, e = config.hidden_size, config.moe_ffn_hidden_size, num_local_experts
-        device = torch.cuda.current_device() if torch.cuda.is_available() else "cpu"
+        device = param_device()
         self.num_local_experts = e
         self.weight1 = torch.nn.Parameter(torch.empty(e, 2 * f, h, dtype=config.params_dtype, device=device))
         self.weight2 = torch.nn.Parameter(torch.empty(e, h, f, dtype=config.params_dtype, device=device))

@@ -59,7 +59,7 @@ from megatron.core.transformer.moe.router import TopKRouter
 
 from slime_env.trainers.megatron import moe
 from slime_env.trainers.megatron.convert import _qkv, _shard, _split_qkv, attention_dims
-from slime_env.trainers.megatron.grouped_experts import GroupedExperts, _grouped
+from slime_env.trainers.megatron.grouped_experts import GroupedExperts, _grouped, param_device
 
 # HF projection -> (megatron linear, its block: self_attention / mlp); the fused layers' parts in their row order.
 LINEARS = {"q_proj": "linear_qkv", "k_proj": "linear_qkv", "v_proj": "linear_qkv", "o_proj": "linear_proj",
@@ -131,8 +131,7 @@ def _adapter(module: torch.nn.Module, adapted: Adapted, a_shape: tuple[int, int]
     """Registers `lora_A` (zeros: the trainer loads its initial adapter) and `lora_B` (zeros) on `module`; `sharded`
     names the one split over TP (its megatron attributes set as the weight's), `partial` the one whose gradient is a
     partial sum over TP."""
-    kw = dict(dtype=module.config.params_dtype,
-              device=torch.cuda.current_device() if torch.cuda.is_available() else "cpu")
+    kw = dict(dtype=module.config.params_dtype, device=param_device())
     module.lora = adapted
     module.lora_on = True
     module.lora_A = torch.nn.Parameter(torch.zeros(*a_shape, **kw))
@@ -202,7 +201,7 @@ class LoRAGroupedExperts(GroupedExperts):
                  adapted: Mapping[str, Adapted]):
         super().__init__(num_local_experts, config, submodules, pg_collection)
         h, f, e = config.hidden_size, config.moe_ffn_hidden_size, num_local_experts
-        kw = dict(dtype=config.params_dtype, device=torch.cuda.current_device() if torch.cuda.is_available() else "cpu")
+        kw = dict(dtype=config.params_dtype, device=param_device())
         self.lora_on = True
         for linear, a in adapted.items():
             fan_in, fan_out = (h, 2 * f) if linear == "experts_fc1" else (f, h)
@@ -232,7 +231,7 @@ class LoRATopKRouter(TopKRouter):
 
     def __init__(self, config, pg_collection=None, *, adapted: Adapted):
         super().__init__(config=config, pg_collection=pg_collection)
-        kw = dict(dtype=config.params_dtype, device=torch.cuda.current_device() if torch.cuda.is_available() else "cpu")
+        kw = dict(dtype=config.params_dtype, device=param_device())
         self.lora = adapted
         self.lora_on = True
         self.lora_A = torch.nn.Parameter(torch.zeros(adapted.rank, config.hidden_size, **kw))
@@ -261,8 +260,7 @@ def _row_mask(config: Any, layer: str | None, parts: tuple[str, ...], rows: int)
         sizes = (rows // 2, rows // 2)
     block = torch.cat([torch.full((n, 1), float(p in parts)) for p, n in zip(every, sizes)])
     mask = block.repeat(rows // block.shape[0], 1)
-    device = torch.cuda.current_device() if torch.cuda.is_available() else "cpu"
-    return mask.to(device=device, dtype=config.params_dtype)
+    return mask.to(device=param_device(), dtype=config.params_dtype)
 
 
 def adapt_layer_spec(spec: Any, adapted: Mapping[str, Adapted]) -> None:
