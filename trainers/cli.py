@@ -46,13 +46,11 @@ def serve_tinker(model: str = typer.Option(..., help="the base model name client
     from slime_env.trainers.tinker import TinkerBackend, start
     from slime_env.trainers.tinker.backend import check_backend, world_size
     from slime_env.trainers.tinker.models import load_model, load_tokenizer
-
-    from slime_env.trainers.tinker.sampler import KINDS
+    from slime_env.trainers.tinker.sampler import check_kind
 
     try:
         check_backend(backend, tp=tp, pp=pp)  # before loading any weights
-        if sampler_kind not in KINDS:
-            raise InvalidInput(f"--sampler-kind {sampler_kind!r}: one of {list(KINDS)}")
+        check_kind(sampler_kind)
     except InvalidInput as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(1) from None

@@ -37,6 +37,30 @@ class Teacher(Protocol):
     async def close(self) -> None: ...
 
 
+async def input_logprobs(client: Any, url: str, body: Mapping[str, Any]) -> list[list[Any]]:
+    """`meta_info.input_token_logprobs` of a prefill-only `/generate` of `body` (its `input_ids` or `text`, and e.g. a
+    `lora_path`) on the SGLang-compatible server at `url` (`client`: its `slime_env.http.HttpClient`)."""
+    from slime_env.http import ProtocolError
+
+    out = await client.request("POST", "/generate", {
+        **body, "sampling_params": {"max_new_tokens": 0, "temperature": 0.0},
+        "return_logprob": True, "logprob_start_len": 0})
+    rows = (out.get("meta_info") or {}).get("input_token_logprobs") if isinstance(out, Mapping) else None
+    if not isinstance(rows, list):
+        raise ProtocolError(f"{url}/generate gave no meta_info.input_token_logprobs (does it support "
+                            "max_new_tokens 0 with return_logprob and logprob_start_len?)")
+    return rows
+
+
+def token_logprobs(rows: Sequence[Sequence[Any]], ids: Sequence[int], url: str) -> list[float]:
+    """log p(ids[t] | ids[:t]) for t >= 1 from `input_logprobs` rows, which must follow `ids` one for one."""
+    from slime_env.http import ProtocolError
+
+    if len(rows) != len(ids) or any(r[1] != t for r, t in zip(rows, ids)):
+        raise ProtocolError(f"{url}: input_token_logprobs do not follow the {len(ids)} ids sent")
+    return [float(r[0]) for r in rows[1:]]
+
+
 class ServerTeacher:
     """A teacher behind an SGLang-compatible `/generate` (see the module docstring)."""
 
@@ -48,25 +72,11 @@ class ServerTeacher:
         self._sem = asyncio.Semaphore(max_concurrency)
 
     async def _score(self, body: dict[str, Any]) -> list[list[Any]]:
-        from slime_env.http import ProtocolError
-
         async with self._sem:
-            out = await self.client.request("POST", "/generate", {
-                **body, "sampling_params": {"max_new_tokens": 0, "temperature": 0.0},
-                "return_logprob": True, "logprob_start_len": 0})
-        rows = (out.get("meta_info") or {}).get("input_token_logprobs") if isinstance(out, Mapping) else None
-        if not isinstance(rows, list):
-            raise ProtocolError(f"{self.url}/generate gave no meta_info.input_token_logprobs (does it support "
-                                "max_new_tokens 0 with return_logprob and logprob_start_len?)")
-        return rows
+            return await input_logprobs(self.client, self.url, body)
 
     async def logprobs(self, ids: Sequence[int]) -> list[float]:
-        from slime_env.http import ProtocolError
-
-        rows = await self._score({"input_ids": list(ids)})
-        if len(rows) != len(ids) or any(r[1] != t for r, t in zip(rows, ids)):
-            raise ProtocolError(f"{self.url}: input_token_logprobs do not follow the {len(ids)} ids sent")
-        return [float(r[0]) for r in rows[1:]]
+        return token_logprobs(await self._score({"input_ids": list(ids)}), ids, self.url)
 
     async def check_tokenizer(self, tokenizer: Any) -> None:
         rows = await self._score({"text": PROBE})

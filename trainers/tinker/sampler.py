@@ -28,13 +28,18 @@ KINDS = ("sglang", "vllm")
 ADAPTER = "tinker"  # adapters load as "tinker@<version>"
 
 
+def check_kind(kind: str) -> None:
+    """InvalidInput naming `--sampler-kind` unless `kind` is one this module serves."""
+    if kind not in KINDS:
+        raise InvalidInput(f"--sampler-kind {kind!r}: one of {list(KINDS)}")
+
+
 class ServerSampler:
     """Sampler weights on one engine server at `url` (`kind` sglang: SGLang or serve-engine; vllm), its adapter folders
     under `folder` (the server must see it: same host or shared filesystem)."""
 
     def __init__(self, url: str, kind: str, layout: Any, folder: str | Path, *, kept: int = 4):
-        if kind not in KINDS:
-            raise InvalidInput(f"--sampler-kind {kind!r}: one of {list(KINDS)}")
+        check_kind(kind)
         if kept < 1:
             raise InvalidInput(f"samplers kept on the server must be >= 1, got {kept}")
         if kind == "vllm":
@@ -125,15 +130,11 @@ class ServerSampler:
         if self.kind == "vllm":
             raise InvalidInput("include_prompt_logprobs is not served by a vLLM sampler (--sampler-kind vllm): its "
                                "token-in route returns no prompt log-probs here (sampled log-probs are)")
-        body: dict[str, Any] = {"input_ids": list(ids), "sampling_params": {"max_new_tokens": 0},
-                                "return_logprob": True, "logprob_start_len": 0}
-        if name is not None:
-            body["lora_path"] = name
-        answer = await self.policy.http.request("POST", "/generate", body)
-        rows = answer["meta_info"]["input_token_logprobs"]
-        if len(rows) != len(ids):
-            raise RuntimeError(f"the sampler server gave {len(rows)} prompt log-probs for {len(ids)} tokens")
-        return [float(row[0]) for row in rows[1:]]  # the first token has none
+        from slime_env.trainers.run.teacher import input_logprobs, token_logprobs
+
+        body = {"input_ids": list(ids), **({"lora_path": name} if name is not None else {})}
+        url = self.policy.url
+        return token_logprobs(await input_logprobs(self.policy.http, url, body), ids, url)  # a teacher's scoring
 
     async def close(self) -> None:
         await self.policy.close()
