@@ -4,6 +4,7 @@ trainer's, a saved state comes back, and stopping the server ends every rank."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import signal
@@ -33,7 +34,9 @@ def _torchrun(tmp_path: Path, checkpoint: Path, *args: str) -> tuple[subprocess.
            "--port", "0", "--root", str(tmp_path / "ckpt"), "--max-context-length", "256", *args]
     # the ranks run from tmp_path with the safe path (-P's variable): the repository root never shadows packages
     env = {**os.environ, "PYTHONSAFEPATH": "1", "OMP_NUM_THREADS": "1", "TINKER_API_KEY": "tml-local"}
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # a session of its own: a failing test kills the whole group (torchrun cannot pass a SIGKILL on to its ranks)
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout], daemon=True).start()
     seen = []
@@ -41,13 +44,20 @@ def _torchrun(tmp_path: Path, checkpoint: Path, *args: str) -> tuple[subprocess.
         try:
             line = lines.get(timeout=120)
         except queue.Empty:
-            proc.kill()
+            _kill(proc)
             raise AssertionError("no server after 120 s:\n" + "".join(seen)) from None
         seen.append(line)
         if "serving the Tinker API" in line:
             proc.log = seen  # what the ranks printed, for a failing assertion
             threading.Thread(target=lambda: [seen.append(x) for x in iter(lines.get, None)], daemon=True).start()
             return proc, line.split(" at ")[1].split()[0]
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    """torchrun and every rank it started, at once (whatever of them is still there)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
 
 
 def _stop(proc: subprocess.Popen, sig: int = signal.SIGINT) -> int:
@@ -58,7 +68,7 @@ def _stop(proc: subprocess.Popen, sig: int = signal.SIGINT) -> int:
     try:
         return proc.wait(timeout=60)
     except subprocess.TimeoutExpired:
-        proc.kill()
+        _kill(proc)
         raise AssertionError("the ranks did not end within 60 s of stopping the server") from None
 
 
@@ -113,7 +123,7 @@ def test_two_ranks_give_the_one_process_step_and_stop_together(backend, tp, tmp_
             pytest.approx(client.forward([_datum(a, weights=wa)], "cross_entropy").result().metrics["loss:sum"],
                           rel=1e-5)
     except BaseException:
-        proc.kill()
+        _kill(proc)
         print("".join(proc.log))
         raise
     assert _stop(proc) == 0, "".join(proc.log)[-3000:]
