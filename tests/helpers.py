@@ -208,9 +208,27 @@ def run_dist_check(tmp_path, nproc: int, tp: int = 1, *extra: str, ep: int = 1, 
     cmd = [sys.executable, *script] if nproc == 1 else \
         [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *script]
     env = {**os.environ, "PYTHONPATH": _ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, cwd=_ROOT, env=env, capture_output=True, text=True, timeout=600)
+    proc = run_group(cmd, cwd=_ROOT, env=env, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return json.loads(out.read_text())
+
+
+def run_group(cmd: list[str], *, timeout: float, **kw) -> subprocess.CompletedProcess:
+    """`subprocess.run(cmd, capture_output=True, text=True)` in a session of its own; on a timeout every process of
+    the session is killed (torchrun's ranks too: a SIGKILL to torchrun alone would leave them running), then
+    `TimeoutExpired` is raised as `subprocess.run` raises it."""
+    import signal
+
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                          **kw) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired as e:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            e.stdout, e.stderr = proc.communicate()
+            raise
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 def same_weights(a: dict, b: dict) -> None:

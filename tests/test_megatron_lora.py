@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
@@ -19,7 +18,7 @@ import torch
 pytest.importorskip("megatron.core", reason="megatron-core is not installed (pip install 'slime_env[megatron]')")
 pytest.importorskip("peft")
 
-from helpers import tiny, trajectories  # noqa: E402
+from helpers import run_group, tiny, trajectories  # noqa: E402
 
 from slime_env.trainers.batch import pack  # noqa: E402
 from slime_env.trainers.lora import LoRAOptions, adapter_of, wrap  # noqa: E402
@@ -74,7 +73,7 @@ def test_tp2_or_pp2_step_equals_torch_trainers_and_the_adapter_is_peft_s(tmp_pat
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
            os.path.join(ROOT, "tests", "megatron_lora_check.py"), f"--{layout}", "2", "--dir", str(tmp_path)]
     env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    proc = run_group(cmd, cwd=ROOT, env=env, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     got = json.loads((tmp_path / "result.json").read_text())
     assert got["parallel"][layout] == 2
@@ -201,7 +200,7 @@ def test_moe_expert_and_router_adapters_step_like_torch_trainers_peft(tmp_path, 
            os.path.join(ROOT, "tests", "megatron_moe_lora_check.py"), "--ep", str(ep), "--tp", str(tp),
            "--dir", str(tmp_path)]
     env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    proc = run_group(cmd, cwd=ROOT, env=env, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     got = json.loads((tmp_path / "result.json").read_text())
     assert (got["parallel"]["ep"], got["parallel"]["tp"]) == (ep, tp)
