@@ -59,7 +59,7 @@ def run_mode(args, cfg, chunk, kernel, info) -> dict:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
     trajs = trajectories([args.tokens] * (args.seqs * info["world"] // args.cp), cfg.vocab_size, seed=1)
-    times = []
+    times, first = [], None
     try:
         if args.profile and device == "cuda":
             trainer.step(trajs, group_size=2)  # warm-up outside the profile
@@ -74,7 +74,8 @@ def run_mode(args, cfg, chunk, kernel, info) -> dict:
             if device == "cuda":
                 torch.cuda.synchronize()
             t0 = time.perf_counter()
-            trainer.step(trajs, group_size=2)
+            metrics = trainer.step(trajs, group_size=2)
+            first = first or metrics  # the same weights in every mode: kernels compared by its loss and gradient
             if device == "cuda":
                 torch.cuda.synchronize()
             if i >= args.warmup:
@@ -96,7 +97,8 @@ def run_mode(args, cfg, chunk, kernel, info) -> dict:
     hardware = dense_flops(cfg, lengths, recompute=args.recompute == "full", recomputed_layers=recomputed,
                            recompute_attention=not args.keep_attention) / gpu_s / 1e12
     return {"step_s": seconds, "tokens_per_s_per_gpu": sum(lengths) / gpu_s, "model_tflops": model,
-            "mfu": model / spec, "mfu_with_recompute": hardware / spec, "peak_gib": peak}
+            "mfu": model / spec, "mfu_with_recompute": hardware / spec, "peak_gib": peak,
+            "first_loss": first["train/loss"], "first_grad_norm": first["train/grad_norm"]}
 
 
 def main() -> None:

@@ -562,6 +562,35 @@ def test_context_parallel_layout_attention_and_rope_equal_the_whole_sequence(par
                                _megatron_thd_rope(t[mine], cu_p, freqs, group))
 
 
+def test_cp_prefix_runs_tile_the_layout_long_chunks_alone_split_at_their_own_keys(parallel):
+    """The CP path's kernel plan on a GPU (`_prefix_runs`, planned here on CPU tensors): the runs cover a rank's query
+    rows and gathered key rows in order; a chunk of at least `min_tokens` goes alone to cuDNN as the keys before it
+    (no mask) and its own keys (causal); the shorter chunks between two such share one varlen call whose segment
+    offsets are theirs."""
+    from megatron.core.transformer.enums import AttnMaskType
+
+    from slime_env.trainers.megatron import SDPAttention, attention, context_parallel as ctx, transformer_config
+
+    attn = SDPAttention(transformer_config(tiny("llama").config), 1, AttnMaskType.causal, "self")
+    cu = torch.tensor([0, 400, 412, 416, 816], dtype=torch.int32)  # padded for CP=2: 400, 12, 4, 400 tokens
+    for r in range(2):
+        layout = ctx.prefix_layout(cu, r, 2)  # chunks of 100, 100, 3, 3, 1, 1, 100, 100 query rows
+        runs = attention._prefix_runs(attn, layout, 50)
+        assert attention._prefix_runs(attn, layout, 50) is runs  # planned once per layout
+        assert [(x.qa, x.qb) for x in runs] == [(0, 100), (100, 200), (200, 208), (208, 308), (308, 408)]
+        assert [x.kb for x in runs] == layout.cu_k[[1, 2, 6, 7, 8]].tolist()
+        assert runs[0].ka == 0 and all(a.kb == b.ka for a, b in zip(runs, runs[1:]))
+        for x in runs[:2] + runs[3:]:  # cuDNN: the keys before the chunk without a mask, then its own, causal
+            n = x.qb - x.qa
+            assert isinstance(x, attention._CudnnPrefixRun) and x._pieces()[-1] == (x.kb - n, x.kb, True)
+            assert x._pieces()[:-1] == ([] if x.kb - x.ka == n else [(x.ka, x.kb - n, False)])
+        assert [len(x._pieces()) for x in runs[:2]] == ([1, 2] if r == 0 else [2, 2])  # rank 0's first: no keys before
+        short = runs[2]
+        assert isinstance(short, attention._FlashPrefixRun) and short.cu_q.tolist() == [0, 3, 6, 7, 8]
+        assert short.cu_k.tolist() == (layout.cu_k[2:7] - layout.cu_k[2]).tolist()
+        assert (short.max_q, short.max_k) == (3, max(layout.cu_k[3:7] - layout.cu_k[2:6]))
+
+
 class _FakeGroup:
     """What megatron's THD RoPE asks of a process group (its size and this rank), without one."""
 

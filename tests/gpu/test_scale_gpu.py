@@ -1,5 +1,5 @@
 """Trainers at scale on a GPU: the Qwen3-MoE Megatron model against Hugging Face in bf16, a 32k-token trajectory
-under activation recompute, an FSDP2 step, context-parallel attention through the varlen flash kernel; on two GPUs,
+under activation recompute, an FSDP2 step, context-parallel attention through varlen flash and cuDNN; on two GPUs,
 TP=2 with sequence parallelism, CP=2, EP=2 and FSDP2 over two.
 
 Run on a GPU machine: `python -m pytest tests/gpu -q` (skipped without CUDA; never in CI).
@@ -10,7 +10,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import subprocess
 import sys
 
 import pytest
@@ -18,7 +17,7 @@ import torch
 
 pytest.importorskip("megatron.core", reason="megatron-core is not installed")
 
-from helpers import tiny, trajectories  # noqa: E402
+from helpers import run_group, tiny, trajectories  # noqa: E402
 from slime_env.trainers.batch import pack  # noqa: E402
 from slime_env.trainers.torch_trainer import TorchTrainer, TrainerConfig  # noqa: E402
 
@@ -140,12 +139,62 @@ def test_context_parallel_attention_through_the_varlen_kernel_equals_full_attent
             assert (out.float() - ref[mine]).abs().max() < 0.02, (cp, r)
 
 
+def test_context_parallel_attention_through_cudnn_gives_full_attention_and_its_gradients():
+    """On Hopper a CP rank's long query chunks go to cuDNN as two calls (the keys before the chunk without a mask,
+    its own keys causal) joined by their log-sum-exps, the short chunks between them to one varlen flash call; the
+    output and the gradients of q, k and v equal fp32 full causal attention's at the rank's tokens, as closely as the
+    all-flash path's do (head_dim 128, GQA 4:1)."""
+    from megatron.core.transformer.enums import AttnMaskType
+    from transformers import LlamaConfig
+
+    from slime_env.trainers.megatron import SDPAttention, attention, context_parallel as ctx, init_parallel
+    from slime_env.trainers.megatron import transformer_config
+
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("cuDNN attention is used on Hopper or newer")
+    init_parallel(1)
+    cfg = LlamaConfig(hidden_size=1024, num_attention_heads=8, num_key_value_heads=2, intermediate_size=64,
+                      num_hidden_layers=1, vocab_size=64)
+    attn = SDPAttention(transformer_config(cfg, dtype=torch.bfloat16), 1, AttnMaskType.causal, "self")
+    flash = SDPAttention(transformer_config(cfg, dtype=torch.bfloat16), 1, AttnMaskType.causal, "self", kernel="flash")
+    attn._cudnn_min = 512  # chunks of >= 512 query rows through cuDNN (the default is 8k)
+    lengths = [6000, 17, 1, 4096, 900, 3000]
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    for cp in (2, 4):
+        _, cu_p, _ = ctx.pad_sequences(torch.zeros(sum(lengths), dtype=torch.long), cu, cp, 0)
+        torch.manual_seed(cp)
+        q, k, v, g = (torch.randn(int(cu_p[-1]), n, attn.head_dim, device="cuda", dtype=torch.bfloat16)
+                      for n in (attn.heads, attn.kv_heads, attn.kv_heads, attn.heads))
+        shards = [ctx.shard_index(cu_p, r, cp).cuda() for r in range(cp)]
+        for r, mine in enumerate(shards):
+            ref = [x.float().requires_grad_() for x in (q, k, v)]
+            out = attn._varlen_causal_attn(*ref, cu_p, cu_p, 0, 0)[mine]  # per-sequence SDPA, fp32
+            (out * g[mine].float()).sum().backward()
+            want = (out.detach(), ref[0].grad[mine], ref[1].grad, ref[2].grad)
+            errors = {}
+            for name, kernel in (("cudnn", attn), ("flash", flash)):
+                layout = ctx.prefix_layout(cu_p.cuda(), r, cp)
+                qr, kk, vv = (x.detach().requires_grad_() for x in (q[mine], k, v))
+                gk, gv = (torch.cat([x[s] for s in shards])[layout.kv_index] for x in (kk, vv))
+                got = kernel._prefix_attn(qr, gk, gv, layout)
+                (got.float() * g[mine].float()).sum().backward()
+                errors[name] = [float((a.float() - b).norm() / b.norm()) for a, b in
+                                zip((got.detach(), qr.grad, kk.grad, vv.grad), want)]
+            runs = attention._prefix_cache["runs"]
+            assert sum(isinstance(x, attention._CudnnPrefixRun) for x in runs) >= 2
+            assert any(isinstance(x, attention._FlashPrefixRun) for x in runs)
+            print(f"cp {cp} rank {r}: relative error of out, dq, dk, dv: cudnn {errors['cudnn']}, "
+                  f"flash {errors['flash']}")
+            for mine_err, flash_err in zip(errors["cudnn"], errors["flash"]):
+                assert mine_err < 0.02 and mine_err < 2 * flash_err + 1e-3, errors
+
+
 def _torchrun(tmp_path, *flags: str) -> dict:
     out = tmp_path / f"{'_'.join(f.strip('-') for f in flags)}.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
            os.path.join(ROOT, "tests", "dist_check.py"), *flags, "--out", str(out)]
     env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    proc = run_group(cmd, cwd=ROOT, env=env, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return json.loads(out.read_text())
 

@@ -124,6 +124,14 @@ class SDPAttention(MegatronModule):
 
         layout = _cp_layout(cu_q, self.cp_group.rank(), self.cp_group.size())
         k, v = (cp.gather_kv(x, self.cp_group)[layout.kv_index] for x in (k, v))
+        return self._prefix_attn(q, k, v, layout)
+
+    def _prefix_attn(self, q, k, v, layout):
+        """Each query chunk of a CP `layout` to its causal key prefix: cuDNN where a chunk has at least `_cudnn_min`
+        tokens (`_CudnnPrefixRun`), varlen flash for the runs of shorter chunks between them and everywhere off
+        Hopper; off GPUs the exact per-segment path."""
+        if _fused_kernels(q) and (least := self._cudnn_from(q)) is not None and layout.max_q >= least:
+            return _PrefixAttention.apply(q, k, v, _prefix_runs(self, layout, least))
         return self._varlen_causal_attn(q, k, v, layout.cu_q, layout.cu_k, layout.max_q, layout.max_k)
 
     def _cudnn_from(self, q) -> int | None:
@@ -147,13 +155,19 @@ class SDPAttention(MegatronModule):
             outs.append(o.squeeze(0).transpose(0, 1))
         return _joined(outs, runs[-1][1] if runs else 0, q)
 
-    def _cudnn_views(self, q, k, v, a: int, b: int):
-        """Rows [a, b) of the packed q, k, v as [1, heads, s, d] views; K/V heads repeated (cuDNN's kernel takes as
-        many K/V heads as query heads)."""
-        qs, ks, vs = (x[a:b].transpose(0, 1).unsqueeze(0) for x in (q, k, v))
+    def _cudnn_views(self, q, k, v, a: int, b: int, ka: int | None = None, kb: int | None = None):
+        """Rows [a, b) of the packed q and rows [ka, kb) (default: the same) of k, v as [1, heads, s, d] views; K/V
+        heads repeated (cuDNN's kernel takes as many K/V heads as query heads)."""
+        ka, kb = (a, b) if ka is None else (ka, kb)
+        qs, ks, vs = q[a:b].transpose(0, 1).unsqueeze(0), *(x[ka:kb].transpose(0, 1).unsqueeze(0) for x in (k, v))
         if self.kv_heads != self.heads:
             ks, vs = (x.repeat_interleave(self.heads // self.kv_heads, dim=1) for x in (ks, vs))
         return qs, ks, vs
+
+    def _kv_grads(self, dk: torch.Tensor, dv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The gradients of cuDNN's repeated K/V heads ([1, heads, s, d]) summed back onto the K/V heads."""
+        group = self.heads // self.kv_heads
+        return tuple(x.unflatten(1, (self.kv_heads, group)).sum(2) if group > 1 else x for x in (dk, dv))
 
     def _varlen_causal_attn(self, q, k, v, cu_q, cu_k, max_q: int, max_k: int):
         """Causal attention of each query segment to its key segment, aligned at their ends (a query segment shorter
@@ -284,9 +298,7 @@ class _CudnnRun(_Run):
         dq, dk, dv = torch.ops.aten._scaled_dot_product_cudnn_attention_backward(
             d4, *self._views(q, k, v), out4, lse, seed, offset, None, cum_q, cum_k, max_q, max_k, 0.0, True,
             scale=self.attn.scale)
-        group = self.attn.heads // self.attn.kv_heads
-        dk, dv = (x.unflatten(1, (self.attn.kv_heads, group)).sum(2) if group > 1 else x for x in (dk, dv))
-        return tuple(x.squeeze(0).transpose(0, 1) for x in (dq, dk, dv))
+        return tuple(x.squeeze(0).transpose(0, 1) for x in (dq, *self.attn._kv_grads(dk, dv)))
 
 
 class _MathRun(_Run):
@@ -378,4 +390,131 @@ def _runs(cu: torch.Tensor, min_tokens: int) -> list[tuple[int, int, torch.Tenso
             short.append((lo, hi))
     close_short()
     _runs_cache.update(cu=cu, min=min_tokens, runs=runs)
+    return runs
+
+
+# --- context parallelism: query chunks against their causal key prefixes --------------------------------------------
+class _PrefixRun:
+    """Query rows [qa, qb) of a CP rank's chunks against key rows [ka, kb) of its gathered prefixes (each chunk's
+    keys end where the chunk ends): `forward(q, k, v)` -> (out [qb-qa, heads, d], state), `backward(dout, q, k, v,
+    out, state)` -> (dq, dk, dv) of those rows."""
+
+    def __init__(self, attn: SDPAttention, qa: int, qb: int, ka: int, kb: int):
+        self.attn, self.qa, self.qb, self.ka, self.kb = attn, qa, qb, ka, kb
+
+
+class _FlashPrefixRun(_PrefixRun):
+    """Consecutive chunks in one varlen flash call (the kernel aligns a short query segment at its keys' end)."""
+
+    def __init__(self, attn, qa, qb, ka, kb, cu_q: torch.Tensor, cu_k: torch.Tensor, max_q: int, max_k: int):
+        super().__init__(attn, qa, qb, ka, kb)
+        self.cu_q, self.cu_k, self.max_q, self.max_k = cu_q, cu_k, max_q, max_k
+
+    def _rows(self, q, k, v):
+        return q[self.qa:self.qb].contiguous(), k[self.ka:self.kb].contiguous(), v[self.ka:self.kb].contiguous()
+
+    def forward(self, q, k, v):
+        out, lse, rng, unused, _ = torch.ops.aten._flash_attention_forward(
+            *self._rows(q, k, v), self.cu_q, self.cu_k, self.max_q, self.max_k, 0.0, True, False,
+            scale=self.attn.scale)
+        return out, (lse, rng, unused)
+
+    def backward(self, dout, q, k, v, out, state):
+        lse, rng, unused = state
+        return torch.ops.aten._flash_attention_backward(
+            dout[self.qa:self.qb].contiguous(), *self._rows(q, k, v), out, lse, self.cu_q, self.cu_k, self.max_q,
+            self.max_k, 0.0, True, rng, unused, scale=self.attn.scale)
+
+
+class _CudnnPrefixRun(_PrefixRun):
+    """One chunk through cuDNN, whose causal mask starts both sequences together: the keys before the chunk in one
+    call without a mask, the chunk's own keys in a causal one, the two outputs joined by their log-sum-exps (ring
+    attention's merge). Each call's backward takes the joined output and log-sum-exp: with them its softmax is its
+    share of the whole row's, so the gradients are the whole attention's."""
+
+    def _pieces(self) -> list[tuple[int, int, bool]]:
+        split = self.kb - (self.qb - self.qa)
+        return ([(self.ka, split, False)] if split > self.ka else []) + [(split, self.kb, True)]
+
+    def forward(self, q, k, v):
+        calls = []
+        for lo, hi, causal in self._pieces():
+            views = self.attn._cudnn_views(q, k, v, self.qa, self.qb, lo, hi)
+            out4, lse, *rest = torch.ops.aten._scaled_dot_product_cudnn_attention(
+                *views, None, True, 0.0, causal, False, scale=self.attn.scale)
+            calls.append((lo, hi, causal, out4, lse, rest[:6]))
+        out4, lse = calls[0][3], calls[0][4]
+        if len(calls) == 2:
+            (*_, o1, l1, _), (*_, o2, l2, _) = calls
+            lse = torch.logaddexp(l1, l2)
+            w1, w2 = ((x - lse).exp().reshape(*x.shape[:3], 1) for x in (l1, l2))
+            out4 = torch.empty_like(o1).copy_(o1.float() * w1 + o2.float() * w2)  # the kernel's layout kept
+        pieces = [(lo, hi, causal, rest) for lo, hi, causal, _, _, rest in calls]
+        return out4.squeeze(0).transpose(0, 1), (out4, lse, pieces)
+
+    def backward(self, dout, q, k, v, out, state):
+        out4, lse, pieces = state
+        d4 = dout[self.qa:self.qb].transpose(0, 1).unsqueeze(0)
+        if d4.stride() != out4.stride():  # the kernel reads the output's gradient in the output's layout
+            d4 = torch.empty_like(out4).copy_(d4)
+        dq, dks, dvs = 0, [], []
+        for lo, hi, causal, (cum_q, cum_k, max_q, max_k, seed, offset) in pieces:
+            gq, gk, gv = torch.ops.aten._scaled_dot_product_cudnn_attention_backward(
+                d4, *self.attn._cudnn_views(q, k, v, self.qa, self.qb, lo, hi), out4, lse, seed, offset, None,
+                cum_q, cum_k, max_q, max_k, 0.0, causal, scale=self.attn.scale)
+            gk, gv = self.attn._kv_grads(gk, gv)
+            dq, dks, dvs = dq + gq, dks + [gk], dvs + [gv]
+        return tuple(x.squeeze(0).transpose(0, 1) for x in (dq, torch.cat(dks, 2), torch.cat(dvs, 2)))
+
+
+class _PrefixAttention(torch.autograd.Function):
+    """A CP rank's attention over its `_PrefixRun`s (which cover its query rows and its gathered key rows in order)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, runs: list[_PrefixRun]):
+        parts = [run.forward(q, k, v) for run in runs]
+        ctx.save_for_backward(q, k, v)
+        ctx.runs, ctx.parts = runs, parts
+        return _joined([out for out, _ in parts], runs[-1].qb if runs else 0, q)
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v = ctx.saved_tensors
+        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        for run, (out, state) in zip(ctx.runs, ctx.parts):
+            gq, gk, gv = run.backward(dout, q, k, v, out, state)
+            dq[run.qa:run.qb], dk[run.ka:run.kb], dv[run.ka:run.kb] = gq, gk, gv
+        ctx.runs = ctx.parts = None
+        return dq, dk, dv, None
+
+
+# Every layer of a CP forward attends over the same layout: its runs are planned once (the very layout, compared by
+# identity, and what the runs read of a layer: its head counts and scale, the same in every layer of a model).
+_prefix_cache: dict[str, object] = {}
+
+
+def _prefix_runs(attn: SDPAttention, layout, min_tokens: int) -> list[_PrefixRun]:
+    """`layout`'s chunks as consecutive runs: a chunk of at least `min_tokens` query rows alone through cuDNN, the
+    shorter ones between two such in one varlen flash call."""
+    key = (min_tokens, attn.heads, attn.kv_heads, attn.scale)
+    if _prefix_cache.get("layout") is layout and _prefix_cache.get("key") == key:
+        return _prefix_cache["runs"]
+    runs, short = [], []
+
+    def close_short():
+        if short:
+            (qa, _, ka, _), (_, qb, _, kb) = short[0], short[-1]
+            cu_q, cu_k = ([0, *(c[i + 1] - c[i] for c in short)] for i in (0, 2))
+            runs.append(_FlashPrefixRun(attn, qa, qb, ka, kb,
+                                        *(torch.tensor(x, device=layout.cu_q.device).cumsum(0, dtype=torch.int32)
+                                          for x in (cu_q, cu_k)), max(cu_q), max(cu_k)))
+            short.clear()
+    for (qa, qb), (ka, kb) in zip(_pairs(layout.cu_q), _pairs(layout.cu_k)):
+        if qb - qa >= min_tokens:
+            close_short()
+            runs.append(_CudnnPrefixRun(attn, qa, qb, ka, kb))
+        elif qb > qa:
+            short.append((qa, qb, ka, kb))
+    close_short()
+    _prefix_cache.update(layout=layout, key=key, runs=runs)
     return runs
