@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 from aiohttp import web
@@ -22,6 +23,11 @@ from slime_env.agents.transformers_policy import TransformersPolicy
 from slime_env.errors import InvalidInput
 from slime_env.http import serve_forever
 from slime_env.policy import check_sampling_seed
+
+
+# What a distributed weight update holds in receive buffers at most (tensors not received straight into their
+# parameter: another dtype, the engine-bound layout); /get_server_info reports it, so a sender sends one call.
+UPDATE_BUFFER_BYTES = 512 << 20
 
 
 def _bad(message: str) -> web.Response:
@@ -198,7 +204,10 @@ class EngineServer:
         return web.json_response({"max_batch_size": p.max_batch_size, "batch_window_s": p.batch_window_s,
                                   "paused": p.paused, "weight_version": p.weight_version, "usage": p.usage,
                                   # adapters are merged: the last one loaded generates every request (not SGLang's)
-                                  "lora_merged": True})
+                                  "lora_merged": True,
+                                  # a distributed update call of any size buffers at most this (not SGLang's): a
+                                  # sender may send a whole update in one call
+                                  "update_buffer_bytes": UPDATE_BUFFER_BYTES})
 
     async def flush_cache(self, request: web.Request) -> web.Response:
         await asyncio.to_thread(self.policy.flush_cache)
@@ -353,10 +362,11 @@ class EngineServer:
         device = self.policy.device if backend == "nccl" else torch.device("cpu")
         params = self.policy.model.state_dict(keep_vars=False)
 
-        def receive() -> dict[str, Any]:
+        def receive() -> Iterator[dict[str, Any]]:
             """Runs with the engine idle. A tensor whose parameter has its dtype, shape and device is received
-            straight into it (no second copy); others into a buffer that the load then casts and copies."""
-            out = {}
+            straight into it (no second copy); others into buffers, handed to the load (which casts and copies)
+            whenever they reach `UPDATE_BUFFER_BYTES`: a call of any size holds at most that much more memory."""
+            out, held = {}, 0
             for n, dtype, shape in specs:
                 p = params.get(n)
                 if p is not None and p.dtype == dtype and list(p.shape) == shape and p.device == device \
@@ -365,8 +375,12 @@ class EngineServer:
                     continue
                 t = torch.empty(shape, dtype=dtype, device=device)
                 broadcast(t, group)
-                out[n] = t
-            return out
+                out[n], held = t, held + t.numel() * t.element_size()
+                if held >= UPDATE_BUFFER_BYTES:
+                    yield out
+                    out, held = {}, 0
+            if out:
+                yield out
 
         version = body.get("weight_version")
         try:

@@ -17,7 +17,7 @@ import itertools
 import random
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -196,19 +196,23 @@ class TransformersPolicy:
     def paused(self) -> bool:
         return not self._running.is_set()
 
-    async def update_weights(self, weights: Mapping[str, torch.Tensor] | str | Callable[[], Mapping[str, Any]],
-                             weight_version: str, *, partial: bool = False) -> None:
-        """Load a state dict (or a saved model folder / safetensors file, or a function returning a state dict,
-        called when the engine is idle: e.g. one receiving tensors over a group) in place, between batches. With
-        continuous batching no request is admitted meanwhile, the running ones finish first, and the prefix
-        cache (KV of the old weights) is cleared. `partial`: a subset of the parameters (one bucket of an update)."""
+    async def update_weights(self, weights: Mapping[str, torch.Tensor] | str | Callable[[], Mapping[str, Any]]
+                             | Callable[[], Iterator[Mapping[str, Any]]], weight_version: str, *,
+                             partial: bool = False) -> None:
+        """Load a state dict (or a saved model folder / safetensors file, or a function returning a state dict or an
+        iterator of them, called when the engine is idle: e.g. one receiving tensors over a group) in place, between
+        batches. With continuous batching no request is admitted meanwhile, the running ones finish first, and the
+        prefix cache (KV of the old weights) is cleared. `partial`: a subset of the parameters (one bucket of an
+        update)."""
         loop = asyncio.get_running_loop()
 
-        def read() -> Mapping[str, Any] | str:
-            return weights() if callable(weights) else weights
+        def load_all() -> None:
+            got = weights() if callable(weights) else weights
+            for part in [got] if isinstance(got, (Mapping, str)) else got:  # parts loaded as they come
+                self._load(part, partial)
 
         if self._engine is None:
-            await loop.run_in_executor(self._executor, lambda: self._load(read(), partial))
+            await loop.run_in_executor(self._executor, load_all)
             self.weight_version = str(weight_version)
             return
         engine = self._engine
@@ -219,7 +223,7 @@ class TransformersPolicy:
 
             def load() -> None:
                 with engine.model_lock:
-                    self._load(read(), partial)
+                    load_all()
                     if self.device.type == "cuda":  # copied on this thread's stream; the engine reads on its own
                         torch.cuda.synchronize(self.device)
                     engine.invalidate()

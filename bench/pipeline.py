@@ -11,7 +11,8 @@ of sync's `--hidden` Llama and throughput's / fault's SmolLM2-135M-Instruct; `--
 1 + i mod (N-1)), weights over NCCL; `--gpus 1` puts every engine on the sender's GPU.
 
 `sync`: seconds to push a model's weights from this process to N `serve-engine` servers, three ways in the same run —
-`distributed` (SGLang's `update_weights_from_distributed`: a torch.distributed group, NCCL on a GPU, gloo on CPUs),
+`distributed` (SGLang's `update_weights_from_distributed`: a torch.distributed group, NCCL on a GPU, gloo on CPUs;
+one call, as serve-engine bounds its own buffers; `buckets`: the same in 512 MB calls, as an SGLang server gets it),
 `tensor` (CUDA IPC / shared memory, `update_weights_from_tensor`; same host) and `disk` (save a Hugging Face folder,
 then `update_weights_from_disk`). Random weights of a Llama shape, bfloat16 on the wire and in the engines; every
 push is checked (a parameter's checksum on every engine equals the sender's). On a GPU machine with one GPU the
@@ -106,8 +107,10 @@ async def time_channels(state: dict[str, torch.Tensor], folder: Path, n: int, ki
         for kind in kinds:
             tmp = Path(tempfile.mkdtemp(prefix="sync_bench_"))
 
-            channel = {"distributed": lambda: ws.Distributed(lambda: engines, backend="nccl" if device == "cuda"
-                                                             else "gloo", bucket_bytes=512 << 20),
+            backend = "nccl" if device == "cuda" else "gloo"
+            channel = {"distributed": lambda: ws.Distributed(lambda: engines, backend=backend),
+                       "buckets": lambda: ws.Distributed(lambda: engines, backend=backend, bucket_bytes=512 << 20,
+                                                         one_call=False),
                        "tensor": lambda: ws.FromTensor(lambda: engines),
                        "disk": lambda: ws.FromDisk(lambda: engines, folder=tmp, save=save)}[kind]()
             times = []
@@ -188,11 +191,12 @@ def cmd_sync(args) -> None:
         where += f"; sender on GPU 0, engines on GPU(s) {gpus}"
     print(f"\nweight sync of a {params / 1e9:.2f}B-parameter {args.shape or 'Llama'} ({params * 2 / 1e9:.2f} GB in bf16), {where}; "
           f"seconds, median of {args.repeats}")
-    print(f"{'engines':>7} " + " ".join(f"{k:>12}" for k in kinds) + "   disk / fastest")
+    print(f"{'engines':>7} " + " ".join(f"{k:>12}" for k in kinds) + ("   disk / fastest" if "disk" in kinds else ""))
     for r in rows:
-        fastest = min(r[k] for k in kinds if k != "disk")
-        print(f"{r['engines']:>7} " + " ".join(f"{r[k]:>12.2f}" for k in kinds) + f"   {r['disk'] / fastest:.1f}x")
-    if step is not None:
+        fastest = min((r[k] for k in kinds if k != "disk"), default=None)
+        ratio = f"   {r['disk'] / fastest:.1f}x" if "disk" in kinds and fastest else ""
+        print(f"{r['engines']:>7} " + " ".join(f"{r[k]:>12.3f}" for k in kinds) + ratio)
+    if step is not None and any(k != "disk" for k in kinds):
         print(f"one MegatronTrainer step on this shape: {step:.2f} s; fastest sync at 1 engine = "
               f"{min(rows[0][k] for k in kinds if k != 'disk') / step:.1%} of it")
     shutil.rmtree(folder, ignore_errors=True)
@@ -284,7 +288,7 @@ def main() -> None:
     s.add_argument("--engines", type=int, nargs="+", default=[1, 2, 4])
     s.add_argument("--hidden", type=int, default=2048)
     s.add_argument("--layers", type=int, default=None, help="the Llama's layers (16), or fewer of --shape's")
-    s.add_argument("--kinds", nargs="+", default=None, choices=["distributed", "tensor", "disk"])
+    s.add_argument("--kinds", nargs="+", default=None, choices=["distributed", "buckets", "tensor", "disk"])
     s.add_argument("--repeats", type=int, default=3)
     s.add_argument("--train-step", action="store_true", help="GPU: also time one MegatronTrainer step")
     s.add_argument("--engine-gpu", type=int, default=None,

@@ -41,6 +41,8 @@ def main() -> None:
         return MegatronTrainer(base, TrainerConfig(backend="megatron", dtype="float32", ep=args.ep, tp=args.tp,
                                                    sequence_parallel=args.tp > 1, lr=1e-2,
                                                    kl_coef=0.1, micro_batch_size=2, moe_aux_loss_coeff=0.0,
+                                                   # a diagnosis on GPUs: the all-gather dispatcher (CPU's) there too
+                                                   moe_token_dispatcher=os.environ.get("MOE_LORA_CHECK_DISPATCHER"),
                                                    lora=dict(LORA, target_modules=MOE)), pad_id=0)
 
     t = trainer()

@@ -122,7 +122,7 @@ class Recording:
     """An engine client that notes the names each weight call carries (then makes the call)."""
 
     def __init__(self, inner):
-        self.inner, self.sent = inner, {}
+        self.inner, self.sent, self.calls = inner, {}, []
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
@@ -130,6 +130,7 @@ class Recording:
     async def update_weights_from_distributed(self, names, dtypes, shapes, group_name="weight_update_group",
                                               weight_version=None):
         self.sent.setdefault("distributed", []).extend(names)
+        self.calls.append(len(names))
         return await self.inner.update_weights_from_distributed(names, dtypes, shapes, group_name, weight_version)
 
     async def update_weights_from_tensor(self, named_tensors, weight_version=None):
@@ -221,6 +222,48 @@ def test_every_channel_sends_sglangs_names_and_the_checkpoints_tensors(moe_engin
             assert (await client.get_weights_checksum())["checksums"] == _digests(trainer.weights())
             await trainer.sync(client, version="lib-disk", path=tmp_path / "lib")
             assert sorted(client.sent["disk"]) == sorted(checkpoint)
+        finally:
+            await client.close()
+
+    asyncio.run(main())
+
+
+def test_distributed_sends_one_call_to_engines_that_bound_their_own_buffers_else_buckets(moe_engine):
+    """serve-engine reports `update_buffer_bytes` (it receives into the parameters, and buffers the rest — here the
+    experts, one matrix each — up to that bound): the whole update goes in one call. With `one_call` off (what an
+    SGLang server, which buffers each call whole, gets) the update is split into `bucket_bytes` buckets. Either way
+    every tensor is sent once and the engine ends with the trainer's weights."""
+    from transformers import AutoModelForCausalLM
+
+    from slime_env.clients.sglang import SGLangPolicy
+    from slime_env.trainers import weight_sync as ws
+    from slime_env.trainers.torch_trainer import TorchTrainer, TrainerConfig
+
+    folder, url = moe_engine
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    trainer = TorchTrainer(model, TrainerConfig(), pad_id=0)
+    total = sum(t.numel() * 4 for t in trainer.weights().values())
+
+    async def main():
+        client = Recording(SGLangPolicy(url))
+        assert isinstance((await client.get_server_info())["update_buffer_bytes"], int)
+        try:
+            for one_call in (True, False):
+                channel = ws.Distributed(lambda: [client], backend="gloo", layout=trainer.weight_layout(),
+                                         bucket_bytes=total // 5, one_call=one_call)
+                with torch.no_grad():
+                    for p in model.parameters():
+                        p.add_(0.01)
+                client.sent.clear(), client.calls.clear()
+                try:
+                    await channel.push(trainer.weights(), f"v{one_call}")
+                finally:
+                    await channel.close()
+                assert len(client.calls) == 1 if one_call else len(client.calls) >= 3, client.calls
+                assert len(set(client.sent["distributed"])) == len(client.sent["distributed"]) == sum(client.calls)
+                got = await client.get_weights_checksum()
+                assert got["weight_version"] == f"v{one_call}"
+                assert got["checksums"] == _digests(trainer.weights())
         finally:
             await client.close()
 
