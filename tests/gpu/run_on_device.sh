@@ -7,7 +7,7 @@
 #                                                 pipeline-bench [PIPELINE_ARGS], async-tests,
 #                                                 async-bench [ASYNC_ARGS], scale-tests,
 #                                                 scale-bench [SCALE_ARGS], scale-bench-2gpu, two-gpu,
-#                                                 scale-tests-2gpu, pipeline-2gpu, async-2gpu [ASYNC_ARGS],
+#                                                 scale-tests-2gpu, pipeline-2gpu [PIPELINE_ARGS], async-2gpu [ASYNC_ARGS],
 #                                                 long-context [LC_GPUS LC_SHAPE LC_RUNS LC_KERNELS LC_ARGS] (4 GPUs: Qwen3-4B,
 #                                                 4x16k, 1x64k),
 #                                                 attention [ATTN_SHAPE ATTN_ARGS]
@@ -85,7 +85,7 @@ for step in "$@"; do
             | tee "$OUT/scale_tests_2gpu.log" | tail -30 || rc=1 ;;
         pipeline-2gpu) python3 -m pytest tests/gpu/test_pipeline_gpu.py -q -rs -s -m two_gpu 2>&1 \
             | tee "$OUT/pipeline_2gpu_tests.log" | grep -v "^Loading\|^Writing" | tail -30 || rc=1
-            python3 bench/pipeline.py sync --engines 1 --train-step --out-dir "$OUT/pipeline" 2>&1 \
+            python3 bench/pipeline.py sync --engines 1 ${PIPELINE_ARGS:---train-step} --out-dir "$OUT/pipeline" 2>&1 \
             | tee "$OUT/pipeline_2gpu.log" | grep -v "^Loading\|^Writing" | tail -12 || rc=1 ;;
         async-2gpu) python3 bench/async_train.py ${ASYNC_ARGS:---task longtail --steps 20 --seeds 0 --eval-size 100 --eval-every 10} \
             --runs ${ASYNC_RUNS:-serve:off apart:full apart:off apart:overlap} --out "$OUT/async2" 2>&1 | tee -a "$OUT/async_2gpu.log" \
