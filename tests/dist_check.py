@@ -38,6 +38,7 @@ def main() -> None:
     ap.add_argument("--moe", action="store_true", help="a small Qwen3-MoE instead of a Llama")
     ap.add_argument("--backend", default="megatron", choices=["megatron", "fsdp", "torch"])
     ap.add_argument("--recompute", default="none")
+    ap.add_argument("--keep-attention", action="store_true", help="recompute_attention: false (with --recompute full)")
     ap.add_argument("--failed", type=int, default=0, help="the last N trajectories failed (no loss tokens): those "
                     "micro-batches are idle on the rank that holds them")
     ap.add_argument("--lora", action="store_true", help="trainer.lora (torch / fsdp): only an adapter trains; also "
@@ -46,6 +47,7 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     from slime_env.trainers.batch import pack
+    from slime_env.trainers.megatron.attention import SDPAttention
     from slime_env.trainers.megatron_trainer import MegatronTrainer
     from slime_env.trainers.torch_trainer import TrainerConfig
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
@@ -64,7 +66,8 @@ def main() -> None:
     if args.backend == "megatron":
         trainer = MegatronTrainer(hf, TrainerConfig(backend="megatron", tp=args.tp, ep=args.ep, cp=args.cp, pp=args.pp,
                                                     max_tokens_per_micro_batch=64,
-                                                    sequence_parallel=args.sp, **common), pad_id=0)
+                                                    sequence_parallel=args.sp,
+                                                    recompute_attention=not args.keep_attention, **common), pad_id=0)
     elif args.backend == "fsdp":
         from slime_env.trainers.fsdp_trainer import FSDPTrainer
 
@@ -110,7 +113,8 @@ def main() -> None:
                        "critic_grad_norm": metrics.get("train/critic_grad_norm"),
                        "weight_sums": {k: float(v.double().sum()) for k, v in w.items()},
                        "logprobs": lp[mask].tolist(), "logprobs_after": lp_after[mask].tolist(), "param_sums": gathered,
-                       "parallel": getattr(trainer, "parallel", {"world": dist.get_world_size()}), **lora}, f)
+                       "parallel": getattr(trainer, "parallel", {"world": dist.get_world_size()}),
+                       "kept_calls": SDPAttention.kept_calls, "layers": args.layers, **lora}, f)
     dist.barrier()
     dist.destroy_process_group()
 

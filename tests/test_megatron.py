@@ -133,8 +133,8 @@ def test_parallel_sizes_that_do_not_fit_the_model_are_refused_before_anything_is
                        (dict(backend="megatron", pp=2, estimator="ppo"), r"the critic is not pipelined"),
                        (dict(backend="megatron", recompute_method="block"), r"block is megatron's full recompute"),
                        (dict(backend="megatron", recompute="full", recompute_method="layers"), r"uniform or block"),
-                       (dict(backend="megatron", recompute="full", recompute_attention=False, cp=2),
-                        r"recompute_attention: false .* cp: 1 \(got backend megatron, recompute full, cp 2\)")):
+                       (dict(backend="megatron", recompute="selective", recompute_attention=False, cp=2),
+                        r"recompute_attention: false .* \(got backend megatron, recompute selective\)")):
         with pytest.raises(ValueError, match=match):
             TrainerConfig(**bad)
 
@@ -468,6 +468,14 @@ def test_context_parallel_2_on_cpu_equals_one_process(tmp_path):
         assert run["grad_norm"] == pytest.approx(one["grad_norm"], rel=1e-5)
         same_weights(run["weight_sums"], one["weight_sums"])
         assert len(set(map(tuple, run["param_sums"][::run["parallel"]["tp"]]))) == 1  # CP ranks: the same weights
+    # attention kept through the recompute (`recompute_attention: false`): under CP too, every layer's recompute
+    # took the kept output (2 layers... of each rank's one micro-batch), and the step is the same
+    full_one = run_dist_check(tmp_path, 1, 1, "--recompute", "full")
+    kept = run_dist_check(tmp_path, 2, 1, "--recompute", "full", "--keep-attention", cp=2)
+    assert kept["kept_calls"] > 0 and kept["kept_calls"] % kept["layers"] == 0
+    assert kept["grad_norm"] == pytest.approx(full_one["grad_norm"], rel=1e-5)
+    assert kept["loss"] == pytest.approx(full_one["loss"], rel=1e-5, abs=1e-7)
+    same_weights(kept["weight_sums"], full_one["weight_sums"])
     moe_one, moe_cp = (run_dist_check(tmp_path, n, 1, "--moe", "--failed", "4", ep=e, cp=c) for n, e, c in
                        ((1, 1, 1), (4, 2, 2)))
     assert moe_cp["parallel"]["dp"] == 2 and moe_cp["parallel"]["cp"] == 2

@@ -189,6 +189,54 @@ def test_context_parallel_attention_through_cudnn_gives_full_attention_and_its_g
                 assert mine_err < 0.02 and mine_err < 2 * flash_err + 1e-3, errors
 
 
+def test_context_parallel_attention_kept_through_recompute_gives_the_same_gradients():
+    """`recompute_attention: false` under CP: the gradient-free forward keeps each run's output (cuDNN for the long
+    chunks, one varlen flash call for the short ones), the recompute's forward takes it without running a kernel,
+    and the backward gives the gradients the plain CP attention gives, bit for bit (the same kernels' backward on
+    the same outputs)."""
+    from megatron.core.transformer.enums import AttnMaskType
+    from transformers import LlamaConfig
+
+    from slime_env.trainers.megatron import SDPAttention, attention, context_parallel as ctx, init_parallel
+    from slime_env.trainers.megatron import transformer_config
+
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("cuDNN attention is used on Hopper or newer")
+    init_parallel(1)
+    cfg = LlamaConfig(hidden_size=1024, num_attention_heads=8, num_key_value_heads=2, intermediate_size=64,
+                      num_hidden_layers=1, vocab_size=64)
+    attn = SDPAttention(transformer_config(cfg, dtype=torch.bfloat16), 1, AttnMaskType.causal, "self", keep=True)
+    attn._cudnn_min = 512
+    lengths = [6000, 17, 1, 4096, 900]
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    _, cu_p, _ = ctx.pad_sequences(torch.zeros(sum(lengths), dtype=torch.long), cu, 2, 0)
+    torch.manual_seed(0)
+    q, k, v, g = (torch.randn(int(cu_p[-1]), n, attn.head_dim, device="cuda", dtype=torch.bfloat16)
+                  for n in (attn.heads, attn.kv_heads, attn.kv_heads, attn.heads))
+    shards = [ctx.shard_index(cu_p, r, 2).cuda() for r in range(2)]
+    layout = ctx.prefix_layout(cu_p.cuda(), 1, 2)
+    grads = []
+    for keep in (False, True):
+        qr, kk, vv = (x.detach().requires_grad_() for x in (q[shards[1]], k, v))
+        gk, gv = (torch.cat([x[s] for s in shards])[layout.kv_index] for x in (kk, vv))
+        if keep:
+            attn._keeping = True
+            with torch.no_grad():
+                first = attn._kept_attention(qr, gk, gv, layout, lambda: attn._prefix_plan(qr, gk, layout))
+            before = attention.SDPAttention.kept_calls
+            out = attn._kept_attention(qr, gk, gv, layout, lambda: pytest.fail("the recompute ran the kernels"))
+            assert torch.equal(out.detach(), first) and not attn._kept
+            attn._keeping = False
+            assert attention.SDPAttention.kept_calls == before
+            assert any(isinstance(r, attention._CudnnPrefixRun) for r in attention._prefix_cache["runs"])
+        else:
+            out = attn._prefix_attn(qr, gk, gv, layout)
+        (out.float() * g[shards[1]].float()).sum().backward()
+        grads.append((out.detach(), qr.grad, kk.grad, vv.grad))
+    for a, b in zip(*grads):
+        assert torch.equal(a, b)
+
+
 def _torchrun(tmp_path, *flags: str) -> dict:
     out = tmp_path / f"{'_'.join(f.strip('-') for f in flags)}.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",

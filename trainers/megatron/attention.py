@@ -115,15 +115,20 @@ class SDPAttention(MegatronModule):
         cu_q = p.cu_seqlens_q_padded if p.cu_seqlens_q_padded is not None else p.cu_seqlens_q
         cu_k = p.cu_seqlens_kv_padded if p.cu_seqlens_kv_padded is not None else p.cu_seqlens_kv
         if self.cp_group is None:
-            if self._keeping and (out := self._kept_attention(q, k, v, cu_q, int(p.max_seqlen_q))) is not None:
+            max_len = int(p.max_seqlen_q)
+            if self._keeping and (out := self._kept_attention(q, k, v, cu_q, lambda: self._plan(q, cu_q, max_len))
+                                  ) is not None:
                 return out
-            if _fused_kernels(q) and (least := self._cudnn_from(q)) is not None and int(p.max_seqlen_q) >= least:
+            if _fused_kernels(q) and (least := self._cudnn_from(q)) is not None and max_len >= least:
                 return self._by_length(q, k, v, cu_q)
-            return self._varlen_causal_attn(q, k, v, cu_q, cu_k, int(p.max_seqlen_q), int(p.max_seqlen_kv))
+            return self._varlen_causal_attn(q, k, v, cu_q, cu_k, max_len, int(p.max_seqlen_kv))
         from slime_env.trainers.megatron import context_parallel as cp
 
         layout = _cp_layout(cu_q, self.cp_group.rank(), self.cp_group.size())
         k, v = (cp.gather_kv(x, self.cp_group)[layout.kv_index] for x in (k, v))
+        if self._keeping and (out := self._kept_attention(q, k, v, layout, lambda: self._prefix_plan(q, k, layout))
+                              ) is not None:
+            return out
         return self._prefix_attn(q, k, v, layout)
 
     def _prefix_attn(self, q, k, v, layout):
@@ -131,8 +136,17 @@ class SDPAttention(MegatronModule):
         tokens (`_CudnnPrefixRun`), varlen flash for the runs of shorter chunks between them and everywhere off
         Hopper; off GPUs the exact per-segment path."""
         if _fused_kernels(q) and (least := self._cudnn_from(q)) is not None and layout.max_q >= least:
-            return _PrefixAttention.apply(q, k, v, _prefix_runs(self, layout, least))
+            return _attend(q, k, v, _prefix_runs(self, layout, least))
         return self._varlen_causal_attn(q, k, v, layout.cu_q, layout.cu_k, layout.max_q, layout.max_k)
+
+    def _prefix_plan(self, q, k, layout) -> list[_Run]:
+        """The runs `_prefix_attn` computes `layout` with (one varlen flash run where no chunk goes to cuDNN; the
+        exact path off GPUs)."""
+        if not _fused_kernels(q):
+            return [_MathRun(self, 0, q.shape[0], layout.cu_q, layout.max_q, k_rows=(0, k.shape[0]),
+                             cu_k=layout.cu_k, max_k=layout.max_k)]
+        least = self._cudnn_from(q)
+        return _prefix_runs(self, layout, least if least is not None and layout.max_q >= least else _NEVER)
 
     def _cudnn_from(self, q) -> int | None:
         """The shortest sequence cuDNN takes on `q`'s GPU (None: never); `auto` decides on the first call."""
@@ -202,15 +216,16 @@ class SDPAttention(MegatronModule):
         return out
 
     # --- attention kept through recompute (`keep`) -------------------------------------------------------------
-    def _kept_attention(self, q, k, v, cu: torch.Tensor, max_len: int):
-        """The output under `keeping`, or None where attention runs as usual (with its own autograd)."""
+    def _kept_attention(self, q, k, v, batch, plan):
+        """The output under `keeping`, or None where attention runs as usual (with its own autograd). `batch`: what
+        identifies the packed batch (its `cu_seqlens`, or under CP its layout); `plan()`: the runs that compute it."""
         if not torch.is_grad_enabled():  # the first pass of a recomputed layer: run the kernels, keep what they made
-            kept = _Kept(cu, q.shape, [(run, *run.forward(q, k, v)) for run in self._plan(q, cu, max_len)])
+            kept = _Kept(batch, q.shape, [(run, *run.forward(q, k, v)) for run in plan()])
             self._kept.append(kept)
             SDPAttention.kept_calls += 1
             return kept.output(q)
         kept = self._kept.popleft() if self._kept else None
-        if kept is None or kept.cu is not cu or kept.shape != q.shape:
+        if kept is None or kept.batch is not batch or kept.shape != q.shape:
             self._kept.clear()  # a layer megatron does not recompute (or, defensively, a stale entry)
             return None
         return _KeptAttention.apply(q, k, v, kept)
@@ -254,11 +269,13 @@ def keeping(model: torch.nn.Module) -> Iterator[None]:
 
 
 class _Run:
-    """One stretch [a, b) of a packed batch under one kernel: `forward(q, k, v)` -> (out [b-a, heads, d], state),
-    `backward(dout, q, k, v, out, state)` -> (dq, dk, dv) of the stretch."""
+    """Query rows [qa, qb) of a packed batch against key rows [ka, kb) (self-attention: the same rows) under one
+    kernel: `forward(q, k, v)` -> (out [qb-qa, heads, d], state), `backward(dout, q, k, v, out, state)` -> (dq, dk,
+    dv) of those rows."""
 
     def __init__(self, attn: SDPAttention, a: int, b: int, cu: torch.Tensor | None, max_len: int):
         self.attn, self.a, self.b, self.cu, self.max_len = attn, a, b, cu, max_len
+        self.qa, self.qb, self.ka, self.kb = a, b, a, b
 
 
 class _FlashRun(_Run):
@@ -302,32 +319,49 @@ class _CudnnRun(_Run):
 
 
 class _MathRun(_Run):
-    """Anywhere else (CPU, fp32): the exact per-sequence path; its backward recomputes it under autograd (which is
-    what keep saves on GPUs: here it only exercises the bookkeeping)."""
+    """Anywhere else (CPU, fp32): the exact per-sequence path (under CP: query segments `cu` against key segments
+    `cu_k`); its backward recomputes it under autograd (which is what keep saves on GPUs: here it only exercises the
+    bookkeeping)."""
+
+    def __init__(self, attn, a, b, cu, max_len, *, k_rows: tuple[int, int] | None = None,
+                 cu_k: torch.Tensor | None = None, max_k: int | None = None):
+        super().__init__(attn, a, b, cu, max_len)
+        if k_rows is not None:
+            self.ka, self.kb = k_rows
+        self.cu_k, self.max_k = (cu, max_len) if cu_k is None else (cu_k, max_k)
+
+    def _attn(self, q, k, v):
+        return self.attn._varlen_causal_attn(q, k, v, self.cu, self.cu_k, self.max_len, self.max_k)
 
     def forward(self, q, k, v):
-        return self.attn._varlen_causal_attn(q, k, v, self.cu, self.cu, self.max_len, self.max_len), ()
+        return self._attn(q, k, v), ()
 
     def backward(self, dout, q, k, v, out, state):
         with torch.enable_grad():
             qkv = [x.detach().requires_grad_() for x in (q, k, v)]
-            o = self.attn._varlen_causal_attn(*qkv, self.cu, self.cu, self.max_len, self.max_len)
-            return torch.autograd.grad(o, qkv, dout)
+            return torch.autograd.grad(self._attn(*qkv), qkv, dout)
 
 
 class _Kept:
-    """What a gradient-free forward kept: the batch it ran on (`cu` by identity, the query shape) and, per stretch,
+    """What a forward outside autograd made: the batch it ran on (`batch` by identity, the query shape) and, per run,
     (run, out, state)."""
 
-    def __init__(self, cu: torch.Tensor, shape: torch.Size, parts: list[tuple[_Run, torch.Tensor, tuple]]):
-        self.cu, self.shape, self.parts = cu, shape, parts
+    def __init__(self, batch: object, shape: torch.Size, parts: list[tuple[_Run, torch.Tensor, tuple]]):
+        self.batch, self.shape, self.parts = batch, shape, parts
 
     def output(self, q: torch.Tensor) -> torch.Tensor:
-        return _joined([out for _, out, _ in self.parts], self.parts[-1][0].b, q)
+        return _joined([out for _, out, _ in self.parts], self.parts[-1][0].qb if self.parts else 0, q)
+
+
+def _attend(q, k, v, runs: list[_Run]) -> torch.Tensor:
+    """Attention through `runs`: their forward outside autograd, their own backward through `_KeptAttention`."""
+    with torch.no_grad():
+        kept = _Kept(None, q.shape, [(run, *run.forward(q, k, v)) for run in runs])
+    return _KeptAttention.apply(q, k, v, kept)
 
 
 class _KeptAttention(torch.autograd.Function):
-    """The recompute's attention: the kept output, and the kernels' backward on it."""
+    """The output `kept` holds, and the kernels' backward on it (the recompute's attention under `keeping`)."""
 
     @staticmethod
     def forward(ctx, q, k, v, kept: _Kept):
@@ -341,7 +375,7 @@ class _KeptAttention(torch.autograd.Function):
         dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
         for run, out, state in ctx.kept.parts:
             gq, gk, gv = run.backward(dout, q, k, v, out, state)
-            dq[run.a:run.b], dk[run.a:run.b], dv[run.a:run.b] = gq, gk, gv
+            dq[run.qa:run.qb], dk[run.ka:run.kb], dv[run.ka:run.kb] = gq, gk, gv
         ctx.kept = None
         return dq, dk, dv, None
 
@@ -394,13 +428,13 @@ def _runs(cu: torch.Tensor, min_tokens: int) -> list[tuple[int, int, torch.Tenso
 
 
 # --- context parallelism: query chunks against their causal key prefixes --------------------------------------------
-class _PrefixRun:
+class _PrefixRun(_Run):
     """Query rows [qa, qb) of a CP rank's chunks against key rows [ka, kb) of its gathered prefixes (each chunk's
-    keys end where the chunk ends): `forward(q, k, v)` -> (out [qb-qa, heads, d], state), `backward(dout, q, k, v,
-    out, state)` -> (dq, dk, dv) of those rows."""
+    keys end where the chunk ends)."""
 
     def __init__(self, attn: SDPAttention, qa: int, qb: int, ka: int, kb: int):
-        self.attn, self.qa, self.qb, self.ka, self.kb = attn, qa, qb, ka, kb
+        super().__init__(attn, qa, qb, None, qb - qa)
+        self.ka, self.kb = ka, kb
 
 
 class _FlashPrefixRun(_PrefixRun):
@@ -467,30 +501,10 @@ class _CudnnPrefixRun(_PrefixRun):
         return tuple(x.squeeze(0).transpose(0, 1) for x in (dq, torch.cat(dks, 2), torch.cat(dvs, 2)))
 
 
-class _PrefixAttention(torch.autograd.Function):
-    """A CP rank's attention over its `_PrefixRun`s (which cover its query rows and its gathered key rows in order)."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, runs: list[_PrefixRun]):
-        parts = [run.forward(q, k, v) for run in runs]
-        ctx.save_for_backward(q, k, v)
-        ctx.runs, ctx.parts = runs, parts
-        return _joined([out for out, _ in parts], runs[-1].qb if runs else 0, q)
-
-    @staticmethod
-    def backward(ctx, dout):
-        q, k, v = ctx.saved_tensors
-        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-        for run, (out, state) in zip(ctx.runs, ctx.parts):
-            gq, gk, gv = run.backward(dout, q, k, v, out, state)
-            dq[run.qa:run.qb], dk[run.ka:run.kb], dv[run.ka:run.kb] = gq, gk, gv
-        ctx.runs = ctx.parts = None
-        return dq, dk, dv, None
-
-
 # Every layer of a CP forward attends over the same layout: its runs are planned once (the very layout, compared by
 # identity, and what the runs read of a layer: its head counts and scale, the same in every layer of a model).
 _prefix_cache: dict[str, object] = {}
+_NEVER = 1 << 62  # a `min_tokens` no chunk reaches: every chunk in one varlen flash run
 
 
 def _prefix_runs(attn: SDPAttention, layout, min_tokens: int) -> list[_PrefixRun]:

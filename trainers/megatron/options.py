@@ -69,10 +69,10 @@ class MegatronOptions:
         if self.recompute_method != "uniform" and (backend != "megatron" or recompute != "full"):
             raise ValueError("recompute_method: block is megatron's full recompute (backend: megatron, "
                              "recompute: full)")
-        if not self.recompute_attention and (backend != "megatron" or recompute != "full" or self.cp > 1):
+        if not self.recompute_attention and (backend != "megatron" or recompute != "full"):
             raise ValueError("recompute_attention: false keeps attention outputs through megatron's full recompute: "
-                             f"it needs backend: megatron, recompute: full and cp: 1 (got backend {backend}, "
-                             f"recompute {recompute}, cp {self.cp})")
+                             f"it needs backend: megatron and recompute: full (got backend {backend}, "
+                             f"recompute {recompute})")
         if self.lm_head_chunk_tokens is not None and self.lm_head_chunk_tokens < 0:
             raise ValueError(f"lm_head_chunk_tokens must be >= 0 (0: never), got {self.lm_head_chunk_tokens}")
         if self.lm_head_chunk_tokens and (self.tp > 1 or self.pp > 1):
