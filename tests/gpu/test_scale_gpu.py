@@ -192,8 +192,8 @@ def test_context_parallel_attention_through_cudnn_gives_full_attention_and_its_g
 def test_context_parallel_attention_kept_through_recompute_gives_the_same_gradients():
     """`recompute_attention: false` under CP: the gradient-free forward keeps each run's output (cuDNN for the long
     chunks, one varlen flash call for the short ones), the recompute's forward takes it without running a kernel,
-    and the backward gives the gradients the plain CP attention gives, bit for bit (the same kernels' backward on
-    the same outputs)."""
+    and the backward gives the gradients the plain CP attention gives (the same kernels' backward on the same
+    outputs; up to the backward kernels' own run-to-run differences: they accumulate dq with atomics)."""
     from megatron.core.transformer.enums import AttnMaskType
     from transformers import LlamaConfig
 
@@ -233,8 +233,9 @@ def test_context_parallel_attention_kept_through_recompute_gives_the_same_gradie
             out = attn._prefix_attn(qr, gk, gv, layout)
         (out.float() * g[shards[1]].float()).sum().backward()
         grads.append((out.detach(), qr.grad, kk.grad, vv.grad))
-    for a, b in zip(*grads):
-        assert torch.equal(a, b)
+    errors = [float((a.float() - b.float()).norm() / b.float().norm()) for a, b in zip(*grads)]
+    print(f"kept vs plain: relative difference of out, dq, dk, dv {errors}")
+    assert errors[0] == 0 and max(errors) < 1e-3, errors
 
 
 def _torchrun(tmp_path, *flags: str) -> dict:
