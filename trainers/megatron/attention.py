@@ -12,13 +12,16 @@ attention for every sequence), `cudnn` (cuDNN's fused attention, one call per se
 backward at 64k tokens and 1.6x at 16k on an H100, 0.7x at 4k — `bench/attention.py`) or `auto` (cuDNN for
 sequences of at least `CUDNN_MIN_TOKENS` on Hopper or newer, flash for the runs of shorter ones between them).
 Under context parallelism (packed input only) each layer all-gathers K/V over the CP group and every local
-query chunk attends to its causal prefix (`slime_env.trainers.megatron.context_parallel`).
+query chunk attends to its causal prefix (`slime_env.trainers.megatron.context_parallel`): on Hopper a chunk of at
+least `CUDNN_MIN_TOKENS` through cuDNN in two calls joined by their log-sum-exps (`_CudnnPrefixRun`), the runs of
+shorter chunks through varlen flash.
 
 `keep=True` (the trainer's `recompute_attention: false`, under full recompute): while the trainer's update runs
 (`keeping(model)`), the first, gradient-free forward of a recomputed layer keeps the attention output and its
 softmax log-sum-exp, and the backward's recompute takes them instead of running the kernel again; the backward
 kernels run on them as the kernels' own autograd would. At 64k tokens attention is ~70% of a 4B model's FLOPs, and
 full recompute ran its forward twice; the price is heads x (head_dim + 1) values per token and recomputed layer.
+Under CP the same holds for each rank's prefix runs.
 """
 
 from __future__ import annotations
