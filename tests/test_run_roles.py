@@ -67,6 +67,30 @@ def test_the_sources_order_their_tasks_and_keep_their_state():
     assert full.state() == {"trained_groups": [0, 3]}
 
 
+def test_an_async_run_on_a_gpu_puts_its_engine_in_a_process_of_its_own_unless_told(monkeypatch):
+    """`engine.kind` left out: embedded, except in an async mode with the trainer on a GPU of this host, where the
+    engine is a serve-engine beside it (generation in the trainer's process shares its GIL); a kind the config
+    names, a CPU trainer and an opponent pool (which needs the embedded engine) keep theirs; on a Ray cluster (which
+    places engine servers) it is serve."""
+    import torch
+
+    from slime_env.trainers.run.config import TrainConfig
+
+    def kind(cuda: bool = True, **raw) -> str:
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+        return TrainConfig.from_dict(raw).sections.engine.kind
+
+    for mode in ("overlap", "full"):
+        assert kind(**{"async": {"mode": mode}}) == "serve"
+    assert kind(**{"async": {"mode": "off"}}) == "embedded"
+    assert kind(cuda=False, **{"async": {"mode": "full"}}) == "embedded"
+    assert kind(**{"async": {"mode": "full"}, "device": "cpu"}) == "embedded"
+    assert kind(**{"async": {"mode": "full"}, "engine": {"kind": "embedded"}}) == "embedded"
+    assert kind(**{"async": {"mode": "full"}, "engine": {"count": 2}}) == "serve"
+    assert kind(cuda=False, **{"cluster": {"backend": "ray"}}) == "serve"  # Ray places engine servers
+    assert kind(**{"async": {"mode": "full"}, "opponent_pool": {"agents": ["b"], "size": 2}}) == "embedded"
+
+
 def test_the_config_is_parsed_once_and_errors_name_the_yaml_path():
     from slime_env.trainers.run.config import RunSections, TrainConfig
 

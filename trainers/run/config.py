@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from slime_env.errors import InvalidInput
-from slime_env.trainers.run.engines import EngineConfig
+from slime_env.trainers.run.engines import EngineConfig, default_kind
 from slime_env.trainers.run.evaluation import EvalSet, eval_sets
 from slime_env.trainers.run.placement import ClusterConfig
 from slime_env.trainers.run.sections import check_int, check_scalars
@@ -150,6 +150,15 @@ class OpponentPoolConfig:
     latest_p: float = 0.0
 
 
+def _trainer_on_cuda(device: str) -> bool:
+    """Whether the run's trainer takes a GPU of this host (`device` auto or cuda, with CUDA present)."""
+    if device == "cpu":
+        return False
+    import torch
+
+    return torch.cuda.is_available()
+
+
 @dataclass(frozen=True)
 class RunSections:
     """Every section of a run config as the run uses it, parsed once (`RunSections.parse`).
@@ -183,13 +192,15 @@ class RunSections:
         for name in ("save_every", "eval_every", "sample_groups", "max_concurrency", "keep_every"):
             check_int(getattr(cfg, name), f"{where}: {name}", minimum=0)
         check_int(cfg.keep_last, f"{where}: keep_last", minimum=1)  # the checkpoint `latest` names stays
-        engine = EngineConfig.from_dict(cfg.engine, f"{where}: engine")
         cluster = ClusterConfig.from_dict(cfg.cluster, f"{where}: cluster")
+        asynchrony = AsyncConfig.from_dict(cfg.async_, f"{where}: async")
+        kind = default_kind(asynchronous=asynchrony.mode != "off", cuda=_trainer_on_cuda(cfg.device),
+                            local=cluster.backend == "local", embedded_only=bool(pool))
+        engine = EngineConfig.from_dict(cfg.engine, f"{where}: engine", default_kind=kind)
         cluster.check(engine, trainer, where)
         if pool and engine.kind != "embedded":
             raise InvalidInput(f"{where}: opponent_pool snapshots the embedded engine's model; it needs engine.kind "
                                f"embedded, not {engine.kind!r}")
-        asynchrony = AsyncConfig.from_dict(cfg.async_, f"{where}: async")
         asynchrony.check(cfg.n_samples_per_prompt, offload=trainer.offload and engine.kind == "embedded", where=where)
         warmup = WarmupConfig.from_dict(cfg.warmup, f"{where}: warmup")
         sets, every = eval_sets(cfg.eval, f"{where}: eval")

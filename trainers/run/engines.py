@@ -4,7 +4,8 @@
 engine:
   kind: embedded        # embedded (a TransformersPolicy in this process) | serve (slime-env serve-engine) |
                         # sglang (SGLang servers or one router) | vllm (vLLM servers, through their RL routes) |
-                        # openai (any OpenAI-compatible server, frozen)
+                        # openai (any OpenAI-compatible server, frozen). Left out: embedded, except in an
+                        # async mode on a GPU — serve (`default_kind`)
   urls: []              # sglang / vllm / openai: the servers; serve: the servers, or empty to start `count` here
   count: 2              # serve without urls: engine processes this run starts (and restarts when they die)
   gpus: [1]             # serve without urls: engine i runs on GPU gpus[i % len(gpus)] (default: the trainer's GPU)
@@ -36,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import math
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -71,8 +73,10 @@ class EngineConfig:
     api_key: str | None = None         # vllm: the server's --api-key
 
     @classmethod
-    def from_dict(cls, raw: Any, where: str = "engine") -> EngineConfig:
+    def from_dict(cls, raw: Any, where: str = "engine", *, default_kind: str = "embedded") -> EngineConfig:
         cfg = parse_section(cls, raw, where)
+        if not (isinstance(raw, Mapping) and "kind" in raw):
+            cfg.kind = default_kind
         if cfg.kind not in KINDS:
             raise InvalidInput(f"{where}.kind: {cfg.kind!r} is not one of {list(KINDS)}")
         if isinstance(cfg.urls, str):
@@ -113,6 +117,15 @@ class EngineConfig:
             if getattr(cfg, name) < 1:
                 raise InvalidInput(f"{where}.{name} must be >= 1, got {getattr(cfg, name)}")
         return cfg
+
+
+def default_kind(*, asynchronous: bool, cuda: bool, local: bool, embedded_only: bool) -> str:
+    """`engine.kind` when the config leaves it out: `serve` on a Ray cluster (which places engine servers), and for
+    an asynchronous run on a GPU of this host (a serve-engine process on the trainer's GPU, weights by CUDA IPC):
+    generating beside the trainer in its process shares the GIL with the trainer's step (measured: async steps/h
+    1.01-1.15x the synchronous run's embedded, 1.38-1.54x with serve-engine; docs/async.md) — unless a feature
+    needs the embedded engine (`embedded_only`); else `embedded`."""
+    return "serve" if not local or (asynchronous and cuda and not embedded_only) else "embedded"
 
 
 class Engines:
