@@ -45,7 +45,8 @@ TASKS = {"generator": "slime_env.envs.math.retry_env:arithmetic_tasks", "digits"
 ATTEMPTS = {"retry": 3, "longtail": 8}
 
 
-ENGINES = {"embedded": {}, "serve": {"kind": "serve", "count": 1}, "apart": {"kind": "serve", "count": 1, "gpus": [1]}}
+ENGINES = {"embedded": {"kind": "embedded"}, "serve": {"kind": "serve", "count": 1},
+           "apart": {"kind": "serve", "count": 1, "gpus": [1]}}
 
 
 def engines(gpus: int | None) -> dict[str, dict]:

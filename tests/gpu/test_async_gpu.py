@@ -31,7 +31,7 @@ def test_async_on_one_gpu_keeps_the_engine_on_the_trainers_weights(tmp_path, mod
         "train_data": {"generator": "slime_env.envs.math.retry_env:arithmetic_tasks", "digits": [2, 1], "ops": "+-",
                        "size": 256, "seed": 11, "split": "train"},
         "steps": 4, "prompts_per_step": 8, "n_samples_per_prompt": 4, "max_new_tokens": 16, "eval_every": 100,
-        "max_concurrency": 64, "device": "cuda",
+        "max_concurrency": 64, "device": "cuda", "engine": {"kind": "embedded"},  # async on a GPU: serve unless named
         "trainer": {"lr": 1e-4, "micro_batch_size": 16}, "async": {"mode": mode, "in_flight": 64}})
     asyncio.run(train(cfg, on_step=check, log=print))
     assert checked == [1, 2, 3, 4]
