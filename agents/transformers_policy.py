@@ -208,7 +208,7 @@ class TransformersPolicy:
 
         def load_all() -> None:
             got = weights() if callable(weights) else weights
-            for part in [got] if isinstance(got, (Mapping, str)) else got:  # parts loaded as they come
+            for part in got if isinstance(got, Iterator) else [got]:  # parts loaded as they come
                 self._load(part, partial)
 
         if self._engine is None:
