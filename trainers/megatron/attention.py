@@ -527,10 +527,12 @@ def _prefix_runs(attn: SDPAttention, layout, min_tokens: int) -> list[_PrefixRun
                                           for x in (cu_q, cu_k)), max(cu_q), max(cu_k)))
             short.clear()
     for (qa, qb), (ka, kb) in zip(_pairs(layout.cu_q), _pairs(layout.cu_k)):
+        if qb == qa:  # an empty chunk (an empty sequence): nothing to attend
+            continue
         if qb - qa >= min_tokens:
             close_short()
             runs.append(_CudnnPrefixRun(attn, qa, qb, ka, kb))
-        elif qb > qa:
+        else:
             short.append((qa, qb, ka, kb))
     close_short()
     _prefix_cache.update(layout=layout, key=key, runs=runs)
