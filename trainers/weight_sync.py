@@ -108,7 +108,7 @@ class Distributed(_Servers):
     `master_address` is this host as the engines reach it; `bucket_bytes` bounds one update call (an engine
     receives a call's tensors into buffers) — unless every engine reports a bound of its own (serve-engine's
     `update_buffer_bytes`) and `one_call` is on: then the whole update is one call (each call costs an HTTP round
-    trip and the engine's load, ~7 ms: 32 calls were 0.3 s of an 8B model's sync)."""
+    trip and the engine's load, 3-9 ms measured: 32 calls made 0.14-0.31 s of an 8B model's sync, one call 0.06 s)."""
 
     def __init__(self, engines: Callable[[], Sequence[Any]], *, backend: str, layout: WeightLayout | None = None,
                  master_address: str = "127.0.0.1", bucket_bytes: int = 512 << 20,

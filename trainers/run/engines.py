@@ -5,7 +5,7 @@ engine:
   kind: embedded        # embedded (a TransformersPolicy in this process) | serve (slime-env serve-engine) |
                         # sglang (SGLang servers or one router) | vllm (vLLM servers, through their RL routes) |
                         # openai (any OpenAI-compatible server, frozen). Left out: embedded, except in an
-                        # async mode on a GPU — serve (`default_kind`)
+                        # async mode on a GPU and on a Ray cluster — serve (`default_kind`)
   urls: []              # sglang / vllm / openai: the servers; serve: the servers, or empty to start `count` here
   count: 2              # serve without urls: engine processes this run starts (and restarts when they die)
   gpus: [1]             # serve without urls: engine i runs on GPU gpus[i % len(gpus)] (default: the trainer's GPU)
