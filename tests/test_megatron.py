@@ -468,8 +468,8 @@ def test_context_parallel_2_on_cpu_equals_one_process(tmp_path):
         assert run["grad_norm"] == pytest.approx(one["grad_norm"], rel=1e-5)
         same_weights(run["weight_sums"], one["weight_sums"])
         assert len(set(map(tuple, run["param_sums"][::run["parallel"]["tp"]]))) == 1  # CP ranks: the same weights
-    # attention kept through the recompute (`recompute_attention: false`): under CP too, every layer's recompute
-    # took the kept output (2 layers... of each rank's one micro-batch), and the step is the same
+    # attention kept through the recompute (`recompute_attention: false`): under CP too the recompute took kept
+    # outputs (a whole number of them per layer), and the step is the one-process step under full recompute
     full_one = run_dist_check(tmp_path, 1, 1, "--recompute", "full")
     kept = run_dist_check(tmp_path, 2, 1, "--recompute", "full", "--keep-attention", cp=2)
     assert kept["kept_calls"] > 0 and kept["kept_calls"] % kept["layers"] == 0

@@ -150,15 +150,6 @@ class OpponentPoolConfig:
     latest_p: float = 0.0
 
 
-def _trainer_on_cuda(device: str) -> bool:
-    """Whether the run's trainer takes a GPU of this host (`device` auto or cuda, with CUDA present)."""
-    if device == "cpu":
-        return False
-    import torch
-
-    return torch.cuda.is_available()
-
-
 @dataclass(frozen=True)
 class RunSections:
     """Every section of a run config as the run uses it, parsed once (`RunSections.parse`).
@@ -194,7 +185,7 @@ class RunSections:
         check_int(cfg.keep_last, f"{where}: keep_last", minimum=1)  # the checkpoint `latest` names stays
         cluster = ClusterConfig.from_dict(cfg.cluster, f"{where}: cluster")
         asynchrony = AsyncConfig.from_dict(cfg.async_, f"{where}: async")
-        kind = default_kind(asynchronous=asynchrony.mode != "off", cuda=_trainer_on_cuda(cfg.device),
+        kind = default_kind(asynchronous=asynchrony.mode != "off", device=cfg.device,
                             local=cluster.backend == "local", embedded_only=bool(pool))
         engine = EngineConfig.from_dict(cfg.engine, f"{where}: engine", default_kind=kind)
         cluster.check(engine, trainer, where)

@@ -119,13 +119,14 @@ class EngineConfig:
         return cfg
 
 
-def default_kind(*, asynchronous: bool, cuda: bool, local: bool, embedded_only: bool) -> str:
+def default_kind(*, asynchronous: bool, device: str, local: bool, embedded_only: bool) -> str:
     """`engine.kind` when the config leaves it out: `serve` on a Ray cluster (which places engine servers), and for
-    an asynchronous run on a GPU of this host (a serve-engine process on the trainer's GPU, weights by CUDA IPC):
-    generating beside the trainer in its process shares the GIL with the trainer's step (measured: async steps/h
-    1.01-1.15x the synchronous run's embedded, 1.38-1.54x with serve-engine; docs/async.md) — unless a feature
-    needs the embedded engine (`embedded_only`); else `embedded`."""
-    return "serve" if not local or (asynchronous and cuda and not embedded_only) else "embedded"
+    an asynchronous run whose trainer (`device`: the run's) is on a GPU of this host (a serve-engine process on the
+    trainer's GPU, weights by CUDA IPC): generating beside the trainer in its process shares the GIL with the
+    trainer's step (measured: async steps/h 1.01-1.15x the synchronous run's embedded, 1.38-1.54x with serve-engine;
+    docs/async.md) — unless a feature needs the embedded engine (`embedded_only`); else `embedded`."""
+    on_gpu = device != "cpu" and _cuda()
+    return "serve" if not local or (asynchronous and on_gpu and not embedded_only) else "embedded"
 
 
 class Engines:
