@@ -228,6 +228,43 @@ def test_every_channel_sends_sglangs_names_and_the_checkpoints_tensors(moe_engin
     asyncio.run(main())
 
 
+def test_disk_sync_keeps_only_the_loaded_version_and_removes_its_own_folder(moe_engine, tmp_path):
+    """Every disk sync writes a full model folder: once the engine has loaded a version, the one before it is gone
+    (a run of many steps would otherwise fill the disk), and closing removes the temporary folder the channel made. A
+    folder the caller named stays, holding the newest version."""
+    from transformers import AutoModelForCausalLM
+
+    from slime_env.clients.sglang import SGLangPolicy
+    from slime_env.trainers import weight_sync as ws
+    from slime_env.trainers.torch_trainer import TorchTrainer, TrainerConfig
+
+    folder, url = moe_engine
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    trainer = TorchTrainer(model, TrainerConfig(), pad_id=0)
+
+    async def main():
+        client = SGLangPolicy(url)
+        own = ws.FromDisk(lambda: [client], layout=trainer.weight_layout())
+        named = ws.FromDisk(lambda: [client], folder=tmp_path / "sync", layout=trainer.weight_layout())
+        try:
+            for channel in (own, named):
+                root = channel.versions.root
+                for version in ("a", "b", "c"):
+                    with torch.no_grad():
+                        for p in model.parameters():
+                            p.add_(0.01)
+                    await channel.push(trainer.weights(), version)
+                    assert sorted(p.name for p in root.iterdir()) == [f"weights_{version}"]
+                    got = await client.get_weights_checksum()
+                    assert (got["weight_version"], got["checksums"]) == (version, _digests(trainer.weights()))
+                await channel.close()
+                assert root.exists() == (channel is named)
+        finally:
+            await client.close()
+
+    asyncio.run(main())
+
+
 def test_distributed_sends_one_call_to_engines_that_bound_their_own_buffers_else_buckets(moe_engine):
     """serve-engine reports `update_buffer_bytes` (it receives into the parameters, and buffers the rest — here the
     experts, one matrix each — up to that bound): the whole update goes in one call. With `one_call` off (what an

@@ -34,7 +34,6 @@ import asyncio
 import base64
 import hashlib
 import pickle
-import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -44,7 +43,7 @@ import torch
 
 from slime_env.agents.weight_layout import WeightLayout
 from slime_env.errors import InvalidInput
-from slime_env.trainers.weight_sync import _free_port, _Servers, channel_for as _channel_for
+from slime_env.trainers.weight_sync import _VersionFolders, _free_port, _Servers, channel_for as _channel_for
 
 
 class WeightSyncMismatch(RuntimeError):
@@ -83,17 +82,18 @@ class _VLLMChannel(_Servers):
 
 
 class VLLMFromDisk(_VLLMChannel):
-    """A model folder `folder/weights_{version}` every engine can read (written by `save(path)` when given)."""
+    """A model folder `folder/weights_{version}` every engine can read (written by `save(path)` when given): a temporary
+    folder when `folder` is None; only the newest version is kept (`weight_sync._VersionFolders`)."""
 
-    def __init__(self, engines: Callable[[], Sequence[Any]], *, folder: str | Path, layout: WeightLayout | None = None,
-                 save: Callable[[Path], Any] | None = None, **kw: Any):
+    def __init__(self, engines: Callable[[], Sequence[Any]], *, folder: str | Path | None = None,
+                 layout: WeightLayout | None = None, save: Callable[[Path], Any] | None = None, **kw: Any):
         super().__init__(engines, layout, **kw)
-        self.folder, self.save = Path(folder), save
+        self.versions, self.save = _VersionFolders(folder), save
 
     async def _transfer(self, engines: list[Any], named: list[tuple[str, torch.Tensor]],
                         version: str) -> dict[str, float]:
         t0 = time.perf_counter()
-        path = self.folder / f"weights_{version}"
+        path = self.versions.path(version)
         if self.save is not None:
             await asyncio.to_thread(self.save, path)
         else:
@@ -101,7 +101,11 @@ class VLLMFromDisk(_VLLMChannel):
         saved = time.perf_counter()
         await asyncio.gather(*(e.reload_weights(str(path)) for e in engines))
         await asyncio.gather(*(e.update_weight_version(version) for e in engines))
+        await asyncio.to_thread(self.versions.done, path)
         return {"sync/save_s": saved - t0, "sync/bytes": float(sum(t.numel() * t.element_size() for _, t in named))}
+
+    async def close(self) -> None:
+        self.versions.close()
 
 
 class VLLMFromTensor(_VLLMChannel):
@@ -279,7 +283,7 @@ def channel_for(policy: Any, layout: WeightLayout, *, path: str | Path | None = 
     through `/v1/load_lora_adapter`."""
     if not hasattr(policy, "reload_weights"):
         return _channel_for(policy, layout, path=path)
-    folder = Path(path) if path is not None else Path(tempfile.mkdtemp(prefix="slime_env-weights-"))
-    channel = VLLMFromDisk(lambda: [policy], folder=folder, layout=layout)
-    channel.adapter_folder = folder
+    channel = VLLMFromDisk(lambda: [policy], folder=path, layout=layout)  # a temporary folder (removed by close) if None
+    if path is not None:  # adapters outlive the channel: vLLM reads one's folder whenever it brings it back into its cache
+        channel.adapter_folder = Path(path)
     return channel

@@ -29,7 +29,9 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import shutil
 import socket
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -224,29 +226,59 @@ class FromTensor(_Servers):
         return {"sync/s": time.perf_counter() - t0, "sync/bytes": float(_nbytes(t for _, t in named))}
 
 
+class _VersionFolders:
+    """Where a disk channel writes each version's model folder: `root/weights_{version}`, under a temporary folder of
+    its own when `root` is None (removed by `close`). Once every engine has loaded a version, the folder it replaces
+    goes: engines load a full set eagerly, and a copy of the weights per sync would fill the disk within a run."""
+
+    def __init__(self, root: str | Path | None):
+        self.owned = root is None
+        self.root = Path(tempfile.mkdtemp(prefix="slime_env_sync_")) if root is None else Path(root)
+        self.loaded: Path | None = None
+
+    def path(self, version: str) -> Path:
+        return self.root / f"weights_{version}"
+
+    def done(self, path: Path) -> None:
+        """Every engine has loaded `path`: the folder written before it is removed."""
+        if self.loaded is not None and self.loaded != path:
+            shutil.rmtree(self.loaded, ignore_errors=True)
+        self.loaded = path
+
+    def close(self) -> None:
+        if self.owned:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+
 class FromDisk(_Servers):
     """A model folder visible to every engine, then `update_weights_from_disk`. The folder is
-    `folder/weights_{version}`, or exactly `path` when given (`trainer.sync(policy, path=...)`); it is written by
+    `folder/weights_{version}` (`_VersionFolders`: a temporary folder when neither `folder` nor `path` is given, only the
+    newest version kept), or exactly `path` when given (`trainer.sync(policy, path=...)`, kept); it is written by
     `save(path)` when given (a function writing the weights being pushed), else as `layout.save_folder` writes it."""
 
     def __init__(self, engines: Callable[[], Sequence[Any]], *, folder: str | Path | None = None,
                  layout: WeightLayout | None = None, save: Callable[[Path], Any] | None = None,
                  path: str | Path | None = None):
         super().__init__(engines, layout)
-        if folder is None and path is None:
-            raise ValueError("FromDisk needs a folder (one model folder per version) or a path")
-        self.folder, self.path, self.save = folder and Path(folder), path and Path(path), save
+        self.path, self.save = path and Path(path), save
+        self.versions = None if path is not None else _VersionFolders(folder)
 
     async def push(self, weights: Mapping[str, torch.Tensor], version: str) -> dict[str, float]:
         t0 = time.perf_counter()
-        path = self.path or self.folder / f"weights_{version}"
+        path = self.path or self.versions.path(version)
         if self.save is not None:
             await asyncio.to_thread(self.save, path)
         else:
             await asyncio.to_thread(self.layout.save_folder, path, weights)
         saved = time.perf_counter()
         await self._each(lambda e: e.update_weights_from_disk(str(path), weight_version=version))  # atomic there
+        if self.versions is not None:
+            await asyncio.to_thread(self.versions.done, path)
         return {"sync/s": time.perf_counter() - t0, "sync/save_s": saved - t0}
+
+    async def close(self) -> None:
+        if self.versions is not None:
+            self.versions.close()
 
 
 class Frozen:

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -379,8 +378,7 @@ def _distributed(engines: Engines, layout: Any, save: Any) -> Any:
 def _disk(engines: Engines, layout: Any, save: Any) -> Any:
     from slime_env.trainers import weight_sync as ws
 
-    return ws.FromDisk(engines.pool.targets, folder=Path(tempfile.mkdtemp(prefix="slime_env_sync_")), layout=layout,
-                       save=save)
+    return ws.FromDisk(engines.pool.targets, layout=layout, save=save)  # a temporary folder, removed at the run's end
 
 
 def _tensor(engines: Engines, layout: Any, save: Any) -> Any:
@@ -411,8 +409,7 @@ def _vllm(channel: str) -> Any:
                                              bucket_bytes=engines.cfg.bucket_mb << 20, **kw)
         if channel == "tensor":
             return vllm_sync.VLLMFromTensor(engines.pool.targets, layout, **kw)
-        return vllm_sync.VLLMFromDisk(engines.pool.targets, folder=Path(tempfile.mkdtemp(prefix="slime_env_sync_")),
-                                      layout=layout, save=save, **kw)
+        return vllm_sync.VLLMFromDisk(engines.pool.targets, layout=layout, save=save, **kw)
     return make
 
 
