@@ -55,6 +55,16 @@ def main() -> None:
            "local_fc2_B": list(params["decoder.layers.0.mlp.experts.fc2.lora_B"].shape),
            "expert_adapters_skip_dp": all(p.allreduce is False for n, p in params.items() if ".experts.fc" in n),
            "trainable": sorted(n for n, p in params.items() if p.requires_grad)}
+    # megatron's gradient norm on GPUs (its distributed optimizer, which shards the expert gradients over the
+    # expert-data-parallel group, TP ranks included) counts a parameter on TP ranks other than 0 only when it is marked
+    # tensor-parallel: every expert parameter must count on every rank
+    from megatron.core import parallel_state as ps
+    from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
+
+    counted = torch.tensor(float(all(param_is_not_tensor_parallel_duplicate(p, ps.get_tensor_model_parallel_group())
+                                     for n, p in params.items() if ".experts." in n)), device=t.device)
+    dist.all_reduce(counted, op=dist.ReduceOp.MIN)
+    out["experts_in_every_ranks_norm"] = bool(counted.item())
 
     def everyone(lp: torch.Tensor) -> list[float]:  # a DP rank may score its own rows alone (zeros elsewhere)
         lp = lp.detach().to(t.device).contiguous()  # NCCL gathers device tensors (some log-probs come on the host)

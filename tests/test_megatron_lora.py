@@ -207,7 +207,7 @@ def test_moe_expert_and_router_adapters_step_like_torch_trainers_peft(tmp_path, 
     c = tiny("qwen3_moe").config
     assert got["local_fc1_A"] == [c.num_experts // ep, 2 * LORA["rank"], c.hidden_size]  # peft's fused rank 2r
     assert got["local_fc2_B"] == [c.num_experts // ep, c.hidden_size, LORA["rank"]]
-    assert got["expert_adapters_skip_dp"]
+    assert got["expert_adapters_skip_dp"] and got["experts_in_every_ranks_norm"]
     assert all(n.endswith((".lora_A", ".lora_B")) for n in got["trainable"])
     assert {n.split(".", 3)[-1] for n in got["trainable"]} >= {"mlp.router.lora_A", "mlp.experts.fc1.lora_B",
                                                                "mlp.experts.fc2.lora_A"}

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from megatron.core.tensor_parallel.layers import set_tensor_model_parallel_attributes
 from megatron.core.transformer.module import MegatronModule
 
 
@@ -27,6 +28,16 @@ def grouped_mm_available(x: torch.Tensor) -> bool:
     """torch._grouped_mm runs here: CUDA, bf16, compute capability 9.0+ (its cuBLAS path)."""
     return (hasattr(torch, "_grouped_mm") and x.is_cuda and x.dtype == torch.bfloat16
             and torch.cuda.get_device_capability(x.device)[0] >= 9)
+
+
+def mark_expert_param(p: torch.nn.Parameter, dim: int) -> None:
+    """What megatron marks on an expert's parameter (`is_expert=True`): its gradient is summed over the
+    expert-data-parallel group (`allreduce=False`) — every rank holding these experts, TP ranks included (each routes
+    its own share of the tokens under SP) — and it counts in the gradient norm on every TP rank
+    (`tensor_model_parallel`). Unmarked, megatron's norm takes it from TP rank 0 alone, while its distributed
+    optimizer shards expert gradients over that group: TP rank 1's shard went missing from the norm and the clip."""
+    p.allreduce = False
+    set_tensor_model_parallel_attributes(p, is_parallel=True, dim=dim, stride=1)
 
 
 def _grouped(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor | None, counts: list[int] | None
@@ -56,9 +67,7 @@ class GroupedExperts(MegatronModule):
         self.weight2 = torch.nn.Parameter(torch.empty(e, h, f, dtype=config.params_dtype, device=device))
         for w in (self.weight1, self.weight2):
             torch.nn.init.normal_(w, std=config.init_method_std)
-            # megatron's DDP reduces `allreduce=False` parameters over the expert-data-parallel group: every rank
-            # holding these experts, TP ranks included (each routes its own share of the tokens under SP)
-            w.allreduce = False
+            mark_expert_param(w, dim=0)
 
     def forward(self, hidden: torch.Tensor, tokens_per_expert: torch.Tensor, probs: torch.Tensor):
         fast = grouped_mm_available(hidden)

@@ -59,7 +59,7 @@ from megatron.core.transformer.moe.router import TopKRouter
 
 from slime_env.trainers.megatron import moe
 from slime_env.trainers.megatron.convert import _qkv, _shard, _split_qkv, attention_dims
-from slime_env.trainers.megatron.grouped_experts import GroupedExperts, _grouped, param_device
+from slime_env.trainers.megatron.grouped_experts import GroupedExperts, _grouped, mark_expert_param, param_device
 
 # HF projection -> (megatron linear, its block: self_attention / mlp); the fused layers' parts in their row order.
 LINEARS = {"q_proj": "linear_qkv", "k_proj": "linear_qkv", "v_proj": "linear_qkv", "o_proj": "linear_proj",
@@ -210,7 +210,7 @@ class LoRAGroupedExperts(GroupedExperts):
             branch.lora_A = torch.nn.Parameter(torch.zeros(e, a.rank, fan_in, **kw))
             branch.lora_B = torch.nn.Parameter(torch.zeros(e, fan_out, a.rank, **kw))
             for p in (branch.lora_A, branch.lora_B):
-                p.allreduce = False  # reduced over the expert-data-parallel group, as the experts' weights
+                mark_expert_param(p, dim=0)  # as the experts' weights
             self.add_module(linear.removeprefix("experts_"), branch)
 
     def fc(self, which: int, x: torch.Tensor, offsets: torch.Tensor | None, counts: list[int] | None) -> torch.Tensor:
