@@ -10,7 +10,9 @@ Wall-clock excludes the held-out evaluations (the same number in every mode). On
 check's (Megatron trainer, 32 prompts x 8 samples); `--cpu-small` runs a CPU-sized version. Engines: `embedded` (in
 the trainer's process), `serve` (a serve-engine process on the trainer's GPU, weights by CUDA IPC), `apart` (a
 serve-engine on GPU 1, the trainer on GPU 0, weights over NCCL: `engine.gpus: [1]`). Every engine runs every mode, or
-`--runs ENGINE:MODE ...` names the runs; each seed's first `off` run is the baseline of the side-by-side table.
+`--runs ENGINE:MODE[:process] ...` names the runs (`:process`: the trainer in a child process of the run,
+`cluster.backend: process`, so generation's driver and the trainer's step share no interpreter lock); each seed's
+first `off` run is the baseline of the side-by-side table.
 `--gpus N` gives `apart` N-1 serve-engines, one on each of GPUs 1..N-1 (the trainer stays on GPU 0; `embedded` and
 `serve` use one GPU, so `--gpus` above 1 needs an `apart` run). The model is SmolLM2-135M-Instruct, or with
 `--shape NAME` random bf16 weights at a shape of bench/shapes.py with SmolLM2's tokenizer (`--layers` for fewer):
@@ -21,6 +23,7 @@ OUT/<task>_accuracy.png.
   python bench/async_train.py --task longtail --steps 100 --seeds 0 1
   python bench/async_train.py --task retry --cpu-small --steps 8 --seeds 0
   python bench/async_train.py --task longtail --steps 30 --seeds 0 --runs serve:off apart:off apart:overlap apart:full
+  python bench/async_train.py --task longtail --steps 20 --seeds 0 --runs apart:off apart:full apart:full:process
   python bench/async_train.py --shape qwen3-1.7b --gpus 3 --steps 10 --seeds 0 --runs apart:off apart:full
 """
 
@@ -56,7 +59,7 @@ def engines(gpus: int | None) -> dict[str, dict]:
     return {**ENGINES, "apart": {"kind": "serve", "count": gpus - 1, "gpus": list(range(1, gpus))}}
 
 
-def config(args, engine: str, mode: str, seed: int, run_dir: Path) -> TrainConfig:
+def config(args, engine: str, mode: str, seed: int, run_dir: Path, cluster: str = "local") -> TrainConfig:
     attempts = ATTEMPTS[args.task]
     small = args.cpu_small
     prompts, n = args.prompts or (4 if small else 32), args.n or (4 if small else 8)
@@ -71,7 +74,7 @@ def config(args, engine: str, mode: str, seed: int, run_dir: Path) -> TrainConfi
         "trainer": {"backend": "torch" if small else args.backend, "estimator": "grpo", "lr": args.lr,
                     "micro_batch_size": 4 if small else 64, "max_tokens_per_micro_batch": 16384,
                     "clip_low": 0.2, "clip_high": 0.28, "max_grad_norm": 1.0},
-        "engine": engines(args.gpus)[engine],
+        "engine": engines(args.gpus)[engine], "cluster": {"backend": cluster},
         "async": {"mode": mode, "max_staleness": args.max_staleness,
                   "in_flight": args.in_flight or 2 * prompts * n, "interrupt": args.interrupt},
     }, "bench/async_train.py")
@@ -123,7 +126,7 @@ def main() -> None:
     ap.add_argument("--backend", default="megatron", choices=["megatron", "torch"])
     ap.add_argument("--engine", nargs="+", default=["embedded"], choices=sorted(ENGINES),
                     help="serve: a serve-engine process on the same GPU (CUDA IPC); apart: on GPU 1 (NCCL)")
-    ap.add_argument("--runs", nargs="+", default=None, metavar="ENGINE:MODE",
+    ap.add_argument("--runs", nargs="+", default=None, metavar="ENGINE:MODE[:process]",
                     help="the runs, instead of every --engine with every --modes")
     ap.add_argument("--cpu-small", action="store_true", help="a CPU-sized run: 4 prompts x 4 samples, torch trainer")
     ap.add_argument("--shape", default=None, choices=sorted(SHAPES), help="random bf16 weights at this shape")
@@ -133,12 +136,14 @@ def main() -> None:
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    runs = [tuple(r.split(":", 1)) for r in args.runs] if args.runs else \
-        [(e, m) for e in args.engine for m in args.modes]
-    for engine, mode in runs:
-        if engine not in ENGINES or mode not in ("off", "overlap", "full"):
-            raise SystemExit(f"--runs {engine}:{mode}: ENGINE is one of {sorted(ENGINES)}, MODE off, overlap or full")
-    if args.gpus is not None and (args.gpus > 1) != any(e == "apart" for e, _ in runs):
+    runs = [(*r.split(":", 2), "local")[:3] for r in args.runs] if args.runs else \
+        [(e, m, "local") for e in args.engine for m in args.modes]
+    for engine, mode, cluster in runs:
+        if engine not in ENGINES or mode not in ("off", "overlap", "full") or cluster not in ("local", "process") \
+                or (cluster == "process" and engine == "embedded"):
+            raise SystemExit(f"--runs {engine}:{mode}:{cluster}: ENGINE is one of {sorted(ENGINES)}, MODE off, overlap "
+                             "or full, then optionally :process (not with the embedded engine)")
+    if args.gpus is not None and (args.gpus > 1) != any(e == "apart" for e, _, _ in runs):
         raise SystemExit(f"--gpus {args.gpus}: only the apart engine is placed on GPUs beyond the trainer's; it needs "
                          "--gpus 2 or more, embedded and serve runs need none (or --gpus 1)")
     if args.layers and not args.shape:
@@ -149,11 +154,12 @@ def main() -> None:
         save_random_model(args.shape, args.model, layers=args.layers)
     results: dict[str, dict] = {}
     for seed in args.seeds:
-        for engine, mode in runs:
-            name = f"{args.task}_{mode}_s{seed}" + ("" if engine == "embedded" else f"_{engine}")
-            summary = asyncio.run(train(config(args, engine, mode, seed, out / name), log=lambda line: None))
+        for engine, mode, cluster in runs:
+            name = f"{args.task}_{mode}_s{seed}" + ("" if engine == "embedded" else f"_{engine}") + \
+                ("" if cluster == "local" else f"_{cluster}")
+            summary = asyncio.run(train(config(args, engine, mode, seed, out / name, cluster), log=lambda line: None))
             rows = [json.loads(line) for line in open(summary["metrics"])]
-            results[name] = {"engine": engine, "mode": mode, "seed": seed, **summarize(rows)}
+            results[name] = {"engine": engine, "mode": mode, "cluster": cluster, "seed": seed, **summarize(rows)}
             r = results[name]
             with (out / f"{args.task}_runs.jsonl").open("a") as f:  # kept even if a later run is cut short
                 f.write(json.dumps({"name": name, **r}) + "\n")
@@ -172,7 +178,7 @@ def main() -> None:
             per_h = 3600.0 / max(r["step_s_mean"], 1e-9)
             ratio = base["step_s_mean"] / r["step_s_mean"] if base else float("nan")
             r["steps_per_hour"], r["vs_base"], r["accuracy_at_equal_wall"] = per_h, ratio, accuracy_at(r["evals"], wall)
-            label = f"{r['engine']}/{r['mode']}"
+            label = f"{r['engine']}/{r['mode']}" + ("" if r["cluster"] == "local" else f"/{r['cluster']}")
             print(f"  s{seed} {label:16s} {per_h:8.0f}  {ratio:6.2f}x  {r['tokens_per_s']:7.0f}"
                   f"  {r['trainer_idle']:12.2f}  {r['engine_idle']:11.2f}  {r['last_accuracy']:9.3f}"
                   f"  {r['accuracy_at_equal_wall'] or 0:14.3f}"
@@ -196,7 +202,8 @@ def plot(results: dict[str, dict], path: Path, task: str) -> None:
         first_seed = r["seed"] == min(x["seed"] for x in results.values())
         ax.plot(ts, accs, marker="o" if first_seed else "s", ms=3, color=colors.get(r["mode"], "black"), alpha=0.85,
                 linestyle={"embedded": "-", "serve": "--", "apart": ":"}[r["engine"]],
-                label=f"{r['engine']}/{r['mode']} (seed {r['seed']})")
+                label=f"{r['engine']}/{r['mode']}{'/' + r['cluster'] if r['cluster'] != 'local' else ''} "
+                      f"(seed {r['seed']})")
     ax.set_xlabel("training wall-clock (s, evaluations excluded)")
     ax.set_ylabel("held-out accuracy (greedy)")
     ax.set_title(f"async modes — ArithmeticRetry-v0, {task}")

@@ -147,6 +147,17 @@ def test_bad_engine_and_cluster_configs_are_refused_by_field(tmp_path):
         _config(tmp_path, engine={"kind": "serve", "gpus": [1]}, cluster={"backend": "ray"})
     with pytest.raises(InvalidInput, match=r"cluster\.trainer\.nodes: expected an integer"):
         _config(tmp_path, cluster={"trainer": {"nodes": 0}})
+    with pytest.raises(InvalidInput, match=r"cluster\.backend: 'slurm' is not one of \['local', 'process', 'ray'\]"):
+        _config(tmp_path, cluster={"backend": "slurm"})
+    with pytest.raises(InvalidInput, match=r"cluster\.backend process runs the trainer in other processes; engine\.kind "
+                                           r"'embedded'"):
+        _config(tmp_path, engine={"kind": "embedded"}, cluster={"backend": "process"})
+    with pytest.raises(InvalidInput, match=r"cluster\.trainer\.nodes 2: backend 'process' runs on this host"):
+        _config(tmp_path, trainer={"backend": "megatron"}, cluster={"backend": "process", "trainer": {"nodes": 2}})
+    with pytest.raises(InvalidInput, match=r"with backend 'process' engines go on this host's GPUs by engine\.gpus"):
+        _config(tmp_path, cluster={"backend": "process", "rollout": {"gpus": 2}})
+    with pytest.raises(InvalidInput, match=r"engine\.kind vllm is not offered with cluster\.backend process"):
+        _config(tmp_path, engine={"kind": "vllm", "urls": ["http://x"]}, cluster={"backend": "process"})
 
 
 def test_engines_on_gpus_of_their_own_see_only_their_gpu_and_get_weights_over_nccl(tmp_path, monkeypatch):
@@ -285,6 +296,57 @@ def test_ray_placement_with_two_trainer_ranks_and_two_engines_equals_the_one_pro
 
 
 _RAY2 = {"backend": "ray", "trainer": {"nodes": 1, "gpus_per_node": 2}, "num_cpus": 8}
+
+
+def test_trainer_ranks_in_child_processes_equal_the_one_process_run_and_leave_nothing_behind(tmp_path):
+    """cluster.backend process: two Megatron trainer ranks (DP=2) as child processes of the run, rank 0 pushing the
+    weights from its own process over a gloo group to two serve engines, against the same run with the trainer in
+    the run's process. Seeded sampling makes the rollouts identical, so the training must be; after every step both
+    engines hold the trainer's weights, and after the run no rank process is left."""
+    pytest.importorskip("megatron.core")
+    runs, groups = {}, []
+    for name, cluster in (("local", {}), ("process", {"backend": "process", "trainer": {"gpus_per_node": 2}})):
+        checks = []
+
+        async def check(step, engines, trainer, checks=checks):
+            want = _digests(trainer.weights())
+            for engine in engines.pool.up():
+                got = await engine.get_weights_checksum()
+                assert got["weight_version"] == str(step)
+                common = want.keys() & got["checksums"].keys()
+                assert want.keys() ^ got["checksums"].keys() <= {"lm_head.weight"}  # tied to the embedding
+                assert {n: got["checksums"][n] for n in common} == {n: want[n] for n in common}
+            checks.append((step, trainer.step_count, want))
+            groups.append(trainer)
+
+        cfg = TrainConfig.from_dict({**BASE, "run_dir": str(tmp_path / name), "seed_sampling": True,
+                                     "cluster": cluster, "engine": {"kind": "serve", "count": 2},
+                                     "trainer": {**BASE["trainer"], "backend": "megatron"}})
+        summary = asyncio.run(train(cfg, on_step=check, log=lambda _: None))
+        runs[name] = ([json.loads(line) for line in open(summary["metrics"])], checks)
+    (local_rows, local_checks), (rows, checks) = runs["local"], runs["process"]
+    assert [c[:2] for c in checks] == [c[:2] for c in local_checks] == [(1, 1), (2, 2)]
+    for a, b in zip(rows, local_rows):
+        assert a["train/reward_mean"] == b["train/reward_mean"]
+        assert a["train/loss"] == pytest.approx(b["train/loss"], abs=1e-5)
+        assert a["train/grad_norm"] == pytest.approx(b["train/grad_norm"], rel=1e-5)
+        assert a["sync/bytes"] == b["sync/bytes"] > 0
+    ranks = groups[-1].ranks
+    assert len(ranks) == 2 and all(r.proc.poll() is not None for r in ranks)  # closed with the run
+    assert all((tmp_path / "process" / f"trainer_rank{r}.log").is_file() for r in range(2))
+
+
+def test_a_trainer_rank_that_dies_ends_the_run_with_its_exit_code(tmp_path):
+    """A trainer rank killed (SIGKILL) after step 1 of a run with cluster.backend process: the next step fails naming
+    the rank, its exit code and its log; the run ends with that reason instead of waiting."""
+    def kill_rank(step, engines, trainer):
+        if step == 1:
+            trainer.ranks[0].proc.kill()
+
+    cfg = _config(tmp_path, steps=3, cluster={"backend": "process"}, engine={"kind": "serve", "count": 1})
+    with pytest.raises(RuntimeError, match=r"step 2 failed \(RankDied: trainer rank 0 \(pid \d+\) exited with code -9 "
+                                           r"during step\(\); the end of .*trainer_rank0\.log"):
+        asyncio.run(train(cfg, on_step=kill_rank, log=lambda _: None))
 
 
 def test_a_run_whose_last_engine_is_gone_fails_with_the_reason_after_saving(tmp_path):

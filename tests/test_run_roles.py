@@ -28,13 +28,14 @@ def test_every_registered_kind_keeps_its_roles_contract(tmp_path):
     from slime_env.trainers import weight_sync as ws
     from slime_env.trainers.run.engines import STARTS, EngineConfig, Engines
     from slime_env.trainers.run.sources import SOURCES, AsyncConfig
-    from slime_env.trainers.run.trainer_group import TRAINER_GROUPS, LocalTrainerGroup, RayTrainerGroup
+    from slime_env.trainers.run.trainer_group import (TRAINER_GROUPS, LocalTrainerGroup, ProcessTrainerGroup,
+                                                      RayTrainerGroup)
 
     engines = Engines(EngineConfig(), model_path="m", max_concurrency=4, run_dir=tmp_path, seed=0, device="cpu",
                       dtype="auto")
     assert keeps(engines, roles.Engines) and set(STARTS) == {"embedded", "serve", "sglang", "openai", "vllm"}
-    assert keeps(LocalTrainerGroup, roles.TrainerGroup) and keeps(RayTrainerGroup, roles.TrainerGroup)
-    assert set(TRAINER_GROUPS) == {"local", "ray"}
+    assert all(keeps(group, roles.TrainerGroup) for group in (LocalTrainerGroup, RayTrainerGroup, ProcessTrainerGroup))
+    assert set(TRAINER_GROUPS) == {"local", "process", "ray"}
     for channel in (ws.InPlace(None), ws.Frozen(), ws.FromTensor(lambda: []),
                     ws.Distributed(lambda: [], backend="gloo"), ws.FromDisk(lambda: [], folder=tmp_path)):
         assert isinstance(channel, roles.WeightChannel) and keeps(channel, roles.WeightChannel)
@@ -70,8 +71,8 @@ def test_the_sources_order_their_tasks_and_keep_their_state():
 def test_an_async_run_on_a_gpu_puts_its_engine_in_a_process_of_its_own_unless_told(monkeypatch):
     """`engine.kind` left out: embedded, except in an async mode with the trainer on a GPU of this host, where the
     engine is a serve-engine beside it (generation in the trainer's process shares its GIL); a kind the config
-    names, a CPU trainer and an opponent pool (which needs the embedded engine) keep theirs; on a Ray cluster (which
-    places engine servers) it is serve."""
+    names, a CPU trainer and an opponent pool (which needs the embedded engine) keep theirs; where the trainer runs in
+    other processes (a Ray cluster, which places engine servers; cluster.backend process) it is serve."""
     import torch
 
     from slime_env.trainers.run.config import TrainConfig
@@ -88,6 +89,7 @@ def test_an_async_run_on_a_gpu_puts_its_engine_in_a_process_of_its_own_unless_to
     assert kind(**{"async": {"mode": "full"}, "engine": {"kind": "embedded"}}) == "embedded"
     assert kind(**{"async": {"mode": "full"}, "engine": {"count": 2}}) == "serve"
     assert kind(cuda=False, **{"cluster": {"backend": "ray"}}) == "serve"  # Ray places engine servers
+    assert kind(cuda=False, **{"cluster": {"backend": "process"}}) == "serve"  # the trainer is in other processes
     assert kind(**{"async": {"mode": "full"}, "opponent_pool": {"agents": ["b"], "size": 2}}) == "embedded"
 
 

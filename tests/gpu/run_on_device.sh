@@ -88,7 +88,7 @@ for step in "$@"; do
             python3 bench/pipeline.py sync --engines 1 ${PIPELINE_ARGS:---train-step} --out-dir "$OUT/pipeline" 2>&1 \
             | tee "$OUT/pipeline_2gpu.log" | grep -v "^Loading\|^Writing" | tail -12 || rc=1 ;;
         async-2gpu) python3 bench/async_train.py ${ASYNC_ARGS:---task longtail --steps 20 --seeds 0 --eval-size 100 --eval-every 10} \
-            --runs ${ASYNC_RUNS:-serve:off apart:full apart:off apart:overlap} --out "$OUT/async2" 2>&1 | tee -a "$OUT/async_2gpu.log" \
+            --runs ${ASYNC_RUNS:-serve:off apart:full apart:off apart:overlap apart:full:process} --out "$OUT/async2" 2>&1 | tee -a "$OUT/async_2gpu.log" \
             | grep -v "^Loading\|^Writing" | tail -30 || rc=1 ;;
         pipeline-bench) python3 bench/pipeline.py sync --engines 1 --kinds tensor disk --train-step ${PIPELINE_ARGS:-} \
             --out-dir "$OUT/pipeline" 2>&1 | tee "$OUT/pipeline.log" | tail -12 || rc=1 ;;

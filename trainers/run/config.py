@@ -218,9 +218,6 @@ class RunSections:
             raise InvalidInput(f"{where}: engine.kind openai serves a frozen policy (the OpenAI routes update no "
                                "weights): it can evaluate, not train; use kind: vllm (a vLLM server through its RL "
                                "routes), sglang or serve")
-        if engine.kind == "vllm" and cluster.backend == "ray":
-            raise InvalidInput(f"{where}: engine.kind vllm is not offered with cluster.backend ray yet (its weight "
-                               "channels run in the driver's process); use cluster.backend local or torchrun")
         if trainer.off_policy == "auto" and not trainer.legacy_tis and asynchrony.mode != "off":
             trainer.off_policy = "tis"
         if trainer.lora is not None and asynchrony.mode != "off":  # every in-flight request's adapter stays loaded

@@ -5,7 +5,7 @@ engine:
   kind: embedded        # embedded (a TransformersPolicy in this process) | serve (slime-env serve-engine) |
                         # sglang (SGLang servers or one router) | vllm (vLLM servers, through their RL routes) |
                         # openai (any OpenAI-compatible server, frozen). Left out: embedded, except in an
-                        # async mode on a GPU and on a Ray cluster — serve (`default_kind`)
+                        # async mode on a GPU and with the trainer in other processes — serve (`default_kind`)
   urls: []              # sglang / vllm / openai: the servers; serve: the servers, or empty to start `count` here
   count: 2              # serve without urls: engine processes this run starts (and restarts when they die)
   gpus: [1]             # serve without urls: engine i runs on GPU gpus[i % len(gpus)] (default: the trainer's GPU)
@@ -119,7 +119,8 @@ class EngineConfig:
 
 
 def default_kind(*, asynchronous: bool, device: str, local: bool, embedded_only: bool) -> str:
-    """`engine.kind` when the config leaves it out: `serve` on a Ray cluster (which places engine servers), and for
+    """`engine.kind` when the config leaves it out: `serve` where the trainer runs in other processes (`cluster.backend`
+    ray or process: the engine cannot be in the trainer's), and for
     an asynchronous run whose trainer (`device`: the run's) is on a GPU of this host (a serve-engine process on the
     trainer's GPU, weights by CUDA IPC): generating beside the trainer in its process shares the GIL with the
     trainer's step (measured: async steps/h 1.01-1.15x the synchronous run's embedded, 1.38-1.54x with serve-engine;

@@ -1,8 +1,10 @@
-"""Where a training run's roles run, from the run config's `cluster:` section: this process, or a Ray cluster.
+"""Where a training run's roles run, from the run config's `cluster:` section: this process, child processes on this
+host, or a Ray cluster.
 
 ```yaml
 cluster:
-  backend: ray              # local (one process: the trainer beside the rollout manager) | ray
+  backend: ray              # local (one process: the trainer beside the rollout manager) | process (the trainer's
+                            # ranks in child processes of the run, rank r on GPU r; engines on this host) | ray
   address: auto             # an existing cluster (`ray start --head` on one node, `ray start --address=HEAD:6379`
                             # on the others); empty: a local Ray started here
   trainer: {nodes: 1, gpus_per_node: 2}   # trainer ranks = nodes x gpus_per_node, one Ray actor each (Megatron TP x DP)
@@ -30,6 +32,9 @@ from slime_env.errors import InvalidInput
 from slime_env.trainers.run.sections import parse_section
 
 
+BACKENDS = ("local", "process", "ray")
+
+
 @dataclass
 class ClusterConfig:
     """`cluster:` of the run config (see the module docstring)."""
@@ -45,8 +50,8 @@ class ClusterConfig:
     @classmethod
     def from_dict(cls, raw: Any, where: str = "cluster") -> ClusterConfig:
         cfg = parse_section(cls, raw, where)
-        if cfg.backend not in ("local", "ray"):
-            raise InvalidInput(f"{where}.backend: {cfg.backend!r} is not 'local' or 'ray'")
+        if cfg.backend not in BACKENDS:
+            raise InvalidInput(f"{where}.backend: {cfg.backend!r} is not one of {list(BACKENDS)}")
         cfg.trainer = {"nodes": 1, "gpus_per_node": 1, **(cfg.trainer or {})}
         cfg.rollout = {"gpus": 0, "gpus_per_engine": 1, **(cfg.rollout or {})}
         for section, keys in (("trainer", ("nodes", "gpus_per_node")), ("rollout", ("gpus", "gpus_per_engine"))):
@@ -68,19 +73,7 @@ class ClusterConfig:
     def engines(self) -> int:
         return self.rollout["gpus"] // self.rollout["gpus_per_engine"]
 
-    def check(self, engine: Any, trainer: Any, where: str = "config") -> None:
-        """Sizes that must agree between the sections, refused with the numbers named before anything starts."""
-        if self.backend == "local":
-            if self.ranks > 1:
-                raise InvalidInput(f"{where}: cluster.trainer asks for {self.ranks} trainer ranks; backend 'local' "
-                                   "runs one (use backend: ray)")
-            return
-        if engine.gpus:
-            raise InvalidInput(f"{where}: engine.gpus places engines on this host; cluster.backend ray places them "
-                               "on its bundles (cluster.rollout)")
-        if engine.kind == "embedded":
-            raise InvalidInput(f"{where}: cluster.backend ray places engine servers; engine.kind 'embedded' runs in "
-                               "the trainer's process (use kind: serve)")
+    def _check_sizes(self, trainer: Any, where: str) -> None:
         if self.ranks > 1 and trainer.backend == "torch":
             raise InvalidInput(f"{where}: cluster.trainer has {self.ranks} ranks; trainer.backend "
                                f"{trainer.backend!r} runs on one device (use backend: megatron or fsdp)")
@@ -90,6 +83,33 @@ class ClusterConfig:
             if self.ranks % n:
                 raise InvalidInput(f"{where}: trainer.{name} {n} does not divide the "
                                    f"{self.ranks} trainer ranks (cluster.trainer nodes x gpus_per_node)")
+
+    def check(self, engine: Any, trainer: Any, where: str = "config") -> None:
+        """Sizes that must agree between the sections, refused with the numbers named before anything starts."""
+        if self.backend == "local":
+            if self.ranks > 1:
+                raise InvalidInput(f"{where}: cluster.trainer asks for {self.ranks} trainer ranks; backend 'local' "
+                                   "runs one (use backend: process or ray)")
+            return
+        if engine.kind == "embedded":
+            raise InvalidInput(f"{where}: cluster.backend {self.backend} runs the trainer in other processes; "
+                               "engine.kind 'embedded' runs in the run's own (use kind: serve)")
+        if engine.kind == "vllm":
+            raise InvalidInput(f"{where}: engine.kind vllm is not offered with cluster.backend {self.backend} yet "
+                               "(its weight channels run in the driver's process); use cluster.backend local")
+        if self.backend == "process":
+            if self.trainer["nodes"] != 1:
+                raise InvalidInput(f"{where}: cluster.trainer.nodes {self.trainer['nodes']}: backend 'process' runs "
+                                   "on this host (use backend: ray across nodes)")
+            if self.rollout["gpus"] or self.colocate:
+                raise InvalidInput(f"{where}: cluster.rollout and cluster.colocate place engines on Ray bundles; with "
+                                   "backend 'process' engines go on this host's GPUs by engine.gpus")
+            self._check_sizes(trainer, where)
+            return
+        if engine.gpus:
+            raise InvalidInput(f"{where}: engine.gpus places engines on this host; cluster.backend ray places them "
+                               "on its bundles (cluster.rollout)")
+        self._check_sizes(trainer, where)
         if self.rollout["gpus"] % self.rollout["gpus_per_engine"]:
             raise InvalidInput(f"{where}: cluster.rollout.gpus_per_engine {self.rollout['gpus_per_engine']} does "
                                f"not divide cluster.rollout.gpus {self.rollout['gpus']}")
@@ -134,7 +154,7 @@ class Placement:
     # --- engines ---------------------------------------------------------------------------------------------
     def spawn_engine(self, index: int, **kwargs: Any) -> Any:
         """A process-like engine (`slime_env.agents.launcher.ServeProcess`'s interface) for engine `index`."""
-        if self.cfg.backend == "local":
+        if self.cfg.backend != "ray":
             from slime_env.agents.launcher import ServeProcess
 
             return ServeProcess(**kwargs)

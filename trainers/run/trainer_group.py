@@ -15,11 +15,13 @@ own process, in the same engine-bound layout as a local run (`trainer.weight_lay
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import copy
 import os
 import socket
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from slime_env.errors import InvalidInput
@@ -120,23 +122,29 @@ class LocalTrainerGroup:
         return None
 
 
-# --- Ray actors ----------------------------------------------------------------------------------------------
+# --- ranks in other processes: Ray actors or child processes -------------------------------------------------
 def _rank_channel(kind: str, spec: dict[str, Any], engines: Callable[[], list[Any]], layout: Any) -> Any:
-    """Rank 0's channel of `kind` to `engines()` (what `RayTrainerGroup.channel` announced in `spec`)."""
+    """Rank 0's channel of `kind` to `engines()` (what the group's `channel` announced in `spec`)."""
     from slime_env.trainers import weight_sync as ws
 
     if kind == "distributed":
-        import ray
+        address = spec.get("master_address")
+        if address is None:  # Ray: this rank's node, as the engines reach it
+            import ray
 
-        return ws.Distributed(engines, backend=spec["backend"], layout=layout,
-                              master_address=ray.util.get_node_ip_address(), bucket_bytes=spec["bucket_bytes"])
+            address = ray.util.get_node_ip_address()
+        return ws.Distributed(engines, backend=spec["backend"], layout=layout, master_address=address,
+                              bucket_bytes=spec["bucket_bytes"])
     if kind == "tensor":
         return ws.FromTensor(engines, layout)
+    if kind == "disk":  # a temporary folder of this process, on the engines' host
+        return ws.FromDisk(engines, layout=layout)
     return ws.Frozen()
 
 
 class _TrainerRank:
-    """One trainer rank (a Ray actor body): torch.distributed among the ranks, then the trainer of the config."""
+    """One trainer rank (a Ray actor's or a child process's body): torch.distributed among the ranks, then the
+    trainer of the config."""
 
     def address(self) -> tuple[str, int]:
         import ray
@@ -147,11 +155,16 @@ class _TrainerRank:
         return ray.util.get_node_ip_address(), port
 
     def setup(self, rank: int, world: int, master: tuple[str, int], tc: dict[str, Any], model_path: str, pad_id: int,
-              device: str) -> None:
-        os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": "0",
+              device: str, local_rank: int = 0) -> None:
+        """`local_rank`: this rank's GPU among those this process sees (a Ray actor sees its own alone: 0)."""
+        os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(local_rank),
                            "MASTER_ADDR": master[0], "MASTER_PORT": str(master[1])})
+        import torch
+
         from slime_env.trainers.torch_trainer import TrainerConfig
 
+        if torch.cuda.is_available() and device != "cpu":
+            torch.cuda.set_device(local_rank)  # a one-device trainer ("cuda") takes the current device
         self.rank = rank
         self.trainer = make_trainer(TrainerConfig(**tc), model_path, None, pad_id, device)
         self.channel = None
@@ -193,12 +206,87 @@ class _TrainerRank:
     def save(self, path: str) -> None:
         self.trainer.save(path)
 
+    def save_weights(self, path: str) -> None:
+        self.trainer.save_weights(path)
+
     def load(self, path: str) -> None:
         self.trainer.load(path)
 
+    async def close(self) -> None:
+        """The channel and the engine clients (rank 0), before the process exits."""
+        if self.channel is not None:
+            await self.channel.close()
+            for client in self.clients.values():
+                await client.close()
 
-class RayTrainerGroup:
+
+class _RemoteTrainerGroup:
+    """What a trainer group whose ranks run in other processes shares: every call goes to every rank (`_all`, or
+    `_all_now` blocking), rank 0's answer is the group's, and rank 0 builds the weight channel in its own process."""
+
+    backend = ""  # cluster.backend, for messages
+    channels: tuple[str, ...] = ("distributed", "tensor", "none")  # weight_sync kinds a rank can build here
+    _steps = 0
+
+    async def _all(self, method: str, *args: Any) -> list[Any]:
+        raise NotImplementedError
+
+    def _all_now(self, method: str, *args: Any) -> list[Any]:
+        raise NotImplementedError
+
+    def _shared(self, value: Any) -> Any:
+        """`value` as it travels to every rank (Ray: one object in its store)."""
+        return value
+
+    def _master_address(self, engines: Any) -> str | None:
+        """The address the engines reach rank 0 at for the weight-update group (None: rank 0 finds its own)."""
+        return None
+
+    @property
+    def step_count(self) -> int:
+        return self._steps
+
+    def channel(self, engines: Any) -> Any:
+        """The channel's spec (rank 0 builds the channel in its process) and the engines it reaches."""
+        if engines.cfg.kind == "vllm":
+            raise InvalidInput(f"engine.kind vllm is not offered with cluster.backend {self.backend} yet (its channels "
+                               "run in the driver's process); use cluster.backend local / torchrun")
+        kind = "inplace" if engines.embedded else engines.channel_kind()
+        if kind not in self.channels:
+            raise InvalidInput(f"engine.weight_sync {engines.cfg.weight_sync!r} ({kind}) is not offered with "
+                               f"cluster.backend {self.backend} (offered: {list(self.channels)})")
+        return _RemoteChannel(self, engines, {"kind": kind, "backend": engines.backend(),
+                                              "bucket_bytes": engines.cfg.bucket_mb << 20,
+                                              "master_address": self._master_address(engines)})
+
+    async def step(self, trajectories: list[Any], group_size: int) -> dict[str, float]:
+        results = await self._all("step", self._shared(trajectories), group_size)
+        self._steps += 1
+        return results[0]
+
+    async def sft_step(self, trajectories: list[Any], lr: float | None = None) -> dict[str, float]:
+        return (await self._all("sft_step", self._shared(trajectories), lr))[0]
+
+    async def sync(self, channel: Any, version: str) -> dict[str, float]:
+        engines = [(e.url, id(e)) for e in channel.engines.pool.targets()]
+        return (await self._all("sync", channel.spec, engines, version))[0]
+
+    def save(self, path: Any) -> None:
+        self._all_now("save", str(path))
+
+    def load(self, path: Any) -> None:
+        self._all_now("load", str(path))
+        self._steps = self._all_now("step_count")[0]
+
+    def weights(self) -> dict[str, Any]:
+        # every rank joins: TP, PP and EP gather the full weights collectively; rank 0's copy is returned
+        return self._all_now("weights")[0]
+
+
+class RayTrainerGroup(_RemoteTrainerGroup):
     """The trainer ranks as Ray actors (see the module docstring)."""
+
+    backend = "ray"
 
     def __init__(self, placement: Placement, tc: Any, model_path: str, pad_id: int, device: str):
         from slime_env.trainers.run.placement import ray_module
@@ -210,64 +298,23 @@ class RayTrainerGroup:
         master = ray.get(self.actors[0].address.remote())
         ray.get([a.setup.remote(r, len(self.actors), master, asdict(tc), model_path, pad_id, device)
                  for r, a in enumerate(self.actors)])
-        self._steps = 0
 
     @classmethod
     def make(cls, placement: Placement, tc: Any, engines: Any, pad_id: int, device: str) -> RayTrainerGroup:
         return cls(placement, tc, engines.model_path, pad_id, device)
 
-    @property
-    def step_count(self) -> int:
-        return self._steps
+    async def _all(self, method: str, *args: Any) -> list[Any]:
+        return list(await asyncio.gather(*(getattr(a, method).remote(*args) for a in self.actors)))
 
-    def channel(self, engines: Any) -> Any:
-        """The channel's spec (rank 0 builds the channel in its process) and the engines it reaches."""
-        if engines.cfg.kind == "vllm":
-            raise InvalidInput("engine.kind vllm is not offered with cluster.backend ray yet (its channels run in the "
-                               "driver's process); use cluster.backend local / torchrun")
-        kind = "inplace" if engines.embedded else engines.channel_kind()
-        if kind not in ("distributed", "tensor", "none"):
-            raise InvalidInput(f"engine.weight_sync {engines.cfg.weight_sync!r} is not offered with cluster.backend "
-                               "ray")
-        return _RemoteChannel(self, engines, {"kind": kind, "backend": engines.backend(),
-                                              "bucket_bytes": engines.cfg.bucket_mb << 20})
-
-    async def step(self, trajectories: list[Any], group_size: int) -> dict[str, float]:
+    def _all_now(self, method: str, *args: Any) -> list[Any]:
         from slime_env.trainers.run.placement import ray_module
 
-        ref = ray_module().put(trajectories)
-        results = await asyncio.gather(*(a.step.remote(ref, group_size) for a in self.actors))
-        self._steps += 1
-        return results[0]
+        return ray_module().get([getattr(a, method).remote(*args) for a in self.actors])
 
-    async def sft_step(self, trajectories: list[Any], lr: float | None = None) -> dict[str, float]:
+    def _shared(self, value: Any) -> Any:
         from slime_env.trainers.run.placement import ray_module
 
-        ref = ray_module().put(trajectories)
-        return (await asyncio.gather(*(a.sft_step.remote(ref, lr) for a in self.actors)))[0]
-
-    async def sync(self, channel: Any, version: str) -> dict[str, float]:
-        engines = [(e.url, id(e)) for e in channel.engines.pool.targets()]
-        results = await asyncio.gather(*(a.sync.remote(channel.spec, engines, version) for a in self.actors))
-        return results[0]
-
-    def save(self, path: Any) -> None:
-        from slime_env.trainers.run.placement import ray_module
-
-        ray_module().get([a.save.remote(str(path)) for a in self.actors])
-
-    def load(self, path: Any) -> None:
-        from slime_env.trainers.run.placement import ray_module
-
-        ray = ray_module()
-        ray.get([a.load.remote(str(path)) for a in self.actors])
-        self._steps = ray.get(self.actors[0].step_count.remote())
-
-    def weights(self) -> dict[str, Any]:
-        from slime_env.trainers.run.placement import ray_module
-
-        # every rank joins: TP, PP and EP gather the full weights collectively; rank 0's copy is returned
-        return ray_module().get([a.weights.remote() for a in self.actors])[0]
+        return ray_module().put(value)
 
     def close(self) -> None:
         from slime_env.trainers.run.placement import ray_module
@@ -277,11 +324,74 @@ class RayTrainerGroup:
             ray.kill(a)
 
 
+class ProcessTrainerGroup(_RemoteTrainerGroup):
+    """The trainer ranks as child processes of the run on this host (`cluster.backend: process`; rank r on GPU r),
+    each a `RankProcess`: the run's process keeps the rollout manager, whose work no longer shares an interpreter
+    lock with the trainer's step. Each rank writes its output to `trainer_rank{r}.log` in the run directory."""
+
+    backend = "process"
+    channels = ("distributed", "tensor", "disk", "none")
+
+    def __init__(self, ranks: int, tc: Any, model_path: str, pad_id: int, device: str, run_dir: Path):
+        from slime_env.trainers.distributed import _free_port
+        from slime_env.trainers.run.rank_process import RankProcess
+
+        self.failed: str | None = None
+        self.ranks = [RankProcess(f"{__name__}:_TrainerRank", name=f"trainer rank {r}",
+                                  log=Path(run_dir) / f"trainer_rank{r}.log") for r in range(ranks)]
+        master = ("127.0.0.1", _free_port())
+        try:  # every rank at once: the trainers' setup has collectives
+            self._each([("setup", r, ranks, master, asdict(tc), model_path, pad_id, device, r) for r in range(ranks)])
+        except BaseException:
+            self.close()
+            raise
+
+    @classmethod
+    def make(cls, placement: Placement, tc: Any, engines: Any, pad_id: int, device: str) -> ProcessTrainerGroup:
+        return cls(placement.cfg.ranks, tc, engines.model_path, pad_id, device, engines.run_dir)
+
+    def _each(self, calls: list[tuple[Any, ...]]) -> list[Any]:
+        """calls[r] (method, *args) on rank r, all in flight together (blocking). A rank that fails leaves the others
+        waiting in a collective that cannot complete: they are stopped, and this call and every later one raise the
+        first failure."""
+        if self.failed is not None:
+            raise RuntimeError(f"the trainer ranks were stopped after a failure: {self.failed}")
+        with concurrent.futures.ThreadPoolExecutor(len(calls)) as pool:
+            futures = [pool.submit(rank.call, *c) for rank, c in zip(self.ranks, calls)]
+            done, pending = concurrent.futures.wait(futures, return_when=concurrent.futures.FIRST_EXCEPTION)
+            failed = next((f for f in futures if f in done and f.exception() is not None), None)
+            if failed is not None:
+                rank = futures.index(failed)
+                self.failed = f"trainer rank {rank}: {type(failed.exception()).__name__}: {failed.exception()}"
+                for other in self.ranks:
+                    other.kill()
+                raise failed.exception()
+            return [f.result() for f in futures]
+
+    async def _all(self, method: str, *args: Any) -> list[Any]:
+        return await asyncio.to_thread(self._each, [(method, *args)] * len(self.ranks))
+
+    def _all_now(self, method: str, *args: Any) -> list[Any]:
+        return self._each([(method, *args)] * len(self.ranks))
+
+    def _master_address(self, engines: Any) -> str | None:
+        return engines.cfg.master_address
+
+    def close(self) -> None:
+        for rank in self.ranks:
+            if rank.proc.poll() is None and self.failed is None:
+                try:
+                    rank.call("close")  # rank 0's channel and engine clients
+                except Exception:  # noqa: BLE001 - a rank that cannot close cleanly is stopped below all the same
+                    pass
+            rank.close()
+
+
 @dataclass
 class _RemoteChannel:
-    """What the run holds for a Ray trainer group: rank 0 owns the real channel."""
+    """What the run holds for a trainer group whose ranks run elsewhere: rank 0 owns the real channel."""
 
-    group: RayTrainerGroup
+    group: _RemoteTrainerGroup
     engines: Any
     spec: dict[str, Any]
 
@@ -290,4 +400,5 @@ class _RemoteChannel:
 
 
 # cluster.backend -> make(placement, TrainerConfig, engines, pad_id, device)
-TRAINER_GROUPS: dict[str, Callable[..., Any]] = {"local": LocalTrainerGroup.make, "ray": RayTrainerGroup.make}
+TRAINER_GROUPS: dict[str, Callable[..., Any]] = {"local": LocalTrainerGroup.make, "ray": RayTrainerGroup.make,
+                                                 "process": ProcessTrainerGroup.make}
