@@ -7,7 +7,7 @@
 #                                                 pipeline-bench [PIPELINE_ARGS], async-tests,
 #                                                 async-bench [ASYNC_ARGS], scale-tests,
 #                                                 scale-bench [SCALE_ARGS], scale-bench-2gpu, two-gpu,
-#                                                 scale-tests-2gpu, pipeline-2gpu [PIPELINE_ARGS], async-2gpu [ASYNC_ARGS],
+#                                                 scale-tests-2gpu, lora-2gpu, pipeline-2gpu [PIPELINE_ARGS], async-2gpu [ASYNC_ARGS],
 #                                                 long-context [LC_GPUS LC_SHAPE LC_RUNS LC_KERNELS LC_ARGS] (4 GPUs: Qwen3-4B,
 #                                                 4x16k, 1x64k),
 #                                                 attention [ATTN_SHAPE ATTN_ARGS]
@@ -81,6 +81,10 @@ for step in "$@"; do
             ONE=$(python3 bench/megatron_mfu.py --full-step-only | tail -1)
             ONE_GPU_STEP_S=$ONE python3 -m torch.distributed.run --standalone --nproc-per-node=2 bench/megatron_mfu.py \
                 --dp 2>&1 | tee "$OUT/megatron_dp2.log" | tail -20 || rc=1 ;;
+        lora-2gpu) # the Megatron LoRA checks (tests/test_megatron_lora.py: TP=2, PP=2, Qwen3-MoE EP=2 and TP=2 + SP) run
+            # over NCCL where CUDA is, plus the GPU LoRA tests
+            python3 -m pytest tests/test_megatron_lora.py tests/gpu/test_lora_gpu.py -q -rs 2>&1 \
+            | tee "$OUT/lora_2gpu.log" | tail -30 || rc=1 ;;
         scale-tests-2gpu) python3 -m pytest tests/gpu/test_scale_gpu.py -q -rs -m two_gpu 2>&1 \
             | tee "$OUT/scale_tests_2gpu.log" | tail -30 || rc=1 ;;
         pipeline-2gpu) python3 -m pytest tests/gpu/test_pipeline_gpu.py -q -rs -s -m two_gpu 2>&1 \
