@@ -30,12 +30,16 @@ class Env:
     Class attributes: `parser` names the tool-call parser for this env's actions (see
     `slime_env.parsers`), `tools` are JSON tool schemas handed to the chat template, `stop` are
     strings that end a generation early (e.g. `</search>`: the env acts on the action as soon as it
-    is complete); the runner adds them to the sampling params' `stop`.
+    is complete); the runner adds them to the sampling params' `stop`. `sampling_params`, read once
+    `reset` returns (set it there, from the task), overrides the run's sampling params for this episode;
+    its `max_new_tokens` lowers the per-turn generation budget (e.g. a length plan:
+    `{"max_new_tokens": n, "ignore_eos": True}`).
     """
 
     parser: ClassVar[str | None] = None
     tools: Sequence[Mapping[str, Any]] | None = None
     stop: Sequence[str] = ()
+    sampling_params: Mapping[str, Any] | None = None
 
     async def reset(self, *, seed: int | None = None,
                     options: Mapping[str, Any] | None = None) -> tuple[Observation, dict[str, Any]]:
@@ -103,6 +107,10 @@ class Wrapper(Env):
     @property
     def stop(self) -> Sequence[str]:  # type: ignore[override]
         return self.env.stop
+
+    @property
+    def sampling_params(self) -> Mapping[str, Any] | None:  # type: ignore[override]
+        return self.env.sampling_params
 
     async def reset(self, *, seed=None, options=None):
         return await self.env.reset(seed=seed, options=options)

@@ -131,6 +131,22 @@ class Episode:
         """True while the episode waits for the policy (False in env steps, suspended or finished)."""
         return self.state._generating is not None
 
+    def _take_env_sampling(self) -> None:
+        """The env's own sampling params for this episode (`Env.sampling_params`), over the run's."""
+        own = getattr(self.env, "sampling_params", None)
+        if own is None:
+            return
+        name = type(self.env).__name__
+        if not isinstance(own, Mapping):
+            raise TypeError(f"{name}.sampling_params: expected a mapping, got {type(own).__name__}")
+        own = dict(own)
+        if "max_new_tokens" in own:
+            limit = own.pop("max_new_tokens")
+            if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+                raise ValueError(f"{name}.sampling_params['max_new_tokens']: expected a positive integer, got {limit!r}")
+            self.max_new_tokens = min(self.max_new_tokens, limit)
+        self.params.update(own)
+
     async def run(self) -> Trajectory | None:
         if self.done is not None:
             return self.done
@@ -154,6 +170,7 @@ class Episode:
                 env_stop = list(getattr(self.env, "stop", None) or ())
                 if env_stop:
                     self.params["stop"] = list(dict.fromkeys([*(self.params.get("stop") or ()), *env_stop]))
+                self._take_env_sampling()
             while True:
                 if ep.abort_requested:
                     raise _Abort()

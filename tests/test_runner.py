@@ -304,3 +304,42 @@ def test_episode_seeded_sampling_gives_each_turn_its_own_seed(smollm2_tok):
     first, again, other = run(5), run(5), run(6)
     assert first == again and len(set(first)) == 3 and all(isinstance(s, int) for s in first)
     assert set(first).isdisjoint(other)
+
+
+class _PlannedEnv(ScriptedEnv):
+    """Two turns; each episode's length plan (`Env.sampling_params`) comes from its task."""
+
+    async def reset(self, *, seed=None, options=None):
+        out = await super().reset(seed=seed, options=options)
+        self.sampling_params = self.task_from(options).metadata["plan"]
+        return out
+
+
+def test_an_envs_own_sampling_params_plan_each_episodes_length_on_a_real_model(smollm2_tok, renderer):
+    """`Env.sampling_params` set in reset: merged over the run's, its max_new_tokens lowering the per-turn budget, on
+    the real SmolLM2 engine: each turn runs to the plan (finish "length") unless the chat template's end of turn comes
+    first (ignore_eos ignores the end-of-sequence token alone)."""
+    from slime_env.agents import TransformersPolicy, load_default_model
+
+    model, tok = load_default_model()
+    policy = RecordingPolicy(TransformersPolicy(model, tok, batching="static"))
+    try:
+        for plan, want in ((5, 5), (9, 9), (40, 12)):  # the run's budget (12) still bounds a longer plan
+            env = _PlannedEnv([[Message("user", "go on")]])
+            t = Task(prompt="Count.", metadata={"plan": {"max_new_tokens": plan, "ignore_eos": True}})
+            policy.params.clear()
+            traj = run(run_episode(env, policy, t, renderer=renderer, max_new_tokens=12,
+                                   sampling_params={"temperature": 1.0}))
+            assert traj.status == "completed", traj.reason
+            lengths = [s.end - s.start for s in traj.spans if s.kind == "generated"]
+            for n, reason in zip(lengths, traj.metadata["finish_reasons"]):
+                assert (n, reason) == (want, "length") or (n < want and reason == "stop"), (lengths, traj.metadata)
+            assert [(p["max_new_tokens"], p["ignore_eos"], p["temperature"]) for p in policy.params] == \
+                [(want, True, 1.0)] * 2
+        bad = _PlannedEnv()
+        traj = run(run_episode(bad, policy, Task(prompt="x", metadata={"plan": {"max_new_tokens": 0}}),
+                               renderer=renderer))
+        assert traj.status == "failed" and \
+            "_PlannedEnv.sampling_params['max_new_tokens']: expected a positive integer, got 0" in traj.reason
+    finally:
+        policy.inner.close()
