@@ -110,7 +110,12 @@ class Wrapper(Env):
 
     @property
     def sampling_params(self) -> Mapping[str, Any] | None:  # type: ignore[override]
-        return self.env.sampling_params
+        own = self.__dict__.get("_sampling_params")  # a wrapper may plan its episodes itself (set in its reset)
+        return own if own is not None else self.env.sampling_params
+
+    @sampling_params.setter
+    def sampling_params(self, value: Mapping[str, Any] | None) -> None:
+        self.__dict__["_sampling_params"] = value
 
     async def reset(self, *, seed=None, options=None):
         return await self.env.reset(seed=seed, options=options)

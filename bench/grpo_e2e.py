@@ -1,0 +1,178 @@
+"""GRPO end to end at a model's shape on several GPUs, disaggregated, synchronous and asynchronous, in the units
+NeMo RL publishes (tokens/s/GPU = tokens a step processes / (step time x GPUs)).
+
+The workload: random bf16 weights at `--shape` (bench/shapes.py, SmolLM2's tokenizer); single-turn episodes whose
+generated lengths follow a length plan — one log-normal draw per episode, clipped to [--min-tokens, --max-tokens],
+scaled so its mean is --mean-tokens, generated with ignore_eos (`Env.sampling_params`) — the long tail of NeMo RL's
+Llama-3.1-8B row (16 x H100, max 4,096 / mean 1,060 generated tokens: 1,562 tok/s/GPU on-policy, 2,161 one step
+off); a reward that splits every group (the parity of the sum of the generated ids), so every step trains.
+
+Layout (`split`, the only one here yet): the trainer's ranks on GPUs 0..T-1 as child processes of the run
+(`cluster.backend: process`; Megatron, TP = T, full recompute), one serve-engine on each of GPUs T..N-1, the
+weights over NCCL after every step. Colocated layouts (every GPU both training and generating) need each trainer
+rank to push to the engine on its own GPU, which the run does not do yet.
+
+Per run (`--modes off overlap full`): s/step (mean and median, the first step excluded: it compiles and warms the
+engines), total and generated tokens/s/GPU, trainer and engine idle shares, the sync's seconds; then the table
+beside NeMo RL's figures. Writes OUT/<layout>_<mode>/ (each run's metrics.jsonl) and OUT/summary.json.
+
+  python bench/grpo_e2e.py --shape qwen3-8b --gpus 4 --trainer-gpus 2 --steps 6 --modes off overlap full
+  python bench/grpo_e2e.py --cpu --shape smollm2-135m --layers 2 --steps 2 --modes off full   # the plumbing, on CPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import random
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from shapes import SHAPES, gpus_arg, save_random_model  # noqa: E402
+
+import slime_env  # noqa: E402
+from slime_env import Env, Task  # noqa: E402
+from slime_env.trainers.run import TrainConfig, train  # noqa: E402
+
+NEMO_RL = {"off": 1562.0, "overlap": 2161.0}  # Llama-3.1-8B GRPO, 16 x H100, tokens/s/GPU (on-policy, one step off)
+PROMPT = "Write a long story about the sea, one sentence per line."
+
+
+def plan_tasks(size: int, seed: int = 0, *, mean: float = 1060.0, low: int = 16, high: int = 4096,
+               sigma: float = 1.0) -> list[Task]:
+    """`size` tasks, each carrying its planned generated length: log-normal(sigma) draws clipped to [low, high],
+    scaled (by bisection on the log-mean) so the clipped mean is `mean`."""
+    rng = random.Random(seed)
+    normals = [rng.gauss(0.0, sigma) for _ in range(size)]
+
+    def clipped(mu: float) -> list[int]:
+        return [min(high, max(low, round(math.exp(mu + z)))) for z in normals]
+
+    lo_mu, hi_mu = math.log(low) - 4 * sigma, math.log(high) + 4 * sigma
+    for _ in range(60):
+        mid = (lo_mu + hi_mu) / 2
+        lo_mu, hi_mu = (mid, hi_mu) if statistics.fmean(clipped(mid)) < mean else (lo_mu, mid)
+    return [Task(prompt=PROMPT, id=f"plan-{seed}-{i}", metadata={"tokens": n})
+            for i, n in enumerate(clipped((lo_mu + hi_mu) / 2))]
+
+
+class LengthPlanEnv(Env):
+    """One turn of the task's planned length (ignore_eos); reward: the parity of the generated ids' sum."""
+
+    async def reset(self, *, seed=None, options=None):
+        task = self.task_from(options, seed)
+        self.sampling_params = {"max_new_tokens": int(task.metadata["tokens"]), "ignore_eos": True}
+        return task.messages(), {}
+
+    async def step(self, action):
+        return [], float(sum(action.token_ids) % 2), True, False, {}
+
+
+slime_env.register("LengthPlan-v0", entry_point="grpo_e2e:LengthPlanEnv", description="bench/grpo_e2e.py")
+
+
+def config(args: argparse.Namespace, mode: str, run_dir: Path) -> TrainConfig:
+    t, n = args.trainer_gpus, args.gpus
+    on_gpu = not args.cpu
+    return TrainConfig.from_dict({
+        "run_dir": str(run_dir), "model": args.model, "env": "LengthPlan-v0", "seed": 0,
+        "train_data": {"generator": "grpo_e2e:plan_tasks", "size": 20000, "seed": 1, "mean": args.mean_tokens,
+                       "low": args.min_tokens, "high": args.max_tokens},
+        "steps": args.steps, "prompts_per_step": args.prompts, "n_samples_per_prompt": args.n, "max_turns": 1,
+        "max_new_tokens": args.max_tokens, "temperature": 1.0, "max_concurrency": args.prompts * args.n,
+        "eval_every": 10 ** 6, "device": "cuda" if on_gpu else "cpu",
+        "trainer": {"backend": "megatron", "estimator": "grpo", "lr": 1e-6, "tp": t,
+                    "sequence_parallel": t > 1, "recompute": "full" if on_gpu else "none",
+                    "micro_batch_size": 64, "max_tokens_per_micro_batch": args.micro_batch_tokens,
+                    "max_grad_norm": 1.0},
+        "engine": {"kind": "serve", "count": max(n - t, 1),
+                   **({"gpus": list(range(t, n))} if on_gpu else {})},
+        "cluster": {"backend": "process", "trainer": {"gpus_per_node": t}},
+        "async": {"mode": mode, "max_staleness": 1, "in_flight": 2 * args.prompts * args.n},
+    }, "bench/grpo_e2e.py")
+
+
+def summarize(rows: list[dict[str, Any]], gpus: int, prompt_tokens: int, episodes: int) -> dict[str, Any]:
+    steps = [r for r in rows if r["step"] > 0]
+    walls = [r["time/elapsed_s"] - r.get("time/eval_s", 0.0) for r in steps]
+    per_step = [b - a for a, b in zip([0.0, *walls[:-1]], walls)][1:] or [walls[-1]]  # the first step warms up
+    timed = steps[1:] or steps
+    generated = statistics.fmean(r["train/tokens"] for r in timed)
+    total = generated + prompt_tokens * episodes
+    step_s = statistics.fmean(per_step)
+    return {"steps": len(steps), "step_s_mean": step_s, "step_s_median": statistics.median(per_step),
+            "generated_tokens_per_step": generated, "total_tokens_per_step": total,
+            "tokens_per_s_per_gpu": total / step_s / gpus, "generated_tokens_per_s_per_gpu": generated / step_s / gpus,
+            "trainer_idle": statistics.fmean(r["time/trainer_idle_frac"] for r in timed),
+            "engine_idle": statistics.fmean(r["time/engine_idle_frac"] for r in timed),
+            "sync_s": statistics.fmean(r.get("sync/s", 0.0) for r in timed),
+            "train_step_s": statistics.fmean(r.get("train/step_s", 0.0) for r in timed)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", default="qwen3-8b", choices=sorted(SHAPES))
+    ap.add_argument("--layers", type=int, default=None, help="fewer of --shape's layers (a quick check)")
+    ap.add_argument("--gpus", type=gpus_arg, default=4)
+    ap.add_argument("--trainer-gpus", type=gpus_arg, default=2)
+    ap.add_argument("--modes", nargs="+", default=["off", "overlap", "full"], choices=["off", "overlap", "full"])
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--prompts", type=int, default=32)
+    ap.add_argument("--n", type=int, default=8)
+    ap.add_argument("--mean-tokens", type=float, default=1060.0)
+    ap.add_argument("--min-tokens", type=int, default=16)
+    ap.add_argument("--max-tokens", type=int, default=4096)
+    ap.add_argument("--micro-batch-tokens", type=int, default=32768)
+    ap.add_argument("--cpu", action="store_true", help="the plumbing on CPU: 2 x 4 episodes of 4-32 tokens, one "
+                                                       "engine, the trainer on gloo")
+    ap.add_argument("--out", default="runs/grpo_e2e")
+    args = ap.parse_args()
+    if args.cpu:
+        args.prompts, args.n, args.mean_tokens, args.min_tokens, args.max_tokens = 2, 4, 12.0, 4, 32
+        args.gpus, args.trainer_gpus = 1, 1
+    elif args.trainer_gpus >= args.gpus:
+        raise SystemExit(f"--trainer-gpus {args.trainer_gpus}: leave at least one of the {args.gpus} GPUs to engines")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    args.model = str(out / (f"model_{args.shape}" + (f"_{args.layers}l" if args.layers else "")))
+    save_random_model(args.shape, args.model, layers=args.layers)
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(args.model)
+    prompt_tokens = len(tok.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True))
+    plans = [t.metadata["tokens"] for t in plan_tasks(4096, 1, mean=args.mean_tokens, low=args.min_tokens,
+                                                      high=args.max_tokens)]
+    print(f"length plan: mean {statistics.fmean(plans):.0f}, median {statistics.median(plans):.0f}, "
+          f"p99 {sorted(plans)[int(0.99 * len(plans))]}, max {max(plans)} generated tokens; prompt {prompt_tokens}",
+          flush=True)
+    results: dict[str, dict[str, Any]] = {}
+    for mode in args.modes:
+        name = f"split_{mode}"
+        summary = asyncio.run(train(config(args, mode, out / name), log=lambda line: None))
+        rows = [json.loads(line) for line in open(summary["metrics"])]
+        r = results[name] = {"mode": mode, "gpus": args.gpus, "trainer_gpus": args.trainer_gpus,
+                             **summarize(rows, args.gpus, prompt_tokens, args.prompts * args.n)}
+        print(f"{name:14s} {r['step_s_mean']:7.2f} s/step (median {r['step_s_median']:.2f})  "
+              f"{r['tokens_per_s_per_gpu']:7.0f} tok/s/GPU ({r['generated_tokens_per_s_per_gpu']:.0f} generated)  "
+              f"trainer idle {r['trainer_idle']:.2f}  engine idle {r['engine_idle']:.2f}  "
+              f"train {r['train_step_s']:.2f} s  sync {r['sync_s']:.3f} s", flush=True)
+    print(f"\n{args.shape}, {args.gpus} GPUs ({args.trainer_gpus} training, {args.gpus - args.trainer_gpus} generating), "
+          f"{args.prompts} x {args.n} episodes per step")
+    for name, r in results.items():
+        ref = NEMO_RL.get(r["mode"])
+        vs = f"{r['tokens_per_s_per_gpu'] / ref:.2f}x NeMo RL's {ref:.0f}" if ref else "(NeMo RL publishes no full mode)"
+        print(f"  {name:14s} {r['tokens_per_s_per_gpu']:7.0f} tok/s/GPU  {vs}")
+    (out / "summary.json").write_text(json.dumps(results, indent=1))
+    print(f"\nwrote {out / 'summary.json'}")
+
+
+if __name__ == "__main__":
+    main()
