@@ -84,3 +84,25 @@ def test_the_child_dies_with_its_parent_even_on_sigkill(tmp_path):
         assert _gone(child), f"child {child} outlived its parent"
     finally:
         parent.kill()
+
+
+def test_a_failed_rank_stops_the_group_only_if_others_are_left_waiting(tmp_path):
+    """`ProcessTrainerGroup`'s rule over its ranks (here two `Target`s): a failure every rank shares leaves them
+    running (the run can still save the trainer); a failure while another rank still waits past the grace period
+    (as in a collective that cannot complete) kills them all, and every later call says why."""
+    from slime_env.trainers.run.trainer_group import ProcessTrainerGroup
+
+    group = object.__new__(ProcessTrainerGroup)
+    group.failed, group.grace_s = None, 1.0
+    group.ranks = [_child(tmp_path / f"r{r}") for r in range(2)]
+    try:
+        with pytest.raises(KeyError, match="both"):
+            group._each([("fail", "both"), ("fail", "both")])
+        assert group.failed is None and group._each([("add", 1, 2), ("add", 3)]) == [3, 3]
+        with pytest.raises(KeyError, match="rank 0 alone"):
+            group._each([("fail", "rank 0 alone"), ("say_and_wait", "stuck")])
+        assert all(_gone(r.proc.pid) for r in group.ranks)
+        with pytest.raises(RuntimeError, match=r"stopped after a failure: trainer rank 0: KeyError: 'rank 0 alone'"):
+            group._each([("add", 1), ("add", 1)])
+    finally:
+        group.close()

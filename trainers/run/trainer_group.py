@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from slime_env.errors import InvalidInput
+from slime_env.trainers.run.rank_process import RankDied, RankProcess
 
 if TYPE_CHECKING:
     from slime_env.trainers.run.placement import Placement
@@ -206,9 +207,6 @@ class _TrainerRank:
     def save(self, path: str) -> None:
         self.trainer.save(path)
 
-    def save_weights(self, path: str) -> None:
-        self.trainer.save_weights(path)
-
     def load(self, path: str) -> None:
         self.trainer.load(path)
 
@@ -331,10 +329,10 @@ class ProcessTrainerGroup(_RemoteTrainerGroup):
 
     backend = "process"
     channels = ("distributed", "tensor", "disk", "none")
+    grace_s = 60.0  # how long the other ranks get to finish a call one rank failed
 
     def __init__(self, ranks: int, tc: Any, model_path: str, pad_id: int, device: str, run_dir: Path):
         from slime_env.trainers.distributed import _free_port
-        from slime_env.trainers.run.rank_process import RankProcess
 
         self.failed: str | None = None
         self.ranks = [RankProcess(f"{__name__}:_TrainerRank", name=f"trainer rank {r}",
@@ -351,22 +349,26 @@ class ProcessTrainerGroup(_RemoteTrainerGroup):
         return cls(placement.cfg.ranks, tc, engines.model_path, pad_id, device, engines.run_dir)
 
     def _each(self, calls: list[tuple[Any, ...]]) -> list[Any]:
-        """calls[r] (method, *args) on rank r, all in flight together (blocking). A rank that fails leaves the others
-        waiting in a collective that cannot complete: they are stopped, and this call and every later one raise the
-        first failure."""
+        """calls[r] (method, *args) on rank r, all in flight together (blocking); the first failure is raised. A rank
+        that died, or one that failed while others still wait `grace_s` later (in a collective that cannot
+        complete), stops the group: every rank is killed, and every later call raises that failure."""
         if self.failed is not None:
             raise RuntimeError(f"the trainer ranks were stopped after a failure: {self.failed}")
+        wait, first = concurrent.futures.wait, concurrent.futures.FIRST_EXCEPTION
         with concurrent.futures.ThreadPoolExecutor(len(calls)) as pool:
             futures = [pool.submit(rank.call, *c) for rank, c in zip(self.ranks, calls)]
-            done, pending = concurrent.futures.wait(futures, return_when=concurrent.futures.FIRST_EXCEPTION)
+            done, pending = wait(futures, return_when=first)
             failed = next((f for f in futures if f in done and f.exception() is not None), None)
-            if failed is not None:
-                rank = futures.index(failed)
-                self.failed = f"trainer rank {rank}: {type(failed.exception()).__name__}: {failed.exception()}"
-                for other in self.ranks:
-                    other.kill()
-                raise failed.exception()
-            return [f.result() for f in futures]
+            if failed is None:
+                return [f.result() for f in futures]
+            error = failed.exception()
+            if pending and not isinstance(error, RankDied):
+                pending = wait(pending, timeout=self.grace_s).not_done
+            if pending or isinstance(error, RankDied):
+                self.failed = f"trainer rank {futures.index(failed)}: {type(error).__name__}: {error}"
+                for rank in self.ranks:
+                    rank.kill()
+            raise error
 
     async def _all(self, method: str, *args: Any) -> list[Any]:
         return await asyncio.to_thread(self._each, [(method, *args)] * len(self.ranks))
