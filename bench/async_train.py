@@ -168,7 +168,7 @@ def main() -> None:
                   f"acc {r['first_accuracy']:.3f} -> {r['last_accuracy']:.3f}  stale dropped {r['stale_dropped']:.0f}  "
                   f"staleness {r['staleness_hist']}", flush=True)
     # Side by side: each run against the seed's first `off` run; accuracy at the wall-clock the fastest run needed.
-    print(f"\n{args.task}: engine/mode       steps/h   vs base  tok/s    trainer idle  engine idle  acc@steps  "
+    print(f"\n{args.task}: engine/mode             steps/h   vs base  tok/s    trainer idle  engine idle  acc@steps  "
           "acc@equal-wall")
     for seed in args.seeds:
         mine = [r for r in results.values() if r["seed"] == seed]
@@ -179,7 +179,7 @@ def main() -> None:
             ratio = base["step_s_mean"] / r["step_s_mean"] if base else float("nan")
             r["steps_per_hour"], r["vs_base"], r["accuracy_at_equal_wall"] = per_h, ratio, accuracy_at(r["evals"], wall)
             label = f"{r['engine']}/{r['mode']}" + ("" if r["cluster"] == "local" else f"/{r['cluster']}")
-            print(f"  s{seed} {label:16s} {per_h:8.0f}  {ratio:6.2f}x  {r['tokens_per_s']:7.0f}"
+            print(f"  s{seed} {label:22s} {per_h:8.0f}  {ratio:6.2f}x  {r['tokens_per_s']:7.0f}"
                   f"  {r['trainer_idle']:12.2f}  {r['engine_idle']:11.2f}  {r['last_accuracy']:9.3f}"
                   f"  {r['accuracy_at_equal_wall'] or 0:14.3f}"
                   f"  (equal wall = {wall:.0f} s)")

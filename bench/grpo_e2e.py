@@ -147,7 +147,8 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(args.model)
-    prompt_tokens = len(tok.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True))
+    text = tok.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True, tokenize=False)
+    prompt_tokens = len(tok(text, add_special_tokens=False)["input_ids"])
     plans = [t.metadata["tokens"] for t in plan_tasks(4096, 1, mean=args.mean_tokens, low=args.min_tokens,
                                                       high=args.max_tokens)]
     print(f"length plan: mean {statistics.fmean(plans):.0f}, median {statistics.median(plans):.0f}, "
@@ -164,8 +165,9 @@ def main() -> None:
               f"{r['tokens_per_s_per_gpu']:7.0f} tok/s/GPU ({r['generated_tokens_per_s_per_gpu']:.0f} generated)  "
               f"trainer idle {r['trainer_idle']:.2f}  engine idle {r['engine_idle']:.2f}  "
               f"train {r['train_step_s']:.2f} s  sync {r['sync_s']:.3f} s", flush=True)
-    print(f"\n{args.shape}, {args.gpus} GPUs ({args.trainer_gpus} training, {args.gpus - args.trainer_gpus} generating), "
-          f"{args.prompts} x {args.n} episodes per step")
+    where = "CPU (the plumbing only)" if args.cpu else \
+        f"{args.gpus} GPUs ({args.trainer_gpus} training, {args.gpus - args.trainer_gpus} generating)"
+    print(f"\n{args.shape}, {where}, {args.prompts} x {args.n} episodes per step")
     for name, r in results.items():
         ref = NEMO_RL.get(r["mode"])
         vs = f"{r['tokens_per_s_per_gpu'] / ref:.2f}x NeMo RL's {ref:.0f}" if ref else "(NeMo RL publishes no full mode)"
