@@ -201,7 +201,10 @@ def test_engines_on_gpus_of_their_own_see_only_their_gpu_and_get_weights_over_nc
         engines(count=2, gpus=[0, 1], weight_sync="distributed").channel()
     with pytest.raises(InvalidInput, match=r"engine\.gpus: \[1\] puts the engine\(s\) off the trainer's GPU 0"):
         engines(gpus=[1], weight_sync="tensor").channel()
-    assert type(engines(gpus=[1], weight_sync="disk").channel(save=lambda p: p)).__name__ == "FromDisk"
+    disk = engines(gpus=[1], weight_sync="disk").channel(save=lambda p: p)
+    assert type(disk).__name__ == "FromDisk"
+    asyncio.run(disk.close())  # its temporary folder goes with it
+    assert not disk.versions.root.exists()
 
 
 def test_an_unreachable_engine_url_is_refused_before_training(tmp_path):
