@@ -170,7 +170,8 @@ def main() -> None:
     print(f"\n{args.shape}, {where}, {args.prompts} x {args.n} episodes per step")
     for name, r in results.items():
         ref = NEMO_RL.get(r["mode"])
-        vs = f"{r['tokens_per_s_per_gpu'] / ref:.2f}x NeMo RL's {ref:.0f}" if ref else "(NeMo RL publishes no full mode)"
+        vs = f"{r['tokens_per_s_per_gpu'] / ref:.2f}x NeMo RL's {ref:.0f}" if ref else \
+            "(NeMo RL publishes no full mode)"
         print(f"  {name:14s} {r['tokens_per_s_per_gpu']:7.0f} tok/s/GPU  {vs}")
     (out / "summary.json").write_text(json.dumps(results, indent=1))
     print(f"\nwrote {out / 'summary.json'}")

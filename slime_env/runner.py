@@ -143,7 +143,8 @@ class Episode:
         if "max_new_tokens" in own:
             limit = own.pop("max_new_tokens")
             if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
-                raise ValueError(f"{name}.sampling_params['max_new_tokens']: expected a positive integer, got {limit!r}")
+                raise ValueError(f"{name}.sampling_params['max_new_tokens']: expected a positive integer, "
+                                 f"got {limit!r}")
             self.max_new_tokens = min(self.max_new_tokens, limit)
         self.params.update(own)
 

@@ -149,8 +149,8 @@ def test_bad_engine_and_cluster_configs_are_refused_by_field(tmp_path):
         _config(tmp_path, cluster={"trainer": {"nodes": 0}})
     with pytest.raises(InvalidInput, match=r"cluster\.backend: 'slurm' is not one of \['local', 'process', 'ray'\]"):
         _config(tmp_path, cluster={"backend": "slurm"})
-    with pytest.raises(InvalidInput, match=r"cluster\.backend process runs the trainer in other processes; engine\.kind "
-                                           r"'embedded'"):
+    with pytest.raises(InvalidInput, match=r"cluster\.backend process runs the trainer in other processes; "
+                                           r"engine\.kind 'embedded'"):
         _config(tmp_path, engine={"kind": "embedded"}, cluster={"backend": "process"})
     with pytest.raises(InvalidInput, match=r"cluster\.trainer\.nodes 2: backend 'process' runs on this host"):
         _config(tmp_path, trainer={"backend": "megatron"}, cluster={"backend": "process", "trainer": {"nodes": 2}})

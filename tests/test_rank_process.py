@@ -58,8 +58,8 @@ def test_a_child_killed_mid_call_raises_its_exit_code_and_the_end_of_its_log(tmp
 
     threading.Timer(2.0, lambda: os.kill(rank.proc.pid, signal.SIGKILL)).start()
     try:
-        with pytest.raises(RankDied, match=r"rank 7 \(pid \d+\) exited with code -9 during say_and_wait\(\); the end of "
-                                           r".*rank\.log:\nhello from the child\nabout to wait"):
+        with pytest.raises(RankDied, match=r"rank 7 \(pid \d+\) exited with code -9 during say_and_wait\(\); "
+                                           r"the end of .*rank\.log:\nhello from the child\nabout to wait"):
             rank.call("say_and_wait", "hello from the child")
         with pytest.raises(RankDied, match="during add"):
             rank.call("add", 1)

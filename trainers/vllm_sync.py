@@ -283,7 +283,7 @@ def channel_for(policy: Any, layout: WeightLayout, *, path: str | Path | None = 
     through `/v1/load_lora_adapter`."""
     if not hasattr(policy, "reload_weights"):
         return _channel_for(policy, layout, path=path)
-    channel = VLLMFromDisk(lambda: [policy], folder=path, layout=layout)  # a temporary folder (removed by close) if None
-    if path is not None:  # adapters outlive the channel: vLLM reads one's folder whenever it brings it back into its cache
+    channel = VLLMFromDisk(lambda: [policy], folder=path, layout=layout)  # None: a temporary folder, removed by close
+    if path is not None:  # adapters outlive the channel: vLLM reads one's folder when it takes it back into its cache
         channel.adapter_folder = Path(path)
     return channel

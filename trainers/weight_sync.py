@@ -252,8 +252,8 @@ class _VersionFolders:
 
 class FromDisk(_Servers):
     """A model folder visible to every engine, then `update_weights_from_disk`. The folder is
-    `folder/weights_{version}` (`_VersionFolders`: a temporary folder when neither `folder` nor `path` is given, only the
-    newest version kept), or exactly `path` when given (`trainer.sync(policy, path=...)`, kept); it is written by
+    `folder/weights_{version}` (`_VersionFolders`: a temporary folder when neither `folder` nor `path` is given, only
+    the newest version kept), or exactly `path` when given (`trainer.sync(policy, path=...)`, kept); it is written by
     `save(path)` when given (a function writing the weights being pushed), else as `layout.save_folder` writes it."""
 
     def __init__(self, engines: Callable[[], Sequence[Any]], *, folder: str | Path | None = None,

@@ -5,7 +5,8 @@ process keeps the rollout manager, the environments and the engine clients, and 
 for its interpreter lock (in one process an asynchronous run's step ran about twice as slowly beside generation;
 docs/async.md). A child is `python -m slime_env.trainers.run.rank_process FD`: it builds the object named at start,
 then answers `(method, args, kwargs)` messages in order, a coroutine's result awaited on its own event loop (which
-lives as long as the child, as the weight channel's HTTP clients must). Arguments and results are pickled (by value: tensors are copied).
+lives as long as the child, as the weight channel's HTTP clients must). Arguments and results are pickled by value
+(tensors are copied).
 
 The child dies with the run, SIGKILL included (`slime_env.lifeline`), and writes its output to `log`. A call whose
 child died raises naming its exit code and the end of that log; an exception raised in the child is raised here,
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import os
 import pickle
 import socket
@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from slime_env.lifeline import hold_lifeline, lifeline_popen
+from slime_env.loading import load_object
 
 
 class RankDied(RuntimeError):
@@ -109,8 +110,7 @@ def _recv(conn: Connection) -> Any:
 def _serve(fd: int, target: str) -> None:
     hold_lifeline()
     conn = Connection(fd)
-    module, _, cls = target.partition(":")
-    obj = getattr(importlib.import_module(module), cls)()
+    obj = load_object(target)()
     loop = asyncio.new_event_loop()
     while True:
         try:
