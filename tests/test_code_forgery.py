@@ -158,7 +158,7 @@ def test_expected_values_never_reach_the_solution(runner, sb):
     marker = "EXPECTED-" + "4d1f" + "9b"  # never written whole in this file's source, nor in the solution's
     tests = {"test": f"def check(candidate):\n    assert candidate(1) == {marker!r}\n", "entry_point": "find"}
     snoop = f'''
-import gc, glob, os, sys
+import gc, glob, os, stat, sys
 CODES = {tuple(map(ord, marker))!r}  # the needle is built only while looking, so we never find our own copy
 def look(text):
     needle = "".join(map(chr, CODES))
@@ -179,13 +179,16 @@ def find(x):
     for pattern in ("/proc/*/cmdline", "/proc/*/environ", "./*", "/tmp/*", "/tmp/*/*", "/work/*", "/work/*/*"):
         for path in glob.glob(pattern):
             try:
+                if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO of another program would block the open
+                    continue
                 with open(path, "rb") as f:  # the grader's files are small; a model file elsewhere is not read whole
-                    found = look(f.read(1 << 24).decode("latin-1"))
+                    found = look(f.read(1 << 20).decode("latin-1"))
                     if found:
                         return found
             except OSError:
                 pass
     return "nothing"
 '''
-    result = grade(runner, sb, snoop, tests)
-    assert result.total == 1 and result.passed == 0 and result.cases[0].status == "wrong_answer"
+    # A busy machine's /tmp holds many files: the search gets time to finish, so "wrong_answer" proves it did.
+    result = runner.run(Grader(sb, case_timeout_s=60.0, total_timeout_s=90.0).grade(snoop, parse_tests(tests)))
+    assert result.total == 1 and result.passed == 0 and result.cases[0].status == "wrong_answer", result.to_dict()
