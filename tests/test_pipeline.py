@@ -203,7 +203,8 @@ def test_engines_on_gpus_of_their_own_see_only_their_gpu_and_get_weights_over_nc
         engines(gpus=[1], weight_sync="tensor").channel()
     disk = engines(gpus=[1], weight_sync="disk").channel(save=lambda p: p)
     assert type(disk).__name__ == "FromDisk"
-    asyncio.run(disk.close())  # its temporary folder goes with it
+    assert disk.versions.root == tmp_path.resolve() / "weight_sync"  # the run's folder, shared wherever the run dir is
+    asyncio.run(disk.close())  # its folder goes with it
     assert not disk.versions.root.exists()
 
 

@@ -213,6 +213,9 @@ def test_sigkill_of_the_run_takes_its_engines_and_a_resume_reaps_what_is_left(tm
     engines = [int(pid) for line in done.stdout.splitlines() if line.startswith("PROCESSES")
                for pid in line.split()[1:]]
     assert len(engines) == 1 and _gone(engines[0])  # the engine saw its lifeline end
+    sync = Path(raw["run_dir"]) / "weight_sync"  # weight_sync: disk writes there; SIGKILL ran no cleanup
+    left = [p.name for p in sync.iterdir()]
+    assert len(left) == 1 and left[0].startswith("weights_"), left  # only the version the engine loaded last
     dead_owner = lifeline.owner_id().rsplit(":", 1)[0] + ":0"
     orphan = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
                               env={**os.environ, lifeline.LABEL_ENV: label, lifeline.OWNER_ENV: dead_owner})
@@ -226,6 +229,7 @@ def test_sigkill_of_the_run_takes_its_engines_and_a_resume_reaps_what_is_left(tm
         orphan.wait()
     assert [r["step"] for r in _lines(Path(raw["run_dir"]), "metrics.jsonl")] == list(range(1, STEPS + 1))
     assert lifeline.labelled(label) == []  # the resumed run's engine stopped with it
+    assert not sync.exists()  # the resumed run emptied what the killed one left, and removed it at its end
 
 
 def _gone(pid: int, within_s: float = 60.0) -> bool:

@@ -231,7 +231,8 @@ def test_every_channel_sends_sglangs_names_and_the_checkpoints_tensors(moe_engin
 def test_disk_sync_keeps_only_the_loaded_version_and_removes_its_own_folder(moe_engine, tmp_path):
     """Every disk sync writes a full model folder: once the engine has loaded a version, the one before it is gone
     (a run of many steps would otherwise fill the disk), and closing removes the temporary folder the channel made. A
-    folder the caller named stays, holding the newest version."""
+    folder the caller named stays, holding the newest version; a scratch folder (a run's `run_dir/weight_sync`) is
+    emptied of what a killed run left there when the channel opens it, and removed at close."""
     from transformers import AutoModelForCausalLM
 
     from slime_env.clients.sglang import SGLangPolicy
@@ -246,8 +247,11 @@ def test_disk_sync_keeps_only_the_loaded_version_and_removes_its_own_folder(moe_
         client = SGLangPolicy(url)
         own = ws.FromDisk(lambda: [client], layout=trainer.weight_layout())
         named = ws.FromDisk(lambda: [client], folder=tmp_path / "sync", layout=trainer.weight_layout())
+        (tmp_path / "run" / "weight_sync" / "weights_7").mkdir(parents=True)  # a killed run's version
+        scratch = ws.FromDisk(lambda: [client], folder=tmp_path / "run" / "weight_sync", scratch=True,
+                              layout=trainer.weight_layout())
         try:
-            for channel in (own, named):
+            for channel in (own, named, scratch):
                 root = channel.versions.root
                 for version in ("a", "b", "c"):
                     with torch.no_grad():

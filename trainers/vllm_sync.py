@@ -83,12 +83,14 @@ class _VLLMChannel(_Servers):
 
 class VLLMFromDisk(_VLLMChannel):
     """A model folder `folder/weights_{version}` every engine can read (written by `save(path)` when given): a temporary
-    folder when `folder` is None; only the newest version is kept (`weight_sync._VersionFolders`)."""
+    folder when `folder` is None; only the newest version is kept (`weight_sync._VersionFolders`). `scratch`: `folder`
+    is this channel's alone, emptied now and removed by `close`."""
 
     def __init__(self, engines: Callable[[], Sequence[Any]], *, folder: str | Path | None = None,
-                 layout: WeightLayout | None = None, save: Callable[[Path], Any] | None = None, **kw: Any):
+                 layout: WeightLayout | None = None, save: Callable[[Path], Any] | None = None,
+                 scratch: bool = False, **kw: Any):
         super().__init__(engines, layout, **kw)
-        self.versions, self.save = _VersionFolders(folder), save
+        self.versions, self.save = _VersionFolders(folder, scratch=scratch), save
 
     async def _transfer(self, engines: list[Any], named: list[tuple[str, torch.Tensor]],
                         version: str) -> dict[str, float]:

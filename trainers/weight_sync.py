@@ -229,11 +229,15 @@ class FromTensor(_Servers):
 class _VersionFolders:
     """Where a disk channel writes each version's model folder: `root/weights_{version}`, under a temporary folder of
     its own when `root` is None (removed by `close`). Once every engine has loaded a version, the folder it replaces
-    goes: engines load a full set eagerly, and a copy of the weights per sync would fill the disk within a run."""
+    goes: engines load a full set eagerly, and a copy of the weights per sync would fill the disk within a run.
+    `scratch`: `root` is the channel's alone (a run's `run_dir/weight_sync`): emptied now, of what a killed run left
+    there, and removed by `close`."""
 
-    def __init__(self, root: str | Path | None):
-        self.owned = root is None
+    def __init__(self, root: str | Path | None, *, scratch: bool = False):
+        self.owned = root is None or scratch
         self.root = Path(tempfile.mkdtemp(prefix="slime_env_sync_")) if root is None else Path(root)
+        if scratch:
+            shutil.rmtree(self.root, ignore_errors=True)
         self.loaded: Path | None = None
 
     def path(self, version: str) -> Path:
@@ -254,14 +258,15 @@ class FromDisk(_Servers):
     """A model folder visible to every engine, then `update_weights_from_disk`. The folder is
     `folder/weights_{version}` (`_VersionFolders`: a temporary folder when neither `folder` nor `path` is given, only
     the newest version kept), or exactly `path` when given (`trainer.sync(policy, path=...)`, kept); it is written by
-    `save(path)` when given (a function writing the weights being pushed), else as `layout.save_folder` writes it."""
+    `save(path)` when given (a function writing the weights being pushed), else as `layout.save_folder` writes it.
+    `scratch`: `folder` is this channel's alone, emptied now and removed by `close` (`_VersionFolders`)."""
 
     def __init__(self, engines: Callable[[], Sequence[Any]], *, folder: str | Path | None = None,
                  layout: WeightLayout | None = None, save: Callable[[Path], Any] | None = None,
-                 path: str | Path | None = None):
+                 path: str | Path | None = None, scratch: bool = False):
         super().__init__(engines, layout)
         self.path, self.save = path and Path(path), save
-        self.versions = None if path is not None else _VersionFolders(folder)
+        self.versions = None if path is not None else _VersionFolders(folder, scratch=scratch)
 
     async def push(self, weights: Mapping[str, torch.Tensor], version: str) -> dict[str, float]:
         t0 = time.perf_counter()

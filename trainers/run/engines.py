@@ -293,6 +293,12 @@ class Engines:
         self._check_reach(kind)
         return kind
 
+    def sync_folder(self) -> Path:
+        """Where `weight_sync: disk` writes each version: `run_dir/weight_sync`, the channel's alone (emptied when a
+        run, a resumed one too, opens it; removed when it closes). In the run directory rather than /tmp: a run killed
+        with SIGKILL leaves it where its resume clears it, and across hosts the run directory is the shared one."""
+        return self.run_dir.resolve() / "weight_sync"  # the engines and ranks resolve it in cwds of their own
+
     def backend(self) -> str:
         """The `distributed` channel's torch.distributed backend."""
         return self.cfg.backend if self.cfg.backend != "auto" else ("nccl" if _cuda() else "gloo")
@@ -379,7 +385,7 @@ def _distributed(engines: Engines, layout: Any, save: Any) -> Any:
 def _disk(engines: Engines, layout: Any, save: Any) -> Any:
     from slime_env.trainers import weight_sync as ws
 
-    return ws.FromDisk(engines.pool.targets, layout=layout, save=save)  # a temporary folder, removed at the run's end
+    return ws.FromDisk(engines.pool.targets, layout=layout, save=save, folder=engines.sync_folder(), scratch=True)
 
 
 def _tensor(engines: Engines, layout: Any, save: Any) -> Any:
@@ -410,7 +416,8 @@ def _vllm(channel: str) -> Any:
                                              bucket_bytes=engines.cfg.bucket_mb << 20, **kw)
         if channel == "tensor":
             return vllm_sync.VLLMFromTensor(engines.pool.targets, layout, **kw)
-        return vllm_sync.VLLMFromDisk(engines.pool.targets, layout=layout, save=save, **kw)
+        return vllm_sync.VLLMFromDisk(engines.pool.targets, layout=layout, save=save, folder=engines.sync_folder(),
+                                      scratch=True, **kw)
     return make
 
 

@@ -138,8 +138,8 @@ def _rank_channel(kind: str, spec: dict[str, Any], engines: Callable[[], list[An
                               bucket_bytes=spec["bucket_bytes"])
     if kind == "tensor":
         return ws.FromTensor(engines, layout)
-    if kind == "disk":  # a temporary folder of this process, on the engines' host
-        return ws.FromDisk(engines, layout=layout)
+    if kind == "disk":  # the run's sync folder (Engines.sync_folder), read by the engines
+        return ws.FromDisk(engines, layout=layout, folder=spec["folder"], scratch=True)
     return ws.Frozen()
 
 
@@ -255,7 +255,8 @@ class _RemoteTrainerGroup:
                                f"cluster.backend {self.backend} (offered: {list(self.channels)})")
         return _RemoteChannel(self, engines, {"kind": kind, "backend": engines.backend(),
                                               "bucket_bytes": engines.cfg.bucket_mb << 20,
-                                              "master_address": self._master_address(engines)})
+                                              "master_address": self._master_address(engines),
+                                              "folder": str(engines.sync_folder())})
 
     async def step(self, trajectories: list[Any], group_size: int) -> dict[str, float]:
         results = await self._all("step", self._shared(trajectories), group_size)
