@@ -26,7 +26,7 @@ from slime_env.ledger import TokenLedger
 from slime_env.parsers import get_parser
 from slime_env.policy import Policy
 from slime_env.renderers.template import TemplateRenderer
-from slime_env.runner import _Episode
+from slime_env.runner import _Episode, _merge_env_sampling
 from slime_env.trajectory import Trajectory
 from slime_env.types import Action, Message, Task, coerce_messages, coerce_reward
 
@@ -37,7 +37,8 @@ class MultiAgentEnv:
     """The async multi-agent env contract (see the module docstring).
 
     `agents`: every agent id the env may use, in seat order. `roles` (optional): agent id -> role name,
-    recorded in each trajectory (e.g. "x" / "o"); `parser`, `tools`, `stop` as for `Env`.
+    recorded in each trajectory (e.g. "x" / "o"); `parser`, `tools`, `stop` as for `Env`; `sampling_params` as for
+    `Env` (read once `reset` returns), for every agent, or per agent as `{agent_id: params}` (e.g. a greedy opponent).
     - `reset(seed=, options=)` -> `(observations, info)`: each agent's opening messages (every agent
       in `agents` gets some, its system prompt and first view).
     - `acting()` -> the agents that must act now (empty: the episode is over).
@@ -52,6 +53,7 @@ class MultiAgentEnv:
     parser: ClassVar[str | None] = None
     tools: Sequence[Mapping[str, Any]] | None = None
     stop: Sequence[str] = ()
+    sampling_params: Mapping[str, Any] | None = None
 
     async def reset(self, *, seed: int | None = None, options: Mapping[str, Any] | None = None):
         raise NotImplementedError
@@ -78,6 +80,8 @@ class _Seat:
         self.last_ids: list[int] = []
         self.early_reward = 0.0  # rewards before the agent's first turn go to that turn
         self.done = False
+        self.params: dict[str, Any] = {}  # the run's sampling params, the env's own for this agent over them
+        self.max_new_tokens = 0
 
     def start(self, messages: list[Message], tools: Any) -> None:
         ep = self.state
@@ -147,6 +151,7 @@ async def run_multi_agent_episode(env: MultiAgentEnv, policies: Policy | Mapping
                 raise InvalidInput(f"{type(env).__name__}.reset gave agent {a!r} no messages")
             seat.state.info = dict(info)
             seat.start(opening, env.tools)
+        _take_env_sampling(env, seats, base, max_new_tokens)
         while True:
             phase = "env.acting"
             acting = list(env.acting())
@@ -163,8 +168,8 @@ async def run_multi_agent_episode(env: MultiAgentEnv, policies: Policy | Mapping
             for a in acting:
                 _bridge(seats[a], env, max_context_tokens)
             phase = "policy.generate"
-            results = await asyncio.gather(*(_generate(seats[a], base, env, max_new_tokens, max_context_tokens,
-                                                       deadline_at) for a in acting), return_exceptions=True)
+            results = await asyncio.gather(*(_generate(seats[a], env, max_context_tokens, deadline_at)
+                                             for a in acting), return_exceptions=True)
             for a, result in zip(acting, results):
                 if isinstance(result, (_End, TimeoutError)):
                     raise result
@@ -297,15 +302,28 @@ def _bridge(seat: _Seat, env: MultiAgentEnv, max_context_tokens: int | None) -> 
     seat.state.insert(seat.last_ids, obs, bridge)
 
 
-async def _generate(seat: _Seat, base: Mapping[str, Any], env: MultiAgentEnv, max_new_tokens: int,
-                    max_context_tokens: int | None, deadline_at: float | None) -> None:
+def _take_env_sampling(env: MultiAgentEnv, seats: Mapping[str, _Seat], base: Mapping[str, Any],
+                       max_new_tokens: int) -> None:
+    """Each seat's sampling params and per-turn budget: the run's, with `env.sampling_params` over them (one mapping
+    for every agent, or one per agent id)."""
+    own = getattr(env, "sampling_params", None)
+    name = f"{type(env).__name__}.sampling_params"
+    per_agent = isinstance(own, Mapping) and bool(own) and all(k in seats for k in own)
+    for a, seat in seats.items():
+        seat.params = dict(base)
+        mine, where = (own.get(a), f"{name}[{a!r}]") if per_agent else (own, name)
+        seat.max_new_tokens = _merge_env_sampling(seat.params, mine, max_new_tokens, where)
+
+
+async def _generate(seat: _Seat, env: MultiAgentEnv, max_context_tokens: int | None,
+                    deadline_at: float | None) -> None:
     ep = seat.state
-    room = max_new_tokens
+    room = seat.max_new_tokens
     if max_context_tokens is not None:
         room = min(room, max_context_tokens - len(ep.ledger))
     if room <= 0:
         raise _End("truncated", f"agent {seat.agent!r} exhausted the context budget of {max_context_tokens} tokens")
-    params = dict(base)
+    params = dict(seat.params)
     params["stop_token_ids"] = sorted({*seat.renderer.stop_token_ids, *(params.get("stop_token_ids") or ())})
     if env.stop:
         params["stop"] = list(dict.fromkeys([*(params.get("stop") or ()), *env.stop]))

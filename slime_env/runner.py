@@ -42,6 +42,23 @@ def _new_session_id() -> str:
     return f"{_session_prefix}{next(_session_numbers):012x}"
 
 
+def _merge_env_sampling(params: dict[str, Any], own: Any, max_new_tokens: int, where: str) -> int:
+    """An env's sampling params for one episode (`own`, None for none) merged over `params` in place; returns the
+    per-turn budget, lowered by its `max_new_tokens`. A malformed value raises, naming `where`."""
+    if own is None:
+        return max_new_tokens
+    if not isinstance(own, Mapping):
+        raise TypeError(f"{where}: expected a mapping, got {type(own).__name__}")
+    own = dict(own)
+    if "max_new_tokens" in own:
+        limit = own.pop("max_new_tokens")
+        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+            raise ValueError(f"{where}['max_new_tokens']: expected a positive integer, got {limit!r}")
+        max_new_tokens = min(max_new_tokens, limit)
+    params.update(own)
+    return max_new_tokens
+
+
 class _EpisodeEnd(Exception):
     """Internal: ends the turn loop with a status and reason."""
 
@@ -134,19 +151,8 @@ class Episode:
     def _take_env_sampling(self) -> None:
         """The env's own sampling params for this episode (`Env.sampling_params`), over the run's."""
         own = getattr(self.env, "sampling_params", None)
-        if own is None:
-            return
-        name = type(self.env).__name__
-        if not isinstance(own, Mapping):
-            raise TypeError(f"{name}.sampling_params: expected a mapping, got {type(own).__name__}")
-        own = dict(own)
-        if "max_new_tokens" in own:
-            limit = own.pop("max_new_tokens")
-            if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
-                raise ValueError(f"{name}.sampling_params['max_new_tokens']: expected a positive integer, "
-                                 f"got {limit!r}")
-            self.max_new_tokens = min(self.max_new_tokens, limit)
-        self.params.update(own)
+        self.max_new_tokens = _merge_env_sampling(self.params, own, self.max_new_tokens,
+                                                 f"{type(self.env).__name__}.sampling_params")
 
     async def run(self) -> Trajectory | None:
         if self.done is not None:

@@ -348,3 +348,44 @@ def test_every_negotiation_seed_has_a_pool_worth_ten(runner):
     for seed in range(300):  # a pool of 3 of each item once made reset loop forever
         runner.run(env.reset(seed=seed))
         assert all(sum(env.pool[k] * v[k] for k in env.pool) == 10 for v in env.values.values())
+
+
+class _PlannedRPS(RockPaperScissorsEnv):
+    """Its sampling params (`MultiAgentEnv.sampling_params`) come from the task: one mapping for all, or per agent."""
+
+    def __init__(self, plan, **kw):
+        super().__init__(**kw)
+        self.plan = plan
+
+    async def reset(self, *, seed=None, options=None):
+        out = await super().reset(seed=seed, options=options)
+        self.sampling_params = self.plan
+        return out
+
+
+def test_an_envs_sampling_params_reach_every_agent_or_each_its_own(runner, smollm2_tok):
+    """Set in reset, merged over the run's for every agent (or per agent id: a greedy opponent), the env's
+    max_new_tokens lowering that agent's per-turn budget; a bad value fails every agent, naming the agent's entry."""
+    from helpers import RecordingPolicy
+
+    def seats():
+        return {a: RecordingPolicy(ScriptedPolicy(smollm2_tok, ["<move>rock</move>"]))
+                for a in ("player_0", "player_1")}
+
+    run_params = {"temperature": 1.0, "top_p": 0.9}
+    for plan, want in (
+            ({"max_new_tokens": 9, "top_k": 5}, {a: (9, 1.0, 5) for a in ("player_0", "player_1")}),
+            ({"player_1": {"temperature": 0.0, "max_new_tokens": 64}},  # above the run's 32: the run's bounds it
+             {"player_0": (32, 1.0, None), "player_1": (32, 0.0, None)})):
+        policies = seats()
+        trajs = play(runner, _PlannedRPS(plan, rounds=2), policies, smollm2_tok, max_new_tokens=32,
+                     sampling_params=run_params)
+        assert all(t.status == "completed" for t in trajs.values()), {a: t.reason for a, t in trajs.items()}
+        for a, policy in policies.items():
+            assert len(policy.params) == 2 and all(p["top_p"] == 0.9 for p in policy.params)
+            assert {(p["max_new_tokens"], p["temperature"], p.get("top_k")) for p in policy.params} == {want[a]}, a
+    assert run_params == {"temperature": 1.0, "top_p": 0.9}  # the run's mapping is not written to
+    trajs = play(runner, _PlannedRPS({"player_0": {"max_new_tokens": 0}}, rounds=2), seats(), smollm2_tok)
+    assert {t.status for t in trajs.values()} == {"failed"}
+    assert all("_PlannedRPS.sampling_params['player_0']['max_new_tokens']: expected a positive integer, got 0"
+               in t.reason for t in trajs.values()), [t.reason for t in trajs.values()]
