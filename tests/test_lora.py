@@ -5,6 +5,7 @@ generate call."""
 from __future__ import annotations
 
 import asyncio
+import shutil
 import subprocess
 import sys
 
@@ -280,7 +281,8 @@ trainer: {{lr: 1.0e-4, micro_batch_size: 4, kl_coef: 0.01, lora: {{rank: 4, alph
 
 def test_serve_engine_loads_adapters_by_name_and_version(tmp_path):
     """The real `slime-env serve-engine` (SmolLM2-135M): adapters through SGLang's `/load_lora_adapter` route from the
-    trainer's channel, merged there; requests name the newest; old versions unloaded past `keep_adapters`."""
+    trainer's channel, merged there; requests name the newest; old versions unloaded past `keep_adapters`, and the
+    folder of a version no engine holds any more removed (the channel's own folder: emptied first, gone once empty)."""
     import copy
 
     from helpers import serve_engine
@@ -297,13 +299,21 @@ def test_serve_engine_loads_adapters_by_name_and_version(tmp_path):
     async def main(url):
         client = SGLangPolicy(url)
         channel = FromTensor(lambda: [client], trainer.weight_layout())
-        channel.adapter_folder = tmp_path / "adapters"
+        folder = tmp_path / "weight_sync" / "adapters"
+        (folder / "policy@9").mkdir(parents=True)  # a killed run's version
+        channel.own_adapter_folder(folder)
         out = []
         for v in ("1", "2", "3"):
             trainer.step(trajectories(8, seed=int(v)), group_size=4)
             stats = await channel.push_adapter(trainer.adapter(), v)
             out.append((stats, await client.generate(prompt, {"max_new_tokens": 4, "temperature": 0})))
         assert client.loras == ["policy@2", "policy@3"]  # keep_adapters = 2: policy@1 unloaded
+        assert sorted(p.name for p in folder.iterdir()) == ["policy@2", "policy@3"]
+        await channel.close()  # what the engine still holds stays (vLLM may re-read it)
+        assert sorted(p.name for p in folder.iterdir()) == ["policy@2", "policy@3"]
+        await client.unload_lora_adapters(keep=0)
+        await channel.close()
+        assert not folder.exists()
         with pytest.raises(RemoteError, match="names no loaded adapter"):
             await client.http.request("POST", "/generate", {"input_ids": prompt, "lora_path": "policy@1",
                                                             "sampling_params": {"max_new_tokens": 1}}, max_retries=0)
@@ -362,7 +372,11 @@ def test_sglang_lora_routes_request_shape():
     gen, folder = asyncio.run(main())
     loads = [b for p, b in seen if p == "/load_lora_adapter"]
     assert [b["lora_name"] for b in loads] == ["policy@5", "policy@6", "policy@7"]
-    assert loads[0]["lora_path"] == str(folder / "policy@5") and (folder / "policy@5" / "adapter_config.json").exists()
+    assert loads[0]["lora_path"] == str(folder / "policy@5")
     assert [b for p, b in seen if p == "/unload_lora_adapter"] == [{"lora_name": "policy@5"}]
+    # the channel's temporary folder: an unloaded version's folder goes, the ones the engine holds stay
+    assert sorted(p.name for p in folder.iterdir()) == ["policy@6", "policy@7"]
+    assert (folder / "policy@7" / "adapter_config.json").exists()
+    shutil.rmtree(folder)
     assert [b["lora_path"] for p, b in seen if p == "/generate"] == ["policy@7"]
     assert gen.adapter == "policy@7" and gen.weight_version == "7"

@@ -106,3 +106,37 @@ def test_a_failed_rank_stops_the_group_only_if_others_are_left_waiting(tmp_path)
             group._each([("add", 1), ("add", 1)])
     finally:
         group.close()
+
+
+def test_ray_ranks_follow_the_same_rule_so_a_collective_left_waiting_never_hangs_the_run():
+    """`RayTrainerGroup` on a local Ray cluster, its actors two `Target`s: the same rule as the process group. Before,
+    one actor failing while the other waited in a collective left the run waiting forever."""
+    ray = pytest.importorskip("ray")
+    from slime_env.trainers.run.trainer_group import RayTrainerGroup
+
+    assert not ray.is_initialized()
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": HERE}})  # the actors import rank_target from here
+    try:
+        from rank_target import Target
+
+        group = object.__new__(RayTrainerGroup)
+        group.grace_s = 1.0
+        group.actors = [ray.remote(num_cpus=0)(Target).remote() for _ in range(2)]
+        with pytest.raises(KeyError, match="both"):
+            group._each([("fail", "both"), ("fail", "both")])
+        assert group.failed is None and group._each([("add", 1, 2), ("add", 3)]) == [3, 3]
+        with pytest.raises(KeyError, match="rank 1 alone"):
+            group._each([("say_and_wait", "stuck"), ("fail", "rank 1 alone")])
+        with pytest.raises(RuntimeError, match=r"stopped after a failure: trainer rank 1: KeyError: 'rank 1 alone'"):
+            group._each([("add", 1), ("add", 1)])
+        with pytest.raises(ray.exceptions.RayActorError):  # the actors were killed, the waiting one too
+            ray.get(group.actors[0].add.remote(1), timeout=60)
+        group.failed = None
+        group.actors = [ray.remote(num_cpus=0)(Target).remote() for _ in range(2)]
+        ray.kill(group.actors[0])
+        with pytest.raises(ray.exceptions.RayActorError):  # a dead actor stops the group at once, no grace needed
+            group._each([("add", 1), ("say_and_wait", "stuck")])
+        assert group.failed.startswith("trainer rank 0: ")
+    finally:
+        ray.shutdown()

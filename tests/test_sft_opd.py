@@ -361,3 +361,30 @@ def test_a_cold_start_warm_up_teaches_search_r1_on_topics_never_trained_on(tmp_p
     assert summary["after_warmup_accuracy"] >= summary["first_accuracy"] + 0.5
     assert warm["eval/tool_calls_per_episode"] >= 0.8 and warm["eval/solved_with_tool"] == 1.0
     assert rows[-1]["step"] == 1 and "train/loss" in rows[-1]
+
+
+def test_sft_with_lora_on_trainer_ranks_in_child_processes_leaves_the_merged_model_folder(tmp_path):
+    """`slime-env sft` with LoRA and `cluster.backend: process`: the rank in its child process writes the merged
+    model folder beside the adapter (before, only a trainer in the run's own process did), and it is the base weights
+    with the adapter folded in: what the engine served after the warm-up's last sync."""
+    import torch
+    from safetensors.torch import load_file
+
+    from slime_env.trainers.run import TrainConfig, train
+    from slime_env.trainers.run.engines import resolve_model_path
+    from slime_env.trainers.torch_trainer import read_hf_weights
+
+    cfg = _calc_config(run_dir=str(tmp_path / "sft"), eval_data={}, cluster={"backend": "process"},
+                       engine={"kind": "serve", "count": 1, "device": "cpu"})
+    cfg["warmup"] = {**cfg["warmup"], "steps": 1, "batch_size": 4}
+    cfg["warmup"]["data"]["rollouts"]["max_tasks"] = 4
+    cfg["trainer"] = {**cfg["trainer"], "lora": {"rank": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}}
+    summary = asyncio.run(train(TrainConfig.from_dict(cfg), log=lambda _: None, sft_only=True))
+    where = tmp_path / "sft" / "checkpoints" / "sft"
+    assert summary["model"] == str(where / "model")
+    merged = read_hf_weights(where / "model")
+    adapter = load_file(str(next((where / "adapter").glob("*.safetensors"))))
+    assert any("q_proj" in k for k in adapter) and not any("lora" in k for k in merged)
+    base = read_hf_weights(resolve_model_path("default"))
+    changed = {k for k in merged if not torch.equal(merged[k].float(), base[k].float())}
+    assert changed and all(("q_proj" in k or "v_proj" in k) for k in changed), sorted(changed)[:5]

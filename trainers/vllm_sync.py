@@ -108,6 +108,7 @@ class VLLMFromDisk(_VLLMChannel):
 
     async def close(self) -> None:
         self.versions.close()
+        await super().close()
 
 
 class VLLMFromTensor(_VLLMChannel):
@@ -227,6 +228,7 @@ class VLLMDistributed(_VLLMChannel):
             await asyncio.gather(*(e.shutdown_weight_transfer_engine() for e in self.engines()),
                                  return_exceptions=True)
             self.group = None
+        await super().close()
 
 
 async def verify_checksums(engines: Sequence[Any], named: list[tuple[str, torch.Tensor]]) -> int:

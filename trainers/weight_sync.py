@@ -77,6 +77,7 @@ class _Servers:
         self.layout = layout or WeightLayout()
         self.adapter_folder: Path | None = None  # where adapter versions are written (a temporary folder if unset)
         self.keep_adapters = 2  # adapter versions every engine keeps loaded (the run's staleness bound + 1)
+        self._adapter_own = False  # adapter_folder is the channel's (a temporary folder, or the run's): versions go
 
     async def _each(self, fn: Callable[[Any], Any]) -> list[Any]:
         return await asyncio.gather(*(fn(e) for e in self.engines()))
@@ -85,21 +86,46 @@ class _Servers:
         """A LoRA adapter, whatever channel carries full weights: written as a PEFT folder (kilobytes to megabytes)
         that every engine loads by name and version (`load_lora_adapter("{name}@{version}", folder)`: SGLang's
         `/load_lora_adapter`, vLLM's `/v1/load_lora_adapter`, serve-engine's); each engine then unloads the versions
-        older than its newest `keep_adapters`, so every in-flight request's adapter stays loaded."""
-        import tempfile
-
+        older than its newest `keep_adapters`, so every in-flight request's adapter stays loaded. In a folder of the
+        channel's own (a temporary one when `adapter_folder` is unset, or `own_adapter_folder`'s), a version's folder
+        goes once no engine holds it loaded: vLLM re-reads a loaded adapter's folder when the adapter comes back into
+        its cache, an unloaded one's never."""
         t0 = time.perf_counter()
         if self.adapter_folder is None:
-            self.adapter_folder = Path(tempfile.mkdtemp(prefix="slime_env-adapters-"))
+            self.adapter_folder, self._adapter_own = Path(tempfile.mkdtemp(prefix="slime_env-adapters-")), True
         lora_name = f"{adapter.name}@{version}"
         folder = await asyncio.to_thread(adapter.save, self.adapter_folder / lora_name)
         saved = time.perf_counter()
         await self._each(lambda e: e.load_lora_adapter(lora_name, str(folder), weight_version=version))
         await self._each(lambda e: e.unload_lora_adapters(keep=self.keep_adapters))
+        if self._adapter_own:
+            await asyncio.to_thread(self._drop_unloaded, lora_name)
         return {"sync/s": time.perf_counter() - t0, "sync/save_s": saved - t0, "sync/bytes": float(adapter.nbytes)}
 
+    def own_adapter_folder(self, folder: str | Path) -> None:
+        """Adapter versions go to `folder`, this channel's alone (a run's `run_dir/weight_sync/adapters`): emptied
+        now, of what a killed run left; a version's folder removed once no engine holds it loaded."""
+        shutil.rmtree(folder, ignore_errors=True)
+        self.adapter_folder, self._adapter_own = Path(folder), True
+
+    def _drop_unloaded(self, newest: str | None = None) -> None:
+        """Remove the adapter folders no engine holds loaded (by its client's `loras`; all kept if one cannot say),
+        and the channel's folder once empty."""
+        held = {newest}
+        for engine in self.engines():
+            loras = getattr(engine, "loras", None)
+            if loras is None:
+                return
+            held.update(loras)
+        for folder in list(self.adapter_folder.iterdir()) if self.adapter_folder.is_dir() else ():
+            if folder.name not in held:
+                shutil.rmtree(folder, ignore_errors=True)
+        if self.adapter_folder.is_dir() and not any(self.adapter_folder.iterdir()):
+            self.adapter_folder.rmdir()
+
     async def close(self) -> None:
-        return None
+        if self._adapter_own:  # the versions engines still hold stay while they may re-read them
+            await asyncio.to_thread(self._drop_unloaded)
 
 
 _GROUP_IDS = itertools.count(1)
@@ -211,6 +237,7 @@ class Distributed(_Servers):
     async def close(self) -> None:
         engines = list(self.engines())
         await self._dissolve(engines)
+        await super().close()
 
 
 class FromTensor(_Servers):
@@ -250,8 +277,11 @@ class _VersionFolders:
         self.loaded = path
 
     def close(self) -> None:
-        if self.owned:
-            shutil.rmtree(self.root, ignore_errors=True)
+        if self.owned:  # its versions; the rest of a run's folder (adapters an engine may still hold) stays
+            for folder in self.root.glob("weights_*"):
+                shutil.rmtree(folder, ignore_errors=True)
+            if self.root.is_dir() and not any(self.root.iterdir()):
+                self.root.rmdir()
 
 
 class FromDisk(_Servers):
@@ -284,6 +314,7 @@ class FromDisk(_Servers):
     async def close(self) -> None:
         if self.versions is not None:
             self.versions.close()
+        await super().close()
 
 
 class Frozen:

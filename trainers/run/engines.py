@@ -274,7 +274,10 @@ class Engines:
         from slime_env.agents.weight_layout import WeightLayout
 
         kind = "inplace" if self.embedded else self.channel_kind()
-        return (VLLM_CHANNELS if self.cfg.kind == "vllm" else CHANNELS)[kind](self, layout or WeightLayout(), save)
+        channel = (VLLM_CHANNELS if self.cfg.kind == "vllm" else CHANNELS)[kind](self, layout or WeightLayout(), save)
+        if hasattr(channel, "own_adapter_folder"):  # LoRA versions, beside the disk channel's weights
+            channel.own_adapter_folder(self.sync_folder() / "adapters")
+        return channel
 
     def channel_kind(self) -> str:
         """`engine.weight_sync` with `auto` resolved (see the module docstring), refused by name where it cannot
@@ -295,7 +298,8 @@ class Engines:
 
     def sync_folder(self) -> Path:
         """Where `weight_sync: disk` writes each version: `run_dir/weight_sync`, the channel's alone (emptied when a
-        run, a resumed one too, opens it; removed when it closes). In the run directory rather than /tmp: a run killed
+        run, a resumed one too, opens it; its versions removed when it closes), LoRA adapter versions under its
+        `adapters` (each removed once no engine holds it loaded). In the run directory rather than /tmp: a run killed
         with SIGKILL leaves it where its resume clears it, and across hosts the run directory is the shared one."""
         return self.run_dir.resolve() / "weight_sync"  # the engines and ranks resolve it in cwds of their own
 

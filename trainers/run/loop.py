@@ -308,8 +308,8 @@ async def _sft_only(cfg: TrainConfig, recorder: Recorder, engines: Engines, trai
         log(f"after SFT: {eval_line(summary['after'])}")
     where = recorder.run / "checkpoints" / "sft"
     trainer.save(where)
-    if (where / "adapter").is_dir() and hasattr(trainer, "trainer"):  # LoRA: the merged weights beside the adapter
-        trainer.trainer.save_weights(where / "model")
+    if (where / "adapter").is_dir():  # LoRA: the merged weights beside the adapter
+        trainer.save_weights(where / "model")
     engines.tokenizer.save_pretrained(str(where / "model"))  # a model folder `model:` and every engine can load
     summary["model"] = str(where / "model")
     recorder.write_summary(summary)

@@ -127,6 +127,10 @@ class TrainerGroup(Protocol):
         """Resume from a `save` (or weights alone from any HF folder of the architecture)."""
         ...
 
+    def save_weights(self, path: str | Path) -> None:
+        """The HF model folder alone at `path`: what an engine loads (with LoRA, the merged weights)."""
+        ...
+
     def close(self) -> None:
         """Give the trainer's processes back."""
         ...

@@ -1,4 +1,4 @@
-"""The trainer group of a run: the trainer backend in this process, or its ranks as Ray actors.
+"""The trainer group of a run: the trainer backend in this process, or its ranks as Ray actors or child processes.
 
 Both keep the `TrainerGroup` contract (`slime_env.trainers.run.roles`): `step`, `sft_step`, `sync(channel, version)`,
 `save` / `load`, `weights`, `step_count`, `channel(engines)`. `TRAINER_GROUPS` picks one by `cluster.backend`;
@@ -20,6 +20,7 @@ import copy
 import os
 import socket
 from collections.abc import Callable
+from concurrent.futures import Executor, Future
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -116,6 +117,9 @@ class LocalTrainerGroup:
     def load(self, path: Any) -> None:
         self.trainer.load(path)
 
+    def save_weights(self, path: Any) -> None:
+        self.trainer.save_weights(path)
+
     def weights(self) -> dict[str, Any]:
         return self.trainer.weights()
 
@@ -126,6 +130,13 @@ class LocalTrainerGroup:
 # --- ranks in other processes: Ray actors or child processes -------------------------------------------------
 def _rank_channel(kind: str, spec: dict[str, Any], engines: Callable[[], list[Any]], layout: Any) -> Any:
     """Rank 0's channel of `kind` to `engines()` (what the group's `channel` announced in `spec`)."""
+    channel = _rank_channel_of(kind, spec, engines, layout)
+    if hasattr(channel, "own_adapter_folder"):  # LoRA versions in the run's sync folder, as Engines.channel puts them
+        channel.own_adapter_folder(Path(spec["folder"]) / "adapters")
+    return channel
+
+
+def _rank_channel_of(kind: str, spec: dict[str, Any], engines: Callable[[], list[Any]], layout: Any) -> Any:
     from slime_env.trainers import weight_sync as ws
 
     if kind == "distributed":
@@ -207,6 +218,9 @@ class _TrainerRank:
     def save(self, path: str) -> None:
         self.trainer.save(path)
 
+    def save_weights(self, path: str) -> None:
+        self.trainer.save_weights(path)
+
     def load(self, path: str) -> None:
         self.trainer.load(path)
 
@@ -224,12 +238,56 @@ class _RemoteTrainerGroup:
 
     backend = ""  # cluster.backend, for messages
     channels: tuple[str, ...] = ("distributed", "tensor", "none")  # weight_sync kinds a rank can build here
+    grace_s = 60.0  # how long the other ranks get to finish a call one rank failed
+    failed: str | None = None  # why the ranks were stopped (every later call raises it)
     _steps = 0
 
-    async def _all(self, method: str, *args: Any) -> list[Any]:
+    def _submit(self, calls: list[tuple[Any, ...]], pool: Executor) -> list[Future]:
+        """calls[r] (method, *args) started on rank r; one future each (`pool` runs blocking calls)."""
         raise NotImplementedError
 
+    def _died(self, error: BaseException) -> bool:
+        """Whether `error` says its rank is gone (not an exception the rank raised)."""
+        raise NotImplementedError
+
+    def _kill(self) -> None:
+        """Stop every rank now (a call in flight on one fails with its rank's death)."""
+        raise NotImplementedError
+
+    def _cause(self, error: BaseException) -> BaseException:
+        """The exception the rank raised, out of the wrapper its transport may put around it."""
+        return error
+
+    def _each(self, calls: list[tuple[Any, ...]]) -> list[Any]:
+        """calls[r] on rank r, all in flight together (blocking); the first failure is raised. A rank that died, or
+        one that failed while others still wait `grace_s` later (in a collective that can never complete), stops the
+        group: every rank is killed, and every later call raises that failure. A failure every rank shares leaves the
+        ranks up (the run can still save the trainer)."""
+        if self.failed is not None:
+            raise RuntimeError(f"the trainer ranks were stopped after a failure: {self.failed}")
+        wait, first = concurrent.futures.wait, concurrent.futures.FIRST_EXCEPTION
+        with concurrent.futures.ThreadPoolExecutor(len(calls)) as pool:
+            futures = self._submit(calls, pool)
+            done, pending = wait(futures, return_when=first)
+            failed = next((f for f in futures if f in done and f.exception() is not None), None)
+            if failed is None:
+                return [f.result() for f in futures]
+            error = failed.exception()
+            if pending and not self._died(error):
+                pending = wait(pending, timeout=self.grace_s).not_done
+            if pending or self._died(error):
+                cause = self._cause(error)
+                self.failed = f"trainer rank {futures.index(failed)}: {type(cause).__name__}: {cause}"
+                self._kill()
+            raise error
+
+    async def _all(self, method: str, *args: Any) -> list[Any]:
+        return await asyncio.to_thread(self._each, [(method, *args)] * self._world())
+
     def _all_now(self, method: str, *args: Any) -> list[Any]:
+        return self._each([(method, *args)] * self._world())
+
+    def _world(self) -> int:
         raise NotImplementedError
 
     def _shared(self, value: Any) -> Any:
@@ -277,6 +335,9 @@ class _RemoteTrainerGroup:
         self._all_now("load", str(path))
         self._steps = self._all_now("step_count")[0]
 
+    def save_weights(self, path: Any) -> None:
+        self._all_now("save_weights", str(path))  # every rank joins the gather; rank 0 writes
+
     def weights(self) -> dict[str, Any]:
         # every rank joins: TP, PP and EP gather the full weights collectively; rank 0's copy is returned
         return self._all_now("weights")[0]
@@ -295,20 +356,40 @@ class RayTrainerGroup(_RemoteTrainerGroup):
         cls = ray.remote(_TrainerRank)
         self.actors = [cls.options(**placement.trainer_options(r)).remote() for r in range(placement.cfg.ranks)]
         master = ray.get(self.actors[0].address.remote())
-        ray.get([a.setup.remote(r, len(self.actors), master, asdict(tc), model_path, pad_id, device)
-                 for r, a in enumerate(self.actors)])
+        try:  # every rank at once: the trainers' setup has collectives
+            self._each([("setup", r, len(self.actors), master, asdict(tc), model_path, pad_id, device)
+                        for r in range(len(self.actors))])
+        except BaseException:
+            self.close()
+            raise
 
     @classmethod
     def make(cls, placement: Placement, tc: Any, engines: Any, pad_id: int, device: str) -> RayTrainerGroup:
         return cls(placement, tc, engines.model_path, pad_id, device)
 
-    async def _all(self, method: str, *args: Any) -> list[Any]:
-        return list(await asyncio.gather(*(getattr(a, method).remote(*args) for a in self.actors)))
+    def _world(self) -> int:
+        return len(self.actors)
 
-    def _all_now(self, method: str, *args: Any) -> list[Any]:
+    def _submit(self, calls: list[tuple[Any, ...]], pool: Executor) -> list[Future]:
+        return [getattr(a, method).remote(*args).future() for a, (method, *args) in zip(self.actors, calls)]
+
+    def _died(self, error: BaseException) -> bool:
         from slime_env.trainers.run.placement import ray_module
 
-        return ray_module().get([getattr(a, method).remote(*args) for a in self.actors])
+        return isinstance(error, ray_module().exceptions.RayActorError)
+
+    def _cause(self, error: BaseException) -> BaseException:
+        from slime_env.trainers.run.placement import ray_module
+
+        cause = getattr(error, "cause", None) if isinstance(error, ray_module().exceptions.RayTaskError) else None
+        return cause if isinstance(cause, BaseException) else error
+
+    def _kill(self) -> None:
+        from slime_env.trainers.run.placement import ray_module
+
+        ray = ray_module()
+        for a in self.actors:
+            ray.kill(a)
 
     def _shared(self, value: Any) -> Any:
         from slime_env.trainers.run.placement import ray_module
@@ -316,11 +397,7 @@ class RayTrainerGroup(_RemoteTrainerGroup):
         return ray_module().put(value)
 
     def close(self) -> None:
-        from slime_env.trainers.run.placement import ray_module
-
-        ray = ray_module()
-        for a in self.actors:
-            ray.kill(a)
+        self._kill()
 
 
 class ProcessTrainerGroup(_RemoteTrainerGroup):
@@ -330,12 +407,10 @@ class ProcessTrainerGroup(_RemoteTrainerGroup):
 
     backend = "process"
     channels = ("distributed", "tensor", "disk", "none")
-    grace_s = 60.0  # how long the other ranks get to finish a call one rank failed
 
     def __init__(self, ranks: int, tc: Any, model_path: str, pad_id: int, device: str, run_dir: Path):
         from slime_env.trainers.distributed import _free_port
 
-        self.failed: str | None = None
         self.ranks = [RankProcess(f"{__name__}:_TrainerRank", name=f"trainer rank {r}",
                                   log=Path(run_dir) / f"trainer_rank{r}.log") for r in range(ranks)]
         master = ("127.0.0.1", _free_port())
@@ -349,33 +424,18 @@ class ProcessTrainerGroup(_RemoteTrainerGroup):
     def make(cls, placement: Placement, tc: Any, engines: Any, pad_id: int, device: str) -> ProcessTrainerGroup:
         return cls(placement.cfg.ranks, tc, engines.model_path, pad_id, device, engines.run_dir)
 
-    def _each(self, calls: list[tuple[Any, ...]]) -> list[Any]:
-        """calls[r] (method, *args) on rank r, all in flight together (blocking); the first failure is raised. A rank
-        that died, or one that failed while others still wait `grace_s` later (in a collective that cannot
-        complete), stops the group: every rank is killed, and every later call raises that failure."""
-        if self.failed is not None:
-            raise RuntimeError(f"the trainer ranks were stopped after a failure: {self.failed}")
-        wait, first = concurrent.futures.wait, concurrent.futures.FIRST_EXCEPTION
-        with concurrent.futures.ThreadPoolExecutor(len(calls)) as pool:
-            futures = [pool.submit(rank.call, *c) for rank, c in zip(self.ranks, calls)]
-            done, pending = wait(futures, return_when=first)
-            failed = next((f for f in futures if f in done and f.exception() is not None), None)
-            if failed is None:
-                return [f.result() for f in futures]
-            error = failed.exception()
-            if pending and not isinstance(error, RankDied):
-                pending = wait(pending, timeout=self.grace_s).not_done
-            if pending or isinstance(error, RankDied):
-                self.failed = f"trainer rank {futures.index(failed)}: {type(error).__name__}: {error}"
-                for rank in self.ranks:
-                    rank.kill()
-            raise error
+    def _world(self) -> int:
+        return len(self.ranks)
 
-    async def _all(self, method: str, *args: Any) -> list[Any]:
-        return await asyncio.to_thread(self._each, [(method, *args)] * len(self.ranks))
+    def _submit(self, calls: list[tuple[Any, ...]], pool: Executor) -> list[Future]:
+        return [pool.submit(rank.call, *c) for rank, c in zip(self.ranks, calls)]
 
-    def _all_now(self, method: str, *args: Any) -> list[Any]:
-        return self._each([(method, *args)] * len(self.ranks))
+    def _died(self, error: BaseException) -> bool:
+        return isinstance(error, RankDied)
+
+    def _kill(self) -> None:
+        for rank in self.ranks:
+            rank.kill()
 
     def _master_address(self, engines: Any) -> str | None:
         return engines.cfg.master_address
