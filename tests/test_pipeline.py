@@ -203,6 +203,16 @@ def test_engines_on_gpus_of_their_own_see_only_their_gpu_and_get_weights_over_nc
         engines(gpus=[1], weight_sync="tensor").channel()
     disk = engines(gpus=[1], weight_sync="disk").channel(save=lambda p: p)
     assert type(disk).__name__ == "FromDisk"
+    # Trainer ranks on GPUs 0 and 1 (cluster.backend process): engines on those GPUs take CUDA IPC, each from the
+    # rank on its GPU; engines apart take NCCL; a mix is refused, naming both GPUs.
+    colocated = engines(count=2, gpus=[0, 1])
+    colocated.processes = [SimpleNamespace(url="http://e0"), SimpleNamespace(url="http://e1")]
+    assert colocated.channel_kind({0, 1}) == "tensor"
+    assert [colocated.pusher(u, 2) for u in ("http://e0", "http://e1", "http://elsewhere")] == [0, 1, 0]
+    assert engines(count=2, gpus=[2, 3]).channel_kind({0, 1}) == "distributed"
+    with pytest.raises(InvalidInput, match=r"engine\.gpus: \[1, 2\] puts some engine\(s\) on the trainer's "
+                                           r"GPUs \[0, 1\]"):
+        engines(count=2, gpus=[1, 2]).channel_kind({0, 1})
     assert disk.versions.root == tmp_path.resolve() / "weight_sync"  # the run's folder, shared wherever the run dir is
     asyncio.run(disk.close())  # its folder goes with it
     assert not disk.versions.root.exists()
@@ -304,12 +314,14 @@ _RAY2 = {"backend": "ray", "trainer": {"nodes": 1, "gpus_per_node": 2}, "num_cpu
 
 def test_trainer_ranks_in_child_processes_equal_the_one_process_run_and_leave_nothing_behind(tmp_path):
     """cluster.backend process: two Megatron trainer ranks (DP=2) as child processes of the run, rank 0 pushing the
-    weights from its own process over a gloo group to two serve engines, against the same run with the trainer in
-    the run's process. Seeded sampling makes the rollouts identical, so the training must be; after every step both
-    engines hold the trainer's weights, and after the run no rank process is left."""
+    weights from its own process over a gloo group to two serve engines (or, `weight_sync: tensor`, each rank to the
+    engine it is paired with, as colocated GPUs pair them), against the same run with the trainer in the run's
+    process. Seeded sampling makes the rollouts identical, so the training must be; after every step both engines hold
+    the trainer's weights, and after the run no rank process is left."""
     pytest.importorskip("megatron.core")
     runs, groups = {}, []
-    for name, cluster in (("local", {}), ("process", {"backend": "process", "trainer": {"gpus_per_node": 2}})):
+    two = {"backend": "process", "trainer": {"gpus_per_node": 2}}
+    for name, cluster, sync in (("local", {}, "auto"), ("process", two, "auto"), ("process_tensor", two, "tensor")):
         checks = []
 
         async def check(step, engines, trainer, checks=checks):
@@ -324,17 +336,19 @@ def test_trainer_ranks_in_child_processes_equal_the_one_process_run_and_leave_no
             groups.append(trainer)
 
         cfg = TrainConfig.from_dict({**BASE, "run_dir": str(tmp_path / name), "seed_sampling": True,
-                                     "cluster": cluster, "engine": {"kind": "serve", "count": 2},
+                                     "cluster": cluster, "engine": {"kind": "serve", "count": 2, "weight_sync": sync},
                                      "trainer": {**BASE["trainer"], "backend": "megatron"}})
         summary = asyncio.run(train(cfg, on_step=check, log=lambda _: None))
         runs[name] = ([json.loads(line) for line in open(summary["metrics"])], checks)
-    (local_rows, local_checks), (rows, checks) = runs["local"], runs["process"]
-    assert [c[:2] for c in checks] == [c[:2] for c in local_checks] == [(1, 1), (2, 2)]
-    for a, b in zip(rows, local_rows):
-        assert a["train/reward_mean"] == b["train/reward_mean"]
-        assert a["train/loss"] == pytest.approx(b["train/loss"], abs=1e-5)
-        assert a["train/grad_norm"] == pytest.approx(b["train/grad_norm"], rel=1e-5)
-        assert a["sync/bytes"] == b["sync/bytes"] > 0
+    local_rows, local_checks = runs.pop("local")
+    for name, (rows, checks) in runs.items():
+        assert [c[:2] for c in checks] == [c[:2] for c in local_checks] == [(1, 1), (2, 2)], name
+        for a, b in zip(rows, local_rows):
+            assert a["train/reward_mean"] == b["train/reward_mean"], name
+            assert a["train/loss"] == pytest.approx(b["train/loss"], abs=1e-5), name
+            assert a["train/grad_norm"] == pytest.approx(b["train/grad_norm"], rel=1e-5), name
+            assert a["sync/bytes"] == b["sync/bytes"] > 0, name
+            assert a["sync/ranks"] == (2 if name == "process_tensor" else 1), name  # who pushed
     ranks = groups[-1].ranks
     assert len(ranks) == 2 and all(r.proc.poll() is not None for r in ranks)  # closed with the run
     assert all((tmp_path / "process" / f"trainer_rank{r}.log").is_file() for r in range(2))

@@ -23,8 +23,9 @@ naming the config field. Engines this run started are watched: one that dies is 
 weight sync has reached it (`slime_env.agents.engine_pool`). How each `kind` starts is `STARTS`; how each
 `weight_sync` channel is made is `CHANNELS`.
 
-`weight_sync: auto` picks: embedded → in place; `serve` on this host → `tensor` (CUDA IPC) where an engine shares the
-trainer's GPU, `distributed` over NCCL where every engine has a GPU of its own (`gpus`), over gloo on CPUs; `sglang` →
+`weight_sync: auto` picks: embedded → in place; `serve` on this host → `tensor` (CUDA IPC) where every engine shares
+a trainer rank's GPU (each pushed by that rank: `pusher`), `distributed` over NCCL where every engine has a GPU of its
+own (`gpus`), over gloo on CPUs; `sglang` →
 `distributed` over NCCL; `vllm` → `distributed` (vLLM's NCCL weight transfer) where this process has a GPU, `disk` on
 CPUs (vLLM has no gloo transfer); `openai` → `none` (the OpenAI routes have no weight update: such engines serve
 frozen policies, e.g. evaluation or a distillation teacher; training through one is refused — train through vLLM
@@ -279,22 +280,40 @@ class Engines:
             channel.own_adapter_folder(self.sync_folder() / "adapters")
         return channel
 
-    def channel_kind(self) -> str:
+    def channel_kind(self, trainer_gpus: set[int] | None = None) -> str:
         """`engine.weight_sync` with `auto` resolved (see the module docstring), refused by name where it cannot
-        reach the engines."""
+        reach the engines. `trainer_gpus`: the GPUs of the trainer's ranks (default: this process's GPU)."""
         kind = self.cfg.weight_sync
         if kind == "auto":
             kind = "none" if self.cfg.kind == "openai" else "distributed"
             if self.cfg.kind == "vllm" and not _cuda():
                 kind = "disk"  # vLLM's transfer engines are NCCL and CUDA IPC only
             if self.cfg.kind == "serve" and not self.cfg.urls and _cuda():
-                import torch
-
-                # An engine on the trainer's GPU: CUDA IPC (NCCL refuses two ranks on one GPU). Every engine on a
-                # GPU of its own: NCCL, GPU to GPU.
-                kind = "distributed" if self.engine_gpus() - {torch.cuda.current_device()} else "tensor"
-        self._check_reach(kind)
+                # Every engine on a trainer rank's GPU: CUDA IPC, from that rank (NCCL refuses two ranks on one GPU).
+                # Every engine on a GPU of its own: NCCL, GPU to GPU.
+                kind = "distributed" if self.engine_gpus() - self._trainer_gpus(trainer_gpus) else "tensor"
+        self._check_reach(kind, trainer_gpus)
         return kind
+
+    def pusher(self, url: str, ranks: int) -> int:
+        """Which of `ranks` trainer ranks (rank r on GPU r) pushes `weight_sync: tensor` to the engine at `url`: the
+        rank on the engine's GPU (CUDA IPC opens memory of a GPU the engine sees); on CPUs, where shared memory
+        reaches any engine, the engines this run started in turn; rank 0 for any other."""
+        i = next((i for i, p in enumerate(self.processes) if getattr(p, "url", None) == url), None)
+        if i is None or ranks == 1:
+            return 0
+        if self.cfg.gpus:
+            gpu = self.cfg.gpus[i % len(self.cfg.gpus)]
+            return gpu if gpu < ranks else 0
+        return 0 if _cuda() else i % ranks  # on CUDA without engine.gpus every engine is on GPU 0
+
+    @staticmethod
+    def _trainer_gpus(given: set[int] | None) -> set[int]:
+        if given is not None:
+            return given
+        import torch
+
+        return {torch.cuda.current_device()}
 
     def sync_folder(self) -> Path:
         """Where `weight_sync: disk` writes each version: `run_dir/weight_sync`, the channel's alone (emptied when a
@@ -307,17 +326,16 @@ class Engines:
         """The `distributed` channel's torch.distributed backend."""
         return self.cfg.backend if self.cfg.backend != "auto" else ("nccl" if _cuda() else "gloo")
 
-    def _check_reach(self, kind: str) -> None:
-        """CUDA IPC reaches only engines that see the trainer's GPU; NCCL only engines on other GPUs."""
+    def _check_reach(self, kind: str, trainer_gpus: set[int] | None = None) -> None:
+        """CUDA IPC reaches only engines that see a trainer rank's GPU; NCCL only engines on other GPUs."""
         gpus = self.engine_gpus()
         if not gpus or kind not in ("tensor", "distributed") or kind == "distributed" and self.cfg.backend == "gloo":
             return
-        import torch
-
-        mine = torch.cuda.current_device()
-        if kind == "tensor" and gpus - {mine} or kind == "distributed" and mine in gpus:
+        mine = self._trainer_gpus(trainer_gpus)
+        if kind == "tensor" and gpus - mine or kind == "distributed" and gpus & mine:
+            where = f"GPU {min(mine)}" if len(mine) == 1 else f"GPUs {sorted(mine)}"
             raise InvalidInput(f"engine.gpus: {sorted(gpus)} puts {'some' if len(gpus) > 1 else 'the'} engine(s) "
-                               f"{'off' if kind == 'tensor' else 'on'} the trainer's GPU {mine}, which "
+                               f"{'off' if kind == 'tensor' else 'on'} the trainer's {where}, which "
                                f"weight_sync {kind} cannot reach (CUDA IPC needs the trainer's GPU, NCCL a GPU per "
                                "rank); place them all apart or all on it, or use weight_sync: disk")
 

@@ -128,11 +128,11 @@ class LocalTrainerGroup:
 
 
 # --- ranks in other processes: Ray actors or child processes -------------------------------------------------
-def _rank_channel(kind: str, spec: dict[str, Any], engines: Callable[[], list[Any]], layout: Any) -> Any:
-    """Rank 0's channel of `kind` to `engines()` (what the group's `channel` announced in `spec`)."""
+def _rank_channel(kind: str, spec: dict[str, Any], engines: Callable[[], list[Any]], layout: Any, rank: int) -> Any:
+    """A pushing rank's channel of `kind` to `engines()` (what the group's `channel` announced in `spec`)."""
     channel = _rank_channel_of(kind, spec, engines, layout)
     if hasattr(channel, "own_adapter_folder"):  # LoRA versions in the run's sync folder, as Engines.channel puts them
-        channel.own_adapter_folder(Path(spec["folder"]) / "adapters")
+        channel.own_adapter_folder(Path(spec["folder"]) / ("adapters" if rank == 0 else f"adapters_rank{rank}"))
     return channel
 
 
@@ -190,18 +190,21 @@ class _TrainerRank:
     def step_count(self) -> int:
         return self.trainer.step_count
 
-    async def sync(self, spec: dict[str, Any], engines: list[tuple[str, int]], version: str) -> dict[str, float]:
-        """Every rank gathers the weights (a collective under TP); rank 0 pushes them to `engines` ((url, token)
-        pairs: a new token at a known URL is a restarted engine, which the channel's group must take in anew)."""
+    async def sync(self, spec: dict[str, Any], engines: list[tuple[str, int, int]], version: str) -> dict[str, float]:
+        """Every rank gathers the weights (a collective under TP); each rank pushes them to its `engines` ((url,
+        token, pushing rank): a new token at a known URL is a restarted engine, which the channel's group must take
+        in anew). {} from a rank with none to push to."""
         adapter = getattr(self.trainer, "syncs_adapter", False)  # LoRA: the adapter alone
         weights = self.trainer.adapter() if adapter else self.trainer.weights()
-        if self.rank != 0:
+        engines = [(url, token) for url, token, pusher in engines if pusher == self.rank]
+        if not engines:
             return {}
         from slime_env.clients.sglang import SGLangPolicy
 
         if self.channel is None:
             self.clients: dict[tuple[str, int], Any] = {}
-            self.channel = _rank_channel(spec["kind"], spec, lambda: self.current, self.trainer.weight_layout())
+            self.channel = _rank_channel(spec["kind"], spec, lambda: self.current, self.trainer.weight_layout(),
+                                         self.rank)
         for key in set(self.clients) - set(engines):
             await self.clients.pop(key).close()
         self.current = [self.clients.setdefault(key, SGLangPolicy(key[0])) for key in engines]
@@ -307,7 +310,7 @@ class _RemoteTrainerGroup:
         if engines.cfg.kind == "vllm":
             raise InvalidInput(f"engine.kind vllm is not offered with cluster.backend {self.backend} yet (its channels "
                                "run in the driver's process); use cluster.backend local / torchrun")
-        kind = "inplace" if engines.embedded else engines.channel_kind()
+        kind = "inplace" if engines.embedded else engines.channel_kind(self._trainer_gpus())
         if kind not in self.channels:
             raise InvalidInput(f"engine.weight_sync {engines.cfg.weight_sync!r} ({kind}) is not offered with "
                                f"cluster.backend {self.backend} (offered: {list(self.channels)})")
@@ -325,8 +328,19 @@ class _RemoteTrainerGroup:
         return (await self._all("sft_step", self._shared(trajectories), lr))[0]
 
     async def sync(self, channel: Any, version: str) -> dict[str, float]:
-        engines = [(e.url, id(e)) for e in channel.engines.pool.targets()]
-        return (await self._all("sync", channel.spec, engines, version))[0]
+        engines = [(e.url, id(e), self._pusher(channel, e.url)) for e in channel.engines.pool.targets()]
+        pushed = [r for r in await self._all("sync", channel.spec, engines, version) if r]
+        # the ranks pushed side by side: the slowest is the sync's time; each sent the same weights
+        metrics = {k: max(r[k] for r in pushed if k in r) for k in {k for r in pushed for k in r}}
+        return {**metrics, "sync/ranks": float(len(pushed))}
+
+    def _trainer_gpus(self) -> set[int] | None:
+        """The GPUs (the run's indices) of the trainer ranks, where the group knows them (None: the run's own)."""
+        return None
+
+    def _pusher(self, channel: Any, url: str) -> int:
+        """The rank that pushes to the engine at `url` (rank 0, which alone holds the weight-update group)."""
+        return 0
 
     def save(self, path: Any) -> None:
         self._all_now("save", str(path))
@@ -439,6 +453,13 @@ class ProcessTrainerGroup(_RemoteTrainerGroup):
 
     def _master_address(self, engines: Any) -> str | None:
         return engines.cfg.master_address
+
+    def _trainer_gpus(self) -> set[int] | None:
+        return set(range(len(self.ranks)))  # rank r on GPU r
+
+    def _pusher(self, channel: Any, url: str) -> int:
+        # CUDA IPC from each rank to the engines on its GPU (colocated); one NCCL group or one folder: rank 0
+        return channel.engines.pusher(url, len(self.ranks)) if channel.spec["kind"] == "tensor" else 0
 
     def close(self) -> None:
         for rank in self.ranks:
