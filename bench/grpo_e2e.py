@@ -9,8 +9,9 @@ off); a reward that splits every group (the parity of the sum of the generated i
 
 Layout (`split`, the only one here yet): the trainer's ranks on GPUs 0..T-1 as child processes of the run
 (`cluster.backend: process`; Megatron, TP = T, full recompute), one serve-engine on each of GPUs T..N-1, the
-weights over NCCL after every step. Colocated layouts (every GPU both training and generating) need each trainer
-rank to push to the engine on its own GPU, which the run does not do yet.
+weights over NCCL after every step. Colocated layouts (every GPU both training and generating): the run's ranks now
+push to the engine on their own GPU (`weight_sync: tensor` from every rank), but a serve-engine keeps its K/V pool
+while the trainer steps (only the embedded engine releases it), so no layout of it is offered here yet.
 
 Per run (`--modes off overlap full`): s/step (mean and median, the first step excluded: it compiles and warms the
 engines), total and generated tokens/s/GPU, trainer and engine idle shares, the sync's seconds; then the table
