@@ -61,6 +61,7 @@ class EngineServer:
         self.model_path = model_path
         self.groups: dict[str, tuple[Any, str]] = {}  # weight-update groups by name: (process group, backend)
         self.loras: dict[str, str] = {}  # LoRA adapters loaded by name ("name@version") -> their folder
+        self.memory_calls = {"release": 0, "resume": 0}  # /release_ and /resume_memory_occupation calls served
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -207,7 +208,8 @@ class EngineServer:
                                   "lora_merged": True,
                                   # a distributed update call of any size buffers at most this (not SGLang's): a
                                   # sender may send a whole update in one call
-                                  "update_buffer_bytes": UPDATE_BUFFER_BYTES})
+                                  "update_buffer_bytes": UPDATE_BUFFER_BYTES,
+                                  "memory_calls": self.memory_calls})
 
     async def flush_cache(self, request: web.Request) -> web.Response:
         await asyncio.to_thread(self.policy.flush_cache)
@@ -449,10 +451,12 @@ class EngineServer:
 
     async def release_memory(self, request: web.Request) -> web.Response:
         await asyncio.to_thread(self.policy.release_memory)
+        self.memory_calls["release"] += 1
         return web.json_response({"success": True})
 
     async def resume_memory(self, request: web.Request) -> web.Response:
         await asyncio.to_thread(self.policy.resume_memory)
+        self.memory_calls["resume"] += 1
         return web.json_response({"success": True})
 
 

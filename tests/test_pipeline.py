@@ -390,3 +390,23 @@ def test_a_run_whose_last_engine_is_gone_fails_with_the_reason_after_saving(tmp_
         engine.stop()
     saved = tmp_path / "run" / "checkpoints"
     assert (saved / "latest").read_text() == "step_1" and (saved / "step_1" / "model").is_dir()
+
+
+def test_a_colocated_sync_run_with_offload_frees_the_engine_servers_memory_around_each_step(tmp_path):
+    """`trainer.offload` with serve engines (SGLang's routes): each step releases every engine's memory before the
+    trainer steps and resumes it before the weights arrive (SGLang frees its weights too), so the engines hold the new
+    weights after every step; an async run, which generates meanwhile, never releases."""
+    pytest.importorskip("megatron.core")
+    for mode, want in (("off", 1), ("overlap", 0)):
+        seen = []
+
+        async def check(step, engines, trainer, seen=seen):
+            for engine in engines.pool.up():
+                info = await engine.get_server_info()
+                got = await engine.get_weights_checksum()
+                seen.append((step, info["memory_calls"], got["weight_version"]))
+
+        cfg = _config(tmp_path / mode, engine={"kind": "serve", "count": 2}, **{"async": {"mode": mode}},
+                      trainer={**BASE["trainer"], "backend": "megatron", "offload": True})
+        asyncio.run(train(cfg, on_step=check, log=lambda _: None))
+        assert seen == [(s, {"release": want * s, "resume": want * s}, str(s)) for s in (1, 2) for _ in range(2)], mode

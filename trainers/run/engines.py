@@ -356,10 +356,25 @@ class Engines:
             return {}
         return {"engines/failovers": float(self.pool.failovers), "engines/up": float(len(self.pool.up()))}
 
-    def release_memory(self) -> None:
-        """The embedded engine's K/V memory leaves the GPU while a colocated trainer runs (a no-op elsewhere)."""
+    async def release_memory(self) -> None:
+        """The engines' memory leaves the GPU while a colocated trainer runs (`trainer.offload`): the embedded
+        engine's K/V pool, or SGLang's `/release_memory_occupation` on each engine server (serve, sglang); a no-op
+        for other kinds."""
         if self.embedded and hasattr(self.policy, "release_memory"):
             self.policy.release_memory()
+        elif self.releases_memory:
+            await asyncio.gather(*(e.release_memory_occupation() for e in self.pool.up()))
+
+    async def resume_memory(self) -> None:
+        """Before the weights arrive: each engine server takes its memory back (`/resume_memory_occupation`; SGLang
+        releases its weights too). The embedded engine takes its pool back when it next generates."""
+        if self.releases_memory:
+            await asyncio.gather(*(e.resume_memory_occupation() for e in self.pool.up()))
+
+    @property
+    def releases_memory(self) -> bool:
+        """Whether `release_memory` frees memory of engine servers (kind serve or sglang)."""
+        return not self.embedded and self.cfg.kind in ("serve", "sglang") and self.pool is not None
 
     # --- faults ------------------------------------------------------------------------------------------------
     def _on_down(self, engine: Any, reason: str) -> None:

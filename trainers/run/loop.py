@@ -212,9 +212,14 @@ async def train_step(run: Run, step: int) -> bool:
         raise RunEnded(f"every engine is gone ({gone})")
     rollout_s = time.perf_counter() - t0  # the trainer's wait for its batch
     run.recorder.samples(step, batch.groups)
-    if cfg.sections.trainer.offload:  # colocated: the embedded engine's K/V pool leaves the GPU while it trains
-        run.engines.release_memory()
+    # Colocated: the engines' memory leaves the GPU while the trainer steps. Not where they generate meanwhile (an
+    # async mode: there `offload` moves the trainer's own state alone; an embedded engine is refused by the config).
+    offload = cfg.sections.trainer.offload and not run.source.generates_while_training
+    if offload:
+        await run.engines.release_memory()
     metrics = await run.trainer.step(trajs, cfg.n_samples_per_prompt)
+    if offload:
+        await run.engines.resume_memory()
     metrics.update(scored)
     run.source.trained(batch)  # in the weights now, synced or not
     t_sync = time.perf_counter()

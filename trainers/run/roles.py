@@ -78,8 +78,13 @@ class Engines(Protocol):
         """Health of the engines for the step's row (`engines/up`, `engines/failovers`; empty when embedded)."""
         ...
 
-    def release_memory(self) -> None:
-        """An embedded engine gives its K/V memory back while a colocated trainer steps (a no-op elsewhere)."""
+    async def release_memory(self) -> None:
+        """The engines give their memory back while a colocated trainer steps (the embedded engine's K/V pool, engine
+        servers' `/release_memory_occupation`; a no-op for engines without it)."""
+        ...
+
+    async def resume_memory(self) -> None:
+        """Engine servers take their memory back, before the weights arrive (the embedded engine does on its own)."""
         ...
 
     async def close(self) -> None:
@@ -139,6 +144,11 @@ class TrainerGroup(Protocol):
 @runtime_checkable
 class BatchSource(Protocol):
     """Where each step's batch comes from (`slime_env.trainers.run.sources`): the async mode lives here only."""
+
+    @property
+    def generates_while_training(self) -> bool:
+        """Whether the engines generate while the trainer steps (an async mode: their memory stays)."""
+        ...
 
     def tasks(self, train_tasks: Sequence[Any], steps: int, start: int) -> list[Any]:
         """The tasks the rollout manager runs, in order, for steps `start + 1 .. steps`."""

@@ -81,6 +81,8 @@ def staleness_metrics(groups: list[Any], trainer_version: int) -> dict[str, Any]
 class BatchSource:
     """`mode: off`: each step generates its batch with the current weights."""
 
+    generates_while_training = False  # whether engines generate while the trainer steps (no memory to release then)
+
     def __init__(self, config: AsyncConfig, per_step: int):
         self.config, self.per_step = config, per_step
         self.manager: Any = None
@@ -132,6 +134,8 @@ class BatchSource:
 class OverlapSource(BatchSource):
     """`mode: overlap`: batch k + 1 is generated while step k trains; the weights sync once both are done."""
 
+    generates_while_training = True
+
     def __init__(self, config: AsyncConfig, per_step: int):
         super().__init__(config, per_step)
         self.pending: asyncio.Task | None = None
@@ -162,6 +166,8 @@ class OverlapSource(BatchSource):
 
 class StreamSource(BatchSource):
     """`mode: full`: batches come from a `GroupStream` that never stops generating but for the weight update."""
+
+    generates_while_training = True
 
     def __init__(self, config: AsyncConfig, per_step: int):
         super().__init__(config, per_step)
