@@ -7,18 +7,19 @@ scaled so its mean is --mean-tokens, generated with ignore_eos (`Env.sampling_pa
 Llama-3.1-8B row (16 x H100, max 4,096 / mean 1,060 generated tokens: 1,562 tok/s/GPU on-policy, 2,161 one step
 off); a reward that splits every group (the parity of the sum of the generated ids), so every step trains.
 
-Layout (`split`, the only one here yet): the trainer's ranks on GPUs 0..T-1 as child processes of the run
+Layouts (`--layouts`): `split`: the trainer's ranks on GPUs 0..T-1 as child processes of the run
 (`cluster.backend: process`; Megatron, TP = T, full recompute), one serve-engine on each of GPUs T..N-1, the
-weights over NCCL after every step. Colocated layouts (every GPU both training and generating): the run's ranks now
-push to the engine on their own GPU (`weight_sync: tensor` from every rank), but a serve-engine keeps its K/V pool
-while the trainer steps (only the embedded engine releases it), so no layout of it is offered here yet.
+weights over NCCL after every step. `colocated`: the ranks on all N GPUs (TP = T, DP = N / T) and a serve-engine on
+each of them, each rank pushing the weights to the engine on its GPU by CUDA IPC; in the synchronous mode the engines
+free their memory while the trainer steps and the optimizer state leaves the GPUs while they generate
+(`trainer.offload`); in an async mode both share each GPU throughout.
 
 Per run (`--modes off overlap full`): s/step (mean and median, the first step excluded: it compiles and warms the
 engines), total and generated tokens/s/GPU, trainer and engine idle shares, the sync's seconds; then the table
 beside NeMo RL's figures. Writes OUT/<layout>_<mode>/ (each run's metrics.jsonl) and OUT/summary.json.
 
-  python bench/grpo_e2e.py --shape qwen3-8b --gpus 4 --trainer-gpus 2 --steps 6 --modes off overlap full
-  python bench/grpo_e2e.py --cpu --shape smollm2-135m --layers 2 --steps 2 --modes off full   # the plumbing, on CPU
+  python bench/grpo_e2e.py --shape qwen3-8b --gpus 4 --trainer-gpus 2 --steps 6 --layouts split colocated
+  python bench/grpo_e2e.py --cpu --shape smollm2-135m --layers 2 --steps 2 --layouts split colocated --modes off full
 """
 
 from __future__ import annotations
@@ -80,9 +81,11 @@ class LengthPlanEnv(Env):
 slime_env.register("LengthPlan-v0", entry_point="grpo_e2e:LengthPlanEnv", description="bench/grpo_e2e.py")
 
 
-def config(args: argparse.Namespace, mode: str, run_dir: Path) -> TrainConfig:
+def config(args: argparse.Namespace, layout: str, mode: str, run_dir: Path) -> TrainConfig:
     t, n = args.trainer_gpus, args.gpus
     on_gpu = not args.cpu
+    colocated = layout == "colocated"
+    engine_gpus = list(range(n)) if colocated else list(range(t, n))
     return TrainConfig.from_dict({
         "run_dir": str(run_dir), "model": args.model, "env": "LengthPlan-v0", "seed": 0,
         "train_data": {"generator": "grpo_e2e:plan_tasks", "size": 20000, "seed": 1, "mean": args.mean_tokens,
@@ -93,10 +96,10 @@ def config(args: argparse.Namespace, mode: str, run_dir: Path) -> TrainConfig:
         "trainer": {"backend": "megatron", "estimator": "grpo", "lr": 1e-6, "tp": t,
                     "sequence_parallel": t > 1, "recompute": "full" if on_gpu else "none",
                     "micro_batch_size": 64, "max_tokens_per_micro_batch": args.micro_batch_tokens,
-                    "max_grad_norm": 1.0},
-        "engine": {"kind": "serve", "count": max(n - t, 1),
-                   **({"gpus": list(range(t, n))} if on_gpu else {})},
-        "cluster": {"backend": "process", "trainer": {"gpus_per_node": t}},
+                    "max_grad_norm": 1.0, "offload": colocated and mode == "off"},
+        "engine": {"kind": "serve", "count": len(engine_gpus) if on_gpu else (2 if colocated else 1),
+                   **({"gpus": engine_gpus} if on_gpu else {}), **({"weight_sync": "tensor"} if colocated else {})},
+        "cluster": {"backend": "process", "trainer": {"gpus_per_node": n if colocated else t}},
         "async": {"mode": mode, "max_staleness": 1, "in_flight": 2 * args.prompts * args.n},
     }, "bench/grpo_e2e.py")
 
@@ -115,6 +118,7 @@ def summarize(rows: list[dict[str, Any]], gpus: int, prompt_tokens: int, episode
             "trainer_idle": statistics.fmean(r["time/trainer_idle_frac"] for r in timed),
             "engine_idle": statistics.fmean(r["time/engine_idle_frac"] for r in timed),
             "sync_s": statistics.fmean(r.get("sync/s", 0.0) for r in timed),
+            "sync_ranks": max(r.get("sync/ranks", 1.0) for r in timed),
             "train_step_s": statistics.fmean(r.get("train/step_s", 0.0) for r in timed)}
 
 
@@ -124,6 +128,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=None, help="fewer of --shape's layers (a quick check)")
     ap.add_argument("--gpus", type=gpus_arg, default=4)
     ap.add_argument("--trainer-gpus", type=gpus_arg, default=2)
+    ap.add_argument("--layouts", nargs="+", default=["split"], choices=["split", "colocated"])
     ap.add_argument("--modes", nargs="+", default=["off", "overlap", "full"], choices=["off", "overlap", "full"])
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--prompts", type=int, default=32)
@@ -136,11 +141,13 @@ def main() -> None:
                                                        "engine, the trainer on gloo")
     ap.add_argument("--out", default="runs/grpo_e2e")
     args = ap.parse_args()
-    if args.cpu:
+    if args.cpu:  # colocated: two ranks (DP = 2) and two engines, each rank pushing to one
         args.prompts, args.n, args.mean_tokens, args.min_tokens, args.max_tokens = 2, 4, 12.0, 4, 32
-        args.gpus, args.trainer_gpus = 1, 1
-    elif args.trainer_gpus >= args.gpus:
+        args.gpus, args.trainer_gpus = (2, 1) if "colocated" in args.layouts else (1, 1)
+    elif "split" in args.layouts and args.trainer_gpus >= args.gpus:
         raise SystemExit(f"--trainer-gpus {args.trainer_gpus}: leave at least one of the {args.gpus} GPUs to engines")
+    if "colocated" in args.layouts and args.gpus % args.trainer_gpus:
+        raise SystemExit(f"--trainer-gpus {args.trainer_gpus} (TP) must divide --gpus {args.gpus} when colocated")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     args.model = str(out / (f"model_{args.shape}" + (f"_{args.layers}l" if args.layers else "")))
@@ -156,24 +163,27 @@ def main() -> None:
           f"p99 {sorted(plans)[int(0.99 * len(plans))]}, max {max(plans)} generated tokens; prompt {prompt_tokens}",
           flush=True)
     results: dict[str, dict[str, Any]] = {}
-    for mode in args.modes:
-        name = f"split_{mode}"
-        summary = asyncio.run(train(config(args, mode, out / name), log=lambda line: None))
-        rows = [json.loads(line) for line in open(summary["metrics"])]
-        r = results[name] = {"mode": mode, "gpus": args.gpus, "trainer_gpus": args.trainer_gpus,
-                             **summarize(rows, args.gpus, prompt_tokens, args.prompts * args.n)}
-        print(f"{name:14s} {r['step_s_mean']:7.2f} s/step (median {r['step_s_median']:.2f})  "
-              f"{r['tokens_per_s_per_gpu']:7.0f} tok/s/GPU ({r['generated_tokens_per_s_per_gpu']:.0f} generated)  "
-              f"trainer idle {r['trainer_idle']:.2f}  engine idle {r['engine_idle']:.2f}  "
-              f"train {r['train_step_s']:.2f} s  sync {r['sync_s']:.3f} s", flush=True)
+    for layout in args.layouts:
+        for mode in args.modes:
+            name = f"{layout}_{mode}"
+            summary = asyncio.run(train(config(args, layout, mode, out / name), log=lambda line: None))
+            rows = [json.loads(line) for line in open(summary["metrics"])]
+            r = results[name] = {"layout": layout, "mode": mode, "gpus": args.gpus, "trainer_gpus": args.trainer_gpus,
+                                 **summarize(rows, args.gpus, prompt_tokens, args.prompts * args.n)}
+            print(f"{name:18s} {r['step_s_mean']:7.2f} s/step (median {r['step_s_median']:.2f})  "
+                  f"{r['tokens_per_s_per_gpu']:7.0f} tok/s/GPU ({r['generated_tokens_per_s_per_gpu']:.0f} generated)  "
+                  f"trainer idle {r['trainer_idle']:.2f}  engine idle {r['engine_idle']:.2f}  "
+                  f"train {r['train_step_s']:.2f} s  sync {r['sync_s']:.3f} s ({r['sync_ranks']:.0f} rank(s))",
+                  flush=True)
     where = "CPU (the plumbing only)" if args.cpu else \
-        f"{args.gpus} GPUs ({args.trainer_gpus} training, {args.gpus - args.trainer_gpus} generating)"
+        f"{args.gpus} GPUs (split: {args.trainer_gpus} training, {args.gpus - args.trainer_gpus} generating; " \
+        f"colocated: all both, TP {args.trainer_gpus})"
     print(f"\n{args.shape}, {where}, {args.prompts} x {args.n} episodes per step")
     for name, r in results.items():
         ref = NEMO_RL.get(r["mode"])
         vs = f"{r['tokens_per_s_per_gpu'] / ref:.2f}x NeMo RL's {ref:.0f}" if ref else \
             "(NeMo RL publishes no full mode)"
-        print(f"  {name:14s} {r['tokens_per_s_per_gpu']:7.0f} tok/s/GPU  {vs}")
+        print(f"  {name:18s} {r['tokens_per_s_per_gpu']:7.0f} tok/s/GPU  {vs}")
     (out / "summary.json").write_text(json.dumps(results, indent=1))
     print(f"\nwrote {out / 'summary.json'}")
 

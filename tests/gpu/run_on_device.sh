@@ -94,7 +94,7 @@ for step in "$@"; do
         async-2gpu) python3 bench/async_train.py ${ASYNC_ARGS:---task longtail --steps 20 --seeds 0 --eval-size 100 --eval-every 10} \
             --runs ${ASYNC_RUNS:-serve:off apart:full apart:off apart:overlap apart:full:process} --out "$OUT/async2" 2>&1 | tee -a "$OUT/async_2gpu.log" \
             | grep -v "^Loading\|^Writing" | tail -30 || rc=1 ;;
-        grpo-4gpu) python3 bench/grpo_e2e.py ${GRPO_ARGS:---shape qwen3-8b --gpus 4 --trainer-gpus 2 --steps 6} \
+        grpo-4gpu) python3 bench/grpo_e2e.py ${GRPO_ARGS:---shape qwen3-8b --gpus 4 --trainer-gpus 2 --steps 6 --layouts split colocated} \
             --out "$OUT/grpo_e2e" 2>&1 | tee "$OUT/grpo_e2e.log" | grep -v "^Loading\|^Writing" | tail -20 || rc=1 ;;
         pipeline-bench) python3 bench/pipeline.py sync --engines 1 --kinds tensor disk --train-step ${PIPELINE_ARGS:-} \
             --out-dir "$OUT/pipeline" 2>&1 | tee "$OUT/pipeline.log" | tail -12 || rc=1 ;;
