@@ -1,17 +1,21 @@
 """SGLang's `update_weights_from_tensor` payload: named tensors from a process on the same host.
 
 `serialize_named_tensors([(name, tensor), ...])` pickles the list with torch's multiprocessing reductions
-(`ForkingPickler`) and base64-encodes it, as SGLang's `MultiprocessingSerializer` does: a CUDA tensor travels
-as a CUDA IPC handle (the receiver maps the sender's GPU memory, no copy through the host), a CPU tensor
-as shared memory. The sender must keep the tensors alive until the receiver has loaded them (the HTTP
-call returns after loading). The payload is a pickle: only a trusted process on the same host may send it,
-which is why the engine server binds to loopback by default, as SGLang's does. torch is imported on first use.
+(`ForkingPickler`) and base64-encodes it, as SGLang's `MultiprocessingSerializer` does: a CUDA tensor travels as a
+CUDA IPC handle (the receiver maps the sender's GPU memory, no copy through the host), a CPU tensor as shared
+memory. A CUDA tensor's device travels as the GPU's UUID, not its index, as SGLang's `monkey_patch_torch_reductions`
+sends and reads it: a receiver that sees other GPUs, or the same under other indices (an engine started with its own
+CUDA_VISIBLE_DEVICES beside a trainer rank on GPU 3), finds the same GPU. The sender must keep the tensors alive
+until the receiver has loaded them (the HTTP call returns after loading). The payload is a pickle: only a trusted
+process on the same host may send it, which is why the engine server binds to loopback by default, as SGLang's does.
+torch is imported on first use.
 """
 
 from __future__ import annotations
 
 import base64
 import io
+import os
 import pickle
 from collections.abc import Sequence
 from typing import Any
@@ -32,17 +36,70 @@ def serialize_named_tensors(named_tensors: Sequence[tuple[str, Any]]) -> str:
     torch.multiprocessing.set_sharing_strategy("file_system")
     try:
         buf = io.BytesIO()
-        ForkingPickler(buf).dump(items)
+        pickler = ForkingPickler(buf)
+        pickler.dispatch_table[torch.Tensor] = _reduce_by_uuid(pickler.dispatch_table[torch.Tensor])
+        pickler.dump(items)
     finally:
         torch.multiprocessing.set_sharing_strategy(previous)
     return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+# The storage device's place among `rebuild_cuda_tensor`'s arguments (torch.multiprocessing.reductions; unchanged
+# for years, and SGLang's patch relies on it too).
+_DEVICE_ARG = 6
+
+
+def _reduce_by_uuid(reduce: Any) -> Any:
+    """torch's tensor reduction, with a CUDA storage's device index replaced by its GPU's UUID."""
+    from torch.multiprocessing import reductions
+
+    def reduce_tensor(tensor: Any) -> tuple[Any, tuple[Any, ...]]:
+        fn, args = reduce(tensor)
+        if fn is reductions.rebuild_cuda_tensor and isinstance(args[_DEVICE_ARG], int):
+            args = (*args[:_DEVICE_ARG], _uuid(args[_DEVICE_ARG]), *args[_DEVICE_ARG + 1:])
+        return fn, args
+    return reduce_tensor
+
+
+def _uuid(device: int) -> str:
+    import torch
+
+    return str(torch.cuda.get_device_properties(device).uuid)
+
+
+def _device_of(device: int | str) -> int:
+    """This process's index of a GPU named by its UUID (an index stays as it is), as SGLang resolves it."""
+    import torch
+
+    if isinstance(device, int):
+        return device
+    for i in range(torch.cuda.device_count()):
+        if _uuid(i) == device:
+            return i
+    raise ValueError(f"a tensor lives on GPU {device}, which this process does not see "
+                     f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})")
+
+
+def _rebuild_cuda_tensor(*args: Any) -> Any:
+    from torch.multiprocessing import reductions
+
+    return reductions.rebuild_cuda_tensor(*args[:_DEVICE_ARG], _device_of(args[_DEVICE_ARG]), *args[_DEVICE_ARG + 1:])
+
+
+class _Unpickler(pickle.Unpickler):
+    """Rebuilds CUDA tensors whose device is a GPU's UUID (or an index); everything else as pickle does."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) == ("torch.multiprocessing.reductions", "rebuild_cuda_tensor"):
+            return _rebuild_cuda_tensor
+        return super().find_class(module, name)
 
 
 def deserialize_named_tensors(payload: str | bytes) -> list[tuple[str, Any]]:
     """The `[(name, tensor), ...]` of `serialize_named_tensors` (CUDA tensors on their sender's device)."""
     import torch.multiprocessing  # noqa: F401 - the reductions that rebuild the tensors
 
-    items = pickle.loads(base64.b64decode(payload))
+    items = _Unpickler(io.BytesIO(base64.b64decode(payload))).load()
     if not isinstance(items, list) or not all(isinstance(i, tuple) and len(i) == 2 for i in items):
         raise ValueError("serialized_named_tensors must hold a list of (name, tensor) pairs")
     return items

@@ -148,6 +148,34 @@ def test_cuda_ipc_weights_reach_another_process(tmp_path):
     assert (name, device) == ("w", "cuda") and float(total) == pytest.approx(float(weight.double().sum()), rel=1e-9)
 
 
+@pytest.mark.two_gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_cuda_ipc_weights_reach_an_engine_that_sees_the_senders_gpu_under_another_index(tmp_path):
+    """A colocated trainer rank on GPU 1 pushes to the engine on its GPU, whose process sees that GPU alone, as
+    cuda:0 (CUDA_VISIBLE_DEVICES): the payload names the GPU by UUID, so the tensor arrives on the same GPU."""
+    import os
+    import subprocess
+    import sys
+
+    from slime_env.agents.weight_transfer import serialize_named_tensors
+
+    weight = torch.randn(4096, device="cuda:1")
+    (tmp_path / "payload").write_text(serialize_named_tensors([("w", weight)]))
+    code = ("import sys, torch; from slime_env.agents.weight_transfer import deserialize_named_tensors as d; "
+            "[(n, x)] = d(open(sys.argv[1]).read()); "
+            "print(n, x.device, torch.cuda.get_device_properties(x.device).uuid, float(x.double().sum()))")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", ",".join(map(str, range(torch.cuda.device_count())))).split(",")
+    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", ""),
+           "CUDA_VISIBLE_DEVICES": visible[1]}
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "payload")], capture_output=True, text=True,
+                         timeout=120, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    name, device, uuid, total = out.stdout.split()[-4:]
+    assert (name, device, uuid) == ("w", "cuda:0", str(torch.cuda.get_device_properties(1).uuid))
+    assert float(total) == pytest.approx(float(weight.double().sum()), rel=1e-9)
+
+
 def test_megatron_ppo_learns_values_on_cuda():
     from slime_env.trainers.megatron_trainer import MegatronTrainer
 
