@@ -84,7 +84,7 @@ class _VLLMChannel(_Servers):
 class VLLMFromDisk(_VLLMChannel):
     """A model folder `folder/weights_{version}` every engine can read (written by `save(path)` when given): a temporary
     folder when `folder` is None; only the newest version is kept (`weight_sync._VersionFolders`). `scratch`: `folder`
-    is this channel's alone, emptied now and removed by `close`."""
+    is this channel's alone, emptied now, its versions removed by `close`."""
 
     def __init__(self, engines: Callable[[], Sequence[Any]], *, folder: str | Path | None = None,
                  layout: WeightLayout | None = None, save: Callable[[Path], Any] | None = None,

@@ -258,7 +258,7 @@ class _VersionFolders:
     its own when `root` is None (removed by `close`). Once every engine has loaded a version, the folder it replaces
     goes: engines load a full set eagerly, and a copy of the weights per sync would fill the disk within a run.
     `scratch`: `root` is the channel's alone (a run's `run_dir/weight_sync`): emptied now, of what a killed run left
-    there, and removed by `close`."""
+    there; `close` removes its versions, and the folder once nothing else is in it."""
 
     def __init__(self, root: str | Path | None, *, scratch: bool = False):
         self.owned = root is None or scratch
@@ -289,7 +289,7 @@ class FromDisk(_Servers):
     `folder/weights_{version}` (`_VersionFolders`: a temporary folder when neither `folder` nor `path` is given, only
     the newest version kept), or exactly `path` when given (`trainer.sync(policy, path=...)`, kept); it is written by
     `save(path)` when given (a function writing the weights being pushed), else as `layout.save_folder` writes it.
-    `scratch`: `folder` is this channel's alone, emptied now and removed by `close` (`_VersionFolders`)."""
+    `scratch`: `folder` is this channel's alone, emptied now, its versions removed by `close` (`_VersionFolders`)."""
 
     def __init__(self, engines: Callable[[], Sequence[Any]], *, folder: str | Path | None = None,
                  layout: WeightLayout | None = None, save: Callable[[Path], Any] | None = None,

@@ -193,11 +193,11 @@ class _TrainerRank:
     async def sync(self, spec: dict[str, Any], engines: list[tuple[str, int, int]], version: str) -> dict[str, float]:
         """Every rank gathers the weights (a collective under TP); each rank pushes them to its `engines` ((url,
         token, pushing rank): a new token at a known URL is a restarted engine, which the channel's group must take
-        in anew). {} from a rank with none to push to."""
+        in anew). {} from a rank other than 0 with none to push to."""
         adapter = getattr(self.trainer, "syncs_adapter", False)  # LoRA: the adapter alone
         weights = self.trainer.adapter() if adapter else self.trainer.weights()
         engines = [(url, token) for url, token, pusher in engines if pusher == self.rank]
-        if not engines:
+        if not engines and self.rank != 0:  # rank 0 goes on: its channel lets go of engines that are gone
             return {}
         from slime_env.clients.sglang import SGLangPolicy
 
