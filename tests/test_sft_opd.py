@@ -366,7 +366,7 @@ def test_a_cold_start_warm_up_teaches_search_r1_on_topics_never_trained_on(tmp_p
 def test_sft_with_lora_on_trainer_ranks_in_child_processes_leaves_the_merged_model_folder(tmp_path):
     """`slime-env sft` with LoRA and `cluster.backend: process`: the rank in its child process writes the merged
     model folder beside the adapter (before, only a trainer in the run's own process did), and it is the base weights
-    with the adapter folded in: what the engine served after the warm-up's last sync."""
+    with the adapter folded in: only the adapted projections differ from the base."""
     import torch
     from safetensors.torch import load_file
 

@@ -276,9 +276,10 @@ class _RemoteTrainerGroup:
             if failed is None:
                 return [f.result() for f in futures]
             error = failed.exception()
-            if pending and not self._died(error):
+            died = self._died(error)
+            if pending and not died:
                 pending = wait(pending, timeout=self.grace_s).not_done
-            if pending or self._died(error):
+            if pending or died:
                 cause = self._cause(error)
                 self.failed = f"trainer rank {futures.index(failed)}: {type(cause).__name__}: {cause}"
                 self._kill()
