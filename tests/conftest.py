@@ -10,6 +10,11 @@ import os
 import pytest
 
 from slime_env import offline_tokenizers as ot
+from suite_report import SuiteReport
+
+
+def pytest_configure(config):
+    config.pluginmanager.register(SuiteReport(config), "suite_report")
 
 
 @pytest.fixture(scope="module")
