@@ -1,10 +1,10 @@
 """The continuous-batching loop of `TransformersPolicy`, with a per-session prefix cache.
 
-One worker thread runs steps (`slime_env.agents.worker.EngineWorker`). Each step admits waiting requests into the running batch and decodes one
-token for every live row; a request never waits for others to finish. For Llama / Qwen2 / Qwen3 models that
-is one packed forward (`slime_env.agents.packed_forward`): the live rows' next tokens and the admitted requests' new
-tokens (a prompt that extends a cached prefix of its session: only what is new) together. Other models take
-two passes: a prefill of the admitted requests (fresh prompts together, left-padded; extensions of cached
+One worker thread runs steps (`slime_env.agents.worker.EngineWorker`). Each step admits waiting requests into the
+running batch and decodes one token for every live row; a request never waits for others to finish. For Llama / Qwen2 /
+Qwen3 models that is one packed forward (`slime_env.agents.packed_forward`): the live rows' next tokens and the admitted
+requests' new tokens (a prompt that extends a cached prefix of its session: only what is new) together. Other models
+take two passes: a prefill of the admitted requests (fresh prompts together, left-padded; extensions of cached
 prefixes together), then the decoding pass through the model's own forward.
 
 The batch is one transformers `DynamicCache` whose rows are left-padded: each row's real tokens sit at

@@ -122,7 +122,8 @@ class EngineServer:
         if not isinstance(start, int):
             return _bad("logprob_start_len must be an integer")
         if params.get("max_new_tokens") == 0:  # SGLang's prefill-only scoring: the prompt's own log-probs
-            results = await asyncio.gather(*(self._score(ids, rid, want_logprobs, start) for ids, rid in zip(prompts, rids)))
+            results = await asyncio.gather(*(self._score(ids, rid, want_logprobs, start)
+                                             for ids, rid in zip(prompts, rids)))
             return web.json_response(results if batched else results[0])
         try:
             results = await asyncio.gather(*(self._one(ids, params, rid, want_logprobs, want_routed)

@@ -1,11 +1,11 @@
 """The paged engine's K/V block pool: fixed-size blocks, reference counts, and a prefix cache by block content.
 
-A sequence's K/V lives in blocks of `block_size` tokens anywhere in one preallocated pool (`slime_env.agents.model_runner`);
-its block table lists them in order. A block that is full holds the K/V of a known run of tokens after a known
-prefix, so it is named by a chain digest — blake2b(digest of the previous block ‖ this block's token ids) — and
-any later sequence whose ids start with the same tokens reuses it instead of recomputing: the next turn of an
-episode (its prompt extends the last one), the n samples of a GRPO group (one shared prompt), retries. Shared blocks
-are only ever full ones, so nobody writes into a block someone else reads.
+A sequence's K/V lives in blocks of `block_size` tokens anywhere in one preallocated pool
+(`slime_env.agents.model_runner`); its block table lists them in order. A block that is full holds the K/V of a known
+run of tokens after a known prefix, so it is named by a chain digest — blake2b(digest of the previous block ‖ this
+block's token ids) — and any later sequence whose ids start with the same tokens reuses it instead of recomputing: the
+next turn of an episode (its prompt extends the last one), the n samples of a GRPO group (one shared prompt), retries.
+Shared blocks are only ever full ones, so nobody writes into a block someone else reads.
 
 A block whose last user releases it keeps its K/V and digest and goes to the end of the free list; allocation
 takes from the front, so the least recently used cached block is evicted first. New weights make every cached

@@ -122,7 +122,8 @@ class LoRAAdapter:
         return out
 
     def _rank_scaling(self, param: str) -> tuple[int, float]:
-        """(rank, scale) of one adapted parameter: peft's `rank_pattern` / `alpha_pattern`, else the config's r / alpha."""
+        """(rank, scale) of one adapted parameter: peft's `rank_pattern` / `alpha_pattern`, else the config's
+        r / alpha."""
         def pattern(which: str, default: float) -> float:
             for key, value in (self.config.get(which) or {}).items():
                 if re.match(rf"(.*\.)?({key})$", param):

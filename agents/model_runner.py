@@ -131,9 +131,9 @@ class ModelRunner:
         self.max_blocks = -(-max_model_len // block_size)
         self.num_blocks = num_blocks
         self.use_triton = use_triton
-        # The fused elementwise kernels (slime_env.agents.fused_ops) go with the Triton attention, for SiLU-gated MLPs in 16-bit
-        # dtypes. Not in float32: there the engine equals the model's forward exactly with the modules, while with
-        # the fused kernels SmolLM2's real weights showed greedy log-probs up to 0.1 away on an H100 (the attention
+        # The fused elementwise kernels (slime_env.agents.fused_ops) go with the Triton attention, for SiLU-gated MLPs
+        # in 16-bit dtypes. Not in float32: there the engine equals the model's forward exactly with the modules, while
+        # with the fused kernels SmolLM2's real weights showed greedy log-probs up to 0.1 away on an H100 (the attention
         # kernels alone: exact) — see bench/fused_ops_precision.py; in bf16 the modules' own rounding dominates.
         self.fused = use_triton and getattr(model.config, "hidden_act", None) == "silu" and \
             self.dtype in (torch.bfloat16, torch.float16)
@@ -289,8 +289,8 @@ class ModelRunner:
         return q.view(t, self.heads, d), k.view(t, self.kv_heads, d), v.view(t, self.kv_heads, d)
 
     def _forward_fused(self, x, cos, sin, v, meta) -> torch.Tensor:
-        """The same layers with `slime_env.agents.fused_ops`: each norm fused with the residual add before it, the q/k norms
-        and rotary embedding fused with the K/V store, SiLU fused with the gate's product."""
+        """The same layers with `slime_env.agents.fused_ops`: each norm fused with the residual add before it, the q/k
+        norms and rotary embedding fused with the K/V store, SiLU fused with the gate's product."""
         from slime_env.agents import fused_ops as fo
 
         layers, tokens = self.model.model.layers, x.shape[0]

@@ -5,11 +5,11 @@ One thread runs steps. A step is either
   graph captured for that batch size; or
 - a **mixed step** (eager): the running sequences' decode tokens plus the new tokens of sequences joining the
   batch, packed into one forward. Joining sequences first take what the block pool already holds for them
-  (`slime_env.agents.kv_blocks`: the earlier turns of their episode, the prompt their GRPO group shares), so a resumed turn
-  computes only its new tokens. A prompt longer than the step's token budget is prefilled over several steps.
+  (`slime_env.agents.kv_blocks`: the earlier turns of their episode, the prompt their GRPO group shares), so a resumed
+  turn computes only its new tokens. A prompt longer than the step's token budget is prefilled over several steps.
 
-Every step ends with one batched draw on the GPU (`slime_env.agents.sampler`) and one copy of (token, log-prob) per row to
-the host. K/V blocks are allocated as sequences grow; when the pool runs out, the most recently admitted sequence
+Every step ends with one batched draw on the GPU (`slime_env.agents.sampler`) and one copy of (token, log-prob) per row
+to the host. K/V blocks are allocated as sequences grow; when the pool runs out, the most recently admitted sequence
 is preempted — its blocks released (its full ones stay cached and are usually matched again), its tokens kept —
 and resumed later by recomputation. Requests, stop rules and results are `TransformersPolicy`'s (passed in as an
 `EngineFront`; the thread is `slime_env.agents.worker.EngineWorker`'s): this class only replaces

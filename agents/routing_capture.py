@@ -32,7 +32,8 @@ class RoutingCapture:
     def __init__(self, model: Any):
         routers = moe_routers(model)
         if not routers:
-            raise ValueError(f"{type(model).__name__} has no MoE router (layer.mlp.gate with top_k): nothing to capture")
+            raise ValueError(f"{type(model).__name__} has no MoE router (layer.mlp.gate with top_k): "
+                             "nothing to capture")
         self.num_layers = len(model.model.layers)
         self.top_k = int(routers[0][1].top_k)
         self.num_experts = int(routers[0][1].num_experts)

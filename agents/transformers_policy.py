@@ -4,10 +4,11 @@ By default (`batching="continuous"`, `slime_env.agents.engine`) requests join th
 decoding step — none waits for another to finish — and each episode session keeps the KV cache of what
 it has fed so far, so its next turn encodes only the new tokens. `batching="static"` is the older loop:
 requests that arrive within `batch_window_s` of each other are generated as one left-padded batch (at most
-`max_batch_size`) run to completion. Either way one worker thread runs torch: the event loop never does. Each request keeps its own sampling params (SGLang names: temperature,
-top_p, top_k, max_new_tokens, stop, stop_token_ids, ignore_eos, sampling_seed) and gets back the log-prob of
-every sampled token under the distribution it was sampled from (temperature, top-k and top-p
-applied and renormalised; for greedy decoding, temperature 0, the model's own log-softmax).
+`max_batch_size`) run to completion. Either way one worker thread runs torch: the event loop never does. Each request
+keeps its own sampling params (SGLang names: temperature, top_p, top_k, max_new_tokens, stop, stop_token_ids,
+ignore_eos, sampling_seed) and gets back the log-prob of every sampled token under the distribution it was sampled from
+(temperature, top-k and top-p applied and renormalised; for greedy decoding, temperature 0, the model's own
+log-softmax).
 """
 
 from __future__ import annotations
@@ -498,8 +499,9 @@ def _routed(req: Request) -> RoutedExperts | None:
 
 
 def paged_usable(model: Any) -> bool:
-    """Whether the paged GPU engine (`slime_env.agents.paged_engine`) runs `model`: a Llama / Qwen2 / Qwen3 model on CUDA with
-    Triton importable and a power-of-two head dim. Elsewhere continuous batching uses `slime_env.agents.engine`."""
+    """Whether the paged GPU engine (`slime_env.agents.paged_engine`) runs `model`: a Llama / Qwen2 / Qwen3 model on
+    CUDA with Triton importable and a power-of-two head dim. Elsewhere continuous batching uses
+    `slime_env.agents.engine`."""
     from slime_env.agents import paged_attention
     from slime_env.agents.packed_forward import packable
 

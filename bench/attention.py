@@ -157,7 +157,8 @@ def main() -> None:
             else:
                 if ref is None:
                     ref, ref_name = got, name
-                row.update(times, max_abs_diff=max((a.float() - b.float()).abs().max().item() for a, b in zip(got, ref)),
+                row.update(times,
+                           max_abs_diff=max((a.float() - b.float()).abs().max().item() for a, b in zip(got, ref)),
                            fwd_tflops=fwd_flops / times["fwd_ms"] / 1e9,
                            fwd_bwd_tflops=3.5 * fwd_flops / times["fwd_bwd_ms"] / 1e9)
                 print(f"{layout:>10s} {name:>15s}  fwd {row['fwd_ms']:8.2f} ms {row['fwd_tflops']:6.0f} TF/s   "

@@ -46,7 +46,8 @@ async def ours(tasks, sandbox, concurrency: int) -> tuple[float, int]:
 
     async def one(t):
         async with sem:
-            return await grader.grade(t.metadata["prompt_code"] + t.metadata["canonical_solution"], parse_tests(t.label))
+            return await grader.grade(t.metadata["prompt_code"] + t.metadata["canonical_solution"],
+                                      parse_tests(t.label))
 
     await warm.grade("pass", parse_tests(tasks[0].label))  # warm-up (pool start, page cache), not in `grader`
     t0 = time.perf_counter()

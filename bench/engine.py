@@ -54,7 +54,8 @@ async def run(policy, prompts, concurrency: int, tokens: int, rounds: int) -> tu
 
 def start_server(max_batch: int, window_ms: float) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen([sys.executable, "-m", "slime_env", "serve-engine", "--port", "0", "--max-batch-size",
-                             str(max_batch), "--batch-window-ms", str(window_ms)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             str(max_batch), "--batch-window-ms", str(window_ms)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
     for line in proc.stdout:
         if line.startswith("listening on "):

@@ -9,8 +9,8 @@ which generate at the same speed as trained ones: every turn's length is fixed, 
   with `torch.compile(mode="reduce-overhead")`), one batch per turn — what a user would write instead; each turn
   runs to the longest turn's length and keeps each row's own length (the same tokens go into the next turn);
   timed on a second pass, after a first pass that compiled it (compile time reported apart);
-- `paged`: `TransformersPolicy()` on CUDA, the paged engine (`slime_env.agents.paged_engine`), timed after a first pass that
-  captured its CUDA graphs (warm-up time reported apart, like HF's compile).
+- `paged`: `TransformersPolicy()` on CUDA, the paged engine (`slime_env.agents.paged_engine`), timed after a first pass
+  that captured its CUDA graphs (warm-up time reported apart, like HF's compile).
 
 Workloads: **multi-turn** — `--episodes` (256) concurrent episodes of `--turns` (4) turns, each turn's length drawn
 per episode and turn from 16-64 tokens, then a ~15-token observation; every turn's prompt extends the last (the

@@ -60,7 +60,8 @@ def main() -> None:
     ap.add_argument("--backend", default="megatron", choices=["megatron", "torch"])
     ap.add_argument("--run-dir", default="runs/learn_gpu")
     ap.add_argument("--copy-to", default=None, help="also copy the plot and metrics.jsonl into this folder")
-    ap.add_argument("--lora", action="store_true", help="train a LoRA adapter (torch or fsdp trainer) instead of every weight")
+    ap.add_argument("--lora", action="store_true",
+                    help="train a LoRA adapter (torch or fsdp trainer) instead of every weight")
     ap.add_argument("--lora-rank", type=int, default=32)
     ap.add_argument("--off-policy", default="auto", help="trainer.off_policy: the correction against the engine's "
                     "log-probs (auto = none in this synchronous run; tis, mis, ...)")

@@ -2,16 +2,16 @@
 
 `--phase cold-start`: SmolLM2-135M-Instruct on Calculator-v0 ("What is 47 * 12 + 31?", 2-3 operations on two-digit
 numbers, a calculator tool in hermes format, up to 3 turns). The base model never calls the tool. An SFT warm-up
-on a scripted teacher's successful episodes (`slime_env.envs.calculator:teacher_reply`, rejection-sampled: reward 1 only;
-train side of a fixed partition), then GRPO with the Megatron trainer and the embedded engine on the same GPU until
-the budget. Held-out: 200 test-side problems (never in the SFT data or training), greedy; plus a sampled set (64
+on a scripted teacher's successful episodes (`slime_env.envs.calculator:teacher_reply`, rejection-sampled: reward 1
+only; train side of a fixed partition), then GRPO with the Megatron trainer and the embedded engine on the same GPU
+until the budget. Held-out: 200 test-side problems (never in the SFT data or training), greedy; plus a sampled set (64
 problems x 8 samples: pass@k, maj@8). Target: >= +30 points in <= 15 minutes, with the tool used in most solved
 episodes (`eval/solved_with_tool`). Saves the final weights (checkpoints/) and its tokenizer: the OPD teacher.
 
 `--task search` (with `--phase cold-start`): the same protocol on Search-v0 (Search-R1) over the offline demo corpus
 (a BM25 retriever; "Which section of the Python language reference says: "…"", exact match on the section's title).
-The scripted teacher (`slime_env.envs.search:teacher_reply`) searches for the quoted sentence and answers with the title of the
-passage that contains it; it never sees the gold answer. Held-out: 200 questions of reference topics no training
+The scripted teacher (`slime_env.envs.search:teacher_reply`) searches for the quoted sentence and answers with the title
+of the passage that contains it; it never sees the gold answer. Held-out: 200 questions of reference topics no training
 question has as its answer (the split is by topic), so they are solved only by reading the search's results.
 Target: >= +20 points of exact match in <= 15 minutes, with searches issued in most solved episodes.
 
@@ -41,7 +41,8 @@ from slime_env.trainers.run import TrainConfig, train  # noqa: E402
 # task -> (env, its task generator, training tasks, max_turns, max_new_tokens, the scripted teacher)
 TASKS = {"calculator": ("Calculator-v0", "slime_env.envs.calculator:calculator_tasks", 20000, 3, 64,
                         "slime_env.envs.calculator:teacher_reply"),
-         "search": ("Search-v0", "slime_env.envs.search:search_tasks", 800, 4, 128, "slime_env.envs.search:teacher_reply")}
+         "search": ("Search-v0", "slime_env.envs.search:search_tasks", 800, 4, 128,
+                    "slime_env.envs.search:teacher_reply")}
 TARGETS = {"calculator": " (target: >= +30 points within 15 min on one H100)",
            "search": " (target: >= +20 points of exact match within 15 min on one H100)"}
 

@@ -126,8 +126,8 @@ def main() -> None:
 
     info = init_parallel(1, cp=args.cp)
     if args.seqs * info["world"] // args.cp % 2:
-        raise SystemExit(f"--seqs {args.seqs} x {info['world'] // args.cp} DP ranks is odd: the step trains GRPO groups "
-                         "of 2")
+        raise SystemExit(f"--seqs {args.seqs} x {info['world'] // args.cp} DP ranks is odd: the step trains GRPO "
+                         "groups of 2")
     cfg = hf_config(args.shape, **({"num_hidden_layers": args.layers} if args.layers else {}))
     rows = {}
     for kernel in args.kernels.split(","):

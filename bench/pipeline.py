@@ -189,8 +189,8 @@ def cmd_sync(args) -> None:
     where = torch.cuda.get_device_name() if gpu else f"CPU ({os.cpu_count()} cores)"
     if gpus is not None:
         where += f"; sender on GPU 0, engines on GPU(s) {gpus}"
-    print(f"\nweight sync of a {params / 1e9:.2f}B-parameter {args.shape or 'Llama'} ({params * 2 / 1e9:.2f} GB in bf16), {where}; "
-          f"seconds, median of {args.repeats}")
+    print(f"\nweight sync of a {params / 1e9:.2f}B-parameter {args.shape or 'Llama'} "
+          f"({params * 2 / 1e9:.2f} GB in bf16), {where}; seconds, median of {args.repeats}")
     print(f"{'engines':>7} " + " ".join(f"{k:>12}" for k in kinds) + ("   disk / fastest" if "disk" in kinds else ""))
     for r in rows:
         fastest = min((r[k] for k in kinds if k != "disk"), default=None)

@@ -95,7 +95,8 @@ def main() -> None:
         for c in levels:
             runs = args.runs * {1: 1, 4: 2, 16: 4}[c]
             rows.append(("subprocess (baseline)", label, c, run_threads(
-                lambda code=code: subprocess.run([sys.executable, "-c", code], capture_output=True, check=True), runs, c)))
+                lambda code=code: subprocess.run([sys.executable, "-c", code], capture_output=True, check=True),
+                runs, c)))
     if not args.skip_docker_run:
         import docker
 
@@ -129,7 +130,8 @@ def main() -> None:
     asyncio.run(ours())
     base = {(label, c): r for name, label, c, r in rows if name.startswith("subprocess")}
     print(f"\n{os.cpu_count()} cores; snippet: {snippet.splitlines()[1].strip()} (~50 ms in-process)\n")
-    print(f"{'backend':58s} {'code':13s} {'conc':>4s} {'p50 ms':>8s} {'p99 ms':>8s} {'runs/s':>8s} {'p50 vs subprocess':>18s}")
+    print(f"{'backend':58s} {'code':13s} {'conc':>4s} {'p50 ms':>8s} {'p99 ms':>8s} {'runs/s':>8s} "
+          f"{'p50 vs subprocess':>18s}")
     for name, label, c, r in rows:
         ratio = r["p50_ms"] / base[(label, c)]["p50_ms"]
         print(f"{name:58s} {label:13s} {c:4d} {r['p50_ms']:8.1f} {r['p99_ms']:8.1f} {r['per_s']:8.1f} {ratio:17.2f}x")

@@ -35,7 +35,8 @@ def fractions(rng: random.Random) -> tuple[str, str]:
     k = rng.randint(2, 9)
     form = rng.choice(["latex", "slash", "decimal"])
     if rng.random() < 0.5:
-        answer = {"latex": f"\\frac{{{p * k}}}{{{q * k}}}", "slash": f"{p * k}/{q * k}", "decimal": f"{p / q:.6f}"}[form]
+        answer = {"latex": f"\\frac{{{p * k}}}{{{q * k}}}", "slash": f"{p * k}/{q * k}",
+                  "decimal": f"{p / q:.6f}"}[form]
     else:
         answer = {"latex": f"\\frac{{{p + 1}}}{{{q}}}", "slash": f"{p}/{q + 1}", "decimal": f"{(p + 1) / q:.6f}"}[form]
     return f"Simplifying, \\boxed{{{answer}}}", f"\\frac{{{p}}}{{{q}}}"
@@ -50,7 +51,8 @@ def expressions(rng: random.Random) -> tuple[str, str]:
         return f"Factoring: \\boxed{{(x+{a})(x+{c})}}", gold
     n = rng.choice([2, 3, 5, 6, 7, 10, 11])
     inner = a * a * n if rng.random() < 0.5 else a * a * n + 1
-    return f"So the length is \\boxed{{\\frac{{\\sqrt{{{inner}}}\\pi}}{{{b}}}}}", f"\\frac{{{a}\\sqrt{{{n}}}\\pi}}{{{b}}}"
+    return (f"So the length is \\boxed{{\\frac{{\\sqrt{{{inner}}}\\pi}}{{{b}}}}}",
+            f"\\frac{{{a}\\sqrt{{{n}}}\\pi}}{{{b}}}")
 
 
 def sets(rng: random.Random) -> tuple[str, str]:
@@ -112,7 +114,8 @@ def main() -> None:
     args = ap.parse_args()
     logging.getLogger("math_verify").setLevel(logging.ERROR)
     print(f"{os.cpu_count()} cores, {args.workers} verifier workers\n")
-    print(f"{'workload':24s} {'pairs':>6s} {'math-verify/s':>14s} {'ours/s':>8s} {'speed-up':>9s} {'agreement':>10s}  ours by method")
+    print(f"{'workload':24s} {'pairs':>6s} {'math-verify/s':>14s} {'ours/s':>8s} {'speed-up':>9s} "
+          f"{'agreement':>10s}  ours by method")
     for name, group, kinds in [("integers", 1, ["integers"]), ("mixed distinct", 1, list(KINDS)),
                                ("mixed grpo x8", 8, list(KINDS))]:
         if kinds == ["integers"]:

@@ -51,7 +51,8 @@ def write_store(directory: Path, episodes: int, tokens: int, seed: int = 0) -> P
                                            {"role": "tool", "content": "result", "name": "search",
                                             "tool_call_id": "call_1_0"},
                                            {"role": "assistant", "content": "<answer>42</answer>"}],
-                              "response_text": "", "timings": {"total_s": 1.0}, "info": {}, "metadata": {"index": g * 8 + k}})
+                              "response_text": "", "timings": {"total_s": 1.0}, "info": {},
+                              "metadata": {"index": g * 8 + k}})
             f.write(json.dumps({"group_index": g, "task_id": f"t{g}", "env_id": "Search-v0", "accepted": True,
                                 "trajectories": trajs}) + "\n")
     return directory

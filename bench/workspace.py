@@ -1,4 +1,5 @@
-"""Workspace start and command latency, and many workspaces at once, beside `docker run` / `docker exec` in the same run.
+"""Workspace start and command latency, and many workspaces at once,
+beside `docker run` / `docker exec` in the same run.
 
 Rows (each backend that runs here; Docker and bubblewrap):
 - start from the warm pool (p50 of `pool.acquire`), cold start (`open_workspace`: container or bubblewrap root up and

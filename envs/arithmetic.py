@@ -1,5 +1,6 @@
 """Safe arithmetic: `evaluate(expression)` for + - * / // % ** and parentheses, nothing else (no names, no calls),
-with bounds on exponents and sizes. Used by the calculator tool (`slime_env.envs.tools.calculator_tool`) and Calculator-v0."""
+with bounds on exponents and sizes. Used by the calculator tool (`slime_env.envs.tools.calculator_tool`) and
+Calculator-v0."""
 
 from __future__ import annotations
 

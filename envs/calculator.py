@@ -88,8 +88,8 @@ _QUESTION = re.compile(r"What is (.+?)\?")
 
 
 def teacher_reply(context: str) -> str:
-    """A scripted teacher for SFT warm-up data (`warmup.data.rollouts.policy: slime_env.envs.calculator:teacher_reply`): it
-    calls the calculator on the question's expression, then answers with the number the tool returned."""
+    """A scripted teacher for SFT warm-up data (`warmup.data.rollouts.policy: slime_env.envs.calculator:teacher_reply`):
+    it calls the calculator on the question's expression, then answers with the number the tool returned."""
     questions = _QUESTION.findall(context)
     if not questions:
         return "<answer>0</answer>"
@@ -102,9 +102,9 @@ def teacher_reply(context: str) -> str:
 
 
 def calculator_tasks(n: int, seed: int = 0, split: str | None = None) -> list[Task]:
-    """`n` tasks of `random_task` from `seed` (a `train_data: {generator: slime_env.envs.calculator:calculator_tasks}` split).
-    `split="train"` / `"test"` keeps only problems of that side of a fixed partition (a hash of the expression: one
-    in five is a test problem), so a held-out split never shares a problem with a training split or SFT data."""
+    """`n` tasks of `random_task` from `seed` (a `train_data: {generator: slime_env.envs.calculator:calculator_tasks}`
+    split). `split="train"` / `"test"` keeps only problems of that side of a fixed partition (a hash of the expression:
+    one in five is a test problem), so a held-out split never shares a problem with a training split or SFT data."""
     if split not in (None, "train", "test"):
         raise ValueError(f"split must be 'train', 'test' or None, got {split!r}")
     rng = random.Random(seed)

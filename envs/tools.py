@@ -35,7 +35,8 @@ def calculator_tool(name: str = "calculator") -> Tool:
 def python_tool(sandbox: Any = None, *, timeout_s: float = 5.0, memory_mb: int = 512, output_budget_tokens: int = 256,
                 count_tokens: Callable[[str], int] | None = None, on_run: Callable[[Any], None] | None = None,
                 name: str = "python") -> Tool:
-    """Run Python in a `tools_sandbox` sandbox (a sandbox, a function returning one, or None: `slime_env.tools_sandbox.auto()`).
+    """Run Python in a `tools_sandbox` sandbox (a sandbox, a function returning one, or None:
+    `slime_env.tools_sandbox.auto()`).
 
     The model reads stdout and stderr cut to `output_budget_tokens`, with `[timed out after ...]` or the
     sandbox's status appended: a failing run is an observation, not an error. `on_run(result)` sees every

@@ -69,7 +69,8 @@ async def main() -> None:
     replies = [  # two calls in one turn run concurrently; the third turn converts; the fourth answers
         '<tool_call>{"name": "road_distance", "arguments": {"city_a": "Paris", "city_b": "Lyon"}}</tool_call>\n'
         '<tool_call>{"name": "road_distance", "arguments": {"city_a": "Lyon", "city_b": "Nice"}}</tool_call>',
-        '<tool_call>{"name": "convert", "arguments": {"value": 935, "from_unit": "km", "to_unit": "miles"}}</tool_call>',
+        '<tool_call>{"name": "convert", "arguments": {"value": 935, "from_unit": "km", "to_unit": "miles"}}'
+        '</tool_call>',
         '<tool_call>{"name": "convert", "arguments": {"value": 935, "from_unit": "km", "to_unit": "mi"}}</tool_call>',
         "About <answer>581.0</answer> miles."]
     env = make_env()

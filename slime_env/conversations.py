@@ -45,7 +45,8 @@ class Conversation:
         if messages[0]["role"] == "assistant":
             raise InvalidInput(f"{where}: messages[0] is an assistant turn; a conversation starts with a prompt")
         tools = value.get("tools")
-        if tools is not None and (not isinstance(tools, (list, tuple)) or not all(isinstance(t, Mapping) for t in tools)):
+        if tools is not None and (not isinstance(tools, (list, tuple))
+                                  or not all(isinstance(t, Mapping) for t in tools)):
             raise InvalidInput(f"{where}: 'tools' must be a list of JSON schemas")
         return cls(messages, tuple(dict(t) for t in tools) if tools else None, where)
 

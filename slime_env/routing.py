@@ -174,7 +174,8 @@ class RoutingRecord:
                 raise InvalidInput(f"routing record ranges are not increasing and disjoint: {self.ranges}")
             pos, total = end, total + end - start
         if total != self.experts.num_tokens:
-            raise InvalidInput(f"routing record ranges cover {total} tokens but it holds {self.experts.num_tokens} rows")
+            raise InvalidInput(f"routing record ranges cover {total} tokens but it holds "
+                               f"{self.experts.num_tokens} rows")
 
     @property
     def num_tokens(self) -> int:

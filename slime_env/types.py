@@ -161,7 +161,8 @@ class Generation:
             raise InvalidInput(f"Generation: {len(self.token_ids)} token ids but routed experts for "
                                f"{self.routed_experts.num_tokens} tokens")
         if self.finish_reason not in FINISH_REASONS:
-            raise InvalidInput(f"Generation: finish_reason {self.finish_reason!r} is not one of {sorted(FINISH_REASONS)}")
+            raise InvalidInput(f"Generation: finish_reason {self.finish_reason!r} is not one of "
+                               f"{sorted(FINISH_REASONS)}")
 
 
 @fast_pickle

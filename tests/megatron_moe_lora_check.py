@@ -1,9 +1,9 @@
 """One process of the expert-parallel LoRA check of `MegatronTrainer` on Qwen3-MoE, started under torchrun by
-tests/test_megatron_lora.py (gloo on CPU, NCCL on GPUs; fp32, EP = `--ep`, TP = `--tp` with sequence parallel). `--dir` holds `base/` (an HF model folder)
-and `moe/` (a PEFT adapter on the experts, the router and one projection of each fused attention layer). Rank 0 writes
-`--dir/result.json` (the shapes of its local expert adapters, the KL reference's and the policy's log-probs, one GRPO
-step's loss, KL and grad norm, the log-probs after it and after resuming from the checkpoint `ckpt/`) and the adapter
-after the step, gathered over EP (`moe_after/`).
+tests/test_megatron_lora.py (gloo on CPU, NCCL on GPUs; fp32, EP = `--ep`, TP = `--tp` with sequence parallel). `--dir`
+holds `base/` (an HF model folder) and `moe/` (a PEFT adapter on the experts, the router and one projection of each
+fused attention layer). Rank 0 writes `--dir/result.json` (the shapes of its local expert adapters, the KL reference's
+and the policy's log-probs, one GRPO step's loss, KL and grad norm, the log-probs after it and after resuming from the
+checkpoint `ckpt/`) and the adapter after the step, gathered over EP (`moe_after/`).
 """
 
 from __future__ import annotations

@@ -126,7 +126,7 @@ def test_bad_async_and_off_policy_configs_are_refused_by_field(tmp_path, model_d
             _config(tmp_path, model_dir, **raw)
 
 
-# --- the loop ----------------------------------------------------------------------------------------------------------
+# --- the loop ---------------------------------------------------------------------------------------------------------
 
 def test_off_equals_the_synchronous_loop_written_by_hand(tmp_path, model_dir, monkeypatch):
     """`mode: off` is today's loop: generate with the current weights, train, sync — compared with that loop written
@@ -240,7 +240,8 @@ def test_a_trainer_exception_mid_overlapped_step_ends_the_run_with_the_reason_an
     assert (saved / "latest").read_text() == "step_1" and (saved / "step_1" / "model").is_dir()
 
 
-def test_an_engine_error_during_a_weight_sync_in_full_mode_ends_the_run_with_a_checkpoint(tmp_path, model_dir, monkeypatch):
+def test_an_engine_error_during_a_weight_sync_in_full_mode_ends_the_run_with_a_checkpoint(tmp_path, model_dir,
+                                                                                          monkeypatch):
     from slime_env.agents.transformers_policy import TransformersPolicy
 
     original = TransformersPolicy.update_weights

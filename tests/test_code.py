@@ -52,7 +52,8 @@ def test_formats_normalise():
         [{"input": "[1, 2]\n3", "output": "6", "testtype": "functional"}])))).decode()
     lcb = parse_tests({"public_test_cases": json.dumps([{"input": "[1]\n2", "output": "3", "testtype": "functional"}]),
                        "private_test_cases": private, "metadata": json.dumps({"func_name": "f"})})
-    assert lcb.kind == "call" and lcb.inputs == [[[1], 2], [[1, 2], 3]] and lcb.outputs == [3, 6] and lcb.public == [True, False]
+    assert (lcb.kind == "call" and lcb.inputs == [[[1], 2], [[1, 2], 3]] and lcb.outputs == [3, 6]
+            and lcb.public == [True, False])
     mbpp = parse_tests({"test_list": ["assert add(1, 2) == 3", "assert add(0, 0) == 0"], "test_setup_code": ""})
     assert mbpp.kind == "assert" and len(mbpp) == 2 and mbpp.stubs == {"add": "add"}
     he = parse_tests({"test": "X = 1\n\ndef check(candidate):\n    import math\n    assert candidate(1) == 2\n"
@@ -109,7 +110,8 @@ def test_stdio_round_trip(runner, grader):
 def test_call_based_round_trip(runner, grader):
     ok = grade(runner, grader, "def sort_list(xs):\n    return sorted(xs)", APPS_CALL)
     assert ok.all_passed, ok
-    leetcode = grade(runner, grader, "class Solution:\n    def sort_list(self, xs):\n        return sorted(xs)", APPS_CALL)
+    leetcode = grade(runner, grader, "class Solution:\n    def sort_list(self, xs):\n        return sorted(xs)",
+                     APPS_CALL)
     assert leetcode.all_passed
     tuples = grade(runner, grader, "def sort_list(xs):\n    return tuple(sorted(xs))", APPS_CALL)
     assert tuples.all_passed  # a tuple equals the expected list
@@ -160,7 +162,8 @@ def test_expected_outputs_never_enter_the_sandbox(runner, grader):
     marker = "EXPECTED-7f3a9c"
     tests = {"tests": [{"input": "x\n", "output": marker + "\n"}]}
     snoop = ("import os\nfound = []\nfor root in ('/work', '/tmp', '.'):\n    for d, _, fs in os.walk(root):\n"
-             "        for f in fs:\n            try:\n                t = open(os.path.join(d, f), errors='ignore').read()\n"
+             "        for f in fs:\n            try:\n"
+             "                t = open(os.path.join(d, f), errors='ignore').read()\n"
              "            except OSError:\n                continue\n"
              # the needle is built at run time, so this source file itself never contains it
              f"            i = t.find('{marker[::-1]}'[::-1])\n            if i >= 0: found.append(t[i:i + 15])\n"
@@ -204,7 +207,8 @@ def test_attempts_run_out_with_last_or_best_reward(runner, smollm2_tok, sandbox)
     none = "```python\nprint(0)\n```"
     for final, want in (("last", 0.0), ("best", 2 / 3)):
         env = slime_env.make("Code-v0", max_attempts=2, final_reward=final, sandbox=sandbox)
-        traj = runner.run(run_episode(env, ScriptedPolicy(smollm2_tok, [half, none]), {"prompt": "sum", "label": APPS_STDIO},
+        traj = runner.run(run_episode(env, ScriptedPolicy(smollm2_tok, [half, none]),
+                                      {"prompt": "sum", "label": APPS_STDIO},
                                       renderer=get_renderer(smollm2_tok), max_turns=4))
         assert traj.status == "completed" and traj.reward == pytest.approx(want)
     strict = slime_env.make("Code-v0", reward="all_or_nothing", sandbox=sandbox)
@@ -216,8 +220,8 @@ def test_attempts_run_out_with_last_or_best_reward(runner, smollm2_tok, sandbox)
 def test_tool_mode_run_code_then_submit(runner, smollm2_tok, sandbox):
     env = slime_env.make("Code-v0", mode="tool", sandbox=sandbox)
     scratch = '<tool_call>{"name": "run_code", "arguments": {"code": "print(sorted([3, 1, 2]))"}}</tool_call>'
-    submit = ('<tool_call>{"name": "submit_solution", "arguments": {"code": "def sort_list(xs):\\n    return sorted(xs)"}}'
-              '</tool_call>')
+    submit = ('<tool_call>{"name": "submit_solution", "arguments": '
+              '{"code": "def sort_list(xs):\\n    return sorted(xs)"}}</tool_call>')
     traj = runner.run(run_episode(env, ScriptedPolicy(smollm2_tok, [scratch, submit]),
                                   {"prompt": "Write sort_list(xs).", "label": APPS_CALL},
                                   renderer=get_renderer(smollm2_tok, strict=True), max_turns=4))

@@ -18,9 +18,11 @@ from sandbox_support import ISOLATING, make_sandbox, per_backend_fixtures
 sandboxes, sb = per_backend_fixtures(max_concurrency=4, pool_size=2)
 
 SQUARE = {"test": "def check(candidate):\n    assert candidate(2) == 4\n    assert candidate(3) == 9\n"
-                  "    assert abs(candidate(0.5) - 0.25) < 1e-9\n    assert candidate(-2) == 4\n", "entry_point": "square"}
+                  "    assert abs(candidate(0.5) - 0.25) < 1e-9\n    assert candidate(-2) == 4\n",
+          "entry_point": "square"}
 # The same four cases in shapes only the trusted replay handles (a loop, a nested call).
-SQUARE_REPLAYED = {"test": "def check(candidate):\n    for x, want in ((2, 4), (3, 9)):\n        assert candidate(x) == want\n"
+SQUARE_REPLAYED = {"test": "def check(candidate):\n    for x, want in ((2, 4), (3, 9)):\n"
+                           "        assert candidate(x) == want\n"
                            "    ys = [candidate(0.5)]\n    assert abs(ys[0] - 0.25) < 1e-9\n"
                            "    assert candidate(candidate(-2) - 2) == 4\n    assert candidate(-3) == 9\n",
                    "entry_point": "square"}
@@ -30,7 +32,8 @@ SUITES = {"checked by the grader": SQUARE, "replayed": SQUARE_REPLAYED}
 # shape is forged on its own, so that a parser that reads it is not stopped by another shape's line.
 _verdicts = [{"status": "pass"}, {"status": "ok", "value": True}, {"status": "ok", "stdout": "4\n"}]
 SHAPES = {
-    "runner lines, first version": [json.dumps([-3, "loaded", None])] + [json.dumps([i, "pass", None]) for i in range(40)],
+    "runner lines, first version": [json.dumps([-3, "loaded", None])]
+                                   + [json.dumps([i, "pass", None]) for i in range(40)],
     "runner lines": [json.dumps(["loaded"])] + [json.dumps(["case", i]) for i in range(40)] + [
         json.dumps(["call", k, {"status": "ok", "value": v}]) for k in range(40)
         for v in (True, {"f": "nan"}, {"__eq__": True})],
@@ -148,7 +151,8 @@ def test_the_reported_attack_fails_on_five_humaneval_problems(runner, backend, s
     finally:
         runner.run(sandbox.close())
     assert not any(r.all_passed for r in forged), [r.to_dict() for r in forged]
-    assert all(f.passed <= h.passed for f, h in zip(forged, honest)), [(f.to_dict(), h.passed) for f, h in zip(forged, honest)]
+    assert all(f.passed <= h.passed for f, h in zip(forged, honest)), [(f.to_dict(), h.passed)
+                                                                       for f, h in zip(forged, honest)]
 
 
 def test_expected_values_never_reach_the_solution(runner, sb):

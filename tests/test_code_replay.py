@@ -233,7 +233,8 @@ def grade(runner, grader, code, tests):
 
 
 def test_humaneval_helpers_come_from_the_prompt_not_the_solution(runner, grader):
-    prompt = "def poly(xs, x):\n    return sum(c * x ** i for i, c in enumerate(xs))\n\ndef find_zero(xs):\n    '''...'''\n"
+    prompt = ("def poly(xs, x):\n    return sum(c * x ** i for i, c in enumerate(xs))\n\n"
+              "def find_zero(xs):\n    '''...'''\n")
     tests = {"entry_point": "find_zero", "prompt": prompt,
              "test": "def check(candidate):\n    for xs in ([-1, 1], [-4, 0, 1]):\n"
                      "        assert abs(poly(xs, candidate(xs))) < 1e-6\n"}
@@ -281,7 +282,8 @@ def test_a_solution_that_does_not_load_fails_every_case(runner, grader):
 def test_leetcode_style_entry_points(runner, grader):
     tests = {"test": "def check(candidate):\n    assert candidate([2, 7, 11], 9) == [0, 1]\n",
              "entry_point": "Solution().twoSum"}
-    code = "class Solution:\n    def twoSum(self, nums, target):\n        seen = {}\n        for i, x in enumerate(nums):\n" \
+    code = "class Solution:\n    def twoSum(self, nums, target):\n        seen = {}\n" \
+           "        for i, x in enumerate(nums):\n" \
            "            if target - x in seen:\n                return [seen[target - x], i]\n            seen[x] = i\n"
     assert grade(runner, grader, code, tests).all_passed
 

@@ -37,7 +37,8 @@ def test_fsdp_trainer_in_one_process_steps_saves_loads_and_any_hf_model_works(tm
     metrics = trainer.step(trajectories(8, seed=2), group_size=4)
     assert metrics["train/grad_norm"] > 0 and "train/kl" in metrics
     w = trainer.weights()
-    assert not torch.equal(w["model.layers.0.self_attn.q_proj.weight"], before["model.layers.0.self_attn.q_proj.weight"])
+    assert not torch.equal(w["model.layers.0.self_attn.q_proj.weight"],
+                           before["model.layers.0.self_attn.q_proj.weight"])
     trainer.save(tmp_path / "ckpt")
     fresh = FSDPTrainer(tiny("qwen3"), TrainerConfig(backend="fsdp", lr=1e-3, kl_coef=0.1), pad_id=0)
     fresh.load(tmp_path / "ckpt")
@@ -45,7 +46,8 @@ def test_fsdp_trainer_in_one_process_steps_saves_loads_and_any_hf_model_works(tm
     assert all(torch.equal(fresh.weights()[k], w[k]) for k in w)
     m1 = trainer.optimizer.state_dict()["state"][0]["exp_avg"]
     m2 = fresh.optimizer.state_dict()["state"][0]["exp_avg"]
-    assert torch.equal(m1.to_local() if hasattr(m1, "to_local") else m1, m2.to_local() if hasattr(m2, "to_local") else m2)
+    assert torch.equal(m1.to_local() if hasattr(m1, "to_local") else m1,
+                       m2.to_local() if hasattr(m2, "to_local") else m2)
     reference = TorchTrainer(tiny("qwen3"), TrainerConfig(), pad_id=0)
     reference.load(tmp_path / "ckpt")  # the HF folder any trainer reads
     assert torch.equal(reference.model.state_dict()["lm_head.weight"], w["lm_head.weight"])
@@ -100,7 +102,8 @@ def test_fsdp_full_recompute_reruns_every_decoder_layer_in_the_backward():
                                                            micro_batch_size=4), pad_id=0)
         # q_proj, not the whole MLP: torch stops a recompute once the tensors the backward needs are back, which
         # is before the layer's last projection finishes
-        q_proj = next(m for n, m in trainer.model.named_modules() if n.startswith("model.layers.0.") and n.endswith("self_attn.q_proj"))
+        q_proj = next(m for n, m in trainer.model.named_modules()
+                      if n.startswith("model.layers.0.") and n.endswith("self_attn.q_proj"))
         calls = []
         q_proj.register_forward_hook(lambda *_: calls.append(1))
         runs[recompute] = (trainer.step(trajectories(8, seed=6), group_size=4)["train/grad_norm"], len(calls))

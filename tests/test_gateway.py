@@ -184,7 +184,8 @@ def test_sessions_are_private_bounded_and_expire(qwen3_tok):
         with pytest.raises(openai.AuthenticationError):
             await unknown.chat.completions.create(model="m", messages=msgs)
         with pytest.raises(openai.APIStatusError) as big:
-            await _client(gw, b).chat.completions.create(model="m", messages=[{"role": "user", "content": "x" * 30_000}])
+            await _client(gw, b).chat.completions.create(model="m",
+                                                         messages=[{"role": "user", "content": "x" * 30_000}])
         assert big.value.status_code == 413
         assert len(gw.close_session(a.id)) == 1
         with pytest.raises(openai.AuthenticationError):  # closed
@@ -242,7 +243,8 @@ def test_streamed_chunks_reassemble_to_the_non_streamed_completion(qwen3_tok):
             if not stream:
                 c = await client.chat.completions.create(**kw)
                 m = c.choices[0]
-                return (m.message.content, [(t.id, t.function.name, t.function.arguments) for t in m.message.tool_calls],
+                return (m.message.content,
+                        [(t.id, t.function.name, t.function.arguments) for t in m.message.tool_calls],
                         m.finish_reason, c.usage.model_dump(), [x.logprob for x in m.logprobs.content])
             content, calls, finish, usage = "", [], None, None
             async for ch in await client.chat.completions.create(**kw, stream=True,
@@ -361,7 +363,7 @@ def test_agent_side_branches_follow_their_main_trajectory_and_share_its_advantag
     async def summarising(url, key, task):
         client = openai.AsyncOpenAI(base_url=url, api_key=key, max_retries=0)
         msgs = [{"role": "user", "content": task.prompt}]
-        r = (await client.chat.completions.create(model="m", messages=msgs, tools=ADD)).choices[0].message
+        await client.chat.completions.create(model="m", messages=msgs, tools=ADD)
         summary = [{"role": "user", "content": f"{task.prompt} (a tool said 5)"}]
         r2 = await client.chat.completions.create(model="m", messages=summary, tools=ADD)
         return r2.choices[0].message.content

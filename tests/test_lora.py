@@ -251,16 +251,20 @@ def test_train_cli_with_a_lora_section(tmp_path):
     config.write_text(f"""
 run_dir: {tmp_path / 'run'}
 env: ReasoningGym-v0
-env_kwargs: {{dataset: chain_sum, answer_formats: [answer_tag, last_number], system_prompt: "Reply <answer>N</answer>."}}
-train_data: {{reasoning_gym: {{dataset: chain_sum, size: 8, seed: 1, config: {{min_terms: 2, max_terms: 2, min_digits: 1, max_digits: 1}}}}}}
-eval_data: {{reasoning_gym: {{dataset: chain_sum, size: 2, seed: 2, config: {{min_terms: 2, max_terms: 2, min_digits: 1, max_digits: 1}}}}}}
+env_kwargs: {{dataset: chain_sum, answer_formats: [answer_tag, last_number], \
+system_prompt: "Reply <answer>N</answer>."}}
+train_data: {{reasoning_gym: {{dataset: chain_sum, size: 8, seed: 1, \
+config: {{min_terms: 2, max_terms: 2, min_digits: 1, max_digits: 1}}}}}}
+eval_data: {{reasoning_gym: {{dataset: chain_sum, size: 2, seed: 2, \
+config: {{min_terms: 2, max_terms: 2, min_digits: 1, max_digits: 1}}}}}}
 steps: 2
 prompts_per_step: 2
 n_samples_per_prompt: 2
 max_new_tokens: 8
 eval_every: 2
 save_every: 2
-trainer: {{lr: 1.0e-4, micro_batch_size: 4, kl_coef: 0.01, lora: {{rank: 4, alpha: 8, target_modules: [q_proj, v_proj]}}}}
+trainer: {{lr: 1.0e-4, micro_batch_size: 4, kl_coef: 0.01, \
+lora: {{rank: 4, alpha: 8, target_modules: [q_proj, v_proj]}}}}
 """)
     out = subprocess.run([sys.executable, "-m", "slime_env", "train", "--config", str(config)], capture_output=True,
                          text=True, timeout=900)
@@ -355,8 +359,9 @@ def test_sglang_lora_routes_request_shape():
 
     app = web.Application()
     app.add_routes([web.post(p, record) for p in ("/load_lora_adapter", "/unload_lora_adapter", "/generate")])
-    adapter = LoRAAdapter("policy", {"base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight": torch.ones(2, 4),
-                                     "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight": torch.ones(4, 2)},
+    adapter = LoRAAdapter("policy",
+                          {"base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight": torch.ones(2, 4),
+                           "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight": torch.ones(4, 2)},
                           {"r": 2, "lora_alpha": 4, "peft_type": "LORA", "target_modules": ["q_proj"]})
 
     async def main():

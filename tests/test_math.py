@@ -144,7 +144,8 @@ def test_a_verifier_left_unclosed_exits_quietly_with_its_workers():
 
 def test_the_verifier_never_raises(runner, verifier):
     odd = [("", "1"), ("\\boxed{\\frac{1}{0}}", "1"), ("\\boxed{}}}{{", "x"), ("\\boxed{\\undefinedmacro{3}}", "3"),
-           ("\\boxed{1}", None), ("\\boxed{1}", ["1", "one"]), ("\\boxed{" + "(" * 500 + "}", "2"), ("\x00\\boxed{1}", "1")]
+           ("\\boxed{1}", None), ("\\boxed{1}", ["1", "one"]), ("\\boxed{" + "(" * 500 + "}", "2"),
+           ("\x00\\boxed{1}", "1")]
     async def main():
         return await asyncio.gather(*(verifier.verify(r, g) for r, g in odd))
 
@@ -202,8 +203,8 @@ def test_math_env_single_turn(runner, smollm2_tok):
 
     def episode(reply, label):
         env = slime_env.make("Math-v0")
-        return runner.run(run_episode(env, ScriptedPolicy(smollm2_tok, [reply]), {"prompt": "1/2 + 1/4?", "label": label},
-                                      renderer=renderer))
+        return runner.run(run_episode(env, ScriptedPolicy(smollm2_tok, [reply]),
+                                      {"prompt": "1/2 + 1/4?", "label": label}, renderer=renderer))
 
     good = episode("1/2 + 1/4 = 3/4, so \\boxed{\\frac{3}{4}}", "0.75")
     bad = episode("\\boxed{\\frac{2}{4}}", "0.75")

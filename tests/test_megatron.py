@@ -365,7 +365,8 @@ def test_chunked_lm_head_equals_the_full_log_softmax_with_gradients():
     assert torch.allclose(only.double(), ref_logp, atol=1e-5)
     # auto: chunks of 1 GiB once a micro-batch's fp32 logits pass 16 GiB (64k tokens x Qwen3's vocabulary: ~1.7k a
     # chunk; 16k tokens: the whole head)
-    assert head_chunk_tokens(None, 16384, 151936) == 0 and head_chunk_tokens(None, 65536, 151936) == (1 << 30) // (151936 * 4)
+    assert (head_chunk_tokens(None, 16384, 151936) == 0
+            and head_chunk_tokens(None, 65536, 151936) == (1 << 30) // (151936 * 4))
     assert head_chunk_tokens(0, 65536, 151936) == 0 and head_chunk_tokens(512, 10, 10) == 512
 
 
@@ -659,8 +660,8 @@ def test_train_loop_trains_a_qwen3_moe_from_the_moe_example_config(tmp_path, lor
     """examples/moe_megatron_train.yaml shrunk to the CPU: a tiny random Qwen3-MoE with SmolLM2's tokenizer, the
     embedded engine generating through transformers' own Qwen3-MoE classes, a Megatron MoE step, the weights synced
     into the engine in place (fused expert layout), and a checkpoint transformers loads (per-expert layout). With
-    a `lora:` section (the example's commented line): the adapter (attention, experts, router) synced and merged into the engine, the checkpoint
-    a PEFT adapter whose expert weights moved."""
+    a `lora:` section (the example's commented line): the adapter (attention, experts, router) synced and merged into
+    the engine, the checkpoint a PEFT adapter whose expert weights moved."""
     import asyncio
 
     import yaml
@@ -713,7 +714,8 @@ def test_moe_load_balancing_loss_reaches_the_gradient(parallel):
     trajs = trajectories(8, seed=9)
     routers = {}
     for coeff in (0.0, 10.0):
-        trainer = MegatronTrainer(tiny("qwen3_moe"), TrainerConfig(backend="megatron", lr=1e-3, moe_aux_loss_coeff=coeff,
+        trainer = MegatronTrainer(tiny("qwen3_moe"), TrainerConfig(backend="megatron", lr=1e-3,
+                                                                   moe_aux_loss_coeff=coeff,
                                                                    max_tokens_per_micro_batch=64), pad_id=0)
         before = trainer.weights()["model.layers.0.mlp.gate.weight"].clone()
         trainer.step(trajs, group_size=4)

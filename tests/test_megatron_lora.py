@@ -56,11 +56,11 @@ def masked_logprobs(model, batch, lora_options=None) -> torch.Tensor:
 @pytest.mark.parametrize("layout", ["tp", "pp"])
 def test_tp2_or_pp2_step_equals_torch_trainers_and_the_adapter_is_peft_s(tmp_path, layout):
     """torchrun, two gloo ranks, TP=2 or PP=2 (tests/megatron_lora_check.py): from the same random adapter, Megatron's
-    step (KL against the base with the adapter off), with and without sequence parallel under TP, gives TorchTrainer+peft's
-    reference and policy log-probs, loss, KL, gradient norm and adapter after the step; only adapters are in the optimizer and the base weights stay; a
-    resumed checkpoint continues identically; the all-linear adapter (fused qkv / gate-up split per projection) comes
-    back out exactly as it went in, and after a step peft on the HF model and `export --merge` give Megatron's
-    log-probs."""
+    step (KL against the base with the adapter off), with and without sequence parallel under TP, gives
+    TorchTrainer+peft's reference and policy log-probs, loss, KL, gradient norm and adapter after the step; only
+    adapters are in the optimizer and the base weights stay; a resumed checkpoint continues identically; the all-linear
+    adapter (fused qkv / gate-up split per projection) comes back out exactly as it went in, and after a step peft on
+    the HF model and `export --merge` give Megatron's log-probs."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
@@ -119,7 +119,8 @@ def test_tp2_or_pp2_step_equals_torch_trainers_and_the_adapter_is_peft_s(tmp_pat
     assert (config["r"], config["lora_alpha"]) == (4, 8)
     peft_model = PeftModel.from_pretrained(base(), str(tmp_path / "all_after"), is_trainable=True).eval()
     assert masked_logprobs(peft_model, batch, LORA).tolist() == pytest.approx(got["all_after"], abs=1e-5)
-    merged = export_merged(tmp_path / "ckpt", tmp_path / "merged")  # base found by the adapter's base_model_name_or_path
+    # base found by the adapter's base_model_name_or_path
+    merged = export_merged(tmp_path / "ckpt", tmp_path / "merged")
     assert masked_logprobs(AutoModelForCausalLM.from_pretrained(merged, dtype=torch.float32), batch).tolist() == \
         pytest.approx(got["after"], abs=1e-5)
 
@@ -145,7 +146,8 @@ def test_moe_attention_adapters_and_adapter_only_sync(parallel):
     trainer = MegatronTrainer(tiny("qwen3_moe"), TrainerConfig(backend="megatron", dtype="float32", lr=1e-2, lora=dict(
         LORA, target_modules=targets)), pad_id=0)
     adapted = {n.rsplit(".", 1)[0] for n, p in trainer.model.named_parameters() if p.requires_grad}
-    assert adapted == {f"decoder.layers.{i}.self_attention.{x}" for i in range(3) for x in ("linear_qkv", "linear_proj")}
+    assert adapted == {f"decoder.layers.{i}.self_attention.{x}"
+                       for i in range(3) for x in ("linear_qkv", "linear_proj")}
     trajs = trajectories(8, seed=2)
     trainer.step(trajs, group_size=4)
     adapter = trainer.adapter()
@@ -185,9 +187,9 @@ MOE = ["q_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "gate"]  # exper
 def test_moe_expert_and_router_adapters_step_like_torch_trainers_peft(tmp_path, ep, tp):
     """Qwen3-MoE, torchrun with `ep` x `tp` gloo ranks (tests/megatron_moe_lora_check.py; TP with sequence parallel):
     from the same random PEFT adapter on the experts' fused weights, the router and attention, Megatron (each EP rank
-    holding its local experts' adapters, reduced outside DP; under TP+SP each rank routing its own tokens) gives TorchTrainer+peft's reference and policy log-probs, loss, KL, grad norm and
-    adapter after one step; peft loads the adapter gathered over EP and gives Megatron's log-probs, and so do a resumed
-    checkpoint and its `export --merge`."""
+    holding its local experts' adapters, reduced outside DP; under TP+SP each rank routing its own tokens) gives
+    TorchTrainer+peft's reference and policy log-probs, loss, KL, grad norm and adapter after one step; peft loads the
+    adapter gathered over EP and gives Megatron's log-probs, and so do a resumed checkpoint and its `export --merge`."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 

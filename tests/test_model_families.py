@@ -49,7 +49,8 @@ def conversation(family: str) -> dict:
             {"role": "user", "content": "Thanks!"},
             {"role": "assistant", "content": "You're welcome.", reasoning: "Polite."}]
     if family == "gpt_oss":  # "We assume max 1 tool call per message" (its template): parallel calls are two turns
-        first, second = dict(msgs[2], tool_calls=CALLS[:1]), {"role": "assistant", "content": "", "tool_calls": CALLS[1:]}
+        first, second = (dict(msgs[2], tool_calls=CALLS[:1]),
+                         {"role": "assistant", "content": "", "tool_calls": CALLS[1:]})
         msgs = msgs[:2] + [first, msgs[3], second, msgs[4]] + msgs[5:]
     if family == "deepseek_v31":  # its template concatenates the arguments: a JSON string
         for m in msgs:
@@ -118,7 +119,8 @@ def test_compiled_template_renders_like_transformers(family):
 WRITTEN = {"qwen3_5": ["\nTrue\n", "\nNone\n", "\n-1.5\n", '\n[1, "x"]\n', '\n{"k": false}\n'],
            "qwen3_6": ["\ntrue\n", "\nnull\n", "\n-1.5\n", '\n[1, "x"]\n', '\n{"k": false}\n'],
            "deepseek_v31": ['"b": true, "n": null'], "gpt_oss": ['"b": true, "n": null'],
-           "glm45": ["<arg_value>true</arg_value>", "<arg_value>null</arg_value>", '<arg_value>{"k": false}</arg_value>'],
+           "glm45": ["<arg_value>true</arg_value>", "<arg_value>null</arg_value>",
+                     '<arg_value>{"k": false}</arg_value>'],
            "minimax_m2": ['"b">true<', '"n">null<', '"o">{"k": false}<']}
 
 
@@ -219,7 +221,8 @@ def test_gpt_oss_turn_closed_by_return_or_call_gets_no_second_close():
     bridge = r.bridge(answer, [Message("user", "more")], [Message("user", "q"), Message("assistant", "x")])
     assert bridge[0] != end and r.decode(bridge) == "<|start|>user<|message|>more<|end|><|start|>assistant"
     text = '<|channel|>commentary to=functions.add <|constrain|>json<|message|>{"a": 2}'
-    bridge = r.bridge(r.encode(text) + [call], [Message("tool", "4")], [Message("user", "q"), Message("assistant", text)])
+    bridge = r.bridge(r.encode(text) + [call], [Message("tool", "4")],
+                      [Message("user", "q"), Message("assistant", text)])
     assert r.decode(bridge) == '<|start|>functions.add to=assistant<|channel|>commentary<|message|>"4"<|end|>' \
                                "<|start|>assistant"
 
@@ -325,14 +328,16 @@ def test_where_the_libraries_disagree():
     assert ours.endswith("<｜Assistant｜></think>") and not r.decode(theirs).endswith("</think>")
     mm = R.create_renderer(tok("minimax_m2"), R.MiniMaxM2RendererConfig())
     no_system = PLAIN[1:]
-    assert "MiniMax-M2.5" in tok("minimax_m2").decode(mm.render_ids(copy.deepcopy(no_system), add_generation_prompt=True))
+    assert "MiniMax-M2.5" in tok("minimax_m2").decode(mm.render_ids(copy.deepcopy(no_system),
+                                                                    add_generation_prompt=True))
     assert "You are a helpful assistant." in renderer("minimax_m2").render_text(no_system)
 
 
 def test_tokenizers_equal_tml_renderers_own():
     tokz = pytest.importorskip("tml_renderers.tokenizers")
-    texts = ["Hello world", "  two  spaces  ", "Steps:\n\n1. go", "ünïcödé 🙂", "中文测试，你好世界！", "I'm can't WE'LL",
-             "x = [1, 2, 3]\n\tdef f():\n\t\treturn 42", "a\u0301e\u0301 naïve", "1234567890", "😀😀 $%^&*()"]
+    texts = ["Hello world", "  two  spaces  ", "Steps:\n\n1. go", "ünïcödé 🙂", "中文测试，你好世界！",
+             "I'm can't WE'LL", "x = [1, 2, 3]\n\tdef f():\n\t\treturn 42", "a\u0301e\u0301 naïve", "1234567890",
+             "😀😀 $%^&*()"]
     for family, theirs in [("qwen3_5", tokz.Qwen35Tokenizer()), ("deepseek_v31", tokz.DeepSeekV31Tokenizer()),
                            ("gpt_oss", tokz.HarmonyTokenizer())]:
         for s in texts:

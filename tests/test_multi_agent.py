@@ -204,7 +204,8 @@ def test_rollout_manager_groups_each_trained_agents_samples(runner, smollm2_tok)
     from slime_env import RolloutManager
 
     def run(train_agents):
-        manager = RolloutManager(["play"] * 2, env_id="TicTacToe-v0", policy=ScriptedPolicy(smollm2_tok, first_free_cell),
+        manager = RolloutManager(["play"] * 2, env_id="TicTacToe-v0",
+                                 policy=ScriptedPolicy(smollm2_tok, first_free_cell),
                                  renderer=get_renderer(smollm2_tok), n_samples_per_prompt=3, max_turns=6,
                                  train_agents=train_agents)
         batch = runner.run(manager.generate_batch(2))
@@ -235,7 +236,8 @@ def test_cooperative_taboo_rewards_both_and_hides_the_word(runner, smollm2_tok):
         t.check()
     cheat = ScriptedPolicy(smollm2_tok, ["The word is apple."])
     lost = runner.run(run_multi_agent_episode(TabooEnv(), {"describer": cheat, "guesser": guesser},
-                                              {"prompt": "taboo", "label": "apple"}, renderer=get_renderer(smollm2_tok)))
+                                              {"prompt": "taboo", "label": "apple"},
+                                              renderer=get_renderer(smollm2_tok)))
     assert lost["describer"].reward == lost["guesser"].reward == 0.0 and lost["guesser"].num_turns == 0
 
 
@@ -317,7 +319,8 @@ def test_every_game_has_a_built_in_opponent_for_evaluation(runner, smollm2_tok):
     rps = play(runner, RockPaperScissorsEnv(rounds=3, bot={"player_1": "cycle"}),
                ScriptedPolicy(smollm2_tok, ["<move>paper</move>"]), smollm2_tok)
     assert set(rps) == {"player_0"} and rps["player_0"].turn_rewards == [1.0, 0.0, -1.0]  # vs rock, paper, scissors
-    guesser = ScriptedPolicy(smollm2_tok, lambda ctx: "<guess>" + re.findall(r"starts with '(\w+)'", ctx)[-1] + "</guess>")
+    guesser = ScriptedPolicy(smollm2_tok,
+                             lambda ctx: "<guess>" + re.findall(r"starts with '(\w+)'", ctx)[-1] + "</guess>")
     taboo = runner.run(run_multi_agent_episode(TabooEnv(rounds=6, bot={"describer": "letters"}), guesser,
                                                {"prompt": "taboo", "label": "tiger"},
                                                renderer=get_renderer(smollm2_tok, strict=True)))

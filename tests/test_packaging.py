@@ -101,7 +101,8 @@ def test_the_wheel_holds_slime_env_alone_at_its_top(wheel):
                    "slime_env/tools_sandbox/workspace/agent.c"):
         assert needed in names, needed
     entry_points = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
-    assert "= envs." not in entry_points and "= agents." not in entry_points and "slime_env.envs.code.env" in entry_points
+    assert ("= envs." not in entry_points and "= agents." not in entry_points
+            and "slime_env.envs.code.env" in entry_points)
 
 
 def test_slime_env_and_every_subcommand_run_from_the_wheel_in_a_venv_of_its_own(wheel, tmp_path):
@@ -131,7 +132,8 @@ def test_slime_env_and_every_subcommand_run_from_the_wheel_in_a_venv_of_its_own(
     listed = run(str(py), "-c", LIST_COMMANDS)
     assert listed.returncode == 0, listed.stderr
     paths = [line.split() for line in listed.stdout.splitlines()]
-    assert {("train",), ("serve-engine",), ("sandbox", "build-image"), ("search", "build-index")} <= set(map(tuple, paths))
+    assert ({("train",), ("serve-engine",), ("sandbox", "build-image"), ("search", "build-index")}
+            <= set(map(tuple, paths)))
     cli = str(env_dir / "bin" / "slime-env")
     assert "train" in run(cli, "--help").stdout
     for path in paths:

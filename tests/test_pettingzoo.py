@@ -38,7 +38,8 @@ def test_an_aec_game_runs_to_its_end_with_pettingzoos_rewards(runner, smollm2_to
         assert t.status == "completed" and not t.metadata.get("history_rewrites")
         assert all("<move>" in m.content for m in t.messages if m.role == "assistant")
     # each agent saw the other's moves as inserted tokens
-    inserted = smollm2_tok.decode([i for i, m in zip(trajs["player_2"].response_ids, trajs["player_2"].loss_mask) if not m])
+    inserted = smollm2_tok.decode([i for i, m in zip(trajs["player_2"].response_ids, trajs["player_2"].loss_mask)
+                                   if not m])
     assert "player_1 played" in inserted
 
 

@@ -79,7 +79,8 @@ def test_core_does_not_import_the_other_packages():
 
     code = ("import sys, slime_env; slime_env.registry_ids(); "
             "bad = [m for m in sys.modules if m.split('.')[0] in ('envs', 'agents', 'tools_sandbox', 'trainers') "
-            "or m.startswith(('slime_env.envs', 'slime_env.agents', 'slime_env.tools_sandbox', 'slime_env.trainers'))]; "
+            "or m.startswith(('slime_env.envs', 'slime_env.agents', 'slime_env.tools_sandbox', "
+            "'slime_env.trainers'))]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)
     assert slime_env.__version__

@@ -1,6 +1,6 @@
-"""Learned rewards (slime_env.trainers.run.reward_models): a classifier RM loaded here (batched forwards equal one-at-a-time
-ones), slime's remote_rm protocol against a real HTTP server on 127.0.0.1 (scores, 5xx retries, timeouts), a
-generative judge on an engine, the combination with the env's reward, failures recorded as failed episodes, config
+"""Learned rewards (slime_env.trainers.run.reward_models): a classifier RM loaded here (batched forwards equal
+one-at-a-time ones), slime's remote_rm protocol against a real HTTP server on 127.0.0.1 (scores, 5xx retries, timeouts),
+a generative judge on an engine, the combination with the env's reward, failures recorded as failed episodes, config
 errors by field, and a GRPO step of `slime-env train` whose rewards come from a classifier RM."""
 
 from __future__ import annotations
@@ -216,7 +216,8 @@ def test_a_grpo_step_trains_on_classifier_rm_rewards(tmp_path, smollm2_tok):
     from slime_env.trainers.run import TrainConfig, train
 
     base = {"model": "default", "env": "Calculator-v0",
-            "train_data": {"generator": "slime_env.envs.calculator:calculator_tasks", "n": 8, "seed": 1, "split": "train"},
+            "train_data": {"generator": "slime_env.envs.calculator:calculator_tasks", "n": 8, "seed": 1,
+                           "split": "train"},
             "steps": 1, "prompts_per_step": 2, "n_samples_per_prompt": 2, "max_turns": 1, "max_new_tokens": 12,
             "trainer": {"lr": 1e-6, "micro_batch_size": 8}}
     rm = {"kind": "classifier", "model": _classifier(tmp_path, smollm2_tok), "device": "cpu", "weight": 1.0,

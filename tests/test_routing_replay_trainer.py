@@ -115,7 +115,8 @@ def test_routed_experts_of_another_model_are_refused():
     bad = [Trajectory(**{**{f: getattr(t, f) for f in t.__dataclass_fields__},
                          "routing": type(t.routing)(t.routing.ranges, RoutedExperts.from_array(
                              np.zeros((t.routing.num_tokens, 4, 2), dtype=np.int16)))}) for t in trajs]
-    with pytest.raises(InvalidInput, match=r"trajectory 0 \(task t0\) routed experts have shape \[\*, 4, 2\].*3 layers"):
+    with pytest.raises(InvalidInput,
+                       match=r"trajectory 0 \(task t0\) routed experts have shape \[\*, 4, 2\].*3 layers"):
         trainer.step(bad, group_size=2)
     big = [Trajectory(**{**{f: getattr(t, f) for f in t.__dataclass_fields__},
                          "routing": type(t.routing)(t.routing.ranges, RoutedExperts.from_array(

@@ -213,8 +213,10 @@ def test_cleanup_removes_containers_of_dead_owners():
 
     make_sandbox("docker")  # ensures the engine and the image
     client = docker.from_env()
-    dead = client.containers.create(IMAGE, command=["true"], labels={LABEL: "1", OWNER_LABEL: f"{os.uname().nodename}:999999"})
-    live = client.containers.create(IMAGE, command=["true"], labels={LABEL: "1", OWNER_LABEL: f"{os.uname().nodename}:{os.getpid()}"})
+    dead = client.containers.create(IMAGE, command=["true"],
+                                    labels={LABEL: "1", OWNER_LABEL: f"{os.uname().nodename}:999999"})
+    live = client.containers.create(IMAGE, command=["true"],
+                                    labels={LABEL: "1", OWNER_LABEL: f"{os.uname().nodename}:{os.getpid()}"})
     try:
         assert cleanup() >= 1
         remaining = {c.id for c in client.containers.list(all=True, filters={"label": LABEL})}
@@ -281,7 +283,8 @@ def test_fusion_mapping_of_a_plain_sandboxfusion_response():
     assert from_response(answer("Failed", "Finished", 1), **kw).status == "error"
     assert from_response(answer("Failed", "TimeLimitExceeded", None), **kw).status == "timeout"
     assert from_response(answer("Failed", "Finished", 1, "Traceback...\nMemoryError\n"), **kw).status == "memory"
-    assert from_response({"status": "SandboxError", "message": "down", "run_result": None}, **kw).status == "sandbox_error"
+    assert from_response({"status": "SandboxError", "message": "down", "run_result": None},
+                         **kw).status == "sandbox_error"
     assert from_response("garbage", **kw).status == "sandbox_error"
     for status in ("ok", "error", "timeout", "memory", "output_limit", "sandbox_error"):
         round_trip = from_response(to_response(ExecResult(status, exit_code=1, reason="r")), **kw)

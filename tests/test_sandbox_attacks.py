@@ -151,7 +151,8 @@ def test_killing_the_parent_is_contained(runner, sb):
 
 def test_fork_bomb_is_contained(runner, sb):
     marker = f"forkbomb{uuid.uuid4().hex[:8]}"
-    code = f"import os, time\n# {marker}\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        time.sleep(0.01)"
+    code = (f"import os, time\n# {marker}\nwhile True:\n    try:\n        os.fork()\n"
+            "    except OSError:\n        time.sleep(0.01)")
     result, took = run(runner, sb, code, timeout_s=3)
     assert result.status in ("timeout", "error"), result
     assert took < 15
@@ -184,7 +185,8 @@ def test_cpu_spin_in_threads_times_out(runner, sb):
 
 
 def test_huge_output_is_cut(runner, sb):
-    result, took = run(runner, sb, "import sys\nchunk = 'y' * (1 << 20)\nfor _ in range(100):\n    sys.stdout.write(chunk)",
+    result, took = run(runner, sb,
+                       "import sys\nchunk = 'y' * (1 << 20)\nfor _ in range(100):\n    sys.stdout.write(chunk)",
                        output_limit_bytes=1 << 20, timeout_s=30)
     assert result.status == "output_limit" and result.truncated
     assert len(result.stdout.encode()) + len(result.stderr.encode()) <= 1 << 20

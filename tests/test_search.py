@@ -46,7 +46,8 @@ def test_bm25_finds_the_known_passage_and_survives_a_save_load_round_trip(runner
     assert [row[0][0].id for row in hits] == [pid for _, pid in QUERIES]
     assert all(row[0][1] > row[1][1] for row in hits if len(row) > 1)  # best first
     again = runner.run(BM25Retriever(bm25_dir).search([q for q, _ in QUERIES], topk=3))
-    assert [[(p.id, round(s, 5)) for p, s in row] for row in hits] == [[(p.id, round(s, 5)) for p, s in row] for row in again]
+    assert ([[(p.id, round(s, 5)) for p, s in row] for row in hits]
+            == [[(p.id, round(s, 5)) for p, s in row] for row in again])
     assert runner.run(retriever.search(["the of and"], topk=3)) == [[]]  # stop words only: no match, no error
 
 
@@ -163,8 +164,8 @@ def test_invalid_action_budget_and_the_beijing_gotcha(runner, smollm2_tok, bm25_
     assert "<answer> Beijing </answer>" in traj.messages[0].content
     assert traj.status == "truncated" and traj.reward == 0.0 and traj.num_turns == 3
     assert "".join(m.content for m in traj.messages).count(INVALID_ACTION) == 2  # after turns 1 and 2, not the last
-    tiny, _ = _episode(runner, smollm2_tok, ["<search>eiffel tower paris</search>", "<answer>Paris</answer>"], ["Paris"],
-                       retriever, observation_budget_tokens=10)
+    tiny, _ = _episode(runner, smollm2_tok, ["<search>eiffel tower paris</search>", "<answer>Paris</answer>"],
+                       ["Paris"], retriever, observation_budget_tokens=10)
     info = smollm2_tok.decode([t for t, m in zip(tiny.response_ids, tiny.loss_mask) if m == 0])
     assert "<information>" in info and "</information>" in info and "completed in 1889" not in info
     assert tiny.reward == 1.0
@@ -175,7 +176,8 @@ def test_loaders(tmp_path):
     import pyarrow.parquet as pq
 
     rows = [{"data_source": "nq", "prompt": [{"role": "user", "content": "Answer... Question: who wrote hamlet?\n"}],
-             "ability": "fact-reasoning", "reward_model": {"ground_truth": {"target": ["Shakespeare"]}, "style": "rule"},
+             "ability": "fact-reasoning",
+             "reward_model": {"ground_truth": {"target": ["Shakespeare"]}, "style": "rule"},
              "extra_info": {"index": 0, "split": "train"}}]
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "train.parquet")
     task = load_search_tasks(tmp_path / "train.parquet")[0]
@@ -192,8 +194,8 @@ def test_loaders(tmp_path):
 def test_cli_builds_an_index(tmp_path):
     write_corpus(CORPUS, tmp_path / "corpus.jsonl")
     out = subprocess.run([sys.executable, "-m", "slime_env", "search", "build-index", "--corpus",
-                          str(tmp_path / "corpus.jsonl"), "--out", str(tmp_path / "idx")], capture_output=True, text=True,
-                         timeout=300)
+                          str(tmp_path / "corpus.jsonl"), "--out", str(tmp_path / "idx")],
+                         capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert "wrote bm25 index of 7 passages" in out.stdout
     assert isinstance(load_retriever(tmp_path / "idx"), BM25Retriever)

@@ -190,7 +190,8 @@ def test_a_served_teacher_scores_like_the_model_it_serves_and_a_mismatched_one_i
 def test_train_configs_for_sft_and_opd_are_checked_by_field(tmp_path):
     from slime_env.trainers.run import TrainConfig
 
-    base = {"env": "Calculator-v0", "train_data": {"generator": "slime_env.envs.calculator:calculator_tasks", "n": 4, "seed": 0}}
+    base = {"env": "Calculator-v0",
+            "train_data": {"generator": "slime_env.envs.calculator:calculator_tasks", "n": 4, "seed": 0}}
     with pytest.raises(InvalidInput, match="opd_coef > 0 and a teacher"):
         TrainConfig.from_dict({**base, "trainer": {"opd_coef": 1.0}})
     with pytest.raises(InvalidInput, match="exactly one of 'url'"):
@@ -275,8 +276,8 @@ def test_a_cold_start_warm_up_teaches_the_tool_format_before_rl(tmp_path):
     tool and answers."""
     from slime_env.trainers.run import TrainConfig, train
 
-    sampled = {"data": {"generator": "slime_env.envs.calculator:calculator_tasks", "n": 3, "seed": 3, "split": "test"}, "n_samples": 4,
-               "temperature": 1.0}
+    sampled = {"data": {"generator": "slime_env.envs.calculator:calculator_tasks", "n": 3, "seed": 3, "split": "test"},
+               "n_samples": 4, "temperature": 1.0}
     cfg = TrainConfig.from_dict(_calc_config(run_dir=str(tmp_path / "run"), eval={"sets": {"sampled": sampled}}))
     logs: list[str] = []
     summary = asyncio.run(train(cfg, log=logs.append))

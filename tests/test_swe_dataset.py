@@ -83,7 +83,8 @@ def test_swe_tasks_hold_a_repository_out_and_name_bad_selections(tasks):
     held_repo = sorted({t.repo for t in tasks})[-1]
     train = swe_tasks(ROOT, exclude_repos=[held_repo])
     held = swe_tasks(ROOT, repos=[held_repo])
-    assert {t["metadata"]["repo"] for t in held} == {held_repo} and held_repo not in {t["metadata"]["repo"] for t in train}
+    assert ({t["metadata"]["repo"] for t in held} == {held_repo}
+            and held_repo not in {t["metadata"]["repo"] for t in train})
     assert len(train) + len(held) == len(tasks) and len(swe_tasks(ROOT, limit=3)) == 3
     by_name = {t.name: t for t in tasks}
     for t in train[:5]:  # a Harbor-v0 task: the statement is the prompt, the folder is the task

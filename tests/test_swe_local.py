@@ -26,7 +26,8 @@ def _calls(reply: str) -> dict:
 
 def test_teacher_finds_its_task_by_the_statement_and_plays_search_view_edits_submit():
     task = load_task(find_tasks(TASKS)[0])
-    context = f"<|im_start|>system\nTools ... </tool_call> ...<|im_end|>\n<|im_start|>user\n{task.instruction}<|im_end|>"
+    context = ("<|im_start|>system\nTools ... </tool_call> ...<|im_end|>\n"
+               f"<|im_start|>user\n{task.instruction}<|im_end|>")
     script = teacher_calls(task)
     replies = []
     for _ in range(len(script) + 1):

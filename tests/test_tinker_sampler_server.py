@@ -1,7 +1,7 @@
-"""`serve-tinker --sampler-url`: a real `slime-env serve-engine` subprocess (SGLang's API) samples for the `tinker` SDK's
-sampling clients. Its log-probs are the trainer's for the same tokens (so the saved adapter reached the server through
-the weight-sync channel), several sampler paths share it (least recently used idle adapters evicted), the base model
-samples without one, and a path that does not exist is refused in the SDK's error shape."""
+"""`serve-tinker --sampler-url`: a real `slime-env serve-engine` subprocess (SGLang's API) samples for the `tinker`
+SDK's sampling clients. Its log-probs are the trainer's for the same tokens (so the saved adapter reached the server
+through the weight-sync channel), several sampler paths share it (least recently used idle adapters evicted), the base
+model samples without one, and a path that does not exist is refused in the SDK's error shape."""
 
 from __future__ import annotations
 

@@ -377,7 +377,8 @@ def test_stateful_tool_env_injects_hidden_state_and_releases_it():
     async def main():
         env = DB([query], hidden_args=["db"])
         assert env.tools[0]["function"]["parameters"] == {
-            "type": "object", "required": ["sql"], "properties": {"sql": {"type": "string", "description": "the query"}}}
+            "type": "object", "required": ["sql"],
+            "properties": {"sql": {"type": "string", "description": "the query"}}}
         await _start(env, prompt="first")
         obs, *_ = await env.step(Action("..", tool_calls=(ToolCall("query", {"sql": "select 1"}),)))
         assert obs[0].content == "1 queries on first"

@@ -38,7 +38,8 @@ class TwoTurns(Env):
         from slime_env import Message
 
         self.k += 1
-        return ([Message("user", "again")] if self.k == 1 else []), (0.5 if self.k == 1 else 1.0), self.k == 2, False, {}
+        return (([Message("user", "again")] if self.k == 1 else []), (0.5 if self.k == 1 else 1.0), self.k == 2,
+                False, {})
 
 
 @pytest.fixture(scope="module")
@@ -129,7 +130,8 @@ def test_training_moves_probability_toward_rewarded_answers_and_sync_reaches_the
     actor = copy.deepcopy(base)
     engine_model = copy.deepcopy(base)
     trajs = episodes(tok, ["42", "41", "42", "43"])
-    trainer = TorchTrainer(actor, TrainerConfig(lr=2e-5, micro_batch_size=2, kl_coef=0.01), pad_id=tok.pad_token_id or 0)
+    trainer = TorchTrainer(actor, TrainerConfig(lr=2e-5, micro_batch_size=2, kl_coef=0.01),
+                           pad_id=tok.pad_token_id or 0)
     batch = pack(trajs, group_size=4, pad_id=tok.pad_token_id or 0)
 
     def seq_logps(model):
@@ -182,9 +184,12 @@ def test_train_cli_end_to_end(tmp_path):
     config.write_text(f"""
 run_dir: {tmp_path / 'run'}
 env: ReasoningGym-v0
-env_kwargs: {{dataset: chain_sum, answer_formats: [answer_tag, last_number], system_prompt: "Reply <answer>N</answer>."}}
-train_data: {{reasoning_gym: {{dataset: chain_sum, size: 8, seed: 1, config: {{min_terms: 2, max_terms: 2, min_digits: 1, max_digits: 1}}}}}}
-eval_data: {{reasoning_gym: {{dataset: chain_sum, size: 4, seed: 2, config: {{min_terms: 2, max_terms: 2, min_digits: 1, max_digits: 1}}}}}}
+env_kwargs: {{dataset: chain_sum, answer_formats: [answer_tag, last_number], \
+system_prompt: "Reply <answer>N</answer>."}}
+train_data: {{reasoning_gym: {{dataset: chain_sum, size: 8, seed: 1, \
+config: {{min_terms: 2, max_terms: 2, min_digits: 1, max_digits: 1}}}}}}
+eval_data: {{reasoning_gym: {{dataset: chain_sum, size: 4, seed: 2, \
+config: {{min_terms: 2, max_terms: 2, min_digits: 1, max_digits: 1}}}}}}
 steps: 2
 prompts_per_step: 2
 n_samples_per_prompt: 2

@@ -60,7 +60,8 @@ def test_bad_input_is_named_by_file_and_line_and_the_rest_is_shown(store, tmp_pa
     loaded = load(path)
     assert len(loaded.episodes) == 3
     assert loaded.warnings == [
-        f"{path}:2: not valid JSON (Expecting property name enclosed in double quotes: line 1 column 2 (char 1)); skipped",
+        f"{path}:2: not valid JSON (Expecting property name enclosed in double quotes: line 1 column 2 (char 1)); "
+        "skipped",
         f"{path}:3: older record format (no 'spans'); token kinds derived from the loss mask",
         f"{path}:4: unknown span kind 'speculative' (tokens 0..{good['spans'][0]['end']}); shown as 'unknown'",
         f"{path}:5: expected a JSON object, got list; skipped",
@@ -157,7 +158,8 @@ def test_token_strip_shows_the_ledger(store, driver, smollm2_tok):
     assert inserted and colour(inserted[0]) == "rgba(221, 229, 240, 1)"
     assert "special" in toks[0].get_attribute("class")  # <|im_start|>
     driver.find_element("id", "heat").click()
-    generated = [x for x in driver.find_elements("css selector", "#strip .tok") if x.get_attribute("data-kind") == "generated"]
+    generated = [x for x in driver.find_elements("css selector", "#strip .tok")
+                 if x.get_attribute("data-kind") == "generated"]
     heat = [colour(x) for x in generated]
     assert len(set(heat)) > 1 and "rgba(200, 236, 200, 1)" not in heat  # coloured by log-prob now
     assert "logprob" in generated[0].get_attribute("title")
@@ -167,7 +169,8 @@ def test_failed_truncated_drift_group_and_agents(store, driver):
     _, page, _, t = store
     open_page(driver, page)
     _click_episode(driver, 3)
-    assert driver.find_element("id", "d-reason").text == "policy.generate raised RuntimeError: engine exploded on turn 2"
+    assert (driver.find_element("id", "d-reason").text
+            == "policy.generate raised RuntimeError: engine exploded on turn 2")
     _tab(driver, "tokens")
     kinds = {x.get_attribute("data-kind") for x in driver.find_elements("css selector", "#strip .tok")}
     assert "masked" in kinds and "generated" not in kinds  # a failed episode never reaches the loss
@@ -231,13 +234,15 @@ def _fake_run(directory: Path, store_dir: Path) -> Path:
     run.mkdir()
     rows = [{"step": 0, "eval/accuracy": 0.1, "eval/reward_mean": 0.1}]
     for step in (1, 2, 3):
-        rows.append({"step": step, "train/reward_mean": 0.2 * step, "train/kl": 0.01 * step, "train/entropy": 2 - 0.1 * step,
-                     "train/clip_frac": 0.05, "train/response_len": 40 + step, "train/step_s": 3.0, "rollout/s": 2.0,
+        rows.append({"step": step, "train/reward_mean": 0.2 * step, "train/kl": 0.01 * step,
+                     "train/entropy": 2 - 0.1 * step, "train/clip_frac": 0.05, "train/response_len": 40 + step,
+                     "train/step_s": 3.0, "rollout/s": 2.0,
                      "rollout/statuses": {"completed": 6, "truncated": 1, "failed": 1},
                      "rollout/tools/calculator/calls": 3 + step})
     rows[-1]["eval/accuracy"] = 0.5
     (run / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    (run / "config.json").write_text(json.dumps({"env": "Calculator-v0", "model": "default", "trainer": {"estimator": "grpo"}}))
+    (run / "config.json").write_text(json.dumps({"env": "Calculator-v0", "model": "default",
+                                                 "trainer": {"estimator": "grpo"}}))
     group = json.loads((store_dir / "groups.jsonl").read_text().splitlines()[0])
     (run / "samples.jsonl").write_text("".join(json.dumps({**group, "step": s}) + "\n" for s in (1, 2, 3)))
     return run

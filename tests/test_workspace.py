@@ -119,7 +119,8 @@ def test_files_folders_diffs_and_snapshots(backend, tmp_path):
             await ws.upload(tmp_path / "src", "/app/repo")
             assert (await ws.exec("./run.sh", cwd="/app/repo")).stdout == "run\n"  # modes kept
             changed = await ws.apply_diff(
-                "--- a/pkg/mod.py\n+++ b/pkg/mod.py\n@@ -1,2 +1,2 @@\n def f(x):\n-    return x < 3\n+    return x <= 3\n",
+                "--- a/pkg/mod.py\n+++ b/pkg/mod.py\n@@ -1,2 +1,2 @@\n"
+                " def f(x):\n-    return x < 3\n+    return x <= 3\n",
                 cwd="/app/repo")
             assert changed == ["pkg/mod.py"]
             assert await ws.read_file("/app/repo/pkg/mod.py") == b"def f(x):\n    return x <= 3\n"
@@ -192,7 +193,8 @@ def test_the_allowlist_network_reaches_allowed_hosts_only_through_the_proxy():
         async def main():
             ws = await _open("docker", limits=Limits(network="allowlist", allowed_hosts=("127.0.0.2",)))
             try:
-                fetch = "python3 -c \"import urllib.request as u; print(u.urlopen('http://{}:{}/', timeout=10).status)\""
+                fetch = ("python3 -c \"import urllib.request as u; "
+                         "print(u.urlopen('http://{}:{}/', timeout=10).status)\"")
                 assert (await ws.exec(fetch.format("127.0.0.2", port), timeout_s=30)).stdout == "200\n"
                 refused = await ws.exec(fetch.format("127.0.0.3", port), timeout_s=30)
                 assert refused.status == "error" and "403" in refused.stderr

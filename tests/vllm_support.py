@@ -329,8 +329,9 @@ class FakeVLLM:
         body = await req.json()
         self.calls.append("checksum")
         # --enable-lora wraps the embedding and the linear layers: their tensors are `<layer>.base_layer.weight`
-        wrapped = (lambda n: n.replace(".weight", ".base_layer.weight") if self.lora and n.endswith(
-            ("embed_tokens.weight", "_proj.weight")) else n)
+        def wrapped(n):
+            return (n.replace(".weight", ".base_layer.weight")
+                    if self.lora and n.endswith(("embed_tokens.weight", "_proj.weight")) else n)
         sums = {PREFIX + wrapped(n): hashlib.sha256(t.contiguous().view(-1).view(torch.uint8).numpy()).hexdigest()
                 for n, t in self.weights.items()}
         if body["action"] == "checksum":

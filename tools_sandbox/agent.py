@@ -19,7 +19,7 @@ persists between runs. (`BwrapSandbox(fork_server=True)` runs the same agent ins
 bubblewrap sandbox per slot.)
 """
 
-AGENT_SOURCE = r'''
+AGENT_SOURCE = (r'''
 import base64, ctypes, json, os, select, shutil, signal, sys, time, resource
 import atexit, builtins, io, threading, traceback, types  # what an inline run needs: imported once, before forks
 signal.signal(signal.SIGINT, signal.SIG_DFL)
@@ -51,7 +51,8 @@ def read_line(timeout):
     return json.loads(line)
 
 def oom_count():
-    for path, key in (("/sys/fs/cgroup/memory.events", "oom_kill"), ("/sys/fs/cgroup/memory/memory.oom_control", "oom_kill")):
+    for path, key in (("/sys/fs/cgroup/memory.events", "oom_kill"), '''  # the agent's line goes on below
+                      r'''("/sys/fs/cgroup/memory/memory.oom_control", "oom_kill")):
         try:
             for line in open(path):
                 k, _, v = line.partition(" ")
@@ -292,4 +293,4 @@ while True:
     except Exception as e:
         kill_all()
         send({"id": req.get("id"), "error": "%s: %s" % (type(e).__name__, e)})
-'''
+''')

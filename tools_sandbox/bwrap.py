@@ -149,7 +149,8 @@ class BwrapSandbox(Sandbox):
             # absurd mappings (virtual size runs well above resident memory).
             as_mb = request.memory_mb * 2 + 256 if cgroup else request.memory_mb
             limits = prlimit_argv(memory_mb=clamp_limits(as_mb), cpu_s=math.ceil(request.timeout_s) + 1,
-                                  fsize_mb=self.fsize_mb, nofile=self.nofile, nproc=None if cgroup else nproc_limit(slot_uid, self.pids_limit))
+                                  fsize_mb=self.fsize_mb, nofile=self.nofile,
+                                  nproc=None if cgroup else nproc_limit(slot_uid, self.pids_limit))
             argv = [*limits, self.bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
                     "--new-session", "--as-pid-1", "--hostname", "sandbox", *env_args, *self._mounts,
                     "--proc", "/proc", "--dev", "/dev", "--size", size, "--tmpfs", "/tmp",

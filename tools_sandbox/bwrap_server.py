@@ -96,7 +96,8 @@ class ForkServers:
         message = {"id": rid, "argv": argv, "inline": request.language == "python",
                    "files": {p: base64.b64encode(d).decode() for p, d in files.items()},
                    "stdin": base64.b64encode(request.stdin.encode()).decode(), "timeout_s": request.timeout_s,
-                   "memory_bytes": clamp_limits(request.memory_mb * 2 + 256 if server.cgroup else request.memory_mb) << 20,
+                   "memory_bytes": clamp_limits(request.memory_mb * 2 + 256 if server.cgroup
+                                                else request.memory_mb) << 20,
                    "cpu_s": math.ceil(request.timeout_s) + 1, "fsize_bytes": sb.fsize_mb << 20, "nofile": sb.nofile,
                    "nproc": None if server.cgroup else nproc_limit(slot_uid, sb.pids_limit),
                    "output_limit": request.output_limit_bytes}

@@ -51,7 +51,8 @@ def sandbox_cleanup(all_owners: bool = typer.Option(False, "--all", help="also c
 @sandbox_app.command("info")
 def sandbox_info(runs: int = typer.Option(5, help="timed runs of a one-line program per working backend (0: none)")
                  ) -> None:
-    """Which backend `slime_env.tools_sandbox.auto()` picks here and why stronger ones were skipped; each backend's latency."""
+    """Which backend `slime_env.tools_sandbox.auto()` picks here and why stronger ones were skipped;
+    each backend's latency."""
     import asyncio
     import statistics
     import time

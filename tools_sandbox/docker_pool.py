@@ -230,7 +230,8 @@ class DockerSandbox(Sandbox):
                    "files": {p: base64.b64encode(d).decode() for p, d in files.items()},
                    "stdin": base64.b64encode(request.stdin.encode()).decode(), "timeout_s": request.timeout_s,
                    "memory_bytes": mem << 20, "cpu_s": math.ceil(request.timeout_s) + 1,
-                   "fsize_bytes": self.fsize_mb << 20, "nofile": self.nofile, "output_limit": request.output_limit_bytes}
+                   "fsize_bytes": self.fsize_mb << 20, "nofile": self.nofile,
+                   "output_limit": request.output_limit_bytes}
         t0 = time.perf_counter()
         try:
             async with asyncio.timeout(request.timeout_s + GRACE_S):

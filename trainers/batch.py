@@ -6,9 +6,10 @@ Rows are left-padded, so every sequence ends in the last column: a trainer then 
 the last `response_columns()` positions (the LM head over a 49k vocabulary is the costliest part of a
 small model's forward, and prompts are most of a short-answer batch). `position_ids` count from each
 row's first real token. `loss_mask` is the trajectory's loss mask at response positions (0 for the
-prompt and padding), `rollout_logprobs` the engine's log-prob of each token. Advantages are per sequence, broadcast to its tokens (`reward_assignment="sequence"`), or
-per turn (`"per_turn"`): token t of turn k gets the return-to-go from turn k, normalised with its group's
-outcome statistics — an option that carries per-turn env rewards all the way to the loss.
+prompt and padding), `rollout_logprobs` the engine's log-prob of each token. Advantages are per sequence, broadcast to
+its tokens (`reward_assignment="sequence"`), or per turn (`"per_turn"`): token t of turn k gets the return-to-go from
+turn k, normalised with its group's outcome statistics — an option that carries per-turn env rewards all the way to the
+loss.
 """
 
 from __future__ import annotations
@@ -73,7 +74,8 @@ class TrainBatch:
         used = int(self.attention_mask.sum(-1).max().item()) if self.size else 0
         start = self.input_ids.shape[1] - used
         return replace(self, **{f.name: getattr(self, f.name)[:, start:] for f in fields(self)
-                                if isinstance(getattr(self, f.name), torch.Tensor) and getattr(self, f.name).dim() >= 2})
+                                if isinstance(getattr(self, f.name), torch.Tensor)
+                                and getattr(self, f.name).dim() >= 2})
 
     @property
     def position_ids(self) -> torch.Tensor:
@@ -91,7 +93,8 @@ class TrainBatch:
         keep = self.attention_mask.bool()
         cu = torch.zeros(self.size + 1, dtype=torch.int32)
         cu[1:] = torch.cumsum(lengths, 0)
-        positions = torch.cat([torch.arange(int(n)) for n in lengths]) if self.size else torch.zeros(0, dtype=torch.long)
+        positions = (torch.cat([torch.arange(int(n)) for n in lengths]) if self.size
+                     else torch.zeros(0, dtype=torch.long))
         return {"input_ids": self.input_ids[keep], "cu_seqlens": cu, "position_ids": positions,
                 "loss_mask": self.loss_mask[keep], "rollout_logprobs": self.rollout_logprobs[keep],
                 "advantages": self.advantages[keep]}
@@ -129,7 +132,8 @@ def pack(trajectories: Sequence[Trajectory], *, group_size: int, pad_id: int, es
     turn_of = torch.zeros((B, L), dtype=torch.long)
     turn_rewards = torch.zeros((B, K), dtype=torch.float32)
     rewards = torch.zeros(B, dtype=torch.float32)
-    # On-policy distillation: a teacher's log-probs of the response tokens (slime_env.trainers.run.teacher), when every row has them
+    # On-policy distillation: a teacher's log-probs of the response tokens (slime_env.trainers.run.teacher), when every
+    # row has them
     with_teacher = all("teacher_logprobs" in t.metadata or t.status == "failed" for t in trajectories) and \
         any("teacher_logprobs" in t.metadata for t in trajectories)
     teacher = torch.zeros((B, L), dtype=torch.float32) if with_teacher else None
@@ -161,7 +165,8 @@ def pack(trajectories: Sequence[Trajectory], *, group_size: int, pad_id: int, es
     if estimator == "rae":
         if role_baselines is None:
             raise ValueError("estimator 'rae' needs role_baselines (slime_env.trainers.algorithms.RoleBaselines)")
-        keys = [None if t.status == "failed" else (str(t.metadata.get("env_id", "")), str(t.metadata.get("role", t.agent_id)))
+        keys = [None if t.status == "failed"
+                else (str(t.metadata.get("env_id", "")), str(t.metadata.get("role", t.agent_id)))
                 for t in trajectories]
         seq_adv = role_baselines.advantages(rewards, keys)
         if reward_assignment != "sequence":

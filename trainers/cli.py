@@ -1,4 +1,5 @@
-"""`slime-env train`, `slime-env sft`, `slime-env report` and `slime-env export`: the trainers package's subcommands (registered through `slime_env.cli`)."""
+"""`slime-env train`, `slime-env sft`, `slime-env report` and `slime-env export`: the trainers package's subcommands
+(registered through `slime_env.cli`)."""
 
 from __future__ import annotations
 

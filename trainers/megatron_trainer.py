@@ -11,8 +11,8 @@ loss, KL, entropy and TIS, the exact per-mini-batch reduction. What differs:
   masked-token count and gradients are summed across ranks (`calculate_per_token_loss`), so the gradient
   equals the one-GPU gradient.
 - **Scale.** Sequence parallelism over the TP group (a packed micro-batch is padded to a multiple of TP with a
-  dummy sequence), context parallelism over packed sequences (`slime_env.trainers.megatron.context_parallel`: each CP rank
-  holds two balanced chunks of every sequence; log-probs summed over the CP group), pipeline parallelism (each
+  dummy sequence), context parallelism over packed sequences (`slime_env.trainers.megatron.context_parallel`: each CP
+  rank holds two balanced chunks of every sequence; log-probs summed over the CP group), pipeline parallelism (each
   stage holds a share of the layers; a mini-batch's packed micro-batches run on megatron's 1F1B schedule, the loss
   and log-probs on the last stage, which sends them to the others), megatron's activation recompute, and MoE models
   (Qwen3-MoE) with experts split over the expert-parallel group (`slime_env.trainers.megatron.moe`).
@@ -839,8 +839,8 @@ class MegatronTrainer(TorchTrainer):
 
             folder = adapter_folder(path)
             if folder is None:
-                raise FileNotFoundError(f"{path}: a LoRA trainer resumes from an adapter checkpoint (adapter/ in PEFT's "
-                                        "format); this one holds none")
+                raise FileNotFoundError(f"{path}: a LoRA trainer resumes from an adapter checkpoint (adapter/ in "
+                                        "PEFT's format); this one holds none")
             self._load_adapter_tensors(LoRAAdapter.load(folder).tensors)
         else:
             self._load_mcore(self._from_hf(read_hf_weights(path)))

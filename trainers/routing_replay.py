@@ -59,7 +59,8 @@ def _replay_forward(gate: Any):
 
 
 def install(model: Any) -> None:
-    """Make `model`'s MoE routers replay routes set by `use_routes` (idempotent; without routes they route as before)."""
+    """Make `model`'s MoE routers replay routes set by `use_routes`
+    (idempotent; without routes they route as before)."""
     for _, gate in moe_routers(model):
         if getattr(gate, "_replay_routes", "unset") == "unset":
             gate._replay_routes = None

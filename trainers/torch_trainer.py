@@ -254,7 +254,8 @@ class TorchTrainer:
         metrics.update({"train/reward_mean": float(batch.rewards.mean()), "train/tokens": float(mask.sum()),
                         "train/response_len": float(mask.sum(-1).mean()), "train/step_s": time.perf_counter() - t0,
                         "train/step": float(self.step_count)})
-        if self.routing_shape is not None:  # loss tokens routed by the trainer: their routing was lost (abort, preemption)
+        if self.routing_shape is not None:
+            # loss tokens routed by the trainer: their routing was lost (abort, preemption)
             lost, share = rr.rerouted_tokens(batch.loss_mask, batch.routed_experts)
             metrics.update({"train/routing_replay_rerouted_tokens": lost, "train/routing_replay_rerouted_frac": share})
         return metrics
@@ -615,8 +616,9 @@ class TorchTrainer:
         """Push the current weights to `policy` through the run's own weight channels (`vllm_sync.channel_for`):
         in place when it has `update_weights` (TransformersPolicy); to an engine server (SGLangPolicy: SGLang or
         serve-engine) through a model folder at `path` and `update_weights_from_disk` when `path` is given, else from
-        memory (`update_weights_from_tensor`: CUDA IPC / shared memory, same host); to a vLLM server (`VLLMPolicy`) through
-        a model folder and its `reload_weights`. What leaves this process takes the engine-bound layout (`weight_layout()`). Every rank of a sharded trainer calls it; rank 0 pushes."""
+        memory (`update_weights_from_tensor`: CUDA IPC / shared memory, same host); to a vLLM server (`VLLMPolicy`)
+        through a model folder and its `reload_weights`. What leaves this process takes the engine-bound layout
+        (`weight_layout()`). Every rank of a sharded trainer calls it; rank 0 pushes."""
         from slime_env.trainers.vllm_sync import channel_for
 
         version = version or str(self.step_count)

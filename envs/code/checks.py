@@ -8,7 +8,8 @@ literals and arithmetic on literals (`3 * 19`), calls of the solution with such 
 pure built-ins in `BUILTINS` and `math.isclose` / `math.fabs` / `math.sqrt` / `math.floor` /
 `math.ceil` / `math.isnan` / `math.isinf`. Nothing there can run long or allocate much on values the
 solution chose (no `*`, no `**`, no ranges), and none of those names may be rebound by the test code.
-Setup statements may only import (or be a bare constant or built-in name). A suite with any other statement goes to `slime_env.envs.code.replay`.
+Setup statements may only import (or be a bare constant or built-in name). A suite with any other statement goes to
+`slime_env.envs.code.replay`.
 """
 
 from __future__ import annotations

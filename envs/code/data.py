@@ -53,7 +53,8 @@ def load_code_tasks(path: str | Path) -> list[Task]:
     return [code_row_to_task(row, where, n) for where, n, row in read_rows(path)]
 
 
-HUMANEVAL_INSTRUCTION = "Complete the following Python function. Reply with the complete function in one ```python block.\n\n"
+HUMANEVAL_INSTRUCTION = ("Complete the following Python function. Reply with the complete function in one ```python "
+                         "block.\n\n")
 
 
 def load_humaneval(limit: int | None = None) -> list[Task]:

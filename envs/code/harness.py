@@ -13,9 +13,9 @@ Input, as JSON on stdin: `kind`, `case_timeout_s`, `total_timeout_s`, `output_ca
   Result per case: `status` (ok / error / timeout / output_limit / not_run), `exit_code`, `stdout`,
   `stderr`, `time_s`.
 - `calls`: `calls`, a list of `{"case", "fn", "args", "kwargs"}` (arguments tagged by
-  `slime_env.envs.code.values`). A runner process (`slime_env.envs.code.runner`) loads the solution and makes the calls in
-  order; `fn` is a top-level name or `Class().method`. Result: `{"loaded", "status", "error", "calls": [...]}` (status
-  and error say why a solution did not load), per call
+  `slime_env.envs.code.values`). A runner process (`slime_env.envs.code.runner`) loads the solution and makes the calls
+  in order; `fn` is a top-level name or `Class().method`. Result: `{"loaded", "status", "error", "calls": [...]}`
+  (status and error say why a solution did not load), per call
   `{"status": "ok", "value", "args_after"?}`, `{"status": "error", "type", "error"}`, or a case lost to
   `timeout` / `crash` / `output_limit` / `not_run` with its `error`.
 Each case has its own time limit, enforced from outside the runner: a runner that hangs, exits or

@@ -14,9 +14,9 @@ numbers are seeded and hashing is fixed, so each replay makes the same calls.
 Input (JSON on stdin): `{"replays": [spec, ...]}`, each replayed in its own forked child; a spec has
 `support`, `prelude`, `statements` (`[code, is_case]`), `stubs` (test name ->
 solution function), `modules` (names the test uses as `name.attr` without importing them: imported
-when they are modules), `table` (`[{"key", "n", "outcome"}]`), `statement_timeout_s`, `timeout_s`, `max_new_calls`. Output (last line of stdout): `{"replays": [...]}`,
-per spec `{"cases": [{"status", "error"}], "calls": [{"case", "fn", "args", "kwargs", "key", "n"}],
-"error"}`; case status: pass / fail / pending, or the status of a lost call.
+when they are modules), `table` (`[{"key", "n", "outcome"}]`), `statement_timeout_s`, `timeout_s`, `max_new_calls`.
+Output (last line of stdout): `{"replays": [...]}`, per spec `{"cases": [{"status", "error"}], "calls": [{"case", "fn",
+"args", "kwargs", "key", "n"}], "error"}`; case status: pass / fail / pending, or the status of a lost call.
 """
 
 import ast

@@ -3,10 +3,11 @@
 Each agent sees its own chat: a system prompt naming its mark, then the board before each of its turns
 (which shows the opponent's last move). A move is a cell number 1-9 in `<move>N</move>`; the last such
 tag of the reply counts (`move_format="tag_or_digit"` also takes the reply's last digit 1-9 when it
-has no tag, for small models still learning the format). Rewards: win +1, loss -1, draw 0 for both. An illegal or missing move ends the
-game: the offender gets `illegal_reward` (default -1) and the opponent its negation, so rewards always
-sum to zero. `system_prompt` replaces the default ("{mark}" becomes X or O). `bot={"o": "random" | "perfect"}` lets the env play a seat itself (for evaluation against
-a fixed opponent): that seat is then not an agent. `info` has the winner and the move list.
+has no tag, for small models still learning the format). Rewards: win +1, loss -1, draw 0 for both. An illegal or
+missing move ends the game: the offender gets `illegal_reward` (default -1) and the opponent its negation, so rewards
+always sum to zero. `system_prompt` replaces the default ("{mark}" becomes X or O). `bot={"o": "random" | "perfect"}`
+lets the env play a seat itself (for evaluation against a fixed opponent): that seat is then not an agent. `info` has
+the winner and the move list.
 """
 
 from __future__ import annotations

@@ -11,7 +11,8 @@ def register(app: typer.Typer) -> None:
 
 
 harbor_app = typer.Typer(add_completion=False, no_args_is_help=True,
-                         help="Harbor task folders (slime_env.envs.harbor): validate, check with the oracle, evaluate a policy.")
+                         help="Harbor task folders (slime_env.envs.harbor): validate, check with the oracle, "
+                              "evaluate a policy.")
 
 
 @harbor_app.command("validate")
@@ -154,7 +155,7 @@ def harbor_eval(path: str = typer.Argument(..., help="a task folder, a folder of
     summary = {"tasks": len(rows), "samples": samples, "mode": mode,
                "mean_reward": sum(sum(r["rewards"]) / len(r["rewards"]) for r in rows) / n,
                **{f"pass@{x}": totals[x] / n for x in k}, "per_task": rows}
-    typer.echo(", ".join(f"pass@{x} {summary[f'pass@{x}']:.3f}" for x in k) + f", mean reward {summary['mean_reward']:.3f}"
-               f" over {len(rows)} tasks")
+    typer.echo(", ".join(f"pass@{x} {summary[f'pass@{x}']:.3f}" for x in k)
+               + f", mean reward {summary['mean_reward']:.3f} over {len(rows)} tasks")
     if out:
         Path(out, "summary.json").write_text(json.dumps(summary, indent=1))

@@ -123,7 +123,8 @@ class HarborEnv(WorkspaceEnv):
 
     def __init__(self, *, dataset: str | Path | None = None, mode: str | None = "isolated", backend: str = "docker",
                  pool: Any = None, system_prompt: str | None = SYSTEM_PROMPT, max_turns: int | None = 30,
-                 command_timeout_s: float = 120.0, workspace: str | Callable[[Task], Awaitable[Workspace]] | None = None,
+                 command_timeout_s: float = 120.0,
+                 workspace: str | Callable[[Task], Awaitable[Workspace]] | None = None,
                  reward_workspace: str | Callable[[Any], Awaitable[Workspace]] | None = None, **kwargs: Any):
         if mode not in (None, *verifier.MODES):
             raise InvalidInput(f"Harbor-v0: mode must be one of {verifier.MODES} or None, got {mode!r}")

@@ -12,7 +12,8 @@ def register(app: typer.Typer) -> None:
     app.command("serve-retriever")(serve_retriever)
 
 
-search_app = typer.Typer(add_completion=False, no_args_is_help=True, help="Search-R1 retrieval (slime_env.envs.search).")
+search_app = typer.Typer(add_completion=False, no_args_is_help=True,
+                         help="Search-R1 retrieval (slime_env.envs.search).")
 
 
 @search_app.command("build-index")

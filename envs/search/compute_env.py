@@ -143,7 +143,8 @@ class SearchComputeEnv(ToolEnv):
 
         tools = [search_tool(retriever, topk=topk, budget_tokens=1024), calculator_tool(),
                  python_tool(sandbox, timeout_s=tool_timeout_s)]
-        super().__init__(tools, system_prompt=system_prompt, rubric=Rubric(exact_answer, (answer_format, format_weight)),
+        super().__init__(tools, system_prompt=system_prompt,
+                         rubric=Rubric(exact_answer, (answer_format, format_weight)),
                          max_turns=max_turns, tool_timeout_s=tool_timeout_s, tasks=tasks)
 
     def default_tasks(self) -> Sequence[Task]:

@@ -49,9 +49,9 @@ def load_search_tasks(path: str | Path) -> list[Task]:
 
 def search_tasks(n: int | None = None, seed: int = 0, split: str | None = None) -> list[Task]:
     """The demo corpus's questions (`demo_questions`) as Search-v0 tasks, shuffled by `seed`, at most `n` (a
-    `train_data: {generator: slime_env.envs.search:search_tasks}` split). `split="train"` / `"test"` keeps one side of a fixed
-    partition by *topic* (a hash of the reference topic: about one in five is a test topic), so a held-out question's
-    answer never appears as the answer of a training question or of SFT data: solving it needs the search."""
+    `train_data: {generator: slime_env.envs.search:search_tasks}` split). `split="train"` / `"test"` keeps one side of a
+    fixed partition by *topic* (a hash of the reference topic: about one in five is a test topic), so a held-out
+    question's answer never appears as the answer of a training question or of SFT data: solving it needs the search."""
     import random
     import zlib
 

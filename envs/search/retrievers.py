@@ -216,7 +216,8 @@ class RemoteRetriever(Retriever):
         if not isinstance(result, list) or len(result) != len(queries):
             from slime_env.http import ProtocolError
 
-            raise ProtocolError(f"{self.url}/retrieve: expected 'result' with {len(queries)} lists, got {str(body)[:200]}")
+            raise ProtocolError(f"{self.url}/retrieve: expected 'result' with {len(queries)} lists, "
+                                f"got {str(body)[:200]}")
         out = []
         for row in result:
             hits = []

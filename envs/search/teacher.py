@@ -1,4 +1,5 @@
-"""A scripted Search-R1 teacher for SFT warm-up data (`warmup.data.rollouts.policy: slime_env.envs.search:teacher_reply`).
+"""A scripted Search-R1 teacher for SFT warm-up data
+(`warmup.data.rollouts.policy: slime_env.envs.search:teacher_reply`).
 
 It plays the demo corpus's questions ("Which section of the Python language reference says: "…"") the way the
 task is meant to be solved: search for the quoted sentence, then answer with the title of the retrieved passage

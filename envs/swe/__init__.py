@@ -13,8 +13,8 @@ test suites, emitted as Harbor task folders, and scored on a clean copy of the r
 - `check`: a task end to end (nop earns 0, the oracle 1), `slime-env swe check`.
 
 This package may import `slime_env` and `slime_env.tools_sandbox` (lazily: generating statements or reading task
-folders needs no Docker); nothing in the core imports it. `swe_tasks(path)` gives the folders as `Harbor-v0` tasks (Harbor-v0 scores them
-with `swe_reward`). See docs/agentic.md, "SWE-style repository tasks".
+folders needs no Docker); nothing in the core imports it. `swe_tasks(path)` gives the folders as `Harbor-v0` tasks
+(Harbor-v0 scores them with `swe_reward`). See docs/agentic.md, "SWE-style repository tasks".
 """
 
 from slime_env.envs.swe.reward import SweReward, swe_reward

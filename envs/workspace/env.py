@@ -172,9 +172,9 @@ class WorkspaceEnv(StatefulToolEnv):
     """Agentic tasks in a per-episode workspace (see the module docstring).
 
     `spec` (or `image`): the workspace when the task names none; `backend` (docker | bwrap | auto) and `pool`
-    (default: the process's shared pool for the backend, keeping `warm` started workspaces per spec). `command_timeout_s` bounds each bash call,
-    `max_turns` the episode. Override `workspace_spec(task)`, `prepare(task, ws)` (after start, before the agent)
-    and `verify(task, ws)` (-> reward, info) for a task family.
+    (default: the process's shared pool for the backend, keeping `warm` started workspaces per spec).
+    `command_timeout_s` bounds each bash call, `max_turns` the episode. Override `workspace_spec(task)`,
+    `prepare(task, ws)` (after start, before the agent) and `verify(task, ws)` (-> reward, info) for a task family.
     """
 
     def __init__(self, *, spec: WorkspaceSpec | None = None, image: str | None = None, backend: str = "docker",

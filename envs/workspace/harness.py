@@ -30,8 +30,9 @@ class WorkspaceAgentEnv(AgentEnv):
     """An agent program in a workspace (module docstring). `agent`: `(base_url, api_key, task, workspace) -> result`
     (async, or plain: run in a thread; or an import path); `verify`: `(task, workspace) -> reward` or `(reward, info)`
     (async or plain); the workspace: `workspace(task, pool=)` (async; e.g. `slime_env.envs.harbor.harbor_workspace`),
-    else `task.metadata["workspace"]` over `spec`; `backend` / `pool` as for `WorkspaceEnv`. The rest is `AgentEnv`'s (`parser`, `deadline_s`, `strict`).
-    An agent cut by its deadline is still verified (its work so far counts, as in Harbor); a crashed one scores 0."""
+    else `task.metadata["workspace"]` over `spec`; `backend` / `pool` as for `WorkspaceEnv`. The rest is `AgentEnv`'s
+    (`parser`, `deadline_s`, `strict`). An agent cut by its deadline is still verified (its work so far counts, as in
+    Harbor); a crashed one scores 0."""
 
     scored_statuses = ("completed", "truncated")
 

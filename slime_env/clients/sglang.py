@@ -91,7 +91,8 @@ class SGLangPolicy(LoadedAdapters):
                  connect_timeout_s: float = 10.0, max_retries: int = 3, backoff_s: float = 0.2,
                  headers: Mapping[str, str] | None = None, routed_experts: tuple[int, int] | None = None):
         if routed_experts is not None and (len(routed_experts) != 2 or min(routed_experts) < 1):
-            raise InvalidInput(f"routed_experts must be (num_hidden_layers, num_experts_per_tok), got {routed_experts!r}")
+            raise InvalidInput(f"routed_experts must be (num_hidden_layers, num_experts_per_tok), "
+                               f"got {routed_experts!r}")
         self.routed_experts = tuple(routed_experts) if routed_experts is not None else None
         self.url = url.rstrip("/")
         self.http = HttpClient(self.url, max_connections=max_connections, timeout_s=timeout_s,

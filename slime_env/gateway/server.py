@@ -207,7 +207,8 @@ class Gateway:
         return body
 
     async def _admin_open(self, request: web.Request) -> web.Response:
-        """`POST /admin/sessions` {"task": ...} -> {"session_id", "api_key", "openai_base_url", "anthropic_base_url"}."""
+        """`POST /admin/sessions` {"task": ...} -> {"session_id", "api_key", "openai_base_url",
+        "anthropic_base_url"}."""
         try:
             self._admin(request)
             body = await self._admin_body(request)

@@ -7,12 +7,12 @@ e.g. rock-paper-scissors) act all live agents at once. Each agent's chat gets `s
 before each of its turns, `render(agent, observation)` — the text the model sees for PettingZoo's
 observation (numpy arrays; write one per game) — after a line per move of the others
 (`describe_move(agent, action)`, called before the move is made; by default the game's own notation where
-PettingZoo has one — chess in SAN — else the action index). The reply is parsed into an action by `parse(text)` (default: the
-last integer in it, e.g. `<move>4</move>`); an action that does not parse, is outside the action space
+PettingZoo has one — chess in SAN — else the action index). The reply is parsed into an action by `parse(text)`
+(default: the last integer in it, e.g. `<move>4</move>`); an action that does not parse, is outside the action space
 or is masked out (`action_mask` in the observation) ends the episode: the offender (in a Parallel step, every
 offender) gets `illegal_reward`, the others 0, and everyone is told why — never a crash. PettingZoo's truncations
-(a time limit such as `max_cycles`) end trajectories as `truncated`, its terminations as `completed`. Rewards are PettingZoo's,
-per step, to every agent (also those that did not act). Agents PettingZoo terminates step out of the
+(a time limit such as `max_cycles`) end trajectories as `truncated`, its terminations as `completed`. Rewards are
+PettingZoo's, per step, to every agent (also those that did not act). Agents PettingZoo terminates step out of the
 episode; dead agents' AEC turns (`step(None)`) are taken here.
 """
 

@@ -5,8 +5,8 @@ last acted (its messages' contents, joined by blank lines); `step(text)` is its 
 in the slime_env env (simultaneous moves) act one after another here and the env steps once all have chosen — the
 AEC convention for Parallel games. Rewards are the env's, per step, accumulated PettingZoo's way; an agent the env
 terminates or truncates then takes PettingZoo's `None` step; when no agent is left to act, the others are
-terminated. The env's coroutines run on a private event loop in a helper thread (`BackgroundLoop`), so this works inside a
-running loop too (Jupyter).
+terminated. The env's coroutines run on a private event loop in a helper thread (`BackgroundLoop`), so this works inside
+a running loop too (Jupyter).
 """
 
 from __future__ import annotations

@@ -109,7 +109,8 @@ async def generate(args: Any, sample: Any, sampling_params: dict[str, Any], eval
         try:
             traj = await run_episode(
                 env, _policy(setup.url), task, renderer=setup.renderer, max_turns=setup.max_turns,
-                max_new_tokens=int(sampling_params.get("max_new_tokens") or getattr(args, "rollout_max_response_len", 1024)),
+                max_new_tokens=int(sampling_params.get("max_new_tokens")
+                                   or getattr(args, "rollout_max_response_len", 1024)),
                 max_context_tokens=getattr(args, "rollout_max_context_len", None), deadline_s=setup.deadline_s,
                 sampling_params=params, parser=setup.parser,
                 metadata={"session_id": f"slime-{getattr(sample, 'rollout_id', None)}-{sample.index}",
@@ -133,9 +134,11 @@ async def _generate_multi_agent(args: Any, sample: Any, setup: _Setup, env: Any,
     try:
         trajs = await run_multi_agent_episode(
             env, _policy(setup.url), task, renderer=setup.renderer, max_turns=setup.max_turns,
-            max_new_tokens=int(sampling_params.get("max_new_tokens") or getattr(args, "rollout_max_response_len", 1024)),
+            max_new_tokens=int(sampling_params.get("max_new_tokens")
+                               or getattr(args, "rollout_max_response_len", 1024)),
             max_context_tokens=getattr(args, "rollout_max_context_len", None), deadline_s=setup.deadline_s,
-            sampling_params=params, metadata={"index": sample.index, "group_index": getattr(sample, "group_index", None)})
+            sampling_params=params,
+            metadata={"index": sample.index, "group_index": getattr(sample, "group_index", None)})
     finally:
         await env.close()
     agents = list(setup.train_agents or trajs)

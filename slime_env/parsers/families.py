@@ -240,7 +240,8 @@ def kimi_k2(text: str) -> ParseResult:
 
 
 # --- gpt-oss (harmony) ----------------------------------------------------------------------------------------------
-_HARMONY_MSG = re.compile(r"(?:<\|start\|>assistant)?((?: to=[^<]*)?)<\|channel\|>(\w+)([^<]*?)(?:<\|constrain\|>\s*(\w+))?\s*"
+_HARMONY_MSG = re.compile(r"(?:<\|start\|>assistant)?((?: to=[^<]*)?)<\|channel\|>(\w+)([^<]*?)"
+                          r"(?:<\|constrain\|>\s*(\w+))?\s*"
                           r"<\|message\|>(.*?)(<\|call\|>|<\|end\|>|<\|return\|>|(?=<\|start\|>)|(?=<\|channel\|>)|\Z)",
                           re.DOTALL)
 _HARMONY_TO = re.compile(r"to=functions\.([A-Za-z0-9_.\-]+)")

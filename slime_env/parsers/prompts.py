@@ -40,7 +40,8 @@ def llama3_json(tools: Sequence[Mapping]) -> str:
 
 
 def qwen3_coder(tools: Sequence[Mapping]) -> str:
-    """Qwen3-Coder's XML tool section (`<tool_call><function=NAME><parameter=K>V</parameter></function></tool_call>`)."""
+    """Qwen3-Coder's XML tool section
+    (`<tool_call><function=NAME><parameter=K>V</parameter></function></tool_call>`)."""
     out = ["# Tools\n\nYou have access to the following functions:\n\n<tools>"]
     for f in _functions(tools):
         out.append(f"<function>\n<name>{f.get('name')}</name>\n<description>{f.get('description', '')}</description>")

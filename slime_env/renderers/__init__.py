@@ -1,8 +1,8 @@
 """Renderers: the token ledger's bridge between chat messages and token ids.
 
 `get_renderer(tokenizer)` picks the family from the tokenizer's chat template (or pass
-`family="chatml" | "qwen3" | "qwen3_5" | "qwen3_6" | "llama3" | "deepseek_r1" | "deepseek_v31" | "glm45" | "minimax_m2" | "gpt_oss" | "template"`, or an import path).
-Register your own with `register_renderer(name, cls)`.
+`family="chatml" | "qwen3" | "qwen3_5" | "qwen3_6" | "llama3" | "deepseek_r1" | "deepseek_v31" | "glm45" |
+"minimax_m2" | "gpt_oss" | "template"`, or an import path). Register your own with `register_renderer(name, cls)`.
 """
 
 from __future__ import annotations

@@ -95,11 +95,12 @@ class DeepSeekR1Renderer(TemplateRenderer):
 
 class Qwen35Renderer(Qwen3Renderer):
     """Qwen3.5 (hybrid thinking, Qwen3-Coder-style XML tool calls: `<tool_call>\\n<function=NAME>\\n<parameter=K>\\nV
-    \\n</parameter>\\n</function>\\n</tool_call>`). Its generation prompt opens `<think>\\n` (`<think>\\n\\n</think>\\n\\n`
-    with `enable_thinking=False`). Re-rendered history: reasoning of turns before the last user query is dropped, every
-    message's content is `| trim`-med, and a non-string tool-call argument is written with Python's `str` unless it is
-    a mapping or a list (`True`, `None`, `1.5`), where Qwen3.6 writes JSON (`true`, `null`). A system message anywhere
-    but first is refused by the template itself ("System message must be at the beginning.")."""
+    \\n</parameter>\\n</function>\\n</tool_call>`). Its generation prompt opens `<think>\\n`
+    (`<think>\\n\\n</think>\\n\\n` with `enable_thinking=False`). Re-rendered history: reasoning of turns before the
+    last user query is dropped, every message's content is `| trim`-med, and a non-string tool-call argument is written
+    with Python's `str` unless it is a mapping or a list (`True`, `None`, `1.5`), where Qwen3.6 writes JSON (`true`,
+    `null`). A system message anywhere but first is refused by the template itself ("System message must be at the
+    beginning.")."""
 
     family = "qwen3_5"
     rewrites_history = ("drops <think> blocks of assistant turns before the last user query",
@@ -119,8 +120,8 @@ class DeepSeekV31Renderer(TemplateRenderer):
     `<｜Assistant｜><think>` with it, `<｜Assistant｜></think>` without. Tool calls:
     `<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>ARGS<｜tool▁call▁end｜>…<｜tool▁calls▁end｜>`, ARGS
     the arguments string as given (the template concatenates it). After tool outputs the template adds no generation
-    prompt: the model answers right after `<｜tool▁output▁end｜>`. History: every assistant turn keeps only the text after
-    its first `</think>`, and system messages are hoisted to the front (refused after the first turn)."""
+    prompt: the model answers right after `<｜tool▁output▁end｜>`. History: every assistant turn keeps only the text
+    after its first `</think>`, and system messages are hoisted to the front (refused after the first turn)."""
 
     family = "deepseek_v31"
     rewrites_history = ("keeps only the text after the first </think> of earlier assistant turns",

@@ -1,7 +1,8 @@
 """Rollouts at scale: `RolloutManager` (groups, over-sampling, dynamic filters, partial rollouts,
 persistence and resume; its options in four groups: `EpisodeOptions`, `GroupOptions`, `StoreOptions`,
-`ExecutionOptions`), `GroupStream` (groups generated continuously under a staleness bound: asynchronous training), dataset loading, env servers and the Ray backend (`[ray]` extra), and the driver
-process's settings (`run_loop`: uvloop; `quiet_gc`: the garbage collector while a batch runs)."""
+`ExecutionOptions`), `GroupStream` (groups generated continuously under a staleness bound: asynchronous training),
+dataset loading, env servers and the Ray backend (`[ray]` extra), and the driver process's settings (`run_loop`: uvloop;
+`quiet_gc`: the garbage collector while a batch runs)."""
 
 from slime_env.rollout.dataset import load_tasks
 from slime_env.rollout.filters import get_filter, nonzero_std

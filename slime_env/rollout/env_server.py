@@ -185,7 +185,8 @@ class RemoteEnv(Env):
     async def reset(self, *, seed=None, options=None):
         if self.session_id is None:
             created = await self.client.request("POST", "/sessions", {"env_kwargs": self.env_kwargs})
-            self.session_id, self.parser, self.tools = created["session_id"], created.get("parser"), created.get("tools")
+            self.session_id, self.parser, self.tools = (created["session_id"], created.get("parser"),
+                                                        created.get("tools"))
             self.stop = tuple(created.get("stop") or ())  # the env's stop strings reach the sampling params
             self.describe_tools = bool(created.get("describe_tools", True))
         out = await self.client.request("POST", f"/sessions/{self.session_id}/reset",

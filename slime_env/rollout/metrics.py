@@ -43,8 +43,8 @@ def batch_metrics(accepted: list[Any], dropped: list[Any], wall_s: float, *, car
 def time_split(trajs: list[Any]) -> dict[str, float]:
     """Where the episodes' time went, summed over episodes: `rollout/time/{generate,env,framework}_{s,frac}`, and
     where envs run in workspaces (`timings["container_{start,exec,verify}_s"]`, or a harness's
-    `metadata["workspace"]`: seconds starting, in commands, scoring), `rollout/time/container_{s,frac}` (within the env time, except that commands an agent
-    runs at once are each counted whole)."""
+    `metadata["workspace"]`: seconds starting, in commands, scoring), `rollout/time/container_{s,frac}` (within the env
+    time, except that commands an agent runs at once are each counted whole)."""
     m: dict[str, float] = {}
     total = sum(t.timings.get("total_s", 0.0) for t in trajs) or 1e-9
     for part in ("generate", "env", "framework"):

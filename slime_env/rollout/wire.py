@@ -25,7 +25,8 @@ def action_from_dict(d: Any) -> Action:
         raise InvalidInput("action must be an object with a 'text' string")
     try:
         return Action(text=d["text"], token_ids=tuple(int(t) for t in d.get("token_ids", ())),
-                      tool_calls=tuple(ToolCall(c["name"], dict(c.get("arguments") or {}), c.get("raw", ""), c.get("id"))
+                      tool_calls=tuple(ToolCall(c["name"], dict(c.get("arguments") or {}), c.get("raw", ""),
+                                                c.get("id"))
                                        for c in d.get("tool_calls", ())),
                       parse_errors=tuple(ParseError(e["message"], e.get("raw", "")) for e in d.get("parse_errors", ())),
                       finish_reason=d.get("finish_reason", "stop"), agent_id=d.get("agent_id", "agent"),

@@ -1,6 +1,6 @@
-"""TransformersPolicy's dense continuous engine (`slime_env.agents.engine`, `paged=False`) and prefix cache on CUDA (run on the
-GPU machine). Models outside the paged engine's families take this path on CUDA; the paged engine has its own tests
-(tests/gpu/test_paged_gpu.py).
+"""TransformersPolicy's dense continuous engine (`slime_env.agents.engine`, `paged=False`) and prefix cache on CUDA (run
+on the GPU machine). Models outside the paged engine's families take this path on CUDA; the paged engine has its own
+tests (tests/gpu/test_paged_gpu.py).
 
 The model is a small Llama with random weights in SmolLM2's vocabulary (the 540 MB SmolLM2 weights do not
 travel to the GPU machine): the engine's mechanics — rows, padding, positions, the prefix cache — are what is

@@ -209,7 +209,7 @@ def test_offload_frees_gpu_memory_between_steps_and_changes_nothing():
                             {k: v.float().cpu() for k, v in trainer.hf_state_dict().items()})
         del trainer
         torch.cuda.empty_cache()
-    (held_on, _, m_on, w_on), (held_off, after_off, m_off, w_off) = results[False], results[True]
+    (held_on, _, m_on, w_on), (held_off, _, m_off, w_off) = results[False], results[True]
     assert held_off < held_on  # offloaded at the end of the step: less GPU memory held between steps
     assert m_off["train/grad_norm"] == pytest.approx(m_on["train/grad_norm"], rel=1e-6)
     assert all(torch.equal(w_on[k], w_off[k]) for k in w_on)  # same training, bit for bit

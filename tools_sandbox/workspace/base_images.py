@@ -73,7 +73,8 @@ def recipe_for(tag: str) -> BaseRecipe:
         if suite:
             return BaseRecipe("ubuntu", suite, None, "main universe")
     known = "python:3.10/3.11/3.12/3.13[-slim], debian:bookworm/trixie[-slim], ubuntu:22.04/24.04"
-    raise WorkspaceError(f"no local recipe for base image {tag!r} (this host reaches no image registry); known: {known}")
+    raise WorkspaceError(f"no local recipe for base image {tag!r} (this host reaches no image registry); "
+                         f"known: {known}")
 
 
 def image_exists(client, tag: str) -> bool:

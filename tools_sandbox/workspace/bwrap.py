@@ -75,8 +75,8 @@ def _image_config(image: str) -> dict:
     if not (target / ".complete").exists():
         _export(client, image, target)
     env = dict(e.split("=", 1) for e in config.get("Env") or [] if "=" in e)
-    return {"root": str(target / "root"), "workdir": config.get("WorkingDir") or "/", "user": config.get("User") or None,
-            "env": env}
+    return {"root": str(target / "root"), "workdir": config.get("WorkingDir") or "/",
+            "user": config.get("User") or None, "env": env}
 
 
 def _export(client, image: str, target: Path) -> None:

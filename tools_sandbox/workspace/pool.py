@@ -3,8 +3,9 @@
 `acquire(spec)` hands out a warm workspace of an equal spec (`WorkspaceSpec.pool_key`) when there is one, else
 starts one; either way the pool then starts replacements in the background until `warm` are ready for that spec.
 A workspace is used once: `release(ws)` closes it (a used workspace is never handed out again). Warm workspaces of
-a spec nobody asked for within `idle_timeout_s` are closed. The first `acquire` removes what killed runs left behind. At most `max_open` workspaces exist at once (warm ones
-included; a warm one of another spec is closed to make room). Its wall time counts from `acquire`.
+a spec nobody asked for within `idle_timeout_s` are closed. The first `acquire` removes what killed runs left behind. At
+most `max_open` workspaces exist at once (warm ones included; a warm one of another spec is closed to make room). Its
+wall time counts from `acquire`.
 """
 
 from __future__ import annotations

@@ -108,7 +108,8 @@ class _ChunkedHead(torch.autograd.Function):
         hidden, weight, targets, lse, entropy = ctx.saved_tensors
         chunk = ctx.chunk
         grad_h = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
-        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if ctx.needs_input_grad[1] else None
+        grad_w = (torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if ctx.needs_input_grad[1]
+                  else None)
         for s in range(0, hidden.shape[0], chunk):
             h = hidden[s:s + chunk]
             logq = (h @ weight.t()).float() - lse[s:s + chunk].unsqueeze(-1)

@@ -288,13 +288,14 @@ def adapt_layer_spec(spec: Any, adapted: Mapping[str, Adapted]) -> None:
             setattr(mlp, name, ModuleSpec(module=cls, params={"adapted": adapted[name]}))
 
 
-# --- the model's adapters ----------------------------------------------------------------------------------------------
+# --- the model's adapters ---------------------------------------------------------------------------------------------
 def is_lora_param(name: str) -> bool:
     return name.endswith((".lora_A", ".lora_B"))
 
 
 def freeze_base(model: torch.nn.Module) -> None:
-    """Only the adapters train: every other parameter stops needing a gradient (megatron's DDP and optimizer skip it)."""
+    """Only the adapters train: every other parameter stops needing a gradient
+    (megatron's DDP and optimizer skip it)."""
     for name, p in model.named_parameters():
         p.requires_grad_(is_lora_param(name))
 

@@ -200,10 +200,12 @@ async def _evaluate_games(tasks: list[Task], policy: Any, renderer: Any, cfg: An
     games = await asyncio.gather(*(one(i, t) for i, t in enumerate(tasks)))
     trajs = [t for game in games for a, t in game.items() if cfg.train_agents is None or a in cfg.train_agents]
     n = max(len(trajs), 1)
-    return {"eval/accuracy": sum(t.reward > 0 for t in trajs) / n, "eval/draw_rate": sum(t.reward == 0 for t in trajs) / n,
+    return {"eval/accuracy": sum(t.reward > 0 for t in trajs) / n,
+            "eval/draw_rate": sum(t.reward == 0 for t in trajs) / n,
             "eval/illegal_rate": sum(bool(t.info.get("illegal")) and t.info.get("loser") == t.agent_id
                                      for t in trajs) / n,
-            "eval/reward_mean": sum(t.reward for t in trajs) / n, "eval/failed": sum(t.status == "failed" for t in trajs)}
+            "eval/reward_mean": sum(t.reward for t in trajs) / n,
+            "eval/failed": sum(t.status == "failed" for t in trajs)}
 
 
 @dataclass

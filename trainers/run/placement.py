@@ -60,7 +60,8 @@ class ClusterConfig:
             if bad:
                 raise InvalidInput(f"{where}.{section}: unknown field(s) {bad}; known: {list(keys)}")
             for k in keys:
-                if not isinstance(values[k], int) or isinstance(values[k], bool) or values[k] < (0 if k == "gpus" else 1):
+                if (not isinstance(values[k], int) or isinstance(values[k], bool)
+                        or values[k] < (0 if k == "gpus" else 1)):
                     raise InvalidInput(f"{where}.{section}.{k}: expected an integer >= {0 if k == 'gpus' else 1}, "
                                        f"got {values[k]!r}")
         return cfg

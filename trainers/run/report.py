@@ -94,7 +94,8 @@ def curve_images(rows: list[dict[str, Any]]) -> list[dict[str, str]]:
             ax.bar([st for st, _ in statuses], values, bottom=bottom, label=name, color=STATUS_COLOURS.get(name))
             bottom = [b + v for b, v in zip(bottom, values)]
         finish(fig, ax, "Episode statuses")
-    tools = sorted({k.split("/")[2] for r in rows for k in r if k.startswith("rollout/tools/") and k.endswith("/calls")})
+    tools = sorted({k.split("/")[2] for r in rows for k in r
+                    if k.startswith("rollout/tools/") and k.endswith("/calls")})
     if tools:
         fig, ax = plt.subplots(figsize=(4.6, 2.9))
         for name in tools:
@@ -136,7 +137,8 @@ def write_report(run_dir: str | Path, out: str | Path | None = None, *, tokenize
              "steps": max((r["step"] for r in rows), default=0),
              "held-out accuracy": f"{first:.3f} → {last:.3f}" if first is not None and last is not None else "–",
              "elapsed": f"{summary['elapsed_s']:.0f} s" if _finite(summary.get("elapsed_s")) else "–",
-             "trajectories shown": f"steps {', '.join(map(str, sorted({steps[0], steps[-1]})))}" if steps else "none saved"}
+             "trajectories shown": (f"steps {', '.join(map(str, sorted({steps[0], steps[-1]})))}" if steps
+                                    else "none saved")}
     html_text = render_html(loaded, tokenizer, title=f"Training report: {run.name}",
                             extra={"report": {"facts": facts, "images": curve_images(rows), "config": config}})
     target = Path(out) if out is not None else run / "report.html"

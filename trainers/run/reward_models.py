@@ -15,7 +15,8 @@ is kept in `metadata["env_reward"]`, the score in `info["rm_score"]`). Kinds:
   `max_new_tokens`.
 An episode whose scoring fails — the RM raised, timed out after its retries, or the judge's answer held no verdict —
 is marked failed with the reason (no loss on it), never scored 0 silently. Failed episodes are not scored.
-In slime: `--custom-rm-path slime_env.trainers.run.reward_models.slime_reward` with the same mapping as `slime_env_reward`.
+In slime: `--custom-rm-path slime_env.trainers.run.reward_models.slime_reward` with the same mapping as
+`slime_env_reward`.
 """
 
 from __future__ import annotations
@@ -107,7 +108,8 @@ class ClassifierRM:
         archs = [a for a in (config.architectures or []) if a.endswith("ForSequenceClassification")]
         if not archs or getattr(config, "num_labels", 1) != 1:
             raise InvalidInput(f"reward.model {path}: not a one-label sequence-classification reward model "
-                               f"(architectures {config.architectures}, num_labels {getattr(config, 'num_labels', None)})")
+                               f"(architectures {config.architectures}, "
+                               f"num_labels {getattr(config, 'num_labels', None)})")
         self.device = resolve_device(device)[0]
         dtype = torch.bfloat16 if str(self.device).startswith("cuda") else torch.float32
         self.model = AutoModelForSequenceClassification.from_pretrained(path, dtype=dtype).to(self.device).eval()
@@ -269,9 +271,9 @@ _SLIME_RMS: dict[str, Any] = {}
 
 
 async def slime_reward(args: Any, sample: Any, **kwargs: Any) -> float | list[float]:
-    """`--custom-rm-path slime_env.trainers.run.reward_models.slime_reward` in slime: the env's reward (the slime_env plug-in's
-    `reward`) combined with the reward model of `slime_env_reward` in `--custom-config-path` (the same mapping as
-    the `reward:` section; a judge needs its `url`). A sample the RM fails to score comes back in slime's safe form
+    """`--custom-rm-path slime_env.trainers.run.reward_models.slime_reward` in slime: the env's reward (the slime_env
+    plug-in's `reward`) combined with the reward model of `slime_env_reward` in `--custom-config-path` (the same mapping
+    as the `reward:` section; a judge needs its `url`). A sample the RM fails to score comes back in slime's safe form
     (`remove_sample`, reward 0.0, a mask of zeros) with the reason in `metadata["slime_env"]`."""
     from slime_env.integrations import slime as plugin
 

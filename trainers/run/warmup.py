@@ -9,8 +9,8 @@ Data, one of:
   `policy` is `"module:function"` (a scripted teacher: `fn(context_text) -> reply`, see
   `slime_env.envs.calculator.teacher_reply`), `"engine"` (the run's own engine: rejection-sampling fine-tuning on the
   model's own successes) or `{url: ...}` (a stronger model behind an SGLang-compatible server sharing the
-  student's tokenizer: its tokens are what the student is trained on). `tasks` (a split spec like `train_data`; default: the run's `train_data`), `n_samples`
-  per task, `temperature`, `max_tasks`.
+  student's tokenizer: its tokens are what the student is trained on). `tasks` (a split spec like `train_data`; default:
+  the run's `train_data`), `n_samples` per task, `temperature`, `max_tasks`.
 
 Then `steps` optimizer steps of `batch_size` trajectories (reshuffled each pass) at learning rate `lr`, each
 `trainer.sft_step` (not counted as an RL step). Metrics go to `sft_metrics.jsonl`.

@@ -126,7 +126,8 @@ class TinkerServer:
     async def capabilities(self, request: web.Request) -> web.Response:
         b = self.backend
         return web.json_response({"supported_models": [{"model_name": b.base_model, "trainable": True,
-                                                        "sampleable": True, "max_context_length": b.max_context_length}]})
+                                                        "sampleable": True,
+                                                        "max_context_length": b.max_context_length}]})
 
     async def client_config(self, request: web.Request) -> web.Response:
         # Plain httpx transport, no zstd, custom losses client-side, per-request sample polling.

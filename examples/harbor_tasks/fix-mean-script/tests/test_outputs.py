@@ -1,5 +1,4 @@
 import subprocess
-from pathlib import Path
 
 
 def run(path):

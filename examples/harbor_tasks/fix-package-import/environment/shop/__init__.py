@@ -1,1 +1,1 @@
-from shop.main import run
+from shop.main import run  # noqa: F401 (re-export)
