@@ -1,10 +1,14 @@
 """The suite's own measurements: per test module its tests, seconds and peak memory, and the whole run's peak.
 
-Memory is the proportional set size (PSS, /proc/PID/smaps_rollup) summed over a process and every process under it,
-sampled every 0.25 s, with the process's own exact high-water mark (VmHWM, reset per module through clear_refs) as a
-floor. PSS, not RSS: the sandboxes fork from a multi-GB test process, and each fork's RSS counts the parent's pages
-again until it execs, while PSS splits shared pages between their users, so the sum is memory the machine really
-holds. Docker containers' processes belong to dockerd, not to the suite, and are not counted.
+Memory is the resident size (RSS) summed over the pytest process and every process under it (servers, trainer ranks,
+sandboxes; xdist's workers and theirs), sampled every 0.5 s, with the process's own exact high-water mark (VmHWM, reset
+per module through clear_refs) as a floor. The sum is an upper bound of what the machine holds: pages two processes
+share (the libraries torch and its peers map into each) count once per process. PSS would split them, but reading
+it walks every page of a multi-GB process (40 ms for 3 GB), a tenth of a core at this rate. Docker containers'
+processes belong to dockerd, not to the suite, and are not counted.
+
+`busy_s` is the CPU time the whole machine spent while a module ran (all cores, whoever used them): beside the
+module's seconds it says how many cores the module kept busy, i.e. how much a second worker could overlap with it.
 
 Each pytest process (the only one, or each xdist worker) writes `<SUITE_REPORT_DIR>/<worker>.json` at its end; the
 controller prints the run's peak (all workers together) and wall time. `tests/suite_table.py` turns the files into
@@ -39,29 +43,30 @@ def _children() -> dict[int, list[int]]:
     return kids
 
 
-def _memory_kb(pid: int) -> int:
+def _rss_kb(pid: int) -> int:
     try:
-        with open(f"/proc/{pid}/smaps_rollup", "rb") as f:
-            for line in f:
-                if line.startswith(b"Pss:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    try:  # no smaps_rollup (old kernel, or the process is another user's): resident pages
         with open(f"/proc/{pid}/statm", "rb") as f:
             return int(f.read().split()[1]) * _PAGE_KB
-    except OSError:
+    except OSError:  # gone meanwhile
         return 0
 
 
 def tree_memory_mb(root: int) -> float:
-    """PSS of `root` and every process under it, in MB."""
+    """Resident size of `root` and every process under it, summed, in MB."""
     kids, total, todo = _children(), 0, [root]
     while todo:
         pid = todo.pop()
-        total += _memory_kb(pid)
+        total += _rss_kb(pid)
         todo.extend(kids.get(pid, ()))
     return total / 1024
+
+
+def _machine_busy_s() -> float:
+    """Seconds the machine's CPUs have been busy since boot, all cores together (/proc/stat)."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
 def _own_hwm_mb() -> float:
@@ -86,7 +91,7 @@ class _Sampler(threading.Thread):
         self._stop = threading.Event()
 
     def run(self) -> None:
-        while not self._stop.wait(0.25):
+        while not self._stop.wait(0.5):
             try:
                 mb = tree_memory_mb(os.getpid())
             except Exception:  # /proc races; never fail the suite over a sample
@@ -119,6 +124,7 @@ class SuiteReport:
             return
         m = self.modules[self.current]
         m["peak_mb"] = round(max(m["peak_mb"], self.sampler.restart(), _own_hwm_mb()))
+        m["busy_s"] = round(m.get("busy_s", 0.0) + _machine_busy_s() - self.busy_at_start, 1)
         self.current = None
 
     @pytest.hookimpl(tryfirst=True)
@@ -129,6 +135,7 @@ class SuiteReport:
             self.sampler.restart()
             _reset_own_hwm()
             self.current = module
+            self.busy_at_start = _machine_busy_s()
             self.modules.setdefault(module, {"tests": 0, "seconds": 0.0, "peak_mb": 0, "outcomes": {}})
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
@@ -157,4 +164,4 @@ class SuiteReport:
         peak = max(self.sampler.run_peak, tree_memory_mb(os.getpid()))
         terminalreporter.write_line(
             f"suite: {time.monotonic() - self.started:.0f} s wall, peak memory {peak / 1024:.1f} GB "
-            f"(PSS of pytest and every process under it, workers included, sampled every 0.25 s)")
+            f"(resident size of pytest and every process under it, workers included, summed; sampled every 0.5 s)")
