@@ -333,7 +333,8 @@ def test_an_envs_own_sampling_params_plan_each_episodes_length_on_a_real_model(s
             assert traj.status == "completed", traj.reason
             lengths = [s.end - s.start for s in traj.spans if s.kind == "generated"]
             for n, reason in zip(lengths, traj.metadata["finish_reasons"]):
-                assert (n, reason) == (want, "length") or (n < want and reason == "stop"), (lengths, traj.metadata)
+                # the end of turn may be the plan's last token itself: then it stops at exactly `want`
+                assert (n, reason) == (want, "length") or (n <= want and reason == "stop"), (lengths, traj.metadata)
             assert [(p["max_new_tokens"], p["ignore_eos"], p["temperature"]) for p in policy.params] == \
                 [(want, True, 1.0)] * 2
         bad = _PlannedEnv()

@@ -98,10 +98,12 @@ def test_dns_does_not_resolve(runner, sb):
     assert result.status == "ok" and "FAILED" in result.stdout and "RESOLVED" not in result.stdout
 
 
-@pytest.mark.parametrize("path", ["/etc/shadow", "/etc/passwd", CHECKOUT_FILE, f"/proc/{os.getpid()}/environ",
-                                  "/root/.bashrc"])
+# "{pid}": this process's environment, filled in when the test runs (a pid in the test's id would differ between
+# xdist's workers, which must collect the same ids)
+@pytest.mark.parametrize("path", ["/etc/shadow", "/etc/passwd", CHECKOUT_FILE, "/proc/{pid}/environ", "/root/.bashrc"])
 def test_host_files_are_not_readable(runner, sb, path):
     isolating(sb)
+    path = path.format(pid=os.getpid())
     result, _ = run(runner, sb, f"print(open({path!r}, 'rb').read()[:100])")
     assert result.status == "error", result
     assert ("No such file" in result.stderr or "Permission denied" in result.stderr), result.stderr
