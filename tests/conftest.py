@@ -10,11 +10,22 @@ import os
 import pytest
 
 from slime_env import offline_tokenizers as ot
+from leftovers import LeftoverCheck
+from suite_plan import SuitePlan, load_costs
 from suite_report import SuiteReport
+
+
+def pytest_addoption(parser):
+    parser.addoption("--leftover-check", action="store_true",
+                     help="fail the run if a process, container or temporary file of the suite's outlives it")
 
 
 def pytest_configure(config):
     config.pluginmanager.register(SuiteReport(config), "suite_report")
+    config.pluginmanager.register(SuitePlan(load_costs()), "suite_plan")
+    # the controller, or the only process: it outlives every test
+    if config.getoption("leftover_check") and "PYTEST_XDIST_WORKER" not in os.environ:
+        config.pluginmanager.register(LeftoverCheck(), "leftover_check")
 
 
 @pytest.fixture(scope="module")

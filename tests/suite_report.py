@@ -116,6 +116,7 @@ class SuiteReport:
         self.sampler = _Sampler()
         self.sampler.start()
         self.modules: dict[str, dict] = {}
+        self.tests: dict[str, float] = {}  # test id -> its setup, call and teardown seconds
         self.current: str | None = None
         self.started = time.monotonic()
 
@@ -142,6 +143,7 @@ class SuiteReport:
         module = report.nodeid.split("::", 1)[0]
         m = self.modules.setdefault(module, {"tests": 0, "seconds": 0.0, "peak_mb": 0, "outcomes": {}})
         m["seconds"] += report.duration
+        self.tests[report.nodeid] = self.tests.get(report.nodeid, 0.0) + report.duration
         if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
             m["tests"] += 1
             m["outcomes"][report.outcome] = m["outcomes"].get(report.outcome, 0) + 1
@@ -155,7 +157,8 @@ class SuiteReport:
         Path(out).mkdir(parents=True, exist_ok=True)
         record = {"worker": self.worker, "wall_s": round(time.monotonic() - self.started, 1),
                   "run_peak_mb": round(self.sampler.run_peak),
-                  "modules": {k: {**v, "seconds": round(v["seconds"], 1)} for k, v in self.modules.items()}}
+                  "modules": {k: {**v, "seconds": round(v["seconds"], 1)} for k, v in self.modules.items()},
+                  "tests": {k: round(v, 2) for k, v in self.tests.items()}}
         (Path(out) / f"{self.worker}.json").write_text(json.dumps(record, indent=1))
 
     def pytest_terminal_summary(self, terminalreporter) -> None:

@@ -1,4 +1,5 @@
-"""Writes the suite's measurements (tests/suite_report.py's files) into docs/testing.md, between its two markers.
+"""Writes one measured run (tests/suite_report.py's files) into docs/testing.md, between its two markers, and into
+tests/suite_costs.json, which plans the next runs (tests/suite_plan.py).
 
     python tests/suite_table.py REPORT_DIR [docs/testing.md]
 
@@ -9,6 +10,8 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+
+from suite_plan import COSTS, write_costs
 
 BEGIN, END = "<!-- suite-table:begin -->", "<!-- suite-table:end -->"
 
@@ -51,7 +54,8 @@ def main() -> None:
         raise SystemExit(f"{doc}: no {BEGIN} ... {END} section to fill")
     head, rest = text.split(BEGIN, 1)
     doc.write_text(f"{head}{BEGIN}\n{table(*load(report_dir))}\n{END}{rest.split(END, 1)[1]}")
-    print(f"wrote the table of {report_dir} into {doc}")
+    write_costs(report_dir)
+    print(f"wrote the table of {report_dir} into {doc} and its costs into {COSTS}")
 
 
 if __name__ == "__main__":

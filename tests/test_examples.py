@@ -78,9 +78,11 @@ def test_tool_env_example():
 
 
 def test_tool_env_trains_from_its_file(tmp_path):
-    """From a function to a training run: `slime-env train` builds the env and the tasks from the example file."""
+    """From a function to a training run: `slime-env train` builds the env and the tasks (train and held-out, two of
+    those here) from the example file."""
     out = subprocess.run([sys.executable, "-m", "slime_env", "train", "--config", "examples/tool_env.yaml",
-                          "--steps", "1", "--run-dir", str(tmp_path / "run")], capture_output=True, text=True,
+                          "--steps", "1", "--set", "eval_data.n=2", "--run-dir", str(tmp_path / "run")],
+                         capture_output=True, text=True,
                          timeout=900, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-3000:]
     import json
@@ -93,9 +95,10 @@ def test_tool_env_trains_from_its_file(tmp_path):
 def test_an_openai_sdk_agent_trains_unchanged_from_its_example(tmp_path):
     """examples/agent_train.yaml as a user runs it (one step): the plain OpenAI-SDK agent of examples/openai_agent.py
     runs against the gateway in front of the embedded SmolLM2, every episode ends completed, GRPO trains on the
-    recorded tokens, and the held-out evaluation runs the same agent greedily."""
+    recorded tokens, and the held-out evaluation runs the same agent greedily (on four tasks here)."""
     out = subprocess.run([sys.executable, "-m", "slime_env", "train", "--config", "examples/agent_train.yaml",
-                          "--steps", "1", "--run-dir", str(tmp_path / "run")], capture_output=True, text=True,
+                          "--steps", "1", "--set", "eval_data.n=4", "--run-dir", str(tmp_path / "run")],
+                         capture_output=True, text=True,
                          timeout=900, cwd=ROOT)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -108,11 +111,11 @@ def test_an_openai_sdk_agent_trains_unchanged_from_its_example(tmp_path):
 def test_anthropic_and_langgraph_agents_train_unchanged_from_their_examples(example, tmp_path):
     """The same run with `--env` swapped: an Anthropic-SDK agent (the Messages route, `api="anthropic"`) and
     LangGraph's prebuilt ReAct agent on langchain-openai train one GRPO step; every episode completes with a strict
-    ledger and the held-out evaluation runs the same agent."""
+    ledger and the held-out evaluation (four tasks here) runs the same agent."""
     pytest.importorskip("anthropic" if example == "anthropic_agent" else "langgraph")
     out = subprocess.run([sys.executable, "-m", "slime_env", "train", "--config", "examples/agent_train.yaml",
-                          "--env", f"examples/{example}.py:make_env", "--steps", "1", "--run-dir",
-                          str(tmp_path / "run")], capture_output=True, text=True, timeout=900, cwd=ROOT)
+                          "--env", f"examples/{example}.py:make_env", "--steps", "1", "--set", "eval_data.n=4",
+                          "--run-dir", str(tmp_path / "run")], capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert f"training examples/{example}.py:make_env" in out.stdout
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -135,7 +138,8 @@ def test_rollout_workers_example():
 def test_pipeline_example_trains_against_two_engine_servers(tmp_path):
     """examples/pipeline_serve.yaml as a user runs it (one step, no evaluation): two serve-engine processes."""
     out = subprocess.run([sys.executable, "-m", "slime_env", "train", "--config", "examples/pipeline_serve.yaml",
-                          "--steps", "1", "--run-dir", str(tmp_path / "run")], cwd=ROOT, capture_output=True,
+                          "--steps", "1", "--set", "eval_data={}", "--run-dir", str(tmp_path / "run")], cwd=ROOT,
+                         capture_output=True,
                          text=True, timeout=900)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -157,7 +161,8 @@ def test_two_gpu_async_example_places_the_engine_on_gpu_1():
 def test_async_example_trains_fully_asynchronously(tmp_path):
     """examples/async_train.yaml as a user runs it (two steps, no evaluation): every batch at most one version old."""
     out = subprocess.run([sys.executable, "-m", "slime_env", "train", "--config", "examples/async_train.yaml",
-                          "--steps", "2", "--run-dir", str(tmp_path / "run")], cwd=ROOT, capture_output=True,
+                          "--steps", "2", "--set", "eval_data={}", "--run-dir", str(tmp_path / "run")], cwd=ROOT,
+                         capture_output=True,
                          text=True, timeout=900)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]

@@ -7,6 +7,7 @@ files, writes outside the work dir, killing the parent); it still must bound tim
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import threading
@@ -231,3 +232,62 @@ def test_process_sandbox_kills_its_process_group(runner, sandboxes):
     while processes_with(f"sleep\0{marker}") and time.monotonic() < deadline:
         time.sleep(0.05)
     assert processes_with(f"sleep\0{marker}") == []
+
+
+# --- two sandboxes on one host ----------------------------------------------------------------------
+
+_SPRAY = """import glob, os, time
+end = time.time() + {seconds}
+while time.time() < end:
+    for path in glob.glob("/proc/*/fd/*"):  # every pipe it can open: its own, and any other run's of its uid
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError:
+            continue
+        try:
+            os.write(fd, b"FORGED\\n")
+        except OSError:
+            pass
+        os.close(fd)
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="runs get uids of their own only as root (otherwise they keep ours)")
+def test_a_run_of_one_sandbox_cannot_write_into_another_sandboxs_runs(runner):
+    """Two process sandboxes of one host (two rollout workers, say): each numbered its slots' uids from the same
+    base, so slot 0 of both ran as one uid, and a solution could open the other run's stdout through /proc and
+    write forged report lines into it. Leased machine-wide, the uids differ, and the other run's output is its
+    own."""
+    from slime_env.tools_sandbox.local_exec import Slots
+
+    a, b = Slots(2, 62000), Slots(2, 62000)
+    try:
+        uids_a, uids_b = {a.acquire()[1] for _ in range(2)}, {b.acquire()[1] for _ in range(2)}
+        assert len(uids_a) == len(uids_b) == 2 and not uids_a & uids_b
+    finally:
+        a.close()
+    c = Slots(1, 62000)  # a closed sandbox's uids go back to the host
+    try:
+        assert c.acquire()[1] in uids_a
+    finally:
+        c.close()
+        b.close()
+
+    attacker, victim = make_sandbox("process"), make_sandbox("process")
+
+    async def main():
+        spray = asyncio.ensure_future(attacker.run(_SPRAY.format(seconds=4), timeout_s=30))
+        await asyncio.sleep(0.5)
+        outs = []
+        for i in range(20):  # each run reads its own stdin slowly, so its pipes stay open while the spray runs
+            r = await victim.run("import sys, time\ntime.sleep(0.1)\nprint(sys.stdin.read().strip())", stdin=f"n{i}")
+            outs.append((r.status, r.stdout))
+        await spray
+        return outs
+
+    try:
+        outs = runner.run(main())
+    finally:
+        runner.run(attacker.close())
+        runner.run(victim.close())
+    assert outs == [("ok", f"n{i}\n") for i in range(20)]

@@ -177,6 +177,21 @@ def test_config_errors_name_the_field(tmp_path):
         TrainConfig.from_yaml(bad)
     with pytest.raises(ValueError, match="estimator"):
         TrainerConfig(estimator="nope")
+    # --set KEY=VALUE: dotted paths into the document, values read as YAML, checked like the file's own fields
+    good = tmp_path / "good.yaml"
+    good.write_text("env: Calculator-v0\ntrain_data: {generator: 'slime_env.envs.calculator:calculator_tasks', n: 4}\n"
+                    "trainer: {lr: 1.0e-6, micro_batch_size: 4}\neval_data: {n: 16}\n")
+    cfg = TrainConfig.from_yaml(good, ["trainer.lr=2e-5", "eval_data={}", "async.mode=overlap", "steps=7"])
+    assert cfg.trainer == {"lr": 2e-5, "micro_batch_size": 4} and cfg.eval_data == {} and cfg.steps == 7
+    assert cfg.async_ == {"mode": "overlap"}  # a mapping made on the way
+    with pytest.raises(InvalidInput, match=r"unknown field\(s\) \['stepz'\]"):
+        TrainConfig.from_yaml(good, ["stepz=2"])
+    with pytest.raises(InvalidInput, match=r"--set 'trainer\.lr': expected KEY=VALUE"):
+        TrainConfig.from_yaml(good, ["trainer.lr"])
+    with pytest.raises(InvalidInput, match=r"--set 'steps\.n=1': steps is 7, not a mapping"):
+        TrainConfig.from_yaml(good, ["steps=7", "steps.n=1"])
+    with pytest.raises(InvalidInput, match=r"--set 'steps=\[': the value is not valid YAML"):
+        TrainConfig.from_yaml(good, ["steps=["])
 
 
 def test_train_cli_end_to_end(tmp_path):
@@ -192,14 +207,15 @@ eval_data: {{reasoning_gym: {{dataset: chain_sum, size: 4, seed: 2, \
 config: {{min_terms: 2, max_terms: 2, min_digits: 1, max_digits: 1}}}}}}
 steps: 2
 prompts_per_step: 2
-n_samples_per_prompt: 2
+n_samples_per_prompt: 8
 max_new_tokens: 8
 eval_every: 2
 save_every: 2
 trainer: {{lr: 1.0e-5, micro_batch_size: 4}}
 """)
-    out = subprocess.run([sys.executable, "-m", "slime_env", "train", "--config", str(config)], capture_output=True,
-                         text=True, timeout=900)
+    # --set overrides the file (groups of 2, as asserted below)
+    out = subprocess.run([sys.executable, "-m", "slime_env", "train", "--config", str(config), "--set",
+                          "n_samples_per_prompt=2"], capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-2000:]
     run = tmp_path / "run"
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]

@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from slime_env.tools_sandbox.base import Sandbox
+from slime_env.tools_sandbox.local_exec import as_user
 from slime_env.tools_sandbox.types import SandboxError
 
 from slime_env.errors import InvalidInput
@@ -81,8 +82,8 @@ def probe_bwrap() -> None:
     if shutil.which("bwrap") is None:
         raise SandboxError("bubblewrap is not installed (apt-get install -y bubblewrap)")
     argv = ["bwrap", "--unshare-all", "--die-with-parent", "--ro-bind", "/", "/", "--", "/bin/true"]
-    kwargs: dict[str, Any] = {"user": 65534, "group": 65534, "extra_groups": []} if os.geteuid() == 0 else {}
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=30, **kwargs)
+    proc = subprocess.run(as_user(argv, 65534 if os.geteuid() == 0 else None), capture_output=True, text=True,
+                          timeout=30)
     if proc.returncode != 0:
         raise SandboxError(f"bubblewrap cannot create a sandbox here: {proc.stderr.strip()[:300]}")
 

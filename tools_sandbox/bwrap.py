@@ -30,7 +30,7 @@ from slime_env.tools_sandbox.types import ExecRequest, ExecResult, SandboxError
 
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 SYSTEM_FILES = ("/etc/ld.so.cache", "/etc/localtime")
-SLOT_UID_BASE = 61000  # as root: slot i runs as uid 61000 + i, so no two runs share a uid
+SLOT_UID_BASE = 61000  # as root: each slot runs as a uid of its own, leased from 61000 up (local_exec.Slots)
 
 
 class BwrapSandbox(Sandbox):
@@ -84,6 +84,7 @@ class BwrapSandbox(Sandbox):
     async def close(self) -> None:
         if self._fork is not None:
             await self._fork.close()
+        self._slots_free.close()
 
     @staticmethod
     def _mount_args(python: str, ro_binds: tuple[str, ...]) -> list[str]:

@@ -24,7 +24,7 @@ from typing import Any
 from slime_env.tools_sandbox.agent import AGENT_SOURCE
 from slime_env.tools_sandbox.cgroups import RunCgroup, join_cgroup
 from slime_env.tools_sandbox.languages import get_language
-from slime_env.tools_sandbox.local_exec import Outcome, clamp_limits, memfd, nproc_limit, outcome_result
+from slime_env.tools_sandbox.local_exec import Outcome, as_user, clamp_limits, memfd, nproc_limit, outcome_result
 from slime_env.tools_sandbox.process import SAFE_ENV
 from slime_env.tools_sandbox.types import ExecRequest, ExecResult
 
@@ -152,15 +152,15 @@ class ForkServers:
                 "--size", size, "--tmpfs", "/tmp", "--size", size, "--tmpfs", "/work",
                 "--perms", "0444", "--file", str(agent_fd), AGENT_PATH, "--remount-ro", "/",
                 "--chdir", "/work", *control, "--", python, "-s", "-u", AGENT_PATH]
-        ids = {} if slot_uid is None else {"user": slot_uid, "group": slot_uid, "extra_groups": []}
         child_fds = [agent_fd, *([fds[1], fds[2]] if cgroup is not None else [])]  # bwrap's ends
         try:
             # Creation is shielded: Python 3.11 waits forever for a child whose creation was cancelled half-way
             # (here bubblewrap would sit on --block-fd). A cancelled caller lets it finish, then kills it.
             creation = asyncio.ensure_future(asyncio.create_subprocess_exec(
-                *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+                *as_user(argv, slot_uid), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
                 env={"PATH": SAFE_ENV["PATH"]}, cwd="/", pass_fds=tuple(child_fds), start_new_session=True,
-                limit=1 << 26, **ids))
+                limit=1 << 26))
             cancelled = False
             while True:
                 try:

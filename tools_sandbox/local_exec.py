@@ -2,9 +2,11 @@
 
 Shared by the bubblewrap and plain-process backends. The process leads its own session (so its whole
 process group can be killed), stdout and stderr are read concurrently and cut at a byte limit (the
-process is killed then), and a wall-clock timer kills it. No `preexec_fn`: forking a large,
-multi-threaded training process with Python code to run in the child is slow and can deadlock, so
-rlimits are applied by exec-ing through util-linux `prlimit`.
+process is killed then), and a wall-clock timer kills it. No `preexec_fn` and no `user=`: either makes
+Python fork() the calling process, which copies its page tables — 20 ms a run from a 2.5 GB trainer, ~100 ms
+from a process that has loaded a few models — and forking a multi-threaded process with Python code to run in the
+child can deadlock. Instead the child is spawned with vfork (half a millisecond, whatever the caller's size) and
+execs through util-linux: `setpriv` drops to the run's uid, `prlimit` lowers its rlimits.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import asyncio
 import os
 import resource
 import signal
+import socket
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -43,6 +46,14 @@ def prlimit_argv(*, memory_mb: int, cpu_s: int, fsize_mb: int, nofile: int, npro
     return [*argv, "--"]
 
 
+def as_user(argv: Sequence[str], uid: int | None) -> list[str]:
+    """`argv` run as `uid` (its own group, no supplementary groups) through util-linux `setpriv`; unchanged for
+    None."""
+    if uid is None:
+        return list(argv)
+    return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--", *argv]
+
+
 def memfd(name: str, data: bytes) -> int:
     """A file in memory holding `data`, positioned at 0 (no temp file is ever left on disk)."""
     fd = os.memfd_create(name, os.MFD_CLOEXEC)
@@ -65,13 +76,12 @@ async def spawn(argv: Sequence[str], *, env: dict[str, str], cwd: str | None, st
     """
     t0 = time.perf_counter()
     loop = asyncio.get_running_loop()
-    ids = {} if user is None else {"user": user, "group": user, "extra_groups": []}
     # Creation is shielded: Python 3.11 can wait forever for a child whose creation was cancelled half-way
     # (asyncio closes it and waits for it to exit, with nothing that kills what it started). A cancelled
     # caller lets it finish, then kills the whole run below.
     creation = asyncio.ensure_future(loop.subprocess_exec(
-        lambda: _Protocol(loop), *argv, stdin=stdin_fd, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE, env=env, cwd=cwd, pass_fds=tuple(pass_fds), start_new_session=True, **ids))
+        lambda: _Protocol(loop), *as_user(argv, user), stdin=stdin_fd, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE, env=env, cwd=cwd, pass_fds=tuple(pass_fds), start_new_session=True))
     cancelled = False
     while True:
         try:
@@ -178,19 +188,52 @@ class _Protocol(asyncio.subprocess.SubprocessStreamProtocol):
 
 class Slots:
     """The `size` concurrency slots of a sandbox. A run takes one: its index (e.g. for a per-slot cgroup) and,
-    as root, its own unprivileged uid (`uid_base + index`), so RLIMIT_NPROC counts that run's processes
-    only and runs cannot signal each other. Not root: the uid is None (runs keep ours)."""
+    as root, its own unprivileged uid, so RLIMIT_NPROC counts that run's processes only and runs cannot signal
+    each other or open each other's /proc entries (a solution writing forged reports into every pipe it can reach).
+
+    The uids are leased machine-wide from `uid_base` .. `uid_base + UID_SPAN - 1`, not numbered per sandbox: two
+    sandboxes (two rollout workers, two trainers on one host) would otherwise hand the same uid to concurrent runs.
+    A lease is an abstract unix socket bound to the uid's name: the kernel keeps the name unique on the host and
+    frees it when the holder closes it or dies, so nothing is left to clean up after a crash. Not root: the uid is
+    None (runs keep ours)."""
+
+    UID_SPAN = 1000
 
     def __init__(self, size: int, uid_base: int):
         self.uid_base = uid_base if os.geteuid() == 0 else None
         self._free = list(range(size))
+        self._uids: dict[int, int] = {}  # slot -> its leased uid, kept for the sandbox's life
+        self._leases: list[socket.socket] = []
 
     def acquire(self) -> tuple[int, int | None]:
         index = self._free.pop()
-        return index, (None if self.uid_base is None else self.uid_base + index)
+        if self.uid_base is None:
+            return index, None
+        if index not in self._uids:
+            self._uids[index] = self._lease()
+        return index, self._uids[index]
 
     def release(self, index: int) -> None:
         self._free.append(index)
+
+    def _lease(self) -> int:
+        for uid in range(self.uid_base, self.uid_base + self.UID_SPAN):
+            lease = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                lease.bind(f"\0slime_env-sandbox-uid-{uid}")
+            except OSError:  # another sandbox, here or in another process, holds it
+                lease.close()
+                continue
+            self._leases.append(lease)
+            return uid
+        raise RuntimeError(f"no free sandbox uid in {self.uid_base}..{self.uid_base + self.UID_SPAN - 1}: "
+                           f"{self.UID_SPAN} concurrent runs of sandboxes on this host hold them all")
+
+    def close(self) -> None:
+        """Give the uids back (also done by the kernel when this process ends)."""
+        for lease in self._leases:
+            lease.close()
+        self._leases, self._uids = [], {}
 
 
 def nproc_limit(uid: int | None, pids_limit: int) -> int:

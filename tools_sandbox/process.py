@@ -29,7 +29,7 @@ from slime_env.tools_sandbox.local_exec import (
 )
 from slime_env.tools_sandbox.types import ExecRequest, ExecResult
 
-SLOT_UID_BASE = 62000  # as root, runs drop to uid 62000 + slot (bubblewrap uses 61000 + slot)
+SLOT_UID_BASE = 62000  # as root, each slot runs as a uid of its own, leased from 62000 up (bubblewrap: 61000)
 SAFE_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1",
             "PYTHONHASHSEED": "0"}
 
@@ -51,6 +51,9 @@ class ProcessSandbox(Sandbox):
         self.interpreters = {"python": python or default_python(), "sh": "/bin/sh"}
         self.pids_limit, self.fsize_mb, self.nofile = pids_limit, fsize_mb, nofile
         self._slots_free = Slots(self.max_concurrency, SLOT_UID_BASE)
+
+    async def close(self) -> None:
+        self._slots_free.close()
 
     async def _execute(self, request: ExecRequest) -> ExecResult:
         lang = get_language(request.language)

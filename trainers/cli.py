@@ -92,7 +92,10 @@ def train(config: str = typer.Option(None, help="run config (YAML); default: the
                                                 "(trainers/configs/demo.yaml)"),
           steps: int = typer.Option(None, min=1, help="override the config's steps"),
           run_dir: str = typer.Option(None, help="override the config's run_dir"),
-          env: str = typer.Option(None, help="override the config's env (an id, or path/to/file.py:make_env)")
+          env: str = typer.Option(None, help="override the config's env (an id, or path/to/file.py:make_env)"),
+          set_: list[str] = typer.Option(None, "--set", help="override one field: KEY=VALUE, KEY a dotted path "
+                                                              "(trainer.lr=1e-5, eval_data.n=4), VALUE as YAML; "
+                                                              "repeatable")
           ) -> None:
     """RL training: rollouts -> TorchTrainer or MegatronTrainer -> weight sync -> held-out eval (metrics, curves)."""
     import asyncio
@@ -105,7 +108,7 @@ def train(config: str = typer.Option(None, help="run config (YAML); default: the
 
     path = config or str(files("slime_env.trainers") / "configs" / "demo.yaml")
     try:
-        cfg = TrainConfig.from_yaml(path, **({"env": env} if env else {}))
+        cfg = TrainConfig.from_yaml(path, set_ or (), **({"env": env} if env else {}))
     except InvalidInput as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(1) from None
@@ -120,7 +123,9 @@ def train(config: str = typer.Option(None, help="run config (YAML); default: the
 
 
 def sft(config: str = typer.Option(..., help="run config (YAML) with a warmup section: steps, lr, batch_size, data"),
-        run_dir: str = typer.Option(None, help="override the config's run_dir")) -> None:
+        run_dir: str = typer.Option(None, help="override the config's run_dir"),
+        set_: list[str] = typer.Option(None, "--set", help="override one field: KEY=VALUE (as `train --set`)")
+        ) -> None:
     """Supervised fine-tuning alone: the config's `warmup` (conversations, or a teacher's successful episodes of its
     env), held-out accuracy before and after, the model saved as an HF folder a later run's `model:` can name."""
     import asyncio
@@ -131,7 +136,7 @@ def sft(config: str = typer.Option(..., help="run config (YAML) with a warmup se
     from slime_env.errors import InvalidInput
 
     try:
-        cfg = TrainConfig.from_yaml(config)
+        cfg = TrainConfig.from_yaml(config, set_ or ())
         if not cfg.warmup:
             raise InvalidInput(f"{config}: slime-env sft needs a warmup section (steps, lr, batch_size, data)")
     except InvalidInput as e:

@@ -9,8 +9,9 @@ field is documented in docs/trainers.md.
 
 from __future__ import annotations
 
+import re
 import weakref
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -92,8 +93,9 @@ class TrainConfig:
     eval: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def from_yaml(cls, path: str | Path, **overrides: Any) -> TrainConfig:
-        """The run config in a YAML file, with top-level `overrides` (e.g. `env=`) applied before it is checked."""
+    def from_yaml(cls, path: str | Path, sets: Sequence[str] = (), **overrides: Any) -> TrainConfig:
+        """The run config in a YAML file, with top-level `overrides` (e.g. `env=`) and then the `sets` (`KEY=VALUE`,
+        `set_fields`) applied before it is checked."""
         import yaml
 
         try:
@@ -104,7 +106,7 @@ class TrainConfig:
             raise InvalidInput(f"{path}: not valid YAML: {e}") from None
         if not isinstance(raw, Mapping):
             raise InvalidInput(f"{path}: expected a mapping of run settings, got {type(raw).__name__}")
-        return cls.from_dict({**raw, **overrides}, str(path))
+        return cls.from_dict(set_fields({**raw, **overrides}, sets), str(path))
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any], where: str = "config") -> TrainConfig:
@@ -241,3 +243,38 @@ def _opponent_pool(raw: Mapping[str, Any] | None, where: str) -> OpponentPoolCon
 def trainer_config(cfg: TrainConfig) -> TrainerConfig:
     """The run's `TrainerConfig` (`cfg.sections.trainer`: `off_policy: auto` resolved)."""
     return cfg.sections.trainer
+
+
+_EXPONENT = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+")
+
+
+def set_fields(raw: Mapping[str, Any], sets: Sequence[str]) -> dict[str, Any]:
+    """`raw` with each `KEY=VALUE` of `sets` applied in turn: KEY a dotted YAML path (`trainer.lr`, `eval_data.n`;
+    missing mappings on the way are made), VALUE read as YAML (`4`, `1.0e-5`, `null`, `{}`, `[a, b]`). The
+    command line's `--set`; a malformed one is an InvalidInput naming it."""
+    import yaml
+
+    out: dict[str, Any] = dict(raw)
+    for item in sets:
+        key, eq, text = item.partition("=")
+        path = key.strip().split(".")
+        if not eq or not all(path):
+            raise InvalidInput(f"--set {item!r}: expected KEY=VALUE, KEY a dotted field path (e.g. trainer.lr=1e-5)")
+        try:
+            value = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise InvalidInput(f"--set {item!r}: the value is not valid YAML: {e}") from None
+        if isinstance(value, str) and _EXPONENT.fullmatch(value.strip()):
+            value = float(value)  # YAML 1.1 reads `1e-5` (no dot) as a string; on a command line it is a number
+        node = out
+        for depth, name in enumerate(path[:-1]):
+            child = node.get(name)
+            if child is None:
+                child = {}
+            elif not isinstance(child, Mapping):
+                where = ".".join(path[:depth + 1])
+                raise InvalidInput(f"--set {item!r}: {where} is {child!r}, not a mapping of fields")
+            node[name] = child = dict(child)  # copies: the caller's mapping is left as it was
+            node = child
+        node[path[-1]] = value
+    return out

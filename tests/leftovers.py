@@ -1,0 +1,130 @@
+"""The suite's last step: nothing of ours is left once every test has run — no process, no container, volume or
+network, no file or folder in the temporary directory.
+
+The pytest process (xdist's controller when there are workers) takes a snapshot when the session starts and
+compares at its end, after the workers are gone; anything new fails the run, listed by name. Caches built on
+purpose (docker images, ~/.cache/slime_env) are not leftovers. pytest's own folder (`pytest-of-USER`, which keeps
+failed tests' tmp_path on purpose) is its business, not ours. `make test` asks for it (`--leftover-check`): a run
+of a few selected tests may leave what their module's teardown would have removed."""
+
+from __future__ import annotations
+
+import getpass
+import os
+import subprocess
+import tempfile
+import time
+
+import pytest
+
+# Processes that outlive a run by design of the machine, not of the suite (a kernel worker, docker's daemons).
+_SYSTEM = {"dockerd", "containerd", "containerd-shim", "containerd-shim-runc-v2", "docker-proxy", "kworker"}
+
+
+def _processes() -> dict[str, str]:
+    """{'pid:start time': command line} of every user-space process."""
+    out = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as f:
+                stat = f.read()
+            with open(f"/proc/{entry.name}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:
+            continue
+        if not cmd:  # a kernel thread, or a zombie
+            continue
+        start = stat[stat.rindex(b")") + 2:].split()[19].decode()
+        out[f"{entry.name}:{start}"] = cmd
+    return out
+
+
+def _tmp_entries() -> list[str]:
+    dirs = {tempfile.gettempdir(), "/tmp"}
+    return sorted(os.path.join(d, name) for d in dirs if os.path.isdir(d) for name in os.listdir(d))
+
+
+def _docker() -> dict[str, list[str]]:
+    """Containers (running or not), volumes and networks, by id and name; {} where no docker engine answers."""
+    out: dict[str, list[str]] = {}
+    for kind, fmt in (("containers", "{{.ID}} {{.Names}} {{.Image}} {{.Status}}"), ("volumes", "{{.Name}}"),
+                      ("networks", "{{.ID}} {{.Name}}")):
+        cmd = ["docker", *(["ps", "-a"] if kind == "containers" else [kind[:-1], "ls"]), "--format", fmt]
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.TimeoutExpired):
+            return {}
+        if done.returncode != 0:
+            return {}
+        out[kind] = sorted(line for line in done.stdout.splitlines() if line.strip())
+    return out
+
+
+def snapshot() -> dict:
+    return {"processes": _processes(), "tmp": _tmp_entries(), "docker": _docker()}
+
+
+def new_since(before: dict, *, keep_pids: set[int] = frozenset(), wait_s: float = 10.0) -> list[str]:
+    """What exists now and did not at `before`, as lines naming each thing. Processes that are exiting get up to
+    `wait_s` to go (a server's SIGTERM handler, a container's removal racing the last test's teardown)."""
+    ours_tmp = f"pytest-of-{getpass.getuser()}"
+    deadline = time.monotonic() + wait_s
+    while True:
+        now = snapshot()
+        procs = {k: cmd for k, cmd in now["processes"].items() if k not in before["processes"]
+                 and int(k.split(":")[0]) not in keep_pids and os.path.basename(cmd.split()[0]) not in _SYSTEM}
+        tmp = [p for p in now["tmp"] if p not in before["tmp"] and os.path.basename(p) != ours_tmp]
+        docker = {kind: [x for x in items if x not in before["docker"].get(kind, [])]
+                  for kind, items in now["docker"].items()} if before["docker"] else {}
+        left = ([f"process {k.split(':')[0]}: {cmd[:200]}" for k, cmd in sorted(procs.items())]
+                + [f"file {p}" for p in tmp]
+                + [f"docker {kind[:-1]} {x}" for kind, items in sorted(docker.items()) for x in items])
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(1.0)
+
+
+def _own_tree(pid: int) -> set[int]:
+    """`pid` and every process under it (the pytest process and its xdist workers, still exiting)."""
+    kids: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                with open(f"/proc/{entry.name}/stat", "rb") as f:
+                    stat = f.read()
+            except OSError:
+                continue
+            kids.setdefault(int(stat[stat.rindex(b")") + 2:].split()[1]), []).append(int(entry.name))
+    tree, todo = set(), [pid]
+    while todo:
+        p = todo.pop()
+        tree.add(p)
+        todo.extend(kids.get(p, ()))
+    return tree
+
+
+class LeftoverCheck:
+    """Registered by conftest.py, with --leftover-check, in the pytest process that is not an xdist worker."""
+
+    def __init__(self) -> None:
+        self.before = snapshot()
+        self.left: list[str] = []
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        if session.config.option.collectonly or exitstatus not in (0, 1):
+            return  # nothing ran, or the run was interrupted: its leftovers say nothing
+        self.left = new_since(self.before, keep_pids=_own_tree(os.getpid()) | {os.getpid()})
+        if self.left and session.exitstatus == 0:
+            session.exitstatus = 1
+
+    def pytest_terminal_summary(self, terminalreporter) -> None:
+        if self.left:
+            terminalreporter.section("leftovers", red=True)
+            for line in self.left:
+                terminalreporter.write_line(line)
+            terminalreporter.write_line(f"{len(self.left)} thing(s) of the suite's were left behind (see above)")
+        else:
+            terminalreporter.write_line("leftovers: none (processes, containers, volumes, networks, temporary files)")
