@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | cksum | cut -d' ' -f1)
 
-.PHONY: demo test bench venv clean swe-tasks
+.PHONY: demo test test-quick test-report bench venv clean swe-tasks
 
 venv: $(STAMP)
 
@@ -37,10 +37,26 @@ $(STAMP): pyproject.toml Makefile
 demo: venv
 	$(BIN)/slime-env train
 
+# The whole suite: lint, then every test on two workers (tests/suite_plan.py groups the files so that memory holds:
+# docs/testing.md), then the leftover check (no process, container or /tmp entry of the suite's outlives it).
+# -P: the repository's root is not on sys.path, so its top-level folders (agents/, envs/) shadow nothing
+# (`agents` is the OpenAI Agents SDK's import name); ours import as slime_env.agents, slime_env.envs, ...
+PYTEST := $(BIN)/python -P -m pytest -q -n 2 --dist loadfile
+
 test: venv
-	# -P: the repository's root is not on sys.path, so its top-level folders (agents/, envs/) shadow nothing
-	# (`agents` is the OpenAI Agents SDK's import name); ours import as slime_env.agents, slime_env.envs, ...
-	$(BIN)/python -P -m pytest -q
+	$(BIN)/ruff check .
+	$(PYTEST) --leftover-check
+
+# The quick tier for development (a few minutes): every test measured under 2 s (tests/suite_costs.json).
+test-quick: venv
+	$(BIN)/ruff check .
+	$(PYTEST) -m "not slow"
+
+# The whole suite, measured: rewrites docs/testing.md's table and tests/suite_costs.json (the plan of later runs).
+test-report: venv
+	rm -rf .suite-report
+	SUITE_REPORT_DIR=$(CURDIR)/.suite-report $(PYTEST) --leftover-check
+	$(BIN)/python tests/suite_table.py .suite-report
 
 bench: venv
 	$(BIN)/python bench/ledger.py
