@@ -10,7 +10,7 @@ import os
 import pytest
 
 from slime_env import offline_tokenizers as ot
-from leftovers import LeftoverCheck
+from leftovers import LeftoverCheck, mark_run, remove_third_party_tmp
 from suite_plan import SuitePlan, load_costs
 from suite_report import SuiteReport
 
@@ -20,12 +20,31 @@ def pytest_addoption(parser):
                      help="fail the run if a process, container or temporary file of the suite's outlives it")
 
 
+def _threads_per_worker(config) -> None:
+    """With xdist's workers, each one's torch (OpenMP) gets its share of the cores, set before any worker starts.
+    Two workers with a thread per core each (and the servers and ranks they start) oversubscribe the cores, and
+    OpenMP's spinning threads then wait on each other: two modules side by side took 189 s, 99 s with one thread
+    each. A value given in the environment wins."""
+    workers = getattr(config.option, "numprocesses", None)
+    if workers and "PYTEST_XDIST_WORKER" not in os.environ:
+        cores = os.cpu_count() or 1
+        per = cores // workers if isinstance(workers, int) and workers > 0 else 1
+        os.environ.setdefault("OMP_NUM_THREADS", str(max(1, per)))
+
+
 def pytest_configure(config):
+    mark_run()  # the controller's mark, inherited by xdist's workers and every process the tests start
+    _threads_per_worker(config)
     config.pluginmanager.register(SuiteReport(config), "suite_report")
     config.pluginmanager.register(SuitePlan(load_costs()), "suite_plan")
     # the controller, or the only process: it outlives every test
     if config.getoption("leftover_check") and "PYTEST_XDIST_WORKER" not in os.environ:
         config.pluginmanager.register(LeftoverCheck(), "leftover_check")
+
+
+def pytest_unconfigure(config):
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        remove_third_party_tmp()
 
 
 @pytest.fixture(scope="module")

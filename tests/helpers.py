@@ -196,21 +196,31 @@ def trajectories(n: int, seed: int = 0, vocab: int = 96) -> list[Trajectory]:
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+_DIST_RESULTS: dict[tuple, dict] = {}
+
+
 def run_dist_check(tmp_path, nproc: int, tp: int = 1, *extra: str, ep: int = 1, cp: int = 1) -> dict:
     """tests/dist_check.py in `nproc` gloo processes (torchrun; alone for 1) with TP size `tp`, EP size `ep`, CP
     size `cp` and `extra` flags (--sp, --moe, --pp N, --layers N, --tied, --backend B, --recompute R, --failed N);
-    its JSON result."""
+    its JSON result. The run is deterministic (seeded model and data, fp32 on CPU), so a case several tests compare
+    against (the one-process references) runs once per pytest process."""
     import json
 
+    key = (nproc, tp, ep, cp, *extra)
+    if key in _DIST_RESULTS:
+        return _DIST_RESULTS[key]
     out = tmp_path / f"dist_{nproc}_{tp}_{ep}_{cp}{''.join(extra)}.json"
     script = [os.path.join(_ROOT, "tests", "dist_check.py"), "--tp", str(tp), "--ep", str(ep), "--cp", str(cp), *extra,
               "--out", str(out)]
     cmd = [sys.executable, *script] if nproc == 1 else \
         [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *script]
-    env = {**os.environ, "PYTHONPATH": _ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1"}
+    # TMPDIR: torchrun's own folders (torchelastic_*) go with the test's tmp_path, not into /tmp
+    env = {**os.environ, "PYTHONPATH": _ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1",
+           "TMPDIR": str(tmp_path)}
     proc = run_group(cmd, cwd=_ROOT, env=env, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return json.loads(out.read_text())
+    _DIST_RESULTS[key] = json.loads(out.read_text())
+    return _DIST_RESULTS[key]
 
 
 def run_group(cmd: list[str], *, timeout: float, **kw) -> subprocess.CompletedProcess:

@@ -2,7 +2,10 @@
 network, no file or folder in the temporary directory.
 
 The pytest process (xdist's controller when there are workers) takes a snapshot when the session starts and
-compares at its end, after the workers are gone; anything new fails the run, listed by name. Caches built on
+compares at its end, after the workers are gone; anything new fails the run, listed by name. A process is the suite's
+when it carries the run's mark in its environment (`MARK`, set before any worker or child starts, inherited by every
+process they start) or runs under a sandbox slot's uid (sandboxed code gets a clean environment); the others are
+someone else's (a shell of the person watching the run). Caches built on
 purpose (docker images, ~/.cache/slime_env) are not leftovers. pytest's own folder (`pytest-of-USER`, which keeps
 failed tests' tmp_path on purpose) is its business, not ours. `make test` asks for it (`--leftover-check`): a run
 of a few selected tests may leave what their module's teardown would have removed."""
@@ -11,18 +14,59 @@ from __future__ import annotations
 
 import getpass
 import os
+import shutil
 import subprocess
 import tempfile
 import time
 
 import pytest
 
+from slime_env.tools_sandbox import bwrap, process
+from slime_env.tools_sandbox.local_exec import Slots
+
 # Processes that outlive a run by design of the machine, not of the suite (a kernel worker, docker's daemons).
 _SYSTEM = {"dockerd", "containerd", "containerd-shim", "containerd-shim-runc-v2", "docker-proxy", "kworker"}
+MARK = "SLIME_ENV_SUITE_RUN"
+
+
+# Where third-party libraries put their own temporary files and caches during the suite (torchinductor's kernels,
+# tiktoken's encodings, Ray's session folders, Chromium's profile sockets), through each one's own setting; it goes
+# with the run. Anything else new in /tmp is a leftover.
+THIRD_PARTY_TMP = "SLIME_ENV_SUITE_TMP"
+_THIRD_PARTY_VARS = {"TORCHINDUCTOR_CACHE_DIR": "torchinductor", "TIKTOKEN_CACHE_DIR": "tiktoken",
+                     "RAY_TMPDIR": "ray"}
+
+
+def mark_run() -> None:
+    """Marks this process's environment, so that every process the suite starts from here on carries the mark, and
+    points third-party libraries' temporary files into one folder of the run's."""
+    if MARK in os.environ:  # a worker: the controller did it
+        return
+    os.environ[MARK] = f"{os.getpid()}-{time.time_ns()}"
+    root = tempfile.mkdtemp(prefix="slime_env-suite-")
+    os.environ[THIRD_PARTY_TMP] = root
+    for var, name in _THIRD_PARTY_VARS.items():
+        os.environ.setdefault(var, os.path.join(root, name))
+
+
+def remove_third_party_tmp() -> None:
+    root = os.environ.get(THIRD_PARTY_TMP)
+    if root and os.path.basename(root).startswith("slime_env-suite-"):
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _is_ours(pid: str, uid: int) -> bool:
+    if any(base <= uid < base + Slots.UID_SPAN for base in (bwrap.SLOT_UID_BASE, process.SLOT_UID_BASE)):
+        return True
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return f"{MARK}={os.environ.get(MARK)}".encode() in f.read().split(b"\0")
+    except OSError:  # gone, or not ours to read
+        return False
 
 
 def _processes() -> dict[str, str]:
-    """{'pid:start time': command line} of every user-space process."""
+    """{'pid:start time': command line} of every user-space process of the suite's (`_is_ours`)."""
     out = {}
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
@@ -32,9 +76,10 @@ def _processes() -> dict[str, str]:
                 stat = f.read()
             with open(f"/proc/{entry.name}/cmdline", "rb") as f:
                 cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+            uid = entry.stat().st_uid
         except OSError:
             continue
-        if not cmd:  # a kernel thread, or a zombie
+        if not cmd or not _is_ours(entry.name, uid):  # a kernel thread, a zombie, someone else's
             continue
         start = stat[stat.rindex(b")") + 2:].split()[19].decode()
         out[f"{entry.name}:{start}"] = cmd
@@ -110,12 +155,14 @@ class LeftoverCheck:
 
     def __init__(self) -> None:
         self.before = snapshot()
+        self.before["tmp"].append(os.environ.get(THIRD_PARTY_TMP, ""))  # the run's own, removed at its end
         self.left: list[str] = []
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         if session.config.option.collectonly or exitstatus not in (0, 1):
             return  # nothing ran, or the run was interrupted: its leftovers say nothing
+        remove_third_party_tmp()
         self.left = new_since(self.before, keep_pids=_own_tree(os.getpid()) | {os.getpid()})
         if self.left and session.exitstatus == 0:
             session.exitstatus = 1

@@ -5,7 +5,9 @@ sandboxes; xdist's workers and theirs), sampled every 0.5 s, with the process's 
 per module through clear_refs) as a floor. The sum is an upper bound of what the machine holds: pages two processes
 share (the libraries torch and its peers map into each) count once per process. PSS would split them, but reading
 it walks every page of a multi-GB process (40 ms for 3 GB), a tenth of a core at this rate. Docker containers'
-processes belong to dockerd, not to the suite, and are not counted.
+processes belong to dockerd, not to the suite, and are not counted there; the controller also samples the machine's
+memory in use (MemTotal - MemAvailable: every page once, containers and tmpfs included) and prints its peak over the
+level before the run.
 
 `busy_s` is the CPU time the whole machine spent while a module ran (all cores, whoever used them): beside the
 module's seconds it says how many cores the module kept busy, i.e. how much a second worker could overlap with it.
@@ -61,6 +63,17 @@ def tree_memory_mb(root: int) -> float:
     return total / 1024
 
 
+def machine_used_mb() -> float:
+    """Memory the whole machine uses (MemTotal - MemAvailable, /proc/meminfo), in MB: every page once, shared or not,
+    docker's containers and tmpfs files included; page cache that could be dropped is not counted."""
+    info = {}
+    with open("/proc/meminfo") as f:
+        for line in f:
+            key, value = line.split(":", 1)
+            info[key] = int(value.split()[0])
+    return (info["MemTotal"] - info["MemAvailable"]) / 1024
+
+
 def _machine_busy_s() -> float:
     """Seconds the machine's CPUs have been busy since boot, all cores together (/proc/stat)."""
     with open("/proc/stat") as f:
@@ -88,6 +101,7 @@ class _Sampler(threading.Thread):
     def __init__(self) -> None:
         super().__init__(daemon=True, name="suite-report-sampler")
         self.peak = self.run_peak = 0.0
+        self.machine_base = self.machine_peak = machine_used_mb()
         self._stop = threading.Event()
 
     def run(self) -> None:
@@ -97,6 +111,7 @@ class _Sampler(threading.Thread):
             except Exception:  # /proc races; never fail the suite over a sample
                 continue
             self.peak, self.run_peak = max(self.peak, mb), max(self.run_peak, mb)
+            self.machine_peak = max(self.machine_peak, machine_used_mb())
 
     def restart(self) -> float:
         peak, self.peak = self.peak, 0.0
@@ -157,6 +172,7 @@ class SuiteReport:
         Path(out).mkdir(parents=True, exist_ok=True)
         record = {"worker": self.worker, "wall_s": round(time.monotonic() - self.started, 1),
                   "run_peak_mb": round(self.sampler.run_peak),
+                  "machine_peak_mb": round(self.sampler.machine_peak - self.sampler.machine_base),
                   "modules": {k: {**v, "seconds": round(v["seconds"], 1)} for k, v in self.modules.items()},
                   "tests": {k: round(v, 2) for k, v in self.tests.items()}}
         (Path(out) / f"{self.worker}.json").write_text(json.dumps(record, indent=1))
@@ -165,6 +181,8 @@ class SuiteReport:
         if not self.is_controller:
             return
         peak = max(self.sampler.run_peak, tree_memory_mb(os.getpid()))
+        machine = self.sampler.machine_peak - self.sampler.machine_base
         terminalreporter.write_line(
-            f"suite: {time.monotonic() - self.started:.0f} s wall, peak memory {peak / 1024:.1f} GB "
-            f"(resident size of pytest and every process under it, workers included, summed; sampled every 0.5 s)")
+            f"suite: {time.monotonic() - self.started:.0f} s wall, peak RSS {peak / 1024:.1f} GB (pytest and every "
+            f"process under it, workers included, summed), the machine's memory in use at most {machine / 1024:.1f} "
+            f"GB over what it used before the run (containers included); sampled every 0.5 s")

@@ -34,8 +34,10 @@ def table(main: dict, modules: dict[str, dict]) -> str:
     rows = sorted(modules.items(), key=lambda kv: -kv[1]["seconds"])
     total_s = sum(m["seconds"] for _, m in rows)
     lines = [f"Measured by `make test-report`: {sum(m['tests'] for _, m in rows)} tests in {len(rows)} modules, "
-             f"{main['wall_s'] / 60:.1f} minutes of wall time for {total_s / 60:.1f} minutes of tests, the run's "
-             f"peak memory {main['run_peak_mb'] / 1024:.1f} GB (every process of the suite, summed).",
+             f"{main['wall_s'] / 60:.1f} minutes of wall time for {total_s / 60:.1f} minutes of tests; the run's "
+             f"peak RSS {main['run_peak_mb'] / 1024:.1f} GB (every process of the suite, summed)"
+             + (f", the machine's memory in use at most {main['machine_peak_mb'] / 1024:.1f} GB over its level before "
+                "the run (each page once, containers included)." if main.get("machine_peak_mb") is not None else "."),
              "",
              "| module | tests | seconds | peak RSS (MB) | cores busy | worker |",
              "|---|---:|---:|---:|---:|---|"]

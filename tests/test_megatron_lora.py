@@ -72,7 +72,8 @@ def test_tp2_or_pp2_step_equals_torch_trainers_and_the_adapter_is_peft_s(tmp_pat
     random_adapter("qwen2", "all-linear", tmp_path / "all", shared=True, seed=1)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
            os.path.join(ROOT, "tests", "megatron_lora_check.py"), f"--{layout}", "2", "--dir", str(tmp_path)]
-    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1",
+           "TMPDIR": str(tmp_path)}  # torchrun's torchelastic_* folders go with the test
     proc = run_group(cmd, cwd=ROOT, env=env, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     got = json.loads((tmp_path / "result.json").read_text())
@@ -201,7 +202,8 @@ def test_moe_expert_and_router_adapters_step_like_torch_trainers_peft(tmp_path, 
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ep * tp}",
            os.path.join(ROOT, "tests", "megatron_moe_lora_check.py"), "--ep", str(ep), "--tp", str(tp),
            "--dir", str(tmp_path)]
-    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1",
+           "TMPDIR": str(tmp_path)}  # torchrun's torchelastic_* folders go with the test
     proc = run_group(cmd, cwd=ROOT, env=env, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     got = json.loads((tmp_path / "result.json").read_text())

@@ -271,9 +271,10 @@ def test_a_weight_update_group_with_impossible_ranks_is_refused_by_the_engine(tm
         engine.stop()
 
 
-def test_ray_placement_with_two_trainer_ranks_and_two_engines_equals_the_one_process_run(tmp_path):
+def test_ray_placement_with_two_trainer_ranks_and_two_engines_equals_the_one_process_run(tmp_path, megatron_local_run):
     """colocate: false on a local Ray cluster: 2 trainer ranks and 2 engine actors, against the same run with one
-    trainer process; seeded sampling makes the rollouts identical, so the training must be. The two ranks are laid
+    trainer process (the module's, its first step); seeded sampling makes the rollouts identical, so the training must
+    be. The two ranks are laid
     out as DP=2, then as examples/long_context_megatron_train.yaml's trainer section shrunk to two ranks: CP=2 (each
     trajectory split over both) and PP=2 (SmolLM2's 30 layers in two stages, its tied embedding on both) under its
     full recompute."""
@@ -284,7 +285,7 @@ def test_ray_placement_with_two_trainer_ranks_and_two_engines_equals_the_one_pro
     example = yaml.safe_load(open(os.path.join(ROOT, "examples", "long_context_megatron_train.yaml")))["trainer"]
     shrunk = {"recompute": example["recompute"], "recompute_layers": example["recompute_layers"]}
     assert example["cp"] == 2 and example["pp"] == 2
-    layouts = {"local": ({}, {}), "dp": (_RAY2, {}), "cp": (_RAY2, {**shrunk, "cp": example["cp"]}),
+    layouts = {"dp": (_RAY2, {}), "cp": (_RAY2, {**shrunk, "cp": example["cp"]}),
                "pp": (_RAY2, {**shrunk, "pp": example["pp"]})}
     runs = {}
     for name, (cluster, trainer) in layouts.items():
@@ -299,8 +300,10 @@ def test_ray_placement_with_two_trainer_ranks_and_two_engines_equals_the_one_pro
                                      "trainer": {**BASE["trainer"], "backend": "megatron", **trainer}})
         summary = asyncio.run(train(cfg, on_step=grab, log=lambda _: None))
         runs[name] = ([json.loads(line) for line in open(summary["metrics"])], weights)
-    local_rows, local_w = runs.pop("local")
+    # the one-process run's first step (its second changes nothing before it: a constant learning rate)
+    local_rows, local_w = megatron_local_run["rows"][:1], megatron_local_run["weights"][1]
     for name, (rows, w) in runs.items():
+        assert len(rows) == 1, name
         for a, b in zip(rows, local_rows):
             assert a["train/reward_mean"] == b["train/reward_mean"], name
             assert a["train/loss"] == pytest.approx(b["train/loss"], abs=1e-5), name
@@ -312,27 +315,50 @@ def test_ray_placement_with_two_trainer_ranks_and_two_engines_equals_the_one_pro
 _RAY2 = {"backend": "ray", "trainer": {"nodes": 1, "gpus_per_node": 2}, "num_cpus": 8}
 
 
-def test_trainer_ranks_in_child_processes_equal_the_one_process_run_and_leave_nothing_behind(tmp_path):
+async def _engines_hold_the_trainers_weights(step, engines, trainer, checks: list) -> None:
+    want = _digests(trainer.weights())
+    for engine in engines.pool.up():
+        got = await engine.get_weights_checksum()
+        assert got["weight_version"] == str(step)
+        common = want.keys() & got["checksums"].keys()
+        assert want.keys() ^ got["checksums"].keys() <= {"lm_head.weight"}  # tied to the embedding
+        assert {n: got["checksums"][n] for n in common} == {n: want[n] for n in common}
+    checks.append((step, trainer.step_count, want))
+
+
+@pytest.fixture(scope="module")
+def megatron_local_run(tmp_path_factory):
+    """The reference both multi-rank tests compare with, run once: two steps of a Megatron trainer in the run's own
+    process against two serve engines, seeded sampling; its metrics rows, its weights after each step, and the checks
+    that both engines held them."""
+    pytest.importorskip("megatron.core")
+    checks, weights = [], {}
+
+    async def check(step, engines, trainer):
+        await _engines_hold_the_trainers_weights(step, engines, trainer, checks)
+        weights[step] = {k: v.detach().cpu().clone() for k, v in trainer.weights().items()}
+
+    cfg = TrainConfig.from_dict({**BASE, "run_dir": str(tmp_path_factory.mktemp("local") / "run"),
+                                 "seed_sampling": True, "engine": {"kind": "serve", "count": 2},
+                                 "trainer": {**BASE["trainer"], "backend": "megatron"}})
+    summary = asyncio.run(train(cfg, on_step=check, log=lambda _: None))
+    return {"rows": [json.loads(line) for line in open(summary["metrics"])], "checks": checks, "weights": weights}
+
+
+def test_trainer_ranks_in_child_processes_equal_the_one_process_run_and_leave_nothing_behind(tmp_path,
+                                                                                             megatron_local_run):
     """cluster.backend process: two Megatron trainer ranks (DP=2) as child processes of the run, rank 0 pushing the
     weights from its own process over a gloo group to two serve engines (or, `weight_sync: tensor`, each rank to the
     engine it is paired with, as colocated GPUs pair them), against the same run with the trainer in the run's
-    process. Seeded sampling makes the rollouts identical, so the training must be; after every step both engines hold
-    the trainer's weights, and after the run no rank process is left."""
-    pytest.importorskip("megatron.core")
+    process (the module's). Seeded sampling makes the rollouts identical, so the training must be; after every step
+    both engines hold the trainer's weights, and after the run no rank process is left."""
     runs, groups = {}, []
     two = {"backend": "process", "trainer": {"gpus_per_node": 2}}
-    for name, cluster, sync in (("local", {}, "auto"), ("process", two, "auto"), ("process_tensor", two, "tensor")):
+    for name, cluster, sync in (("process", two, "auto"), ("process_tensor", two, "tensor")):
         checks = []
 
         async def check(step, engines, trainer, checks=checks):
-            want = _digests(trainer.weights())
-            for engine in engines.pool.up():
-                got = await engine.get_weights_checksum()
-                assert got["weight_version"] == str(step)
-                common = want.keys() & got["checksums"].keys()
-                assert want.keys() ^ got["checksums"].keys() <= {"lm_head.weight"}  # tied to the embedding
-                assert {n: got["checksums"][n] for n in common} == {n: want[n] for n in common}
-            checks.append((step, trainer.step_count, want))
+            await _engines_hold_the_trainers_weights(step, engines, trainer, checks)
             groups.append(trainer)
 
         cfg = TrainConfig.from_dict({**BASE, "run_dir": str(tmp_path / name), "seed_sampling": True,
@@ -340,15 +366,17 @@ def test_trainer_ranks_in_child_processes_equal_the_one_process_run_and_leave_no
                                      "trainer": {**BASE["trainer"], "backend": "megatron"}})
         summary = asyncio.run(train(cfg, on_step=check, log=lambda _: None))
         runs[name] = ([json.loads(line) for line in open(summary["metrics"])], checks)
-    local_rows, local_checks = runs.pop("local")
+    local_rows, local_checks = megatron_local_run["rows"], megatron_local_run["checks"]
     for name, (rows, checks) in runs.items():
         assert [c[:2] for c in checks] == [c[:2] for c in local_checks] == [(1, 1), (2, 2)], name
+        assert len(rows) == len(local_rows) == 2, name
         for a, b in zip(rows, local_rows):
             assert a["train/reward_mean"] == b["train/reward_mean"], name
             assert a["train/loss"] == pytest.approx(b["train/loss"], abs=1e-5), name
             assert a["train/grad_norm"] == pytest.approx(b["train/grad_norm"], rel=1e-5), name
             assert a["sync/bytes"] == b["sync/bytes"] > 0, name
             assert a["sync/ranks"] == (2 if name == "process_tensor" else 1), name  # who pushed
+        assert b["sync/ranks"] == 1
     ranks = groups[-1].ranks
     assert len(ranks) == 2 and all(r.proc.poll() is not None for r in ranks)  # closed with the run
     assert all((tmp_path / "process" / f"trainer_rank{r}.log").is_file() for r in range(2))

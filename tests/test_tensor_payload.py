@@ -22,6 +22,19 @@ def test_cpu_tensors_round_trip_through_shared_memory():
     assert [n for n, _ in back] == ["a", "b"] and all(torch.equal(x, y) for (_, x), (_, y) in zip(named, back))
 
 
+def test_a_models_cpu_tensors_travel_in_one_shared_storage():
+    """One storage for every CPU tensor, whatever its dtype, shape or layout: torch's shared-memory manager is asked
+    once per storage and gives up after a second without an answer (a loaded machine timed out on one of a model's
+    hundreds); the receiver still gets each tensor's own values."""
+    named = [(f"w{i}", torch.randn(5, 3)) for i in range(50)] + [
+        ("bf16", torch.randn(7).bfloat16()), ("flag", torch.tensor(True)), ("t", torch.randn(4, 6).t()),
+        ("empty", torch.empty(0))]
+    back = tp.deserialize_named_tensors(tp.serialize_named_tensors(named))
+    assert len({t.untyped_storage().data_ptr() for _, t in back}) == 1
+    for (name, want), (got_name, got) in zip(named, back):
+        assert got_name == name and got.dtype == want.dtype and torch.equal(got, want), name
+
+
 class _Cuda:
     """What a CUDA tensor's reduction pickles to: torch's rebuild function and its arguments."""
 

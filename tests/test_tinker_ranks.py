@@ -151,8 +151,11 @@ def test_two_ranks_give_the_one_process_step_and_stop_together(backend, tp, tmp_
     served = LoRAAdapter.load(tmp_path / "ckpt" / model_id / "sampler_weights" / name).tensors
     expected = direct.adapter().tensors
     assert served.keys() == expected.keys()
+    # within a hundredth of one Adam step (lr): TP's other summation order moved an element whose gradient is near
+    # Adam's eps by 1.4e-5 in a loaded run; a wrong or missing gradient moves elements by a whole step
+    step = ADAM["learning_rate"]
     for k in expected:
-        torch.testing.assert_close(served[k], expected[k], rtol=1e-5, atol=1e-5, msg=lambda m: f"{k}: {m}")
+        torch.testing.assert_close(served[k], expected[k], rtol=1e-5, atol=step / 100, msg=lambda m: f"{k}: {m}")
 
 
 def test_a_dead_rank_0_ends_the_other_ranks(tmp_path):

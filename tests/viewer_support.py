@@ -11,6 +11,7 @@ import asyncio
 import json
 import os
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -97,7 +98,9 @@ def browser():
                 "--window-size=1500,1000", "--disable-background-networking", "--no-first-run"):
         options.add_argument(arg)
     options.set_capability("goog:loggingPrefs", {"performance": "ALL", "browser": "ALL"})
-    return webdriver.Chrome(service=Service(executable_path=driver_path), options=options)
+    # Chromium's profile and singleton folders go where the suite puts third-party temporary files (tests/leftovers.py)
+    env = {**os.environ, "TMPDIR": os.environ.get("SLIME_ENV_SUITE_TMP", tempfile.gettempdir())}
+    return webdriver.Chrome(service=Service(executable_path=driver_path, env=env), options=options)
 
 
 def network_requests(driver) -> list[str]:

@@ -31,7 +31,7 @@ def serialize_named_tensors(named_tensors: Sequence[tuple[str, Any]]) -> str:
     import torch
     import torch.multiprocessing  # noqa: F401 - registers the tensor reductions with ForkingPickler
 
-    items = [(name, t.detach() if t.is_cuda else t.detach().clone()) for name, t in named_tensors]
+    items = _cpu_tensors_in_one_storage([(name, t.detach()) for name, t in named_tensors])
     previous = torch.multiprocessing.get_sharing_strategy()
     torch.multiprocessing.set_sharing_strategy("file_system")
     try:
@@ -42,6 +42,30 @@ def serialize_named_tensors(named_tensors: Sequence[tuple[str, Any]]) -> str:
     finally:
         torch.multiprocessing.set_sharing_strategy(previous)
     return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _cpu_tensors_in_one_storage(items: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """The CPU tensors copied into views of one buffer (each at a 64-byte aligned offset); CUDA tensors as they are.
+
+    "file_system" sharing asks torch's shared-memory manager process for every storage it shares, and gives up after
+    one second without an answer (libshm): on a loaded machine one of a model's hundreds of storages timed out. With
+    one storage the sender and each receiver ask once. Receivers see ordinary tensors (views with offsets)."""
+    import torch
+
+    cpu = [i for i, (_, t) in enumerate(items) if not t.is_cuda]
+    offsets, total = [], 0
+    for i in cpu:
+        t = items[i][1]
+        offsets.append(total)
+        total += -(-t.numel() * t.element_size() // 64) * 64
+    flat = torch.empty(total, dtype=torch.uint8)
+    out = list(items)
+    for i, offset in zip(cpu, offsets):
+        name, t = items[i]
+        view = flat[offset:offset + t.numel() * t.element_size()].view(t.dtype).view(t.shape)
+        view.copy_(t)
+        out[i] = (name, view)
+    return out
 
 
 # The storage device's place among `rebuild_cuda_tensor`'s arguments (torch.multiprocessing.reductions; unchanged
