@@ -160,6 +160,37 @@ def test_verify_runs_on_submit_and_when_the_turns_run_out(smollm2_tok):
     assert forged.reward == 0.0
 
 
+@pytest.mark.parametrize("backend", ["docker", "bwrap"])
+def test_a_process_the_agent_leaves_behind_cannot_touch_the_verifiers_files(smollm2_tok, backend):
+    """The reward hack of an agent that outlives its turn: a `setsid` loop (out of the command's process group, so
+    the command's end does not stop it) keeps overwriting the hidden test the verifier writes after submit. Every
+    process of the workspace is killed before the verifier runs, so the wrong solution scores 0."""
+    require_backend(backend)
+
+    class HiddenTest(WorkspaceEnv):
+        async def verify(self, task, ws):
+            await ws.write_file("/app/hidden_test.sh", b"exit 1\n")  # the solution is wrong: the test fails
+            await asyncio.sleep(1.0)  # a real verifier's own work, while the loop (if alive) rewrites the file
+            result = await ws.exec("sh /app/hidden_test.sh", timeout_s=30)
+            return float(result.exit_code == 0), {"test": (await ws.read_file("/app/hidden_test.sh")).decode()}
+
+    loop = "setsid sh -c 'while :; do echo \"exit 0\" > /app/hidden_test.sh; sleep 0.02; done' >/dev/null 2>&1 &"
+
+    async def episode():
+        async with WorkspacePool(backend=backend, warm=0) as pool:
+            env = HiddenTest(spec=WorkspaceSpec(image=workspace_image(), workdir="/app"), pool=pool)
+            try:
+                return await run_episode(env, ScriptedPolicy(smollm2_tok, [call("bash", command=loop),
+                                                                           call("submit")]),
+                                         "Make the hidden test pass.", renderer=get_renderer(smollm2_tok), max_turns=4)
+            finally:
+                await env.close()
+
+    done = asyncio.run(episode())
+    assert done.status == "completed", done.reason
+    assert done.reward == 0.0 and done.info["test"] == "exit 1\n", done.info
+
+
 def _gateway(tok, replies):
     from slime_env.gateway import Gateway
 

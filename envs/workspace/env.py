@@ -268,7 +268,12 @@ class WorkspaceEnv(StatefulToolEnv):
     async def _timed_verify(self) -> tuple[float, dict[str, Any]]:
         t = time.perf_counter()
         try:
-            return await self.verify(self.task, self.state["workspace"])
+            ws = self.state["workspace"]
+            # Nothing the agent started may run beside the verifier: a process that left the command's group
+            # (`setsid`, a daemon) would otherwise rewrite the tests or results the verifier writes and reads.
+            killed = await kill_before_verify(ws)
+            reward, details = await self.verify(self.task, ws)
+            return reward, {**details, "killed_before_verify": killed}
         finally:
             self.state["verify_s"] = self.state.get("verify_s", 0.0) + time.perf_counter() - t
 
@@ -291,4 +296,13 @@ class WorkspaceEnv(StatefulToolEnv):
                      metadata={"workspace": {"image": DEFAULT_IMAGE}})]
 
 
-__all__ = ["SYSTEM_PROMPT", "TOOL_NAMES", "WorkspaceEnv", "make_tools"]
+async def kill_before_verify(ws: Workspace) -> int:
+    """Kill every process of the workspace but its own agent (its PID namespace: `setsid` does not escape it);
+    how many. A workspace that is already dead runs nothing: 0."""
+    try:
+        return await ws.kill_processes()
+    except WorkspaceError:
+        return 0
+
+
+__all__ = ["SYSTEM_PROMPT", "TOOL_NAMES", "WorkspaceEnv", "kill_before_verify", "make_tools"]

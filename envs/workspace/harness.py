@@ -21,6 +21,7 @@ from slime_env.errors import InvalidInput
 from slime_env.loading import load_object
 from slime_env.trajectory import Trajectory
 from slime_env.types import Task, coerce_reward
+from slime_env.envs.workspace.env import kill_before_verify
 from slime_env.tools_sandbox.workspace import Workspace, WorkspaceError, WorkspaceSpec
 
 _EPISODE: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("slime_env_workspace_episode")
@@ -75,7 +76,8 @@ class WorkspaceAgentEnv(AgentEnv):
             _EPISODE.reset(token)
             await pool.release(ws)
         record = {"start_s": episode["start_s"], "exec_s": getattr(ws, "exec_s", 0.0),
-                  "verify_s": episode.get("verify_s", 0.0), **episode["info"]}
+                  "verify_s": episode.get("verify_s", 0.0),
+                  "killed_before_verify": episode.get("killed_before_verify", 0), **episode["info"]}
         return [replace(t, metadata={**t.metadata, "workspace": record}) for t in trajectories]
 
     async def _call(self, url: str, key: str, task: Task) -> Any:
@@ -91,6 +93,8 @@ class WorkspaceAgentEnv(AgentEnv):
         episode = _EPISODE.get()
         t0 = time.perf_counter()
         ws: Workspace = episode["workspace"]
+        # Nothing the harness or the agent started may run beside the verifier (a `setsid` loop rewriting its tests)
+        episode["killed_before_verify"] = await kill_before_verify(ws)
         value = self.verify(task, ws)
         if inspect.isawaitable(value):
             value = await value
