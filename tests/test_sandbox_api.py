@@ -209,7 +209,7 @@ def test_cleanup_removes_containers_of_dead_owners():
     import docker
 
     from slime_env.tools_sandbox import cleanup
-    from slime_env.tools_sandbox.docker_pool import LABEL, OWNER_LABEL
+    from slime_env.tools_sandbox.docker_pool import LABEL, OWNER_LABEL, cleanup as cleanup_with
 
     make_sandbox("docker")  # ensures the engine and the image
     client = docker.from_env()
@@ -217,11 +217,24 @@ def test_cleanup_removes_containers_of_dead_owners():
                                     labels={LABEL: "1", OWNER_LABEL: f"{os.uname().nodename}:999999"})
     live = client.containers.create(IMAGE, command=["true"],
                                     labels={LABEL: "1", OWNER_LABEL: f"{os.uname().nodename}:{os.getpid()}"})
+    gone = client.containers.create(IMAGE, command=["true"],
+                                    labels={LABEL: "1", OWNER_LABEL: f"{os.uname().nodename}:999999"})
+    listing = client.api.containers
+
+    def raced(*args, **kwargs):  # another process's cleanup removes a container right after this one lists it
+        found = listing(*args, **kwargs)
+        client.api.remove_container(gone.id, force=True)
+        return found
+
+    client.api.containers = raced
     try:
-        assert cleanup() >= 1
+        assert cleanup_with(client) >= 1  # before: NotFound from inspecting the container removed meanwhile
+        client.api.containers = listing
         remaining = {c.id for c in client.containers.list(all=True, filters={"label": LABEL})}
-        assert dead.id not in remaining and live.id in remaining
+        assert dead.id not in remaining and gone.id not in remaining and live.id in remaining
+        assert cleanup() == 0  # the public call: nothing of a dead owner is left
     finally:
+        client.api.containers = listing
         live.remove(force=True)
 
 

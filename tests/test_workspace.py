@@ -303,3 +303,40 @@ def test_kill_9_of_a_run_with_16_open_workspaces_leaves_nothing_after_the_reaper
                     and run in (d / "owner.json").read_text()]
         leftover = subprocess.run(["pgrep", "-f", f"{WORK_PREFIX}"], capture_output=True, text=True).stdout.split()
         assert leftover == []  # --die-with-parent: every sandbox died with its owner
+
+
+def test_the_reaper_races_another_runs_removals_without_failing():
+    """`reap()` while another run removes one of the containers it just listed (each run's first acquire reaps): the
+    dead owner's containers go, the live one stays, and the call does not fail on the one already gone."""
+    require_backend("docker")
+    import socket
+
+    from slime_env.tools_sandbox.workspace.docker import LABEL, OWNER_LABEL, RUN_LABEL, docker_client, reap
+
+    client = docker_client()
+    run = f"test-reap-race-{uuid.uuid4().hex[:6]}"
+    dead_owner = f"{socket.gethostname()}:999999:1"
+
+    def make(owner):
+        return client.containers.create(workspace_image(), command=["true"],
+                                        labels={LABEL: "1", OWNER_LABEL: owner, RUN_LABEL: run})
+
+    from slime_env.lifeline import owner_id
+
+    dead, gone, live = make(dead_owner), make(dead_owner), make(owner_id())
+    listing = client.api.containers
+
+    def raced(*args, **kwargs):  # another run's reaper removes a container right after this one lists it
+        found = listing(*args, **kwargs)
+        client.api.remove_container(gone.id, force=True)
+        return found
+
+    client.api.containers = raced
+    try:
+        assert reap(client)["containers"] >= 1  # before: NotFound from inspecting the container removed meanwhile
+        client.api.containers = listing
+        assert our_containers(run) == [live.id]
+    finally:
+        client.api.containers = listing
+        live.remove(force=True)
+        dead.remove(force=True) if our_containers(run) else None

@@ -63,8 +63,10 @@ def cleanup(client=None, *, all_owners: bool = False) -> int:
     client = client or docker_client()
     removed = 0
     host = socket.gethostname()
-    for c in client.containers.list(all=True, filters={"label": LABEL}):
-        owner_host, _, pid = c.labels.get(OWNER_LABEL, ":").partition(":")
+    # sparse: the labels come with the listing (a full one inspects each container, and one that another process
+    # removes meanwhile fails the whole call with NotFound)
+    for c in client.containers.list(all=True, filters={"label": LABEL}, sparse=True):
+        owner_host, _, pid = (c.attrs.get("Labels") or {}).get(OWNER_LABEL, ":").partition(":")
         stale = all_owners or (owner_host == host and pid.isdigit() and not pid_alive(int(pid)))
         if stale:
             try:

@@ -224,8 +224,10 @@ def reap(client=None, *, run_id: str | None = None, all_owners: bool = False) ->
             return labels.get(RUN_LABEL) == run_id
         return not owner_alive(labels.get(OWNER_LABEL, ""))
 
-    for c in client.containers.list(all=True, filters={"label": LABEL}):
-        if stale(c.labels):
+    # sparse: the labels come with the listing; a full listing inspects each container, and one that another run
+    # removes meanwhile fails the whole call with NotFound
+    for c in client.containers.list(all=True, filters={"label": LABEL}, sparse=True):
+        if stale(c.attrs.get("Labels") or {}):
             try:
                 c.remove(force=True)
                 removed["containers"] += 1
