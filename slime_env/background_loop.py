@@ -5,13 +5,25 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Awaitable
+import weakref
+from collections.abc import Awaitable, Callable
 from typing import Any
+
+_AT_CLOSE: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, list[Callable[[], Awaitable[Any]]]] = \
+    weakref.WeakKeyDictionary()
+
+
+def at_loop_close(loop: asyncio.AbstractEventLoop, close: Callable[[], Awaitable[Any]]) -> None:
+    """`await close()` on `loop` when a `BackgroundLoop` running it closes, after its last coroutine: for what lives
+    as long as the loop (a process-wide pool of started workspaces kept per loop), which a synchronous facade's
+    `close()` must end too. Other loops never call it."""
+    _AT_CLOSE.setdefault(loop, []).append(close)
 
 
 class BackgroundLoop:
     """`run(coro)` runs a coroutine on the private loop and returns its result (or raises its exception);
-    `close(last)` runs `last` (e.g. the env's `close()`), then stops the loop and joins the thread; idempotent."""
+    `close(last)` runs `last` (e.g. the env's `close()`), then what `at_loop_close` registered for the loop, then
+    stops the loop and joins the thread; idempotent."""
 
     def __init__(self, name: str):
         self._loop = asyncio.new_event_loop()
@@ -30,6 +42,10 @@ class BackgroundLoop:
             if last is not None:
                 self.run(last)
         finally:
-            self._loop.call_soon_threadsafe(self._loop.stop)
+            try:
+                for close in _AT_CLOSE.pop(self._loop, []):
+                    self.run(close())
+            finally:
+                self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=5)
             self._loop.close()

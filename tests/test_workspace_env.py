@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 
 import pytest
 
@@ -276,3 +277,27 @@ def test_the_plain_openai_sdk_agent_example_in_a_workspace(qwen3_tok):
     (traj,) = asyncio.run(main())
     assert (traj.status, traj.reward) == ("completed", 1.0), traj.reason
     traj.check()
+
+
+def test_gymnasiums_close_takes_the_warm_workspaces_with_it():
+    """`gymnasium.make("slime_env/Workspace-v0")`: the env's workspaces come from the process's shared pool on the
+    adapter's own loop, which keeps warm ones started; `close()` ends them, not the process's exit."""
+    require_backend("docker")
+    import socket
+
+    import gymnasium
+
+    from slime_env.tools_sandbox.workspace.docker import LABEL, OWNER_LABEL, docker_client
+
+    def ours() -> list[str]:
+        prefix = f"{socket.gethostname()}:{os.getpid()}:"
+        return [c.id for c in docker_client().containers.list(all=True, filters={"label": LABEL}, sparse=True)
+                if (c.attrs.get("Labels") or {}).get(OWNER_LABEL, "").startswith(prefix)]
+
+    before = ours()
+    env = gymnasium.make("slime_env/Workspace-v0", spec=WorkspaceSpec(image=workspace_image(), workdir="/app"),
+                         warm=2)
+    env.reset(seed=0)
+    assert len(ours()) > len(before)  # the episode's workspace, and the warm ones started beside it
+    env.close()
+    assert ours() == before

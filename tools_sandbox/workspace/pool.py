@@ -14,6 +14,7 @@ import asyncio
 import collections
 import time
 
+from slime_env.background_loop import at_loop_close
 from slime_env.tools_sandbox.workspace.base import Workspace
 from slime_env.tools_sandbox.workspace.open import open_workspace
 from slime_env.tools_sandbox.workspace.types import WorkspaceError, WorkspaceSpec
@@ -183,11 +184,13 @@ _shared: dict[tuple, WorkspacePool] = {}
 
 def shared_pool(backend: str = "docker", *, warm: int = 2) -> WorkspacePool:
     """The process's pool for `backend` in the running event loop (envs that make a workspace per episode share it;
-    what it holds is removed at exit)."""
+    what it holds is removed at exit, or when a `BackgroundLoop` running it closes)."""
     key = (asyncio.get_running_loop(), backend)
     pool = _shared.get(key)
     if pool is None or pool._closed:
         for stale in [k for k in _shared if k[0].is_closed()]:
             del _shared[stale]
         pool = _shared[key] = WorkspacePool(backend=backend, warm=warm)
+        # a synchronous facade's loop (Gymnasium's, PettingZoo's) takes its warm workspaces with it when it closes
+        at_loop_close(key[0], pool.close)
     return pool
