@@ -340,3 +340,32 @@ def test_the_reaper_races_another_runs_removals_without_failing():
         client.api.containers = listing
         live.remove(force=True)
         dead.remove(force=True) if our_containers(run) else None
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_named_pipe_is_refused_and_never_wedges_the_workspace(backend):
+    """read_file and write_file on a FIFO (nobody at the other end): a clear error at once, and the next command is
+    answered; before, the agent's one loop waited in open() and the workspace was dead."""
+    require_backend(backend)
+
+    async def main():
+        ws = await _open(backend)
+        try:
+            assert (await ws.exec("mkfifo /app/pipe && ls -l /app/pipe")).stdout.startswith("p")
+            with pytest.raises(OSError, match="not a regular file"):
+                await asyncio.wait_for(ws.read_file("/app/pipe"), 10)
+            with pytest.raises(OSError, match="not a regular file"):
+                await asyncio.wait_for(ws.write_file("/app/pipe", "x"), 10)
+            # a reader at the other end now (in the background, kept after the command by detach)
+            await ws.exec("sleep 30 < /app/pipe > /dev/null 2>&1 &", detach=True)
+            await asyncio.sleep(0.5)
+            with pytest.raises(OSError, match="not a regular file"):
+                await asyncio.wait_for(ws.write_file("/app/pipe", "x"), 10)
+            assert (await asyncio.wait_for(ws.exec("echo alive"), 10)).stdout == "alive\n"
+            await ws.write_file("/app/file.txt", "new")  # regular files as before: created, then truncated
+            await ws.write_file("/app/file.txt", "ok")
+            assert await ws.read_file("/app/file.txt") == b"ok"
+        finally:
+            await ws.close()
+
+    _run(main())

@@ -479,11 +479,13 @@ static int mkdirs(const char *path) { /* mkdir -p of path's parent */
 }
 
 static void do_read(uint32_t id, req_t *r) {
-    int fd = open(r->path ? r->path : "", O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: opening a named pipe waits for a writer otherwise, and this loop is the workspace's only one */
+    int fd = open(r->path ? r->path : "", O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
     if (fd < 0) { respond_errno(id, errno); return; }
     struct stat st;
     if (fstat(fd, &st) != 0) { int e = errno; close(fd); respond_errno(id, e); return; }
     if (S_ISDIR(st.st_mode)) { close(fd); respond_errno(id, EISDIR); return; }
+    if (!S_ISREG(st.st_mode)) { close(fd); respond_errno(id, EINVAL); return; }  /* a pipe, socket or device */
     buf_t data = {0};
     char chunk[65536];
     for (;;) {
@@ -508,8 +510,15 @@ static void do_write(uint32_t id, req_t *r) {
         int e = mkdirs(path);
         if (e) { respond_errno(id, e); return; }
     }
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, (mode_t)(r->mode & 07777));
-    if (fd < 0) { respond_errno(id, errno); return; }
+    /* O_NONBLOCK: a named pipe would wait for a reader (ENXIO now, or opened and refused below) */
+    int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC | O_NONBLOCK | O_NOCTTY, (mode_t)(r->mode & 07777));
+    if (fd < 0) { respond_errno(id, errno == ENXIO ? EINVAL : errno); return; }
+    struct stat st;
+    if (fstat(fd, &st) != 0) { int e = errno; close(fd); respond_errno(id, e); return; }
+    if (!S_ISREG(st.st_mode)) { close(fd); respond_errno(id, EINVAL); return; }  /* a pipe, socket or device */
+    if (ftruncate(fd, 0) != 0) { int e = errno; close(fd); respond_errno(id, e); return; }
+    int flags = fcntl(fd, F_GETFL);
+    if (flags >= 0) fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
     size_t off = 0;
     while (off < r->data_n) {
         ssize_t n = write(fd, r->data_p + off, r->data_n - off);

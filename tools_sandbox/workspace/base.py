@@ -362,8 +362,13 @@ class Workspace(abc.ABC):
 
 
 def _raise_errno(answer: dict, path: str) -> None:
-    """The OSError subclass a local file operation would raise for the agent's errno, naming `path`."""
+    """The OSError subclass a local file operation would raise for the agent's errno, naming `path`. The agent
+    answers EINVAL for a file that is not a regular one (a named pipe, socket or device), which it never opens
+    blocking: its loop would wait for the other end."""
     code = answer.get("errno")
+    if code == errno.EINVAL:
+        raise OSError(code, "not a regular file (a named pipe, socket or device): files are read and written whole",
+                      path)
     if code:
         raise _ERRORS.get(code, OSError)(code, os.strerror(code), path)
 
