@@ -192,6 +192,18 @@ def test_config_errors_name_the_field(tmp_path):
         TrainConfig.from_yaml(good, ["steps=7", "steps.n=1"])
     with pytest.raises(InvalidInput, match=r"--set 'steps=\[': the value is not valid YAML"):
         TrainConfig.from_yaml(good, ["steps=["])
+    # values that trained nothing, failed every rollout or sampled forever, all accepted with exit 0 before
+    for value, message in [("trainer.micro_batch_size=-16", r"trainer: micro_batch_size must be an integer >= 1"),
+                           ("trainer.lr=0", r"trainer: lr must be a finite number > 0"),
+                           ("temperature=-1", r"temperature must be a finite number >= 0"),
+                           ("temperature=.nan", r"temperature must be a finite number >= 0 \(0: greedy\), got nan"),
+                           ("temperature=.inf", r"temperature must be a finite number >= 0 \(0: greedy\), got inf"),
+                           ("top_p=0", r"top_p must be in \(0, 1\]"),
+                           ("eval_data.n=-2", r"eval_data\.n: expected an integer >= 1"),
+                           ("train_data.n=0", r"train_data\.n: expected an integer >= 1")]:
+        with pytest.raises(InvalidInput, match=rf"good\.yaml: {message}"):
+            TrainConfig.from_yaml(good, [value])
+    assert TrainConfig.from_yaml(good, ["temperature=0"]).temperature == 0  # greedy stays allowed
 
 
 def test_train_cli_end_to_end(tmp_path):

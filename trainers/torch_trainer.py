@@ -115,6 +115,18 @@ class TrainerConfig(MegatronOptions, FSDPOptions):
             raise ValueError(f"loss {self.loss!r}: 'rl' or 'sft'")
         if self.opd_coef < 0:
             raise ValueError(f"opd_coef must be >= 0, got {self.opd_coef}")
+        for name in ("micro_batch_size", "n_minibatches", "ppo_epochs"):  # a count below 1 trains nothing
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        for name in ("lr", "critic_lr"):
+            if not (math.isfinite(getattr(self, name)) and getattr(self, name) > 0):
+                raise ValueError(f"{name} must be a finite number > 0, got {getattr(self, name)!r}")
+        for name in ("weight_decay", "kl_coef", "entropy_coef", "clip_low", "clip_high"):
+            if not (math.isfinite(getattr(self, name)) and getattr(self, name) >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0, got {getattr(self, name)!r}")
+        if not self.max_grad_norm >= 0:  # inf: no clipping; NaN fails this too
+            raise ValueError(f"max_grad_norm must be >= 0 (inf: no clipping), got {self.max_grad_norm!r}")
         if self.estimator not in alg.ADVANTAGE_ESTIMATORS:
             raise ValueError(f"estimator {self.estimator!r}: one of {alg.ADVANTAGE_ESTIMATORS}")
         if not (0.0 <= self.gamma <= 1.0 and 0.0 <= self.lam <= 1.0):

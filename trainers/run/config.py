@@ -9,6 +9,8 @@ field is documented in docs/trainers.md.
 
 from __future__ import annotations
 
+import math
+
 import re
 import weakref
 from collections.abc import Mapping, Sequence
@@ -142,6 +144,22 @@ class TrainConfig:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
+def _check_sampling(cfg: TrainConfig, where: str) -> None:
+    """Sampling settings an engine would take and then misbehave on (a negative temperature failed every rollout; a
+    NaN one sampled one token forever), refused by field."""
+    t = cfg.temperature
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
+        raise InvalidInput(f"{where}: temperature must be a finite number >= 0 (0: greedy), got {t!r}")
+    p = cfg.top_p
+    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p <= 1:
+        raise InvalidInput(f"{where}: top_p must be in (0, 1], got {p!r}")
+    if cfg.eval_max_new_tokens is not None:
+        check_int(cfg.eval_max_new_tokens, f"{where}: eval_max_new_tokens", minimum=1)
+    b = cfg.time_budget_s
+    if b is not None and (isinstance(b, bool) or not isinstance(b, (int, float)) or not math.isfinite(b) or b <= 0):
+        raise InvalidInput(f"{where}: time_budget_s must be a finite number of seconds > 0, got {b!r}")
+
+
 @dataclass(frozen=True)
 class OpponentPoolConfig:
     """`opponent_pool:` (league self-play; see `TrainConfig`)."""
@@ -185,6 +203,12 @@ class RunSections:
         for name in ("save_every", "eval_every", "sample_groups", "max_concurrency", "keep_every"):
             check_int(getattr(cfg, name), f"{where}: {name}", minimum=0)
         check_int(cfg.keep_last, f"{where}: keep_last", minimum=1)  # the checkpoint `latest` names stays
+        _check_sampling(cfg, where)
+        for section in ("train_data", "eval_data"):
+            data = getattr(cfg, section)
+            for key in ("n", "size", "limit"):  # how many tasks: fewer than one measures and trains nothing
+                if isinstance(data, Mapping) and key in data:
+                    check_int(data[key], f"{where}: {section}.{key}", minimum=1)
         cluster = ClusterConfig.from_dict(cfg.cluster, f"{where}: cluster")
         asynchrony = AsyncConfig.from_dict(cfg.async_, f"{where}: async")
         kind = default_kind(asynchronous=asynchrony.mode != "off", device=cfg.device,
