@@ -71,6 +71,10 @@ class TransformersPolicy:
         self.max_batch_size = max_batch_size
         self.batch_window_s = batch_window_s
         self.weight_version = weight_version
+        # The model's context (its config's max_position_embeddings): what the gateway refuses prompts past, so one
+        # session's oversized prompt cannot hold the engine for minutes
+        limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+        self.context_length: int | None = int(limit) if isinstance(limit, int) and limit > 0 else None
         # LoRA: the adapter ("name@version") of each weight version an adapter made, and the base copy it merges into
         self.adapters: dict[str, str] = {}
         self._merged = None

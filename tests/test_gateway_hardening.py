@@ -551,3 +551,34 @@ def test_strict_mode_refuses_a_prompt_that_dropped_a_tool_call_of_the_history(sm
     conv._check_calls_shown(messages, shown, None, r.render_text(shown))
     with pytest.raises(RenderMismatch, match=r"dropped tool call 'add' of messages\[1\]"):
         conv._check_calls_shown(messages, dropped, None, r.render_text(dropped))
+
+
+def test_a_prompt_past_the_engines_context_is_a_400_naming_the_limit_and_the_session_lives_on(qwen3_tok, smollm2_tok):
+    """A gateway in front of a policy that knows its model's context (the embedded engine: the config's
+    max_position_embeddings) refuses a prompt that leaves no room in it — before, 3,000 empty messages (15,025 tokens
+    against SmolLM2's 8,192) held the engine for two minutes while every other session waited."""
+    from helpers import tiny
+
+    from slime_env.agents import TransformersPolicy
+
+    engine = TransformersPolicy(tiny("llama"), smollm2_tok, batching="static")
+    try:
+        assert engine.context_length == 128  # the tiny model's max_position_embeddings
+    finally:
+        engine.close()
+    policy = ScriptedPolicy(qwen3_tok, ["Fine."], end_token_id=qwen3_tok.convert_tokens_to_ids("<|im_end|>"))
+    policy.context_length = 256
+    gw = Gateway(policy, get_renderer(qwen3_tok, strict=True), "hermes", strict=True)
+    flood = [{"role": "user", "content": ""} for _ in range(300)]
+
+    async def agent(gw):
+        s = gw.open_session("x")
+        status, answer = await _post(gw, s, {"messages": flood})
+        assert status == 400 and answer["error"]["code"] == "context_length_exceeded", answer
+        assert "context of 256 tokens" in _openai_error(answer, "messages")
+        reply = await _client(gw, s).chat.completions.create(model="m", messages=HELLO)
+        assert reply.choices[0].message.content == "Fine."
+        return gw.close_session(s.id)
+
+    (t,) = run(_serve(gw, agent))
+    assert t.num_turns == 1  # the refused call recorded nothing

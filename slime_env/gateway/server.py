@@ -59,7 +59,9 @@ class Gateway:
     token-exact branches.
 
     `Gateway(policy, renderer, parser=None, *, model="slime-env", strict=False, max_new_tokens=1024,
-    max_context_tokens=None, overrides=None, session_ttl_s=3600, max_body_bytes=4 MiB)`; `overrides`: sampling
+    max_context_tokens=None, overrides=None, session_ttl_s=3600, max_body_bytes=4 MiB)`; `max_context_tokens`
+    (default: the policy's `context_length`, where it has one): a request whose prompt leaves no room in it is a 400
+    that names the limit; `overrides`: sampling
     parameters that replace the agent's (an RL run samples at its own temperature, whatever the agent asks);
     `await start(host, port)` -> base URL;
     `open_session(task)` -> the session (its `id`, `key`) and `session_url(session)`; `close_session(id)` -> one
@@ -79,7 +81,10 @@ class Gateway:
         self.policy, self.renderer, self.parser = policy, renderer, get_parser(parser)
         self.parser_name = parser if isinstance(parser, str) else None
         self.model, self.strict = model, strict
-        self.max_new_tokens, self.max_context_tokens = max_new_tokens, max_context_tokens
+        self.max_new_tokens = max_new_tokens
+        # None: the policy's own context (an engine that knows its model's, e.g. the embedded one), else unbounded
+        self.max_context_tokens = max_context_tokens if max_context_tokens is not None else \
+            getattr(policy, "context_length", None)
         # "episode" seeds are the step runner's (one per episode and turn); here each call samples freshly
         self.overrides = {k: v for k, v in (overrides or {}).items() if not (k == "sampling_seed" and v == "episode")}
         self.session_ttl_s, self.max_body_bytes = session_ttl_s, max_body_bytes
