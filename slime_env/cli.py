@@ -210,7 +210,9 @@ def _register_package_commands() -> None:
 
 def main() -> None:
     from slime_env.lifeline import hold_lifeline
+    from slime_env.malloc_tuning import tune_malloc
 
     hold_lifeline()  # started by a run as one of its processes (an engine, a gateway): die with it
+    tune_malloc()  # before torch starts its threads: a training run's memory stays flat across steps
     _register_package_commands()
     app()

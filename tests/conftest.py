@@ -10,6 +10,7 @@ import os
 import pytest
 
 from slime_env import offline_tokenizers as ot
+from slime_env.malloc_tuning import tune_malloc
 from leftovers import LeftoverCheck, mark_run, remove_third_party_tmp
 from suite_plan import SuitePlan, load_costs
 from suite_report import SuiteReport
@@ -85,26 +86,10 @@ def tokenizers(smollm2_tok, qwen25_tok, qwen3_tok, llama31_tok, deepseek_tok):
             "deepseek_r1": deepseek_tok}
 
 
-def _malloc_for_tensors() -> None:
-    """glibc's malloc, set for a process that frees big tensors all the time (CPU torch allocates them with malloc,
-    with no cache of its own). By default glibc raises its mmap threshold to the size of the last block it unmapped
-    (up to 32 MB), so later activations come from the heap, and each thread that runs a step (asyncio's executor
-    threads, the engine's) gets an arena of its own: freed tensors stay resident, fragmented across arenas.
-    test_sft_opd's Search-R1 warm-up (SFT steps on SmolLM2) peaked at 12.3 GB resident that way, 6.7 GB with the
-    settings here: a fixed threshold keeps every block over 128 KB an mmap of its own (unmapped when freed), two
-    arenas bound the rest. Set for this process (before torch starts its threads) and in the environment for the
-    processes the tests start (servers, torchrun ranks, the CLI); a value given in the environment wins."""
-    os.environ.setdefault("MALLOC_ARENA_MAX", "2")
-    os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", str(128 * 1024))
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt(-8, int(os.environ["MALLOC_ARENA_MAX"]))  # M_ARENA_MAX
-        libc.mallopt(-3, int(os.environ["MALLOC_MMAP_THRESHOLD_"]))  # M_MMAP_THRESHOLD
-    except (OSError, AttributeError, ValueError):  # not glibc
-        pass
-
-
-_malloc_for_tensors()
+# glibc's malloc for a process that frees big tensors all the time (slime_env.malloc_tuning), here and in the
+# processes the tests start (servers, torchrun ranks, the CLI): test_sft_opd's Search-R1 warm-up peaked at 12.3 GB
+# resident without it, 6.7 GB with it.
+tune_malloc()
 
 
 def _give_memory_back() -> None:

@@ -156,6 +156,7 @@ class LeftoverCheck:
     def __init__(self) -> None:
         self.before = snapshot()
         self.before["tmp"].append(os.environ.get(THIRD_PARTY_TMP, ""))  # the run's own, removed at its end
+        self.before["tmp"].append(os.environ.get("SUITE_REPORT_DIR", ""))  # the measurements asked for
         self.left: list[str] = []
 
     @pytest.hookimpl(trylast=True)

@@ -301,7 +301,7 @@ def test_ray_placement_with_two_trainer_ranks_and_two_engines_equals_the_one_pro
         summary = asyncio.run(train(cfg, on_step=grab, log=lambda _: None))
         runs[name] = ([json.loads(line) for line in open(summary["metrics"])], weights)
     # the one-process run's first step (its second changes nothing before it: a constant learning rate)
-    local_rows, local_w = megatron_local_run["rows"][:1], megatron_local_run["weights"][1]
+    local_rows, local_w = megatron_local_run["rows"][:1], torch.load(megatron_local_run["weights_after_step_1"])
     for name, (rows, w) in runs.items():
         assert len(rows) == 1, name
         for a, b in zip(rows, local_rows):
@@ -329,20 +329,24 @@ async def _engines_hold_the_trainers_weights(step, engines, trainer, checks: lis
 @pytest.fixture(scope="module")
 def megatron_local_run(tmp_path_factory):
     """The reference both multi-rank tests compare with, run once: two steps of a Megatron trainer in the run's own
-    process against two serve engines, seeded sampling; its metrics rows, its weights after each step, and the checks
-    that both engines held them."""
+    process against two serve engines, seeded sampling; its metrics rows, the file of its weights after step 1, and the
+    checks that both engines held them."""
     pytest.importorskip("megatron.core")
-    checks, weights = [], {}
+    checks, where = [], tmp_path_factory.mktemp("local")
+    first = where / "weights_after_step_1.pt"  # on disk, not held in memory while the module's other runs go
 
     async def check(step, engines, trainer):
         await _engines_hold_the_trainers_weights(step, engines, trainer, checks)
-        weights[step] = {k: v.detach().cpu().clone() for k, v in trainer.weights().items()}
+        if step == 1:
+            torch.save({k: v.detach().cpu() for k, v in trainer.weights().items()}, first)
 
-    cfg = TrainConfig.from_dict({**BASE, "run_dir": str(tmp_path_factory.mktemp("local") / "run"),
-                                 "seed_sampling": True, "engine": {"kind": "serve", "count": 2},
+    cfg = TrainConfig.from_dict({**BASE, "run_dir": str(where / "run"), "seed_sampling": True,
+                                 "engine": {"kind": "serve", "count": 2},
                                  "trainer": {**BASE["trainer"], "backend": "megatron"}})
     summary = asyncio.run(train(cfg, on_step=check, log=lambda _: None))
-    return {"rows": [json.loads(line) for line in open(summary["metrics"])], "checks": checks, "weights": weights}
+    checks = [(step, count, None) for step, count, _ in checks]  # the digests were compared on the way
+    return {"rows": [json.loads(line) for line in open(summary["metrics"])], "checks": checks,
+            "weights_after_step_1": first}
 
 
 def test_trainer_ranks_in_child_processes_equal_the_one_process_run_and_leave_nothing_behind(tmp_path,
@@ -376,7 +380,6 @@ def test_trainer_ranks_in_child_processes_equal_the_one_process_run_and_leave_no
             assert a["train/grad_norm"] == pytest.approx(b["train/grad_norm"], rel=1e-5), name
             assert a["sync/bytes"] == b["sync/bytes"] > 0, name
             assert a["sync/ranks"] == (2 if name == "process_tensor" else 1), name  # who pushed
-        assert b["sync/ranks"] == 1
     ranks = groups[-1].ranks
     assert len(ranks) == 2 and all(r.proc.poll() is not None for r in ranks)  # closed with the run
     assert all((tmp_path / "process" / f"trainer_rank{r}.log").is_file() for r in range(2))

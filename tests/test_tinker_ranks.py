@@ -33,7 +33,8 @@ def _torchrun(tmp_path: Path, checkpoint: Path, *args: str) -> tuple[subprocess.
            "slime_env", "serve-tinker", "--model", MODEL, "--checkpoint", str(checkpoint), "--tokenizer", "qwen3",
            "--port", "0", "--root", str(tmp_path / "ckpt"), "--max-context-length", "256", *args]
     # the ranks run from tmp_path with the safe path (-P's variable): the repository root never shadows packages
-    env = {**os.environ, "PYTHONSAFEPATH": "1", "OMP_NUM_THREADS": "1", "TINKER_API_KEY": "tml-local"}
+    env = {**os.environ, "PYTHONSAFEPATH": "1", "OMP_NUM_THREADS": "1", "TINKER_API_KEY": "tml-local",
+           "TMPDIR": str(tmp_path)}  # torchrun's torchelastic_* folders go with the test
     # a session of its own: a failing test kills the whole group (torchrun cannot pass a SIGKILL on to its ranks)
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)

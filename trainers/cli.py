@@ -120,6 +120,10 @@ def train(config: str = typer.Option(None, help="run config (YAML); default: the
     summary = asyncio.run(run_train(cfg, log=typer.echo))
     typer.echo(f"held-out accuracy {summary['first_accuracy']:.3f} -> {summary['last_accuracy']:.3f} in "
                f"{summary['elapsed_s']:.0f}s; curves: {summary['curves']}, metrics: {summary['metrics']}")
+    import resource
+
+    # this process's peak (the embedded engine and trainer live here; engine servers and ranks have their own logs)
+    typer.echo(f"peak memory {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.1f} GB resident")
 
 
 def sft(config: str = typer.Option(..., help="run config (YAML) with a warmup section: steps, lr, batch_size, data"),

@@ -149,7 +149,7 @@ class Recorder:
                 "time/trainer_idle_frac": max(0.0, 1.0 - metrics.get("train/step_s", 0.0) / wall),
                 "time/engine_idle_frac": max(0.0, 1.0 - (meter.busy() - self._busy_prev) / wall),
                 "rollout/generated_tokens_per_s": (meter.tokens - self._tokens_prev) / wall,
-                **time_split(trajectories), **tool_metrics(trajectories)}
+                **_memory(), **time_split(trajectories), **tool_metrics(trajectories)}
 
     @staticmethod
     def line(step: int, metrics: Mapping[str, Any]) -> str:
@@ -274,3 +274,17 @@ def _container_part(metrics: Mapping[str, Any]) -> str:
         return ""
     return (f" (episode time: generation {metrics['rollout/time/generate_frac']:.0%}, "
             f"container {metrics['rollout/time/container_frac']:.0%})")
+
+
+def _memory() -> dict[str, float]:
+    """This process's resident memory now and at its peak, in MB (`memory/rss_mb`, `memory/peak_mb`): a run whose
+    memory grows step after step shows it here (Linux; nothing elsewhere)."""
+    import resource
+
+    try:
+        with open("/proc/self/statm") as f:
+            rss = int(f.read().split()[1]) * resource.getpagesize() / 2**20
+    except OSError:
+        return {}
+    return {"memory/rss_mb": round(rss, 1), "memory/peak_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+                                                                     / 1024, 1)}
