@@ -22,6 +22,7 @@ import time
 import pytest
 
 from slime_env.tools_sandbox import bwrap, process
+from suite_report import process_tree
 from slime_env.tools_sandbox.local_exec import Slots
 
 # Processes that outlive a run by design of the machine, not of the suite (a kernel worker, docker's daemons).
@@ -131,25 +132,6 @@ def new_since(before: dict, *, keep_pids: set[int] = frozenset(), wait_s: float 
         time.sleep(1.0)
 
 
-def _own_tree(pid: int) -> set[int]:
-    """`pid` and every process under it (the pytest process and its xdist workers, still exiting)."""
-    kids: dict[int, list[int]] = {}
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                with open(f"/proc/{entry.name}/stat", "rb") as f:
-                    stat = f.read()
-            except OSError:
-                continue
-            kids.setdefault(int(stat[stat.rindex(b")") + 2:].split()[1]), []).append(int(entry.name))
-    tree, todo = set(), [pid]
-    while todo:
-        p = todo.pop()
-        tree.add(p)
-        todo.extend(kids.get(p, ()))
-    return tree
-
-
 class LeftoverCheck:
     """Registered by conftest.py, with --leftover-check, in the pytest process that is not an xdist worker."""
 
@@ -164,7 +146,8 @@ class LeftoverCheck:
         if session.config.option.collectonly or exitstatus not in (0, 1):
             return  # nothing ran, or the run was interrupted: its leftovers say nothing
         remove_third_party_tmp()
-        self.left = new_since(self.before, keep_pids=_own_tree(os.getpid()) | {os.getpid()})
+        # the pytest process and its xdist workers, still exiting
+        self.left = new_since(self.before, keep_pids=process_tree(os.getpid()))
         if self.left and session.exitstatus == 0:
             session.exitstatus = 1
 

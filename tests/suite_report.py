@@ -53,14 +53,19 @@ def _rss_kb(pid: int) -> int:
         return 0
 
 
-def tree_memory_mb(root: int) -> float:
-    """Resident size of `root` and every process under it, summed, in MB."""
-    kids, total, todo = _children(), 0, [root]
+def process_tree(root: int) -> set[int]:
+    """`root` and every process under it."""
+    kids, tree, todo = _children(), set(), [root]
     while todo:
         pid = todo.pop()
-        total += _rss_kb(pid)
+        tree.add(pid)
         todo.extend(kids.get(pid, ()))
-    return total / 1024
+    return tree
+
+
+def tree_memory_mb(root: int) -> float:
+    """Resident size of `root` and every process under it, summed, in MB."""
+    return sum(_rss_kb(pid) for pid in process_tree(root)) / 1024
 
 
 def machine_used_mb() -> float:

@@ -186,7 +186,7 @@ class Workspace(abc.ABC):
 
     async def read_file(self, path: str, *, max_bytes: int = MAX_FILE_BYTES) -> bytes:
         answer = await self._call("read", 60.0, path=self._path(path), max_bytes=max_bytes)
-        _raise_errno(answer, path)
+        _raise_errno(answer, path, whole_file=True)
         return answer["data"]
 
     async def write_file(self, path: str, data: bytes | str, *, mode: int = 0o644, user: str | int | None = None,
@@ -195,7 +195,7 @@ class Workspace(abc.ABC):
         answer = await self._call("write", 60.0, path=self._path(path),
                                   data=data.encode() if isinstance(data, str) else bytes(data), mode=mode, uid=uid,
                                   gid=gid, parents=parents)
-        _raise_errno(answer, path)
+        _raise_errno(answer, path, whole_file=True)
 
     async def list_dir(self, path: str) -> list[FileInfo]:
         answer = await self._call("list", 60.0, path=self._path(path))
@@ -361,12 +361,12 @@ class Workspace(abc.ABC):
         return users
 
 
-def _raise_errno(answer: dict, path: str) -> None:
-    """The OSError subclass a local file operation would raise for the agent's errno, naming `path`. The agent
-    answers EINVAL for a file that is not a regular one (a named pipe, socket or device), which it never opens
-    blocking: its loop would wait for the other end."""
+def _raise_errno(answer: dict, path: str, *, whole_file: bool = False) -> None:
+    """The OSError subclass a local file operation would raise for the agent's errno, naming `path`. To a read or
+    write of a whole file (`whole_file`) the agent answers EINVAL for a file that is not a regular one (a named
+    pipe, socket or device), which it never opens blocking: its loop would wait for the other end."""
     code = answer.get("errno")
-    if code == errno.EINVAL:
+    if code == errno.EINVAL and whole_file:
         raise OSError(code, "not a regular file (a named pipe, socket or device): files are read and written whole",
                       path)
     if code:
