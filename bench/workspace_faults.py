@@ -106,7 +106,8 @@ def main() -> None:
     client = docker_client()
 
     def ours() -> int:
-        return len(client.containers.list(all=True, filters={"label": [LABEL, f"{RUN_LABEL}={RUN_ID}"]}))
+        return len(client.containers.list(all=True, filters={"label": [LABEL, f"{RUN_LABEL}={RUN_ID}"]},
+                                       sparse=True))
 
     out = tempfile.mkdtemp(prefix="slime_env-faults-")
     argv = [sys.executable, "-P", __file__, "--child", out, "--episodes", str(args.episodes), "--concurrency",

@@ -52,8 +52,8 @@ def _containers_of(pid: int) -> list[str]:
     from slime_env.tools_sandbox.workspace.docker import LABEL, OWNER_LABEL, docker_client
 
     prefix = f"{socket.gethostname()}:{pid}:"
-    return [c.id for c in docker_client().containers.list(all=True, filters={"label": LABEL})
-            if c.labels.get(OWNER_LABEL, "").startswith(prefix)]
+    return [c.id for c in docker_client().containers.list(all=True, filters={"label": LABEL}, sparse=True)
+            if (c.attrs.get("Labels") or {}).get(OWNER_LABEL, "").startswith(prefix)]
 
 
 @pytest.mark.parametrize("harness", ["examples/mini_swe_harbor.py:make_env",

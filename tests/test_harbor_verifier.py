@@ -35,7 +35,7 @@ def docker():
         unavailable(f"docker: {e}")
     made: list[str] = []
     yield made
-    leftover = client.containers.list(all=True, filters={"label": RUN_LABEL})
+    leftover = client.containers.list(all=True, filters={"label": RUN_LABEL}, sparse=True)
     for c in leftover:
         c.remove(force=True)
     for tag in made:
@@ -309,7 +309,7 @@ def test_no_container_is_left_after_a_failing_verification(runner, probe_image, 
     from slime_env.tools_sandbox.workspace.docker import docker_client
 
     time.sleep(0.5)
-    assert docker_client().containers.list(all=True, filters={"label": RUN_LABEL}) == []
+    assert docker_client().containers.list(all=True, filters={"label": RUN_LABEL}, sparse=True) == []
 
 
 def test_verify_runs_alongside(runner, probe_image, tmp_path):

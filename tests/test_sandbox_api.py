@@ -179,7 +179,8 @@ def test_thousand_runs_leave_nothing_behind(runner, sb):
     if sb.backend == "docker":
         import docker
 
-        labelled = docker.from_env().containers.list(all=True, filters={"label": "slime_env.sandbox"})
+        labelled = docker.from_env().containers.list(all=True, filters={"label": "slime_env.sandbox"},
+                                                 sparse=True)
         assert len([c for c in labelled if c.id in {b.container.id for b in sb._all}]) == sb.pool_size
         assert sb._idle.qsize() == sb.pool_size  # every container came back to the pool
 
@@ -230,7 +231,7 @@ def test_cleanup_removes_containers_of_dead_owners():
     try:
         assert cleanup_with(client) >= 1  # before: NotFound from inspecting the container removed meanwhile
         client.api.containers = listing
-        remaining = {c.id for c in client.containers.list(all=True, filters={"label": LABEL})}
+        remaining = {c.id for c in client.containers.list(all=True, filters={"label": LABEL}, sparse=True)}
         assert dead.id not in remaining and gone.id not in remaining and live.id in remaining
         assert cleanup() == 0  # the public call: nothing of a dead owner is left
     finally:
