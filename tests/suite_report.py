@@ -9,6 +9,9 @@ processes belong to dockerd, not to the suite, and are not counted there; the co
 memory in use (MemTotal - MemAvailable: every page once, containers and tmpfs included) and prints its peak over the
 level before the run.
 
+Per test, the tree's peak while the test ran (setup to teardown, the samples of its window) is kept for tests that
+reach `PEAK_KEPT_MB`: `tests/suite_plan.py` runs the largest ones alone.
+
 `busy_s` is the CPU time the whole machine spent while a module ran (all cores, whoever used them): beside the
 module's seconds it says how many cores the module kept busy, i.e. how much a second worker could overlap with it.
 
@@ -27,6 +30,7 @@ from pathlib import Path
 import pytest
 
 _PAGE_KB = os.sysconf("SC_PAGE_SIZE") // 1024
+PEAK_KEPT_MB = 2000  # a test's own peak is kept from here up (what tests/suite_plan.py runs alone is above it)
 
 
 def _children() -> dict[int, list[int]]:
@@ -105,7 +109,7 @@ class _Sampler(threading.Thread):
 
     def __init__(self) -> None:
         super().__init__(daemon=True, name="suite-report-sampler")
-        self.peak = self.run_peak = 0.0
+        self.peak = self.run_peak = self.test_peak = 0.0
         self.machine_base = self.machine_peak = machine_used_mb()
         self._stop = threading.Event()
 
@@ -116,10 +120,15 @@ class _Sampler(threading.Thread):
             except Exception:  # /proc races; never fail the suite over a sample
                 continue
             self.peak, self.run_peak = max(self.peak, mb), max(self.run_peak, mb)
+            self.test_peak = max(self.test_peak, mb)
             self.machine_peak = max(self.machine_peak, machine_used_mb())
 
     def restart(self) -> float:
         peak, self.peak = self.peak, 0.0
+        return peak
+
+    def restart_test(self) -> float:
+        peak, self.test_peak = self.test_peak, 0.0
         return peak
 
     def stop(self) -> None:
@@ -137,6 +146,7 @@ class SuiteReport:
         self.sampler.start()
         self.modules: dict[str, dict] = {}
         self.tests: dict[str, float] = {}  # test id -> its setup, call and teardown seconds
+        self.test_peaks: dict[str, float] = {}  # test id -> peak of the tree while it ran (tests over PEAK_KEPT_MB)
         self.current: str | None = None
         self.started = time.monotonic()
 
@@ -158,6 +168,12 @@ class SuiteReport:
             self.current = module
             self.busy_at_start = _machine_busy_s()
             self.modules.setdefault(module, {"tests": 0, "seconds": 0.0, "peak_mb": 0, "outcomes": {}})
+        self.sampler.restart_test()
+
+    def pytest_runtest_logfinish(self, nodeid: str, location) -> None:
+        peak = self.sampler.restart_test()
+        if peak >= PEAK_KEPT_MB:
+            self.test_peaks[nodeid] = max(peak, self.test_peaks.get(nodeid, 0.0))
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         module = report.nodeid.split("::", 1)[0]
@@ -179,7 +195,8 @@ class SuiteReport:
                   "run_peak_mb": round(self.sampler.run_peak),
                   "machine_peak_mb": round(self.sampler.machine_peak - self.sampler.machine_base),
                   "modules": {k: {**v, "seconds": round(v["seconds"], 1)} for k, v in self.modules.items()},
-                  "tests": {k: round(v, 2) for k, v in self.tests.items()}}
+                  "tests": {k: round(v, 2) for k, v in self.tests.items()},
+                  "test_peaks": {k: round(v) for k, v in self.test_peaks.items()}}
         (Path(out) / f"{self.worker}.json").write_text(json.dumps(record, indent=1))
 
     def pytest_terminal_summary(self, terminalreporter) -> None:

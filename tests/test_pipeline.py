@@ -282,6 +282,8 @@ def test_ray_placement_with_two_trainer_ranks_and_two_engines_equals_the_one_pro
     pytest.importorskip("megatron.core")
     import yaml
 
+    from slime_env.trainers.torch_trainer import read_hf_weights
+
     example = yaml.safe_load(open(os.path.join(ROOT, "examples", "long_context_megatron_train.yaml")))["trainer"]
     shrunk = {"recompute": example["recompute"], "recompute_layers": example["recompute_layers"]}
     assert example["cp"] == 2 and example["pp"] == 2
@@ -289,19 +291,21 @@ def test_ray_placement_with_two_trainer_ranks_and_two_engines_equals_the_one_pro
                "pp": (_RAY2, {**shrunk, "pp": example["pp"]})}
     runs = {}
     for name, (cluster, trainer) in layouts.items():
-        weights = {}
+        saved = tmp_path / name / "weights_after_step_1"
 
-        def grab(step, engines, trainer, weights=weights, name=name):
+        def grab(step, engines, trainer, saved=saved):
             assert len(engines.pool.up()) == 2
-            weights.update({k: v.detach().cpu().clone() for k, v in trainer.weights().items()})
+            # the ranks write the folder (rank 0's gather): shipping the weights to this process over Ray held four
+            # copies at once, the suite's memory peak
+            trainer.save_weights(saved)
 
         cfg = TrainConfig.from_dict({**BASE, "run_dir": str(tmp_path / name), "seed_sampling": True, "cluster": cluster,
                                      "steps": 1, "engine": {"kind": "serve", "count": 2},
                                      "trainer": {**BASE["trainer"], "backend": "megatron", **trainer}})
         summary = asyncio.run(train(cfg, on_step=grab, log=lambda _: None))
-        runs[name] = ([json.loads(line) for line in open(summary["metrics"])], weights)
+        runs[name] = ([json.loads(line) for line in open(summary["metrics"])], read_hf_weights(saved))
     # the one-process run's first step (its second changes nothing before it: a constant learning rate)
-    local_rows, local_w = megatron_local_run["rows"][:1], torch.load(megatron_local_run["weights_after_step_1"])
+    local_rows, local_w = megatron_local_run["rows"][:1], read_hf_weights(megatron_local_run["weights_after_step_1"])
     for name, (rows, w) in runs.items():
         assert len(rows) == 1, name
         for a, b in zip(rows, local_rows):
@@ -333,12 +337,12 @@ def megatron_local_run(tmp_path_factory):
     checks that both engines held them."""
     pytest.importorskip("megatron.core")
     checks, where = [], tmp_path_factory.mktemp("local")
-    first = where / "weights_after_step_1.pt"  # on disk, not held in memory while the module's other runs go
+    first = where / "weights_after_step_1"  # on disk, not held in memory while the module's other runs go
 
     async def check(step, engines, trainer):
         await _engines_hold_the_trainers_weights(step, engines, trainer, checks)
         if step == 1:
-            torch.save({k: v.detach().cpu() for k, v in trainer.weights().items()}, first)
+            trainer.save_weights(first)  # as the multi-rank runs save theirs
 
     cfg = TrainConfig.from_dict({**BASE, "run_dir": str(where / "run"), "seed_sampling": True,
                                  "engine": {"kind": "serve", "count": 2},
