@@ -206,6 +206,41 @@ def test_config_errors_name_the_field(tmp_path):
     assert TrainConfig.from_yaml(good, ["temperature=0"]).temperature == 0  # greedy stays allowed
 
 
+def test_a_config_naming_what_is_not_there_fails_before_anything_starts_and_keeps_the_run_folder(tmp_path):
+    """A missing model folder, an unknown env, an env file that is not there, env_kwargs the env does not take, a
+    data spec without its dataset: each refused by its field before a model loads or the run folder is written (an
+    existing run's config.json stays as it was). Before: two of them trained on failed episodes and exited 0, the
+    others failed after loading the model with a 70-line traceback, and all overwrote config.json."""
+    from slime_env.trainers.run import TrainConfig, train
+
+    from slime_env.errors import InvalidInput
+
+    base = {"env": "ReasoningGym-v0", "env_kwargs": {"dataset": "chain_sum"}, "steps": 1,
+            "train_data": {"reasoning_gym": {"dataset": "chain_sum", "size": 4}}, "run_dir": str(tmp_path / "run")}
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.json").write_text('{"an": "earlier run"}')
+    for over, message in [({"model": str(tmp_path / "no_model")}, r"^model: no model folder at .*no_model"),
+                          ({"env": "NoSuchEnv-v0"}, r"^env: no env registered as 'NoSuchEnv-v0'"),
+                          ({"env": "missing.py:make_env"}, r"^env: cannot import module 'missing.py'.*no such file"),
+                          ({"env_kwargs": {"dataset": "chain_sum", "sise": 3}},
+                           r"^env_kwargs: 'ReasoningGym-v0' got an unexpected keyword argument 'sise' \(it takes "),
+                          ({"train_data": {"reasoning_gym": {"size": 4}}},
+                           r"^train_data\.reasoning_gym\.dataset: missing"),
+                          ({"eval_data": {"generator": "slime_env.envs.search:search_tasks", "count": 4}},
+                           r"^eval_data: slime_env\.envs\.search:search_tasks does not take \['count'\]")]:
+        cfg = TrainConfig.from_dict({**base, **over})
+        with pytest.raises(InvalidInput, match=message):
+            asyncio.run(train(cfg, log=lambda _: None))
+    assert (tmp_path / "run" / "config.json").read_text() == '{"an": "earlier run"}'
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["config.json"]
+    # the command line: one line naming the file and the field, no traceback
+    (tmp_path / "bad.yaml").write_text("env: NoSuchEnv-v0\nsteps: 1\n")
+    out = subprocess.run([sys.executable, "-m", "slime_env", "train", "--config", str(tmp_path / "bad.yaml")],
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert out.stderr.startswith(f"error: {tmp_path / 'bad.yaml'}: env: no env registered as 'NoSuchEnv-v0'")
+
+
 def test_train_cli_end_to_end(tmp_path):
     config = tmp_path / "tiny.yaml"
     config.write_text(f"""

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import typer
 
 
@@ -98,7 +100,6 @@ def train(config: str = typer.Option(None, help="run config (YAML); default: the
                                                               "repeatable")
           ) -> None:
     """RL training: rollouts -> TorchTrainer or MegatronTrainer -> weight sync -> held-out eval (metrics, curves)."""
-    import asyncio
     from importlib.resources import files
 
     from slime_env.trainers.run import TrainConfig
@@ -117,7 +118,7 @@ def train(config: str = typer.Option(None, help="run config (YAML); default: the
     if run_dir:
         cfg.run_dir = run_dir
     typer.echo(f"training {cfg.env} with {cfg.trainer.get('estimator', 'grpo')} for {cfg.steps} steps -> {cfg.run_dir}")
-    summary = asyncio.run(run_train(cfg, log=typer.echo))
+    summary = _run_or_exit(run_train(cfg, log=typer.echo), path)
     typer.echo(f"held-out accuracy {summary['first_accuracy']:.3f} -> {summary['last_accuracy']:.3f} in "
                f"{summary['elapsed_s']:.0f}s; curves: {summary['curves']}, metrics: {summary['metrics']}")
     import resource
@@ -126,13 +127,26 @@ def train(config: str = typer.Option(None, help="run config (YAML); default: the
     typer.echo(f"peak memory {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.1f} GB resident")
 
 
+def _run_or_exit(run: Any, config: str) -> dict[str, Any]:
+    """The run's summary; a config problem found as it starts (`trainers/run/preflight.py`: the model, the env, the
+    data) is one `error:` line naming the file and the field, exit status 1, no traceback."""
+    import asyncio
+
+    from slime_env.errors import InvalidInput
+
+    try:
+        return asyncio.run(run)
+    except InvalidInput as e:
+        typer.echo(f"error: {config}: {e}", err=True)
+        raise typer.Exit(1) from None
+
+
 def sft(config: str = typer.Option(..., help="run config (YAML) with a warmup section: steps, lr, batch_size, data"),
         run_dir: str = typer.Option(None, help="override the config's run_dir"),
         set_: list[str] = typer.Option(None, "--set", help="override one field: KEY=VALUE (as `train --set`)")
         ) -> None:
     """Supervised fine-tuning alone: the config's `warmup` (conversations, or a teacher's successful episodes of its
     env), held-out accuracy before and after, the model saved as an HF folder a later run's `model:` can name."""
-    import asyncio
 
     from slime_env.trainers.run import TrainConfig
     from slime_env.trainers.run import train as run_train
@@ -148,7 +162,7 @@ def sft(config: str = typer.Option(..., help="run config (YAML) with a warmup se
         raise typer.Exit(1) from None
     if run_dir:
         cfg.run_dir = run_dir
-    summary = asyncio.run(run_train(cfg, log=typer.echo, sft_only=True))
+    summary = _run_or_exit(run_train(cfg, log=typer.echo, sft_only=True), config)
     typer.echo(f"SFT done: model {summary['model']}")
 
 

@@ -27,6 +27,7 @@ from slime_env.trainers.run.config import TrainConfig
 from slime_env.trainers.run.data import load_split
 from slime_env.trainers.run.evaluation import Evals
 from slime_env.trainers.run.meter import BusyMeter
+from slime_env.trainers.run.preflight import check_before_start
 from slime_env.trainers.run.recorder import Recorder, eval_line
 from slime_env.trainers.run.roles import BatchSource, Engines, TrainerGroup
 from slime_env.trainers.run.scoring import Scorers
@@ -64,14 +65,16 @@ async def train(cfg: TrainConfig, *, log: Callable[[str], None] = print,
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     sections = cfg.sections
-    recorder = Recorder(cfg.run_dir, sample_groups=cfg.sample_groups, log=log, keep_last=cfg.keep_last,
-                        keep_every=cfg.keep_every)
-    recorder.open(cfg.document())
+    # Checked before the run folder is touched: a config that fails leaves an existing run's config.json as it was.
+    check_before_start(cfg)
     train_tasks = load_split(cfg.train_data, "train_data")
     evals = Evals(cfg, load_split(cfg.eval_data, "eval_data") if cfg.eval_data else [], sections.eval_sets,
                   sections.eval_every)
     for s in evals.sets:
         s.tasks = load_split(s.data, f"eval.sets.{s.name}.data")
+    recorder = Recorder(cfg.run_dir, sample_groups=cfg.sample_groups, log=log, keep_last=cfg.keep_last,
+                        keep_every=cfg.keep_every)
+    recorder.open(cfg.document())
     # Everything acquired below is given back in reverse order, however the run ends.
     async with contextlib.AsyncExitStack() as stack:
         stack.enter_context(_processes(recorder.run, log))
