@@ -142,6 +142,10 @@ def test_sigkill_mid_step_then_resume_equals_the_uninterrupted_run(tmp_path, mod
         assert r["train/loss"] == pytest.approx(base[r["step"]]["train/loss"], rel=1e-4, abs=1e-6)
     ckpts = sorted(p.name for p in (run / "checkpoints").iterdir())
     assert ckpts == ["latest", "step_2", "step_3"]  # keep_last: 2, nothing partial left
+    # the resumed run's clock goes on from the checkpoint's step (before: it restarted at 0)
+    for before, after in zip(rows, rows[1:]):
+        assert after["time/elapsed_s"] >= before["time/elapsed_s"] + after["time/step_s"], (before, after)
+    assert json.loads((run / "summary.json").read_text())["elapsed_s"] >= rows[-1]["time/elapsed_s"]
 
 
 def test_sigkill_in_full_async_mode_rolls_samples_back_too(tmp_path, model_dir):

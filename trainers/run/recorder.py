@@ -60,7 +60,16 @@ class Recorder:
             self.samples_path.unlink(missing_ok=True)
             shutil.rmtree(self.run / "tensorboard", ignore_errors=True)
         self.writer = _tensorboard(self.run, purge_step=self.start + 1 if self.start else None)
-        self.t_start = time.perf_counter()
+        # A resumed run's clock goes on from its checkpoint's step: `time/elapsed_s`, the summary and
+        # `time_budget_s` count the whole run (the time between a kill and the resume left out).
+        self.t_start = time.perf_counter() - (self._elapsed_kept() if resume and self.start else 0.0)
+
+    def _elapsed_kept(self) -> float:
+        """`time/elapsed_s` of the last row kept (the checkpoint's step), 0 when there is none."""
+        if not self.metrics_path.is_file():
+            return 0.0
+        rows = [json.loads(line) for line in self.metrics_path.read_text().splitlines() if line.strip()]
+        return max((float(r.get("time/elapsed_s", 0.0)) for r in rows), default=0.0)
 
     def close(self) -> None:
         if self.writer is not None:
