@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from slime_env.errors import InvalidInput
+from slime_env.errors import InvalidInput, RenderError
 from slime_env.ledger import TokenLedger
 from slime_env.trajectory import Trajectory
 from slime_env.types import ROLES, Message, Task
@@ -70,15 +70,31 @@ def conversation_trajectory(conv: Conversation | Mapping[str, Any], renderer: An
     Tool-call arguments given as a JSON string stay that string wherever the template prints a string as given
     (Qwen3's, DeepSeek's, Kimi-K2's): the bytes trained are the data's. Templates that need an object (they iterate
     its items, or would quote the string again) get the decoded object. A template that moves system messages to the
-    front (DeepSeek's) gets a later system message moved there too, recorded in `metadata["history_rewrites"]`."""
+    front (DeepSeek's) gets a later system message moved there too, recorded in `metadata["history_rewrites"]`; one
+    whose template would drop it (gpt-oss's) refuses it. Reasoning given as `thinking` or `reasoning_content` reaches
+    the template under the key it reads (`renderer.reasoning_key`)."""
     conv = Conversation.coerce(conv)
+    try:
+        return _trajectory(conv, renderer)
+    except RenderError as e:  # the template's own refusal ("System message must be at the beginning"): name the data
+        raise RenderError(f"{conv.where}: {e}") from e
+
+
+def _trajectory(conv: Conversation, renderer: Any) -> Trajectory:
     eot = renderer.end_of_turn_id
     next_header = getattr(renderer, "stop_closes_turn", False) and eot is None
     if eot is None and not next_header:
         raise InvalidInput("the chat template has no end-of-turn token after an assistant turn: a conversation "
                            "cannot be cut into generated turns")
-    msgs, tools = list(conv.messages), list(conv.tools) if conv.tools else None
+    msgs = _reasoning_for_template(list(conv.messages), renderer, conv.where)
+    tools = list(conv.tools) if conv.tools else None
     notes: list[str] = []
+    dropped = next((i for i, m in enumerate(msgs) if i and m["role"] == "system"), None)
+    if dropped is not None and getattr(renderer, "drops_late_system", False):
+        raise InvalidInput(f"{conv.where}: messages[{dropped}] is a system message after the first message: the "
+                           f"{renderer.family} chat template renders only messages[0] as the system (developer) "
+                           "message and drops any later one, so the model would never see it (merge it into "
+                           "messages[0], or send it as a user message)")
     if getattr(renderer, "hoists_system", False):
         late = [i for i, m in enumerate(msgs) if m["role"] == "system" and any(x["role"] != "system" for x in msgs[:i])]
         if late:
@@ -102,17 +118,18 @@ def conversation_trajectory(conv: Conversation | Mapping[str, Any], renderer: An
             history.extend(obs)
         before = renderer.render_text(msgs[:i], tools=tools, add_generation_prompt=True)
         full = renderer.render_text(msgs[:i + 1], tools=tools, add_generation_prompt=False)
-        if not full.startswith(before):
+        start = len(before) if full.startswith(before) else _after_deleted_history(renderer, msgs, i, before, full,
+                                                                                  tools)
+        if start is None:
             raise InvalidInput(f"{conv.where}: messages[{i}]: the template renders this assistant turn so that it "
                                "does not continue its own prompt; it cannot be cut into a generated turn")
-        span = full[len(before):]
-        missing = [c["function"]["name"] for c in msgs[i].get("tool_calls", ()) if c["function"]["name"] not in span]
-        if missing:
-            raise InvalidInput(f"{conv.where}: messages[{i}]: this chat template does not render tool_calls "
-                               f"({missing} absent from the turn); write the call into the content, in the format "
-                               "the env parses (e.g. <tool_call>{...}</tool_call>)")
+        if start != len(before):
+            notes.append(f"{renderer.family} template re-renders earlier turns once messages[{i}] follows them "
+                         f"({'; '.join(renderer.rewrites_history)}); the ledger keeps them as the model saw them")
+        span = full[start:]
+        _check_calls_rendered(renderer, msgs, i, span, tools, conv.where)
         if next_header:  # GLM: the turn ends on the header that follows it (<|observation|> / <|user|>)
-            text, stop = span, _next_header(renderer, msgs, i)
+            text, stop = span, _next_header(renderer, msgs, i, conv.where)
         else:
             cut, stop = max(((span.rfind(t), j) for j, t in stop_texts), default=(-1, None))
             if cut < 0:
@@ -133,14 +150,71 @@ def conversation_trajectory(conv: Conversation | Mapping[str, Any], renderer: An
                       metadata=metadata)
 
 
-def _next_header(renderer: Any, msgs: list[dict], i: int) -> int:
+def _after_deleted_history(renderer: Any, msgs: list[dict], i: int, before: str, full: str, tools) -> int | None:
+    """Where turn `i` starts in `full` when the template, once turn `i` follows, deletes a piece of the earlier
+    history that its prompt `before` shows (gpt-oss drops a call turn's analysis once a final answer follows: a
+    declared rewrite): the smallest deletion after which `full` continues as `before` does. None for any other
+    difference, or for a template that declares no history rewrites."""
+    if not renderer.rewrites_history:
+        return None
+    bare = renderer.render_text(msgs[:i], tools=tools, add_generation_prompt=False)
+    prompt = len(before) - len(bare) if before.startswith(bare) else 1  # the generation prompt must survive whole
+    common = next((k for k, (a, b) in enumerate(zip(before, full)) if a != b), min(len(before), len(full)))
+    for deleted in range(1, len(before) - common - prompt + 1):
+        if full.startswith(before[common + deleted:], common):
+            return len(before) - deleted
+    return None
+
+
+def _check_calls_rendered(renderer: Any, msgs: list[dict], i: int, span: str, tools, where: str) -> None:
+    """Refuse turn `i` if the template leaves out any of its calls: by name when it writes no calls at all, else the
+    first call whose rendering adds nothing (gpt-oss's template writes only a message's first call, so a second call
+    to the same function would vanish while its name is still in the turn)."""
+    calls = msgs[i].get("tool_calls") or []
+    missing = [c["function"]["name"] for c in calls if c["function"]["name"] not in span]
+    if missing:
+        raise InvalidInput(f"{where}: messages[{i}]: this chat template does not render tool_calls "
+                           f"({missing} absent from the turn); write the call into the content, in the format "
+                           "the env parses (e.g. <tool_call>{...}</tool_call>)")
+    previous = None
+    for k in range(1, len(calls) + 1):
+        text = renderer.render_text([*msgs[:i], {**msgs[i], "tool_calls": calls[:k]}], tools=tools,
+                                    add_generation_prompt=False)
+        if text == previous:
+            raise InvalidInput(f"{where}: messages[{i}].tool_calls[{k - 1}] ({calls[k - 1]['function']['name']!r}): "
+                               f"the {renderer.family} chat template writes at most {k - 1} call(s) of a message "
+                               "and drops this one; put each call in its own assistant message")
+        previous = text
+
+
+def _next_header(renderer: Any, msgs: list[dict], i: int, where: str) -> int:
     """The stop token a template without an end-of-turn token (GLM) closes turn `i` with: the first id the template
     writes after an assistant turn for the message that follows it (the next header; `<|user|>` after the last)."""
     after = [_history(m, msgs).to_dict() for m in msgs[i + 1:i + 2]] or [{"role": "user", "content": "U"}]
     ids = renderer.encode(renderer._after_sentinel(after, add_generation_prompt=False))
     if not ids or ids[0] not in renderer.stop_token_ids:
-        raise InvalidInput(f"messages[{i}]: the template writes no stop token after this assistant turn")
+        role = msgs[i + 1]["role"] if i + 1 < len(msgs) else "end"
+        stops = "/".join(renderer.tokenizer.convert_ids_to_tokens(list(renderer.stop_token_ids)))
+        raise InvalidInput(f"{where}: messages[{i + 1}]: the {renderer.family} template writes none of its stop "
+                           f"tokens ({stops}) between assistant turn messages[{i}] and this {role} message, so the "
+                           "model could never end that turn there; send it as a user message")
     return ids[0]
+
+
+def _reasoning_for_template(msgs: list[dict], renderer: Any, where: str) -> list[dict]:
+    """Each message's reasoning under the key the template reads (`thinking` for gpt-oss, `reasoning_content` for
+    the others), whichever of the two the data used: a template silently ignores the key it does not know."""
+    key = getattr(renderer, "reasoning_key", "reasoning_content")
+    other = "thinking" if key == "reasoning_content" else "reasoning_content"
+    out = []
+    for i, m in enumerate(msgs):
+        if other in m:
+            if key in m and m[key] != m[other]:
+                raise InvalidInput(f"{where}: messages[{i}] has both 'thinking' and 'reasoning_content', and they "
+                                   "differ; give the reasoning once")
+            m = {**{k: v for k, v in m.items() if k != other}, key: m.get(key, m[other])}
+        out.append(m)
+    return out
 
 
 def _arguments_for_template(msgs: list[dict], tools, renderer: Any, where: str) -> list[dict]:
@@ -161,6 +235,8 @@ def _arguments_for_template(msgs: list[dict], tools, renderer: Any, where: str) 
     try:
         renderer.render_text(objects, tools=tools, add_generation_prompt=False)
         return objects
+    except RenderError:  # the template refused the conversation itself (raise_exception), whatever the arguments
+        raise
     except Exception:  # noqa: BLE001 - DeepSeek-R1's concatenates a JSON string: its error is shown if that fails
         return [_arguments(m, "string") for m in msgs]
 
@@ -189,7 +265,7 @@ def _message(m: Any, where: str) -> dict[str, Any]:
     if not isinstance(content, str):
         raise InvalidInput(f"{where}.content: expected text, got {type(content).__name__}")
     out: dict[str, Any] = {"role": m["role"], "content": content}
-    for key in ("name", "tool_call_id", "reasoning_content"):
+    for key in ("name", "tool_call_id", "reasoning_content", "thinking"):  # templates differ on the reasoning key
         if m.get(key) is not None:
             out[key] = m[key]
     if m.get("tool_calls"):

@@ -23,7 +23,7 @@ import pytest
 from slime_env import Message, get_renderer
 from slime_env import offline_tokenizers as ot
 from slime_env.conversations import Conversation, conversation_trajectory
-from slime_env.errors import InvalidInput
+from slime_env.errors import InvalidInput, RenderError
 from slime_env.parsers import get_parser
 from slime_env.renderers import detect_family
 
@@ -357,3 +357,87 @@ def test_kimi_k2_tokenizer_and_parser():
     assert [(c.name, c.arguments) for c in get_parser("kimi_k2")(generated).tool_calls] == [("get_weather", ARGS)]
     with pytest.raises(InvalidInput):
         get_renderer(t)  # no template of its own at hand: pass chat_template=
+
+
+# --- issue 58: token fidelity -------------------------------------------------------------------------------------
+def _trained(r, traj) -> str:
+    return r.decode([i for i, m in zip(traj.response_ids, traj.loss_mask) if m])
+
+
+@pytest.mark.parametrize("key", ["thinking", "reasoning_content"])
+def test_gpt_oss_sft_trains_the_reasoning_the_template_writes(key):
+    """Item 1: gpt-oss's template reads `thinking`; either key reaches it, and the analysis channel is trained."""
+    r = renderer("gpt_oss")
+    msgs = [{"role": "user", "content": "2 + 2?"}, {"role": "assistant", "content": "4", key: "add two and two"}]
+    traj = conversation_trajectory({"messages": msgs}, r)
+    assert _trained(r, traj) == ("<|channel|>analysis<|message|>add two and two<|end|><|start|>assistant"
+                                 "<|channel|>final<|message|>4<|return|>")
+    template = r.render_text([msgs[0], {**msgs[1], "thinking": "add two and two"}], add_generation_prompt=False)
+    assert r.decode(traj.prompt_ids + traj.response_ids) == template
+    # a call turn's analysis, which the template drops once a final answer follows: trained as the model wrote it
+    call = {"id": "c0", "type": "function", "function": {"name": "add", "arguments": {"a": 2, "b": 2}}}
+    tooly = [msgs[0], {"role": "assistant", "content": "", key: "use add", "tool_calls": [call]},
+             {"role": "tool", "tool_call_id": "c0", "content": "4"}, msgs[1]]
+    traj = conversation_trajectory({"messages": tooly}, r)
+    assert _trained(r, traj).startswith("<|channel|>analysis<|message|>use add<|end|><|start|>assistant to=")
+    assert "drops analysis" in traj.metadata["history_rewrites"][0]
+    both = [msgs[0], {**msgs[1], "thinking": "a", "reasoning_content": "b"}]
+    with pytest.raises(InvalidInput, match=r"messages\[1\] has both 'thinking' and 'reasoning_content'"):
+        conversation_trajectory({"messages": both}, r)
+
+
+def test_gpt_oss_refuses_a_second_call_to_the_same_function_by_name():
+    """Item 2: the template writes one call per message; a second `get_weather` call was dropped while its name was
+    still in the turn."""
+    call = lambda i, city: {"id": f"c{i}", "type": "function",  # noqa: E731
+                            "function": {"name": "get_weather", "arguments": {"city": city}}}
+    msgs = [{"role": "user", "content": "Paris and Oslo?"},
+            {"role": "assistant", "content": "", "tool_calls": [call(0, "Paris"), call(1, "Oslo")]},
+            {"role": "tool", "tool_call_id": "c0", "content": "sunny"},
+            {"role": "tool", "tool_call_id": "c1", "content": "rain"},
+            {"role": "assistant", "content": "Sunny, rain."}]
+    conv = Conversation.coerce({"messages": msgs}, where="calls.jsonl:7")
+    with pytest.raises(InvalidInput, match=r"calls.jsonl:7: messages\[1\].tool_calls\[1\] \('get_weather'\): "
+                                           r"the gpt_oss chat template writes at most 1 call"):
+        conversation_trajectory(conv, renderer("gpt_oss"))
+
+
+def test_gpt_oss_refuses_a_system_message_after_the_first():
+    """Item 3: the template renders only messages[0] as the system (developer) message and drops any later one
+    without a word; DeepSeek's hoists them instead, but hoisting would train text gpt-oss's template never writes."""
+    r = renderer("gpt_oss")
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "Hello."}, {"role": "system", "content": "Now be verbose."},
+            {"role": "user", "content": "Hi again"}, {"role": "assistant", "content": "Hello again."}]
+    assert "verbose" not in r.render_text(msgs, add_generation_prompt=False)  # what the template does with it
+    conv = Conversation.coerce({"messages": msgs}, where="late.jsonl:2")
+    with pytest.raises(InvalidInput, match=r"late.jsonl:2: messages\[3\] is a system message after the first"):
+        conversation_trajectory(conv, r)
+    gen = r.encode("<|channel|>final<|message|>Hello.") + [r.stop_token_ids[0]]
+    with pytest.raises(InvalidInput, match="observation message 0 is a system message: the gpt_oss template renders"):
+        r.bridge(gen, [Message("system", "Now be verbose.")], [Message("user", "Hi"), Message("assistant", "x")])
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_6"])
+def test_qwen35_late_system_with_tool_calls_fails_with_the_templates_own_message(family):
+    """Item 4: the template's "System message must be at the beginning" (before: a raw jinja TypeError from the
+    retry with string arguments), naming the conversation."""
+    msgs = [{"role": "user", "content": "Weather?"},
+            {"role": "assistant", "content": "", "tool_calls": [CALLS[0]]},
+            {"role": "tool", "tool_call_id": "c0", "content": "sunny"},
+            {"role": "system", "content": "Now be verbose."}, {"role": "user", "content": "Again"},
+            {"role": "assistant", "content": "Sunny."}]
+    conv = Conversation.coerce({"messages": msgs}, where="qwen.jsonl:4")
+    with pytest.raises(RenderError, match="qwen.jsonl:4: .*System message must be at the beginning"):
+        conversation_trajectory(conv, renderer(family))
+
+
+def test_glm_refusal_of_a_late_system_message_names_the_conversation():
+    """Item 6: GLM's turn ends on the next header, and a system header is not one of its stop tokens."""
+    msgs = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."},
+            {"role": "system", "content": "Now be verbose."}, {"role": "user", "content": "Hi again"},
+            {"role": "assistant", "content": "Hello again."}]
+    conv = Conversation.coerce({"messages": msgs}, where="glm.jsonl:9")
+    with pytest.raises(InvalidInput, match=r"glm.jsonl:9: messages\[2\]: the glm45 template writes none of its stop "
+                                           r"tokens .* between assistant turn messages\[1\] and this system message"):
+        conversation_trajectory(conv, renderer("glm45"))

@@ -107,6 +107,13 @@ def test_family_formats_on_text(name, text, expected, content):
                 '<|tool_call_end|><|tool_calls_section_end|>', "must be a JSON object"),
     ("gpt_oss", '<|channel|>commentary to=functions.add <|constrain|>json<|message|>{"a": 1}<|end|>',
      "does not end with <|call|>"),
+    # issue 58 item 5: an id that is not functions.NAME:INDEX names no function (before: name "call_8f2")
+    ("kimi_k2", '<|tool_calls_section_begin|><|tool_call_begin|>call_8f2<|tool_call_argument_begin|>{"a": 1}'
+                '<|tool_call_end|><|tool_calls_section_end|>', "'call_8f2' is not functions.NAME:INDEX"),
+    ("kimi_k2", '<|tool_calls_section_begin|><|tool_call_begin|>functions.add<|tool_call_argument_begin|>{"a": 1}'
+                '<|tool_call_end|><|tool_calls_section_end|>', "is not functions.NAME:INDEX"),
+    ("kimi_k2", '<|tool_calls_section_begin|><|tool_call_begin|>add:0<|tool_call_argument_begin|>{"a": 1}'
+                '<|tool_call_end|><|tool_calls_section_end|>', "is not functions.NAME:INDEX"),
 ])
 def test_malformed_calls_are_errors_not_exceptions(name, text, error):
     r = get_parser(name)(text)

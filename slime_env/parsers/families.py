@@ -218,7 +218,9 @@ def _glm_value(raw: str) -> Any:
 _KIMI_BEGIN, _KIMI_END = "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"
 _KIMI_CALL = re.compile(r"<\|tool_call_begin\|>\s*([^<]+?)\s*<\|tool_call_argument_begin\|>(.*?)<\|tool_call_end\|>",
                         re.DOTALL)
-_KIMI_ID = re.compile(r"\A(?:functions\.)?([A-Za-z0-9_.\-]+?)(?::\d+)?\Z")
+# Kimi-K2 writes the id `functions.NAME:INDEX` and its name is read from there: any other id (an OpenAI `call_8f2`)
+# carries no name, so it is an error rather than a call to a function named after the id.
+_KIMI_ID = re.compile(r"\Afunctions\.([A-Za-z0-9_.\-]+):\d+\Z")
 
 
 def kimi_k2(text: str) -> ParseResult:

@@ -176,7 +176,8 @@ class GptOssRenderer(TemplateRenderer):
     template renders history differently from what was generated: a final answer ends with `<|end|>` (the bridge does
     not add it after `<|return|>`), analysis is dropped once a final answer follows, a call is written
     `<|start|>assistant to=functions.NAME<|channel|>commentary json<|message|>ARGS<|call|>`, and a tool result
-    `<|start|>functions.NAME to=assistant<|channel|>commentary<|message|>"…"<|end|>` (JSON-quoted)."""
+    `<|start|>functions.NAME to=assistant<|channel|>commentary<|message|>"…"<|end|>` (JSON-quoted). Reasoning is the
+    message's `thinking`; a system message anywhere but first is dropped by the template, so it is refused."""
 
     family = "gpt_oss"
     rewrites_history = ("drops analysis (reasoning) once a final answer follows",
@@ -186,6 +187,8 @@ class GptOssRenderer(TemplateRenderer):
     call_parser = "gpt_oss"
     stop_closes_turn = True
     closing_tokens = ("<|end|>",)
+    drops_late_system = True
+    reasoning_key = "thinking"
 
     def _default_stop_ids(self) -> list[int]:
         return _ids(self.tokenizer, "<|return|>", "<|call|>")

@@ -73,6 +73,12 @@ class TemplateRenderer:
     #: The template moves every system message to the front (DeepSeek): a system message after the first turn
     #: cannot be bridged, and `conversation_trajectory` hoists it as a declared history rewrite.
     hoists_system: bool = False
+    #: The template renders only `messages[0]` as a system message and silently drops any later one (gpt-oss): such
+    #: a message is refused, in a bridge and in `conversation_trajectory`, instead of being lost.
+    drops_late_system: bool = False
+    #: The key the template reads an assistant turn's reasoning from (`conversation_trajectory` moves `thinking` /
+    #: `reasoning_content` there, whichever the data used).
+    reasoning_key: str = "reasoning_content"
 
     def __init__(self, tokenizer: Any, *, chat_template: str | None = None,
                  template_kwargs: Mapping[str, Any] | None = None,
@@ -180,12 +186,14 @@ class TemplateRenderer:
         if any(m.role == "assistant" for m in messages):
             raise InvalidInput("an observation may hold one 'assistant' message (a mid-turn insert) "
                                "or none, not assistant messages mixed with others")
-        if self.hoists_system:
+        if self.hoists_system or self.drops_late_system:
             at = next((i for i, m in enumerate(messages) if m.role == "system"), None)
             if at is not None:
-                raise InvalidInput(f"observation message {at} is a system message: the {self.family} template moves "
-                                   "every system message to the front of the conversation, so it cannot follow a "
-                                   "generated turn (send it as a user message, or put it in the first prompt)")
+                what = "moves every system message to the front of the conversation" if self.hoists_system else \
+                    "renders only a first system message and drops any later one"
+                raise InvalidInput(f"observation message {at} is a system message: the {self.family} template "
+                                   f"{what}, so it cannot follow a generated turn (send it as a user message, or put "
+                                   "it in the first prompt)")
         base = self._base(history)
         calls = self._sentinel_calls(generated_ids, messages, history)
         key = (base, calls, *((m.role, m.content, m.name, m.tool_call_id) for m in messages))
