@@ -21,6 +21,19 @@ class TokenCodec:
             return self._backend.encode(text, add_special_tokens=False).ids
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
+    def encode_plain(self, text: str) -> list[int]:
+        """`text` with the tokenizer's special tokens spelled as the characters they are (`<|im_start|>` as `<`,
+        `|`, `im`, ...), never as control tokens: for text a template did not write (`split_special_tokens`)."""
+        if self._backend is not None:
+            plain = self.__dict__.get("_plain")
+            if plain is None:  # a copy: the shared tokenizer keeps parsing special tokens for everyone else
+                from tokenizers import Tokenizer
+
+                plain = self.__dict__["_plain"] = Tokenizer.from_str(self._backend.to_str())
+                plain.encode_special_tokens = True
+            return plain.encode(text, add_special_tokens=False).ids
+        return list(self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True))
+
     def decode(self, ids: Sequence[int]) -> str:
         if self._backend is not None:
             return self._backend.decode(list(ids), skip_special_tokens=False)

@@ -225,7 +225,7 @@ class Conversation:
         text = r.render_text(history, tools=template_tools, add_generation_prompt=True)
         if self.strict:
             self._check_calls_shown(messages, history, template_tools, text)
-        ids = r.encode(text)
+        ids = r.render_prompt(history, tools=template_tools)  # special-token text in the agent's messages: plain
         b = Branch(-1, tools, list(messages), history, TokenLedger(ids), origin=origin, fork_at=shared, why=why,
                    busy=True, template_tools=template_tools)
         call = Call(b, list(ids), [], [], [], created=True)

@@ -13,6 +13,8 @@ and raises `RenderMismatch` naming the first differing token.
 from __future__ import annotations
 
 import json
+import re
+import secrets
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -30,6 +32,7 @@ SENTINEL = "\ue000slime_env_assistant\ue001"
 _BASE = (("system", "S"), ("user", "U"))
 
 HistoryPolicy = Literal["keep", "error"]
+SpecialText = Literal["plain", "control"]
 
 
 @dataclass
@@ -83,12 +86,21 @@ class TemplateRenderer:
     def __init__(self, tokenizer: Any, *, chat_template: str | None = None,
                  template_kwargs: Mapping[str, Any] | None = None,
                  stop_token_ids: Sequence[int] | None = None, strict: bool = False,
-                 on_history_rewrite: HistoryPolicy = "keep", cache_size: int = 4096):
+                 on_history_rewrite: HistoryPolicy = "keep", cache_size: int = 4096,
+                 special_text: SpecialText = "plain"):
         source = chat_template or getattr(tokenizer, "chat_template", None)
         if not isinstance(source, str) or not source:
             raise InvalidInput("tokenizer has no chat_template; pass chat_template=")
         if on_history_rewrite not in ("keep", "error"):
             raise InvalidInput(f"on_history_rewrite must be 'keep' or 'error', got {on_history_rewrite!r}")
+        if special_text not in ("plain", "control"):
+            raise InvalidInput(f"special_text must be 'plain' or 'control', got {special_text!r}")
+        # Special-token text inside a message the policy did not generate (a tool's output, an env's or a dataset's
+        # message, a mid-turn insert): "plain" encodes it as the characters it is, so a file the agent reads cannot
+        # open or close a turn in the ledger; "control" encodes it as the control tokens it spells, as a tokenizer
+        # given the whole rendered text does.
+        self.special_text = special_text
+        self._marker = f"SLIMEENV{secrets.token_hex(8)}Q"  # unguessable: text cannot pose as a guarded token
         self.tokenizer = tokenizer
         self.strict = strict
         self.on_history_rewrite = on_history_rewrite
@@ -161,11 +173,13 @@ class TemplateRenderer:
         group, and repeated system prompts, render once)."""
         try:
             key = ("prompt", tuple(messages), json.dumps(tools, sort_keys=True) if tools else None)
+            hash(key)
         except (TypeError, ValueError):
-            key = None  # tools that JSON cannot hold: no caching
+            key = None  # tools that JSON cannot hold, messages that cannot be hashed: no caching
         ids = self._cache.get(key) if key is not None else None
         if ids is None:
-            ids = tuple(self.encode(self.render_text(messages, tools=tools, add_generation_prompt=True)))
+            ids = tuple(self._encode_guarded(self._render(self._guard(self.template_messages(messages)), tools=tools,
+                                                          add_generation_prompt=True)))
             if key is not None:
                 self._remember(key, ids)
         else:
@@ -182,7 +196,7 @@ class TemplateRenderer:
         Search-R1-style envs insert `<information>` mid-turn.
         """
         if len(messages) == 1 and messages[0].role == "assistant":
-            return self.encode(messages[0].content)
+            return self._encode_inserted(messages[0].content)
         if any(m.role == "assistant" for m in messages):
             raise InvalidInput("an observation may hold one 'assistant' message (a mid-turn insert) "
                                "or none, not assistant messages mixed with others")
@@ -199,7 +213,8 @@ class TemplateRenderer:
         key = (base, calls, *((m.role, m.content, m.name, m.tool_call_id) for m in messages))
         ids = self._cache.get(key)
         if ids is None:
-            ids = tuple(self.encode(self._after_sentinel([m.to_dict() for m in messages], base=base, calls=calls)))
+            ids = tuple(self._encode_guarded(self._after_sentinel(self._guard([m.to_dict() for m in messages]),
+                                                                  base=base, calls=calls)))
             self._remember(key, ids)
         else:
             self._cache.move_to_end(key)
@@ -261,6 +276,67 @@ class TemplateRenderer:
     def decode(self, ids: Sequence[int]) -> str:
         return self._codec.decode(ids)
 
+    # --- special-token text the template did not write (`special_text`) ----------------------------------------
+    def _specials(self) -> tuple[list[str], re.Pattern | None]:
+        """The tokenizer's special tokens' texts (longest first) and a pattern matching any of them."""
+        cached = self.__dict__.get("_special_texts")
+        if cached is None:
+            added = getattr(self.tokenizer, "added_tokens_decoder", None)
+            texts = sorted({t.content for t in added.values() if getattr(t, "special", False) and t.content}
+                           if isinstance(added, Mapping) else set(), key=len, reverse=True)
+            cached = self.__dict__["_special_texts"] = (
+                texts, re.compile("|".join(map(re.escape, texts))) if texts else None)
+        return cached
+
+    def _guard(self, dicts: list[dict]) -> list[dict]:
+        """`dicts` with the special-token text in the content of every message the policy did not generate (all but
+        assistant turns) replaced by markers that `_encode_guarded` encodes as plain text; as they are in "control"
+        mode or when there is none."""
+        texts, pattern = self._specials()
+        if self.special_text == "control" or pattern is None:
+            return dicts
+        index = {t: i for i, t in enumerate(texts)}
+        out = []
+        for d in dicts:
+            content = d.get("content")
+            if d.get("role") != "assistant" and isinstance(content, str) and pattern.search(content):
+                d = {**d, "content": pattern.sub(lambda m: f"{self._marker}{index[m.group(0)]}Q", content)}
+            out.append(d)
+        return out
+
+    def _unguard(self, text: str) -> str:
+        texts, _ = self._specials()
+        return re.sub(rf"{self._marker}(\d+)Q", lambda m: texts[int(m.group(1))], text) if self._marker in text \
+            else text
+
+    def _encode_guarded(self, text: str) -> list[int]:
+        """Ids of a rendered `text`: as `encode` gives them, but each stretch between two of the template's own
+        special tokens that holds a guarded marker is encoded as plain text (its special-token text spelled out)."""
+        if self._marker not in text:
+            return self.encode(text)
+        _, pattern = self._specials()
+        ids: list[int] = []
+        pending, at = "", 0
+        for m in [*pattern.finditer(text), None]:  # the template's own special tokens cut the text
+            stretch = text[at:m.start() if m else len(text)]
+            if self._marker in stretch:
+                ids += self.encode(pending) if pending else []
+                ids += self._codec.encode_plain(self._unguard(stretch))
+                pending = ""
+            else:
+                pending += stretch
+            if m is not None:
+                pending += m.group(0)
+                at = m.end()
+        return ids + (self.encode(pending) if pending else [])
+
+    def _encode_inserted(self, text: str) -> list[int]:
+        """A mid-turn insert's ids: all of it is the env's text."""
+        _, pattern = self._specials()
+        if self.special_text == "plain" and pattern is not None and pattern.search(text):
+            return self._codec.encode_plain(text)
+        return self.encode(text)
+
     # --- strict mode -----------------------------------------------------------------------------
     def check_bridge(self, history: Sequence[Message], generated_ids: Sequence[int],
                      new: Sequence[Message], bridge_ids: Sequence[int], *,
@@ -278,11 +354,11 @@ class TemplateRenderer:
         if self.tool_calls_end is not None and dicts[-1].get("tool_calls") and any(m.role == "tool" for m in new):
             last["tool_calls"] = dicts[-1]["tool_calls"]
         dicts[-1] = last
-        text = self._render(dicts + [m.to_dict() for m in new], tools=tools, add_generation_prompt=True)
+        text = self._render(dicts + self._guard([m.to_dict() for m in new]), tools=tools, add_generation_prompt=True)
         after = _after(text, SENTINEL)
         if "tool_calls" in last:
             after = _after(after, self.tool_calls_end)
-        expected = self._dedupe_end_of_turn(generated_ids, self.encode(after))
+        expected = self._dedupe_end_of_turn(generated_ids, self._encode_guarded(after))
         if list(expected) != list(bridge_ids):
             i = _first_difference(expected, bridge_ids)
             raise self._mismatch("bridge", i, expected, bridge_ids)
@@ -296,15 +372,15 @@ class TemplateRenderer:
         updated on agreement) only the part of the render after what earlier checks proved is encoded and
         compared; the answer is the same as without it.
         """
-        text = self.render_text(messages, tools=tools, add_generation_prompt=True)
+        text = self._render(self._guard(self.template_messages(messages)), tools=tools, add_generation_prompt=True)
         v = verified
         if v is not None and v.ids and len(ledger_ids) >= v.ids and text.startswith(v.text):
-            tail = self.encode(text[len(v.text):])
+            tail = self._encode_guarded(text[len(v.text):])
             if len(tail) == len(ledger_ids) - v.ids and all(a == b for a, b in zip(tail, ledger_ids[v.ids:])):
                 self._advance(v, text, ledger_ids)
                 return None
-        expected = self.encode(text)
-        if list(expected) == list(ledger_ids) or self.decode(ledger_ids) == text:
+        expected = self._encode_guarded(text)
+        if list(expected) == list(ledger_ids) or self.decode(ledger_ids) == self._unguard(text):
             # (same text: the policy sampled a non-canonical tokenization, which is its right)
             if v is not None:
                 self._advance(v, text, ledger_ids)
@@ -324,7 +400,7 @@ class TemplateRenderer:
         if cut <= start:
             return
         j = next((k for k in range(len(ledger_ids) - 1, v.ids - 1, -1) if ledger_ids[k] == token), -1)
-        if j > v.ids and self.encode(text[cut:]) == list(ledger_ids[j:]):
+        if j > v.ids and self._encode_guarded(text[cut:]) == list(ledger_ids[j:]):
             v.text, v.ids = text[:cut], j
 
     def _cut_tokens(self) -> dict[str, int]:
