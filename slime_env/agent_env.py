@@ -88,7 +88,7 @@ class AgentEnv:
             meta = {**t.metadata, **(metadata or {}), **({"branch_of": t.metadata["session"]} if k else {})}
             out.append(replace(t, reward=score, turn_rewards=[0.0] * max(len(t.turn_rewards) - 1, 0) + [score],
                                status=st, reason=why, metadata=meta))
-        return out
+        return split_episode_time(out)
 
 
     async def _call(self, url: str, key: str, task: Task) -> Any:
@@ -124,6 +124,22 @@ class GatewayPool:
         for gw in self._gateways.values():
             await gw.stop()
         self._gateways.clear()
+
+
+def split_episode_time(trajectories: list[Trajectory]) -> list[Trajectory]:
+    """One episode's branches (the main trajectory first) with its wall time counted once: the gateway gives every
+    branch the whole session's `total_s`, so summed over a batch an episode of three branches counted three times
+    (and its generation share a third of the truth). A side branch keeps only its own generation time
+    (`total_s = generate_s`); the main trajectory keeps the rest of the episode (never less than its own
+    generation)."""
+    if len(trajectories) < 2:
+        return trajectories
+    main, *sides = trajectories
+    side_gen = sum(float(t.timings.get("generate_s", 0.0)) for t in sides)
+    own = float(main.timings.get("generate_s", 0.0))
+    total = max(own, float(main.timings.get("total_s", 0.0)) - side_gen)
+    return [replace(main, timings={**main.timings, "total_s": total})] + [
+        replace(t, timings={**t.timings, "total_s": float(t.timings.get("generate_s", 0.0))}) for t in sides]
 
 
 def _empty(task: Task, status: str, reason: str, metadata: dict[str, Any] | None) -> Trajectory:

@@ -8,6 +8,7 @@ Harbor (`pip install --ignore-requires-python --no-deps harbor==0.26.0 toml`, do
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import os
@@ -527,3 +528,120 @@ def test_atif_without_a_parser_keeps_results_unmatched():
     step = models.Trajectory.model_validate(doc).steps[2]
     assert step.tool_calls is None and step.observation.results[0].source_call_id is None
     assert step.observation.results[0].extra == {"name": "bash", "tool_call_id": "call_0_0"}
+
+
+def test_links_out_of_the_copy_are_set_aside_to_be_restored():
+    """Links that leave the copied path (a venv's `bin/python3 -> /usr/local/bin/python3`) go to `outside` for
+    `restore_links` (a copy of the target in the verifier's fresh workspace) instead of being lost; a crafted
+    member under such a link is still dropped."""
+    from slime_env.envs.harbor.transfer import sanitize
+
+    data = _archive([("app", "dir", None), ("app/venv", "dir", None), ("app/venv/bin", "dir", None),
+                     ("app/venv/bin/python3", "sym", "/usr/local/bin/python3"), ("app/up", "sym", "../etc/passwd"),
+                     ("app/up/x", "file", b"under an outside link"), ("app/venv/bin/python", "sym", "python3")])
+    outside: list = []
+    clean, dropped = sanitize(data, "/app", outside=outside)
+    with tarfile.open(fileobj=io.BytesIO(clean)) as t:
+        kept = sorted(m.name for m in t.getmembers())
+    assert kept == ["app", "app/venv", "app/venv/bin", "app/venv/bin/python"]
+    assert outside == [("app/venv/bin/python3", "/app/venv/bin/python3", "/usr/local/bin/python3"),
+                       ("app/up", "/app/up", "/etc/passwd")]
+    assert dropped == ["app/up/x: under a link"]
+
+
+# --- where the verifier runs, and what `check` and Harbor-v0 report ----------------------------------------------
+def test_the_default_verifier_is_a_fresh_container_and_separate_needs_artifacts(tmp_path):
+    """mode None: `isolated` (or the task's own `separate`), never the agent's container; `separate` on a task
+    that declares no artifacts would give its verifier none of the agent's work: refused by the task's name."""
+    from slime_env.envs.harbor.verifier import resolve_mode, verify
+
+    plain = load_task(make_task(tmp_path, "", name="plain"))
+    own = load_task(make_task(tmp_path, '[verifier]\nenvironment_mode = "separate"\n', name="own"))
+    arts = load_task(make_task(tmp_path, 'artifacts = ["/app/out.txt"]\n', name="arts"))
+    assert (resolve_mode(plain, None), resolve_mode(own, None)) == ("isolated", "separate")
+    assert resolve_mode(plain, "shared") == "shared" and resolve_mode(arts, "separate") == "separate"
+    assert resolve_mode(own, "separate") == "separate"
+    with pytest.raises(InvalidInput, match="plain: mode 'separate' needs the task to declare artifacts"):
+        resolve_mode(plain, "separate")
+    with pytest.raises(InvalidInput, match="mode must be one of"):
+        resolve_mode(plain, "elsewhere")
+    with pytest.raises(InvalidInput, match="declare artifacts"):  # before it touches the workspace at all
+        asyncio.run(verify(plain, object(), mode="separate"))
+
+
+def _invoke(args, monkeypatch, results=None):
+    """`slime-env harbor ...` with `check_tasks` replaced (no container): each valid task gets `results[name]`."""
+    from typer.testing import CliRunner
+
+    from slime_env.envs.harbor import check as check_module
+    from slime_env.envs.harbor.cli import harbor_app
+
+    seen = {}
+
+    async def fake_check_tasks(tasks, *, mode=None, on_result=None, **_):
+        seen.update(mode=mode, tasks=[t.name for t in tasks])
+        out = [results[t.name] for t in tasks]
+        for r in out:
+            on_result(r)
+        return out
+
+    monkeypatch.setattr(check_module, "check_tasks", fake_check_tasks)
+    return CliRunner().invoke(harbor_app, args), seen
+
+
+def test_check_reports_every_task_and_every_dropped_path(tmp_path, monkeypatch):
+    """Two invalid tasks and a valid one: each invalid task gets its line (not one `error:` for the first), the
+    valid one is still checked, in the default (fresh) mode; what the copy dropped is listed under its task."""
+    from slime_env.envs.harbor.check import CheckResult
+    from slime_env.envs.harbor.verifier import VerifierResult
+
+    make_task(tmp_path, "[environment]\ncpus = 'many'\n", name="bad-cpus")
+    make_task(tmp_path, "", name="no-tests", tests=False)
+    make_task(tmp_path, "", name="fine")
+    oracle = VerifierResult({"reward": 1.0}, "ok", mode="isolated",
+                            dropped=("app/v/bin/x: link to /nowhere, which the verifier's workspace does not have",))
+    result, seen = _invoke(["check", str(tmp_path)], monkeypatch,
+                           {"fine": CheckResult("fine", oracle, VerifierResult({"reward": 0.0}, "ok"))})
+    assert result.exit_code == 1, result.output
+    assert seen == {"mode": None, "tasks": ["fine"]}
+    lines = result.output.splitlines()
+    assert any(line.startswith("INVALID bad-cpus: ") and "environment.cpus" in line for line in lines), lines
+    assert any(line.startswith("INVALID no-tests: ") for line in lines), lines
+    assert any(line.startswith("PASS fine") for line in lines), lines
+    assert "     dropped (oracle): app/v/bin/x: link to /nowhere" in result.output
+    assert lines[-1].startswith("1 of 3 tasks pass") and "bad-cpus" in lines[-1] and "no-tests" in lines[-1]
+
+
+def test_shared_mode_runs_only_by_name_and_warns(tmp_path, monkeypatch):
+    from slime_env.envs.harbor import HarborEnv
+    from slime_env.envs.harbor.check import CheckResult
+    from slime_env.envs.harbor.verifier import VerifierResult
+
+    make_task(tmp_path, "", name="fine")
+    ok = CheckResult("fine", VerifierResult({"reward": 1.0}, "ok"), VerifierResult({"reward": 0.0}, "ok"))
+    result, seen = _invoke(["check", str(tmp_path), "--mode", "shared"], monkeypatch, {"fine": ok})
+    assert result.exit_code == 0 and seen["mode"] == "shared"
+    assert "WARNING: the verifier runs in the agent's own container" in result.output  # stderr, mixed in
+    result, _ = _invoke(["check", str(tmp_path), "--mode", "elsewhere"], monkeypatch, {"fine": ok})
+    assert result.exit_code == 2 and "--mode 'elsewhere'" in result.output
+    with pytest.warns(UserWarning, match="mode 'shared'"):
+        HarborEnv(mode="shared")
+    assert HarborEnv().mode is None  # the fresh-container default
+
+
+def test_harbor_v0_reports_dropped_paths_and_refuses_separate_without_artifacts(tmp_path, monkeypatch):
+    from slime_env import Task
+    from slime_env.envs.harbor import HarborEnv, env as env_module
+    from slime_env.envs.harbor.verifier import VerifierResult
+
+    folder = make_task(tmp_path, "", name="plain")
+    task = Task.coerce({"prompt": "p", "metadata": {"harbor_task": str(folder)}}, "t")
+
+    async def fake_verify(ht, ws, *, mode=None):
+        return VerifierResult({"reward": 1.0}, "ok", mode="isolated", dropped=("app/up: link to /proc/self",))
+
+    monkeypatch.setattr(env_module.verifier, "verify", fake_verify)
+    reward, info = asyncio.run(env_module.harbor_verify(task, object()))
+    assert reward == 1.0 and info["harbor"]["dropped"] == ["app/up: link to /proc/self"]
+    with pytest.raises(InvalidInput, match="plain: mode 'separate' needs the task to declare artifacts"):
+        asyncio.run(HarborEnv(mode="separate").setup_state(task))  # before any container starts

@@ -113,7 +113,8 @@ OUTCOMES = {
 @pytest.mark.parametrize("test_sh,toml,status,rewards", OUTCOMES.values(), ids=OUTCOMES.keys())
 def test_outcomes_are_harbors(runner, probe_image, tmp_path, test_sh, toml, status, rewards):
     task = load_task(make_task(tmp_path, "probe", test_sh, toml))
-    result = runner.run(agent_then_verify(task, probe_image))
+    # Harbor's outcomes are the same wherever the tests run: the cheapest mode (one container) checks them
+    result = runner.run(agent_then_verify(task, probe_image, mode="shared"))
     assert (result.status, result.rewards) == (status, rewards), result
     assert (result.reason == "") == (status == "ok")
     if status == "timeout":
@@ -134,7 +135,7 @@ def test_the_oracle_runs_as_harbors_oracle_agent(runner, probe_image, tmp_path):
             ran = await run_oracle(task, ws)
             assert ran.status == "ok", ran
             assert (await ws.read_file("/logs/agent/oracle.txt")) == b"said\n"
-            result = await verify(task, ws)
+            result = await verify(task, ws, mode="shared")  # seen.txt is then read from this workspace
             return result, await ws.read_file(f"{R}/seen.txt")
         finally:
             await ws.close()
@@ -162,7 +163,7 @@ def test_separate_mode_with_bundled_tests_gets_only_the_artifacts(runner, docker
 
 
 # --- every shipped task: the oracle scores 1, no agent does not ------------------------------------------------
-@pytest.mark.parametrize("mode", [None, pytest.param("isolated", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("mode", [None, pytest.param("shared", marks=pytest.mark.slow)])
 def test_every_shipped_task_passes_its_oracle_and_fails_without_it(runner, docker, mode):
     tasks = load_dataset(EXAMPLES)
     t0 = time.monotonic()
@@ -293,6 +294,38 @@ def test_replaced_python_or_pytest_earn_0_in_isolated_mode(runner, slugify, kind
     cannot stop this (the tests run with the agent's python), and this test shows it: there it earns 1."""
     assert forge(runner, slugify, ROOT_FORGERIES[kind], "isolated").rewards == {"reward": 0.0}
     assert forge(runner, slugify, ROOT_FORGERIES[kind], "shared").rewards == {"reward": 1.0}  # the documented limit
+
+
+# the issue's three one-line forgeries by a root agent, at once: a python3 first on PATH, the interpreter's own
+# sitecustomize.py and a .pth in site-packages, each ending the interpreter with status 0
+DEFAULT_FORGERY = ("d=$(echo $PATH | cut -d: -f1); rm -f $d/python3; printf '#!/bin/sh\\nexit 0\\n' > $d/python3; "
+                   "chmod 755 $d/python3; "
+                   "sp=$(python3.11 -c 'import sysconfig; print(sysconfig.get_path(\"purelib\"))'); "
+                   "echo 'import os; os._exit(0)' > $sp/sitecustomize.py; echo 'import os; os._exit(0)' > $sp/zz.pth")
+
+
+def test_the_default_verifier_is_a_fresh_container(runner, slugify):
+    """`verify` with no mode (what `harbor check`, `harbor eval` and Harbor-v0 use) runs the tests in a fresh
+    container of the task's image: the forgeries that earn 1 in the agent's own container earn 0."""
+    result = forge(runner, slugify, DEFAULT_FORGERY, None)
+    assert (result.mode, result.rewards) == ("isolated", {"reward": 0.0}), result
+
+
+def test_isolated_keeps_a_venv_and_restores_links_out_of_the_workdir_as_copies(runner, probe_image, tmp_path):
+    """An honest `python3 -m venv /app/venv` (its bin/python3 a link to /usr/local/bin/python3) scores 1 in a
+    fresh container: the link becomes a copy of the fresh image's interpreter. A link to /etc/passwd becomes a copy
+    too (the verifier writing there changes nothing outside the workdir); links into the verifier's own files
+    (/tests, /logs), to /proc, or to nothing there are dropped, and each is reported."""
+    check = ('[ "$(/app/venv/bin/python -c \'import sys; print(sys.prefix)\')" = /app/venv ] && [ ! -L /app/pw ] && '
+             'grep -q ^root: /app/pw && echo x > /app/pw && grep -q ^root: /etc/passwd && [ ! -e /app/t ] && '
+             f'[ ! -e /app/p ] && [ ! -e /app/r ] && [ ! -e /app/gone ] && echo 1 > {R}/reward.txt || echo 0 > '
+             f'{R}/reward.txt')
+    task = load_task(make_task(tmp_path, "probe", check))
+    agent = ("python3 -m venv --without-pip /app/venv && ln -s /etc/passwd /app/pw && ln -s /tests/test.sh /app/t && "
+             f"ln -s /proc/self/environ /app/p && ln -s {R}/reward.txt /app/r && ln -s /nonexistent /app/gone")
+    result = runner.run(agent_then_verify(task, probe_image, agent=agent, mode="isolated"))
+    assert result.rewards == {"reward": 1.0}, result
+    assert sorted(line.split(":")[0] for line in result.dropped) == ["app/gone", "app/p", "app/r", "app/t"], result
 
 
 def test_no_container_is_left_after_a_failing_verification(runner, probe_image, tmp_path, docker):

@@ -172,7 +172,7 @@ def test_pytest_argv_is_one_command_for_every_run():
 
 
 # --- the guard -----------------------------------------------------------------------------------------------
-SPEC = RepoSpec(name="pkg", version="1", sdist_sha256="0" * 64, source_dir="pkg", test_dirs=("tests",))
+SPEC = RepoSpec(name="pkg", version="1", sdist_sha256="0" * 64, source_dir="pkg", test_paths=("tests",))
 CLEAN = SOURCE
 BUGGY = SOURCE.replace("if x < lo or x > hi:", "if x <= lo or x > hi:")
 
@@ -290,7 +290,7 @@ def make_task(**kw) -> SweTask:
     mutant = BUGGY
     fields = dict(name="toolz__flip_comparison__clamp__00000000", repo="toolz", version=spec.version,
                   sdist_sha256=spec.sdist_sha256, image=repo_image_tag(spec), repo_dockerfile=repo_dockerfile(spec),
-                  source_dir="toolz", test_paths=spec.test_dirs, deselect=(), fail_to_pass=("toolz/tests/t.py::a",),
+                  source_dir="toolz", test_paths=spec.test_paths, deselect=(), fail_to_pass=("toolz/tests/t.py::a",),
                   pass_to_pass=tuple(f"toolz/tests/u.py::p{i}" for i in range(300)),
                   hidden_tests=("toolz/tests/t.py",), bug_patch=make_patch("toolz/m.py", CLEAN, mutant),
                   mutation={"kind": "flip_comparison", "file": "toolz/m.py", "line": 19, "function": "clamp",
@@ -415,7 +415,7 @@ tests/common.py:9: AssertionError"""
 def test_bare_messages_get_the_test_frames_locals_never_the_package_frames():
     from slime_env.envs.swe.build import with_locals
 
-    spec = RepoSpec(name="pkg", version="1", sdist_sha256="0" * 64, source_dir="pkg", test_dirs=("pkg/tests",))
+    spec = RepoSpec(name="pkg", version="1", sdist_sha256="0" * 64, source_dir="pkg", test_paths=("pkg/tests",))
     assert with_locals("AssertionError", TRACEBACK, spec) == "AssertionError\nexpected = ['a', 'b']\nresult = ['a']"
     assert with_locals("AssertionError: 1 != 2", TRACEBACK, spec) == "AssertionError: 1 != 2"
     only_package = TRACEBACK.split("_ _ _")[0].replace("pkg/tests/test_mod.py", "pkg/mod.py")
@@ -460,3 +460,33 @@ def test_read_watched_reads_what_the_rules_cover_and_skips_build_outputs():
     assert set(files) == {"pkg/mod.py", "pkg/build/gen.py", "tests/test_mod.py", "setup.cfg", "pkg/link.py"}
     assert files["pkg/link.py"] == "link" and "/repo/pkg/link.py" not in ws.reads  # a link is never followed
     assert sorted(ignored) == ["README.md", "repro.py"]
+
+
+def test_statement_says_what_of_the_suite_is_in_the_checkout():
+    """A task of a one-file suite hides the whole suite (the file holds the failing tests): its statement must not
+    say the rest of the suite is in the checkout."""
+    from slime_env.envs.swe.build import visible_test_files
+
+    kw = dict(name="t", repo="r", source_dir="r", failures=FAILURES, names=set())
+    assert "the rest of the suite is" in write_statement(**kw)
+    text = write_statement(**kw, suite_visible=False)
+    assert "the rest of the suite is" not in text and "None of the test suite is in your checkout" in text
+    one_file = ["test_r.py::test_a", "test_r.py::test_b"]
+    assert visible_test_files(one_file, ["test_r.py"]) == []
+    assert visible_test_files([*one_file, "tests/test_s.py::c"], ["test_r.py"]) == ["tests/test_s.py"]
+
+
+def test_manifest_test_paths_may_name_a_file_and_the_old_name_reads(tmp_path):
+    head = 'pytest = ["pytest==8.4.2"]\n[[repo]]\nname = "x"\nversion = "1"\nsdist_sha256 = "' + "0" * 64 + '"\n'
+    path = tmp_path / "repos.toml"
+    path.write_text(head + 'source_dir = "x"\ntest_paths = ["test_x.py"]\n')
+    spec = load_manifest(path)["x"]
+    assert spec.test_paths == ("test_x.py",) and spec.is_test_path("test_x.py")
+    path.write_text(head + 'source_dir = "x"\ntest_dirs = ["tests"]\n')  # the field's older name
+    assert load_manifest(path)["x"].test_paths == ("tests",)
+    path.write_text(head + 'source_dir = "x"\ntest_dirs = ["tests"]\ntest_paths = ["tests"]\n')
+    with pytest.raises(InvalidInput, match="test_paths or its older name test_dirs, not both"):
+        load_manifest(path)
+    path.write_text(head + 'source_dir = "x"\n')
+    with pytest.raises(InvalidInput, match="missing field 'test_paths'"):
+        load_manifest(path)

@@ -301,3 +301,56 @@ def test_gymnasiums_close_takes_the_warm_workspaces_with_it():
     assert len(ours()) > len(before)  # the episode's workspace, and the warm ones started beside it
     env.close()
     assert ours() == before
+
+
+def test_a_harness_episode_with_branches_counts_its_time_once():
+    """The issue's mini-swe-agent run: 147.8 s, 144.6 s generating over three branches, 2.8 s in the container.
+    Every branch came back with the session's whole `total_s` and the same container record, so `time_split`
+    reported 443 s, 8.4 s in containers and a generation share of 0.33. Counted once: 147.8 s and 0.98."""
+    from types import SimpleNamespace
+
+    from slime_env.envs.workspace.harness import WorkspaceAgentEnv
+    from slime_env.trajectory import Trajectory
+
+    task = Task.coerce({"prompt": "p"}, "t")
+    gens = [100.0, 30.0, 14.6]
+
+    class Gateway:
+        def open_session(self, task):
+            return SimpleNamespace(id="s", key="k")
+
+        def session_url(self, session, api):
+            return "http://gateway.invalid/v1"
+
+        def close_session(self, sid, status, reason):
+            return [Trajectory(task=task, prompt_ids=[], response_ids=[], loss_mask=[], rollout_logprobs=[], spans=[],
+                               turn_rewards=[0.0], reward=0.0, status="completed",
+                               timings={"total_s": 147.8, "generate_s": g, "env_s": 0.0, "framework_s": 0.0},
+                               metadata={"session": "s", "calls": [{"at": float(i)}]}) for i, g in enumerate(gens)]
+
+    class Space:
+        exec_s = 2.6
+
+        async def kill_processes(self):
+            return 0
+
+    class Pool:
+        async def acquire(self, spec):
+            return Space()
+
+        async def release(self, ws):
+            return None
+
+    async def agent(url, key, task, ws):
+        return "done"
+
+    env = WorkspaceAgentEnv(agent, lambda task, ws: 1.0, pool=Pool(), spec=WorkspaceSpec(image="none"))
+    trajs = asyncio.run(env.run(Gateway(), task))
+    assert [t.reward for t in trajs] == [1.0] * 3 and "branch_of" not in trajs[0].metadata
+    m = time_split(trajs)
+    assert m["rollout/time/generate_s"] == pytest.approx(144.6)
+    assert sum(t.timings["total_s"] for t in trajs) == pytest.approx(147.8)
+    assert m["rollout/time/generate_frac"] == pytest.approx(144.6 / 147.8)
+    assert [("workspace" in t.metadata) for t in trajs] == [True, False, False]  # the container's record, once
+    assert m["rollout/time/container_s"] < 2.7 + 0.5  # exec 2.6 plus this test's start and verify, not 3x
+    assert all(t.timings["total_s"] >= t.timings["generate_s"] for t in trajs)

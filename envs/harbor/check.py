@@ -1,8 +1,9 @@
 """`check_tasks`: does every task score 1 with its own solution, and not 1 without one?
 
 For each task: its image is built (or reused), then two fresh workspaces run — `nop` (no agent at all) and
-`oracle` (solution/solve.sh as the agent) — and each is verified. A task passes when the oracle scores 1 (every
-reward it reports is 1) and nop does not. Tasks run `concurrency` at a time.
+`oracle` (solution/solve.sh as the agent) — and each is verified, by default in a fresh container (`verify`'s
+default: the task's own separate verifier, else isolated). A task passes when the oracle scores 1 (every reward it
+reports is 1) and nop does not. Tasks run `concurrency` at a time.
 """
 
 from __future__ import annotations

@@ -41,27 +41,52 @@ def harbor_validate(path: str = typer.Argument(..., help="a task folder, a folde
         raise typer.Exit(1)
 
 
+def _mode(mode: str | None) -> str | None:
+    """`--mode` checked before anything starts; `shared` is run only when named, with a warning on stderr."""
+    from slime_env.envs.harbor.verifier import MODES, SHARED_WARNING
+
+    if mode is not None and mode not in MODES:
+        raise typer.BadParameter(f"--mode {mode!r}: must be one of {', '.join(MODES)} (or left out: a fresh container)")
+    if mode == "shared":
+        typer.echo(f"WARNING: {SHARED_WARNING}", err=True)
+    return mode
+
+
+MODE_HELP = ("where the verifier runs: isolated | separate | shared (default: a fresh container, the task's own "
+             "separate verifier if it asks for one, else isolated; shared only when named: an agent that ran as root "
+             "can fake the verdict there)")
+
+
 @harbor_app.command("check")
 def harbor_check(path: str = typer.Argument(..., help="a task folder, a folder of task folders, or a list file"),
                  concurrency: int = typer.Option(2, min=1, help="tasks checked at once"),
-                 mode: str = typer.Option(None, help="where the verifier runs: shared | isolated | separate "
-                                                     "(default: each task's own)"),
+                 mode: str = typer.Option(None, help=MODE_HELP),
                  nop: bool = typer.Option(True, help="also check that the task does not score 1 without a solution")
                  ) -> None:
     """Build each task's image, run solution/solve.sh as the agent and verify; list the tasks that do not score 1
-    with their oracle (or do score 1 with no agent). Exits 1 if any does."""
+    with their oracle (or do score 1 with no agent), and every task that is not valid. Exits 1 if any does."""
     import asyncio
     import time
 
     from slime_env.envs.harbor.check import check_tasks
-    from slime_env.envs.harbor.task import load_dataset
+    from slime_env.envs.harbor.task import load_task, task_dirs
     from slime_env.errors import InvalidInput
 
+    mode = _mode(mode)
     try:
-        tasks = load_dataset(path)
+        dirs = task_dirs(path)
     except InvalidInput as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(1) from None
+    # every task is read before any is checked, and an invalid one is reported beside the others, as `validate`
+    # reports them (one bad task.toml does not hide the verdicts of the rest)
+    tasks, invalid = [], []
+    for d in dirs:
+        try:
+            tasks.append(load_task(d))
+        except InvalidInput as e:
+            invalid.append(d.name)
+            typer.echo(f"INVALID {d.name}: {e}")
 
     def show(r) -> None:
         if r.ok:
@@ -69,17 +94,21 @@ def harbor_check(path: str = typer.Argument(..., help="a task folder, a folder o
             typer.echo(f"PASS {r.task} (oracle {r.oracle.rewards}{nop_text}) {r.duration_s:.1f}s")
         else:
             typer.echo(f"FAIL {r.task}: {r.problem()}")
+        for agent, result in (("oracle", r.oracle), ("nop", r.nop)):
+            for line in (result.dropped if result is not None else ()):
+                typer.echo(f"     dropped ({agent}): {line}")
 
     t0 = time.monotonic()
     try:
-        results = asyncio.run(check_tasks(tasks, concurrency=concurrency, mode=mode, nop=nop, on_result=show))
+        results = asyncio.run(check_tasks(tasks, concurrency=concurrency, mode=mode, nop=nop, on_result=show)) \
+            if tasks else []
     except InvalidInput as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(1) from None
-    failed = [r for r in results if not r.ok]
-    typer.echo(f"{len(results) - len(failed)} of {len(results)} tasks pass ({time.monotonic() - t0:.0f}s)"
-               + (": failing " + ", ".join(r.task for r in failed) if failed else ""))
-    if failed:
+    failed = invalid + [r.task for r in results if not r.ok]
+    typer.echo(f"{len(results) + len(invalid) - len(failed)} of {len(results) + len(invalid)} tasks pass "
+               f"({time.monotonic() - t0:.0f}s)" + (": failing " + ", ".join(failed) if failed else ""))
+    if failed or not dirs:
         raise typer.Exit(1)
 
 
@@ -89,7 +118,7 @@ def harbor_eval(path: str = typer.Argument(..., help="a task folder, a folder of
                 tokenizer: str = typer.Option("default", help="'default' (SmolLM2) or a tokenizer folder"),
                 samples: int = typer.Option(4, min=1, help="episodes per task (n of pass@k)"),
                 k: list[int] = typer.Option([1], help="report pass@k for these k (k <= samples)"),
-                mode: str = typer.Option("isolated", help="where the verifier runs: isolated | shared | separate"),
+                mode: str = typer.Option(None, help=MODE_HELP),
                 concurrency: int = typer.Option(8, min=1, help="episodes in flight at most"),
                 max_turns: int = typer.Option(20, min=1), max_new_tokens: int = typer.Option(512, min=1),
                 temperature: float = typer.Option(1.0, min=0.0),
@@ -112,6 +141,7 @@ def harbor_eval(path: str = typer.Argument(..., help="a task folder, a folder of
 
     if any(not 1 <= x <= samples for x in k):
         raise typer.BadParameter(f"--k {k}: each k must be in [1, --samples={samples}]")
+    mode = _mode(mode)
     try:
         tasks = harbor_tasks(path)
     except InvalidInput as e:
@@ -152,7 +182,7 @@ def harbor_eval(path: str = typer.Argument(..., help="a task folder, a folder of
             for i, t in enumerate(g.trajectories):
                 write_atif(t, Path(out) / "atif" / name / f"{i}.json")
     n = max(1, len(rows))
-    summary = {"tasks": len(rows), "samples": samples, "mode": mode,
+    summary = {"tasks": len(rows), "samples": samples, "mode": mode or "fresh (isolated, or the task's separate)",
                "mean_reward": sum(sum(r["rewards"]) / len(r["rewards"]) for r in rows) / n,
                **{f"pass@{x}": totals[x] / n for x in k}, "per_task": rows}
     typer.echo(", ".join(f"pass@{x} {summary[f'pass@{x}']:.3f}" for x in k)

@@ -3,10 +3,12 @@
 A task is `{"prompt": <instruction.md>, "metadata": {"harbor_task": <folder>}}` (`harbor_tasks(path)` makes them from
 a dataset). The episode's workspace is the task's container (its image built once, its limits and network from
 task.toml, Harbor's log folders made); the agent works in it as `[agent].user`; when it submits (or runs out of
-turns) the task's verifier scores it: in a fresh workspace by default (`mode="isolated"`: only the agent's workdir
-or the task's artifact paths are carried over, so nothing the agent did to the system can touch the verdict),
-or as Harbor does (`mode=None`: the task's own `shared` / `separate`, hardened). The reward is `reward.txt`'s
-number, or `reward.json`'s `reward` (else its mean); all named rewards and the verifier's status go to `info`.
+turns) the task's verifier scores it, in a fresh workspace by default (`mode=None`: the task's own `separate`
+verifier if it asks for one, else `isolated`: only the agent's workdir or the task's artifact paths are carried
+over, so nothing the agent did to the system can touch the verdict). `mode="shared"` (Harbor's default: the
+agent's own container, hardened, but open to a root agent's forgeries) runs only when named, with a warning.
+The reward is `reward.txt`'s number, or `reward.json`'s `reward` (else its mean); all named rewards, the
+verifier's status and the paths the copy dropped go to `info`.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import time
+import warnings
 from collections.abc import Awaitable, Callable
 from functools import lru_cache
 from pathlib import Path
@@ -84,13 +87,15 @@ async def harbor_workspace(task: Task, *, pool=None, backend: str = "docker") ->
     return ws
 
 
-async def harbor_verify(task: Task, ws: Workspace, *, mode: str | None = "isolated",
+async def harbor_verify(task: Task, ws: Workspace, *, mode: str | None = None,
                         reward_workspace: Callable[[Any], Awaitable[Workspace]] | None = None
                         ) -> tuple[float, dict[str, Any]]:
-    """Score a Harbor episode's workspace with its task's verifier (`mode`: isolated by default; None: the task's
-    own); returns (reward, info). A SWE task (`[metadata.swe]` in task.toml, made by `slime-env swe build`) is
-    scored by `swe_reward` in every mode: its hidden tests on a clean copy with the agent's edits, behind the guard,
-    in a workspace from `reward_workspace(spec)` if given (else the repository's Docker image)."""
+    """Score a Harbor episode's workspace with its task's verifier (`mode`: None, a fresh container, by default;
+    see `verifier.resolve_mode`); returns (reward, info); `info["harbor"]["dropped"]` lists what the copy into
+    the verifier's workspace left out (unsafe members, links it could not restore). A SWE task (`[metadata.swe]`
+    in task.toml, made by `slime-env swe build`) is scored by `swe_reward` in every mode: its hidden tests on a
+    clean copy with the agent's edits, behind the guard, in a workspace from `reward_workspace(spec)` if given (else
+    the repository's Docker image)."""
     ht = harbor_task(task)
     if isinstance((ht.config.metadata or {}).get("swe"), dict):
         from slime_env.envs.swe import load_task as load_swe_task
@@ -101,7 +106,7 @@ async def harbor_verify(task: Task, ws: Workspace, *, mode: str | None = "isolat
                                     "changed_files": list(out.changed_files), "timings": dict(out.timings)}}
     result = await verifier.verify(ht, ws, mode=mode)
     return result.reward(), {"harbor": {"status": result.status, "reason": result.reason, "rewards": result.rewards,
-                                        "mode": result.mode}}
+                                        "mode": result.mode, "dropped": list(result.dropped)}}
 
 
 class _Closing:
@@ -114,20 +119,23 @@ class _Closing:
 
 class HarborEnv(WorkspaceEnv):
     """Harbor task folders as episodes (module docstring). `dataset`: tasks for resets without one (default: the
-    shipped examples); `mode`: the verifier's (`isolated`, the default; `shared`; `separate`; None: each task's own).
+    shipped examples); `mode`: the verifier's (None, the default: a fresh container, `separate` for tasks that ask
+    for it, else `isolated`; `isolated`; `separate`; `shared` only when named, with a warning).
     `workspace`: `async (task) -> Workspace` (or its "module:function") making the episode's started workspace
     instead of the task's image on `pool` (closed when the episode ends); `reward_workspace`: `async (spec) ->
     Workspace` (or its path), the fresh workspace a SWE task's hidden tests run in (`swe_reward`'s
     `start_workspace`). Together they run SWE tasks without Docker (`slime_env.envs.swe.local`).
     The rest is `WorkspaceEnv`'s."""
 
-    def __init__(self, *, dataset: str | Path | None = None, mode: str | None = "isolated", backend: str = "docker",
+    def __init__(self, *, dataset: str | Path | None = None, mode: str | None = None, backend: str = "docker",
                  pool: Any = None, system_prompt: str | None = SYSTEM_PROMPT, max_turns: int | None = 30,
                  command_timeout_s: float = 120.0,
                  workspace: str | Callable[[Task], Awaitable[Workspace]] | None = None,
                  reward_workspace: str | Callable[[Any], Awaitable[Workspace]] | None = None, **kwargs: Any):
         if mode not in (None, *verifier.MODES):
             raise InvalidInput(f"Harbor-v0: mode must be one of {verifier.MODES} or None, got {mode!r}")
+        if mode == "shared":
+            warnings.warn(f"Harbor-v0: {verifier.SHARED_WARNING}", UserWarning, stacklevel=2)
         self.dataset, self.mode = dataset, mode
         self.workspace_factory = load_object(workspace) if isinstance(workspace, str) else workspace
         self.reward_workspace = load_object(reward_workspace) if isinstance(reward_workspace, str) else reward_workspace
@@ -138,6 +146,9 @@ class HarborEnv(WorkspaceEnv):
         from slime_env.tools_sandbox.workspace.pool import shared_pool
 
         t = time.perf_counter()
+        ht = harbor_task(task)
+        if not isinstance((ht.config.metadata or {}).get("swe"), dict):
+            verifier.resolve_mode(ht, self.mode)  # a mode the task cannot run in is refused before its container
         if self.workspace_factory is not None:
             pool, ws = _Closing(), await self.workspace_factory(task)
         else:

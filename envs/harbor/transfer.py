@@ -8,6 +8,14 @@ tarfile's `data` filter: members stay under the copied path (no absolute names, 
 (a `..` may not climb through a link), hard links name earlier members, device files and fifos are dropped, and
 setuid/setgid bits are cleared. The checked archive is unpacked in the fresh workspace by that workspace's own
 `tar`, as root, keeping modes and numeric owners.
+
+A link that leaves the copied path (a virtualenv's `bin/python3 -> /usr/local/bin/python3`) is not carried as a
+link: `restore_links` makes it, in the fresh workspace, a copy of what its target is *there* (the fresh image's
+file, never the agent's, which a root agent could have replaced). A copy, not a link, because the verifier may
+write where the agent put a link: through a link to site-packages its output would become code the tests then run.
+Targets that are missing there, too large, or in a place the verifier owns or that is not plain files (/tests,
+/logs, /solution, /proc, /sys, /dev, /run, /tmp, the copied paths themselves) are dropped, and every drop is
+reported.
 """
 
 from __future__ import annotations
@@ -21,6 +29,11 @@ import tarfile
 from slime_env.tools_sandbox.workspace import Workspace, WorkspaceError
 
 MAX_ARCHIVE_BYTES = 512 << 20
+MAX_LINK_COPY_KB = 64 << 10   # what one restored link may copy (a venv's interpreter is a few MB at most)
+MAX_OUTSIDE_LINKS = 256       # links restored per verification; a workdir of thousands is a forgery, not a venv
+# Where a restored link may not lead: what the verifier itself writes or reads its verdict from, and kernel or
+# per-run trees whose contents are not files of the image.
+FORBIDDEN_TARGETS = ("/tests", "/logs", "/solution", "/proc", "/sys", "/dev", "/run", "/var/run", "/tmp", "/var/tmp")
 
 
 def _tmp_name() -> str:
@@ -48,8 +61,11 @@ async def pack(ws: Workspace, path: str, *, exclude: tuple[str, ...] = ()) -> by
         await ws.exec(["rm", "-f", name], user=0, timeout_s=60, cwd="/")
 
 
-def sanitize(data: bytes, path: str) -> tuple[bytes, list[str]]:
-    """The archive `pack(path)` made, with only safe members (see the module); returns it and what was dropped."""
+def sanitize(data: bytes, path: str, *, outside: list[tuple[str, str, str]] | None = None
+             ) -> tuple[bytes, list[str]]:
+    """The archive `pack(path)` made, with only safe members (see the module); returns it and what was dropped.
+    `outside`: if given, links that leave `path` are appended to it as (member name, container path, absolute
+    target) for `restore_links` instead of being dropped (nothing under them is kept either way)."""
     path = posixpath.normpath(path)
     parent, base = posixpath.split(path)
     out, dropped = io.BytesIO(), []
@@ -67,7 +83,12 @@ def sanitize(data: bytes, path: str) -> tuple[bytes, list[str]]:
                 continue
             if m.issym():
                 if not _link_inside(posixpath.dirname(full), m.linkname, links, path):
-                    dropped.append(f"{m.name}: link to {m.linkname} leaves {path}")
+                    if outside is None:
+                        dropped.append(f"{m.name}: link to {m.linkname} leaves {path}")
+                    else:
+                        links.add(full)  # what a crafted archive puts under it is dropped as under a link
+                        outside.append((name, full, posixpath.normpath(posixpath.join(posixpath.dirname(full),
+                                                                                    m.linkname))))
                     continue
                 links.add(full)
             elif m.islnk():
@@ -126,6 +147,41 @@ async def unpack(ws: Workspace, path: str, archive: bytes | None) -> None:
     result = await ws.exec(script, user=0, timeout_s=300, cwd="/")
     if result.status != "ok":
         raise WorkspaceError(f"could not unpack {path} in workspace {ws.id}: {result.stderr.strip() or result.reason}")
+
+
+_RESTORE = r"""
+restore() {  # $1 member name, $2 where the link was, $3 its target; one line per link dropped
+  if [ -e "$2" ] || [ -L "$2" ]; then echo "$1: a link to $3, but the archive put something else there"; return; fi
+  r=$(readlink -f -- "$3" 2>/dev/null)
+  if [ -z "$r" ] || [ ! -e "$r" ]; then echo "$1: link to $3, which the verifier's workspace does not have"; return; fi
+  case "$r" in $FORBIDDEN) echo "$1: link to $3 (resolves to $r, where the verifier may not follow)"; return;; esac
+  if [ ! -f "$r" ] && [ ! -d "$r" ]; then echo "$1: link to $3, not a file or folder"; return; fi
+  kb=$(du -sk -- "$r" 2>/dev/null | cut -f1)
+  if [ -z "$kb" ] || [ "$kb" -gt $LIMIT ]; then echo "$1: link to $3, too large to copy (${kb:-?} KB)"; return; fi
+  cp -a -- "$r" "$2" 2>/dev/null || { rm -rf -- "$2"; echo "$1: link to $3 could not be copied"; }
+}
+"""
+
+
+async def restore_links(ws: Workspace, links: list[tuple[str, str, str]], *, roots: tuple[str, ...] = ()
+                        ) -> list[str]:
+    """Make each link that `sanitize` set aside (`outside`) a copy of its target in `ws` (see the module), after
+    the archives are unpacked there; `roots`: the copied paths, which a target may not lead back into (the agent
+    wrote them). Returns what was dropped, one line each."""
+    dropped = [f"{name}: link to {target}: more than {MAX_OUTSIDE_LINKS} links leave the copied paths"
+               for name, _, target in links[MAX_OUTSIDE_LINKS:]]
+    links = links[:MAX_OUTSIDE_LINKS]
+    if not links:
+        return dropped
+    # `case` patterns: each forbidden tree and everything under it; "/" itself (the whole file system)
+    trees = [t for t in (*FORBIDDEN_TARGETS, *roots) if t not in ("", "/")]
+    pattern = "|".join(["/", *(f"{shlex.quote(t)}|{shlex.quote(t)}/*" for t in trees)])
+    script = (_RESTORE.replace("$FORBIDDEN", pattern).replace("$LIMIT", str(MAX_LINK_COPY_KB))
+              + "\n".join(f"restore {' '.join(shlex.quote(x) for x in link)}" for link in links))
+    result = await ws.exec(["sh", "-c", script], user=0, timeout_s=300, cwd="/")
+    if result.status != "ok":
+        raise WorkspaceError(f"could not restore links in workspace {ws.id}: {result.stderr.strip() or result.reason}")
+    return dropped + [line for line in result.stdout.splitlines() if line.strip()]
 
 
 async def copy_path(src: Workspace, dst: Workspace, path: str, *, exclude: tuple[str, ...] = ()) -> list[str]:

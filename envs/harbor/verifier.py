@@ -4,7 +4,8 @@
 uploaded to /tests, `chmod +x` as root, `bash -c '(/tests/test.sh) > /logs/verifier/test-stdout.txt 2>&1'` as the
 verifier user with `[verifier].env`, in the workdir, under `[verifier].timeout_sec`; reward.json wins over
 reward.txt; an empty, non-numeric or non-finite reward, a missing file or a timeout gives no rewards — in one of
-three places (`mode`):
+three places (`mode`). The default (`mode=None`) is a fresh workspace: `separate` where the task asks for it, else
+`isolated`; `shared` runs only when asked for by name (Harbor's default; the CLI and `Harbor-v0` warn loudly).
 
 - `shared` (Harbor's default for tasks without a verifier environment): in the agent's own workspace, hardened:
   every process the agent started is killed first, /tests is removed and uploaded fresh, /logs/verifier is removed
@@ -12,10 +13,13 @@ three places (`mode`):
   through the workspace API. This cannot stop an agent that ran as root from changing what the tests run *with*
   (python3, pytest in site-packages, bash itself): use `isolated` where the agent is root and the reward matters.
 - `isolated` (for RL): a fresh workspace from the task's image, into which only the agent's workdir (or the
-  task's declared `artifacts`) is copied, checked on the way (`transfer`). Nothing else the agent did survives.
+  task's declared `artifacts`) is copied, checked on the way (`transfer`). Nothing else the agent did survives;
+  a link out of the copied path becomes a copy of its target in the fresh image (`transfer.restore_links`), and
+  what is dropped is in `VerifierResult.dropped`.
 - `separate` (Harbor's own, `[verifier].environment_mode = "separate"` / `[verifier.environment]` /
   tests/Dockerfile): a fresh workspace from the verifier's image, tests bundled in it or uploaded, the task's
-  artifacts and /logs/artifacts copied to their own paths (as Harbor uploads them).
+  artifacts and /logs/artifacts copied to their own paths (as Harbor uploads them). Refused for a task that
+  neither asks for it nor declares `artifacts`: its verifier would see none of the agent's work.
 """
 
 from __future__ import annotations
@@ -47,6 +51,9 @@ HARBOR_ERRORS = {"missing": "RewardFileNotFoundError", "empty": "RewardFileEmpty
                  "parse_error": "VerifierOutputParseError", "timeout": "VerifierTimeoutError",
                  "error": "AddTestsDirError"}
 DEFAULT_AGENT_TIMEOUT_S = 3600.0
+SHARED_WARNING = ("the verifier runs in the agent's own container (mode 'shared'): an agent that ran as root can "
+                  "change what the tests run with (a python earlier on PATH, sitecustomize.py, a .pth file) and "
+                  "score 1 without solving the task; use the default (a fresh container) wherever the reward counts")
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,17 +165,31 @@ async def run_oracle(task: HarborTask, ws: Workspace, *, timeout_s: float | None
 
 
 # --- verifier --------------------------------------------------------------------------------------------
+def resolve_mode(task: HarborTask, mode: str | None) -> str:
+    """Where `task`'s verifier runs for `mode`: None is a fresh container (`separate` where the task asks for it,
+    else `isolated`); `shared` only by name. Refuses `separate` for a task that neither asks for it nor declares
+    artifacts (its verifier would get nothing of the agent's work and fail every solution)."""
+    if mode is None:
+        return "separate" if task.verifier_mode == "separate" else "isolated"
+    if mode not in MODES:
+        raise InvalidInput(f"verify: mode must be one of {MODES}, got {mode!r}")
+    if mode == "separate" and task.verifier_mode != "separate" and not task.config.artifacts:
+        raise InvalidInput(f"{task.name}: mode 'separate' needs the task to declare artifacts (task.toml's "
+                           f"`artifacts`): a separate verifier gets only those, and this task declares none; use "
+                           f"'isolated' (the workdir is copied)")
+    return mode
+
+
 async def verify(task: HarborTask, ws: Workspace, *, mode: str | None = None, image: str | None = None,
                  open_workspace: OpenWorkspace | None = None, paths: list[str] | None = None,
                  timeout_s: float | None = None, environ=None) -> VerifierResult:
-    """Verify the agent's work in `ws` (see the module for the modes; default: the task's own, `shared` or
-    `separate`). `image`: the image of an isolated verifier (default: the task's); `open_workspace`: how a fresh
-    workspace starts (default: Docker); `paths`: what an isolated verifier copies (default: the task's artifact
-    paths, else the workdir). Ends the agent's phase: every process in `ws` is killed first. Never raises for
-    what the agent did; a broken task (bad env template, missing tests) raises InvalidInput."""
-    mode = mode or task.verifier_mode
-    if mode not in MODES:
-        raise InvalidInput(f"verify: mode must be one of {MODES}, got {mode!r}")
+    """Verify the agent's work in `ws` (see the module for the modes; default: a fresh container, `separate` if
+    the task asks for it, else `isolated`). `image`: the image of an isolated verifier (default: the task's);
+    `open_workspace`: how a fresh workspace starts (default: Docker); `paths`: what an isolated verifier copies
+    (default: the task's artifact paths, else the workdir). Ends the agent's phase: every process in `ws` is
+    killed first. Never raises for what the agent did; a broken task (bad env template, missing tests) or a mode
+    it cannot run in (`resolve_mode`) raises InvalidInput."""
+    mode = resolve_mode(task, mode)
     env = task.resolved_env("verifier", environ)
     t0 = time.monotonic()
     try:
@@ -193,10 +214,11 @@ async def _verify_elsewhere(task, ws, mode, env, image, open_workspace, paths, t
         image, spec_env, upload = await _separate_image(task)
         spec = workspace_spec(task, image, environment=spec_env, network=task.config.verifier.network_mode)
         copies = [(ARTIFACTS_DIR, ()), *_artifact_paths(task, ws)]
-    archives = []
+    archives, outside = [], []
     for path, exclude in copies:
         data = await transfer.pack(ws, path, exclude=exclude)
-        archives.append((path, *(transfer.sanitize(data, path) if data is not None else (None, []))))
+        archives.append((path, *(transfer.sanitize(data, path, outside=outside) if data is not None
+                                 else (None, []))))
     fresh = await (open_workspace or docker_open)(spec)
     try:
         await prepare_logs(fresh)
@@ -204,6 +226,9 @@ async def _verify_elsewhere(task, ws, mode, env, image, open_workspace, paths, t
         for path, data, lost in archives:
             await transfer.unpack(fresh, path, data)
             dropped += lost
+        # after every copy is unpacked: a target may not lead into any of them (the agent wrote them all)
+        dropped += await transfer.restore_links(fresh, outside, roots=tuple(posixpath.normpath(p) for p, *_ in
+                                                                            archives))
         result = await _run_tests(task, fresh, env, timeout_s, upload=upload)
         return replace(result, dropped=tuple(dropped))
     finally:

@@ -140,7 +140,7 @@ async def build_repo(spec: RepoSpec, config: BuildConfig, *, log: Callable[[str]
         cpus=config.cpus, memory_mb=config.memory_mb, pids=512, network="none", wall_time_s=6 * 3600))
     workers = await asyncio.gather(*(start_workspace(ws_spec) for _ in range(max(1, config.parallel))))
     try:
-        targets = list(spec.test_dirs)
+        targets = list(spec.test_paths)
         deselect = list(spec.deselect)
         tree, _ = await read_watched(workers[0], spec)  # what the guard watches: sources, tests, configuration
         files = sorted(p for p in tree if p.endswith(".py") and spec.is_test_path(p))
@@ -327,6 +327,11 @@ def _hidden_files(spec: RepoSpec, f2p: list[str]) -> list[str]:
     return hidden
 
 
+def visible_test_files(baseline: list[str], hidden: list[str]) -> list[str]:
+    """The suite's test files (of the tests that pass on the clean code) left in the agent's checkout."""
+    return [f for f in grade.test_files(baseline) if f not in set(hidden)]
+
+
 def _make_task(spec, image, m: Mutation, sources, v, baseline, deselect, names, config, tree):
     f2p = v["f2p"]
     hidden = _hidden_files(spec, f2p)
@@ -335,10 +340,11 @@ def _make_task(spec, image, m: Mutation, sources, v, baseline, deselect, names, 
     name = f"{spec.name}__{m.kind}__{m.function.replace('.', '-').strip('_') or 'module'}__{m.key}"
     patch = make_patch(m.file, sources[m.file], v["mutant"])
     statement = write_statement(name=name, repo=spec.name, source_dir=spec.source_dir, failures=v["failures"],
-                                names=names, source_files=[p for p in sources if spec.is_source_path(p)])
+                                names=names, source_files=[p for p in sources if spec.is_source_path(p)],
+                                suite_visible=bool(visible_test_files(baseline, hidden)))
     task = SweTask(
         name=name, repo=spec.name, version=spec.version, sdist_sha256=spec.sdist_sha256, image=image,
-        repo_dockerfile=repo_dockerfile(spec), source_dir=spec.source_dir, test_paths=tuple(spec.test_dirs),
+        repo_dockerfile=repo_dockerfile(spec), source_dir=spec.source_dir, test_paths=tuple(spec.test_paths),
         deselect=tuple(deselect), fail_to_pass=tuple(f2p), pass_to_pass=tuple(t for t in baseline if t not in f2p),
         hidden_tests=tuple(hidden), bug_patch=patch,
         mutation={"kind": m.kind, "file": m.file, "line": m.line, "function": m.function,

@@ -29,14 +29,15 @@ GIT_IDENTITY = ("GIT_AUTHOR_NAME=slime-env GIT_AUTHOR_EMAIL=swe@slime-env.invali
 @dataclass(frozen=True, slots=True)
 class RepoSpec:
     """One pinned repository: the PyPI project `name` at `version` (its sdist's `sdist_sha256`), the package's
-    import folder `source_dir` and the suite's `test_dirs` (relative to /repo), pinned `test_deps`, `pythonpath`
+    import folder `source_dir` and the suite's `test_paths` (folders or files pytest runs, relative to /repo;
+    the manifest's older name `test_dirs` is still read), pinned `test_deps`, `pythonpath`
     folders (a src/ layout), node ids never run (`deselect`), and the shared `pytest` pins and `base_image`."""
 
     name: str
     version: str
     sdist_sha256: str
     source_dir: str
-    test_dirs: tuple[str, ...]
+    test_paths: tuple[str, ...]
     test_deps: tuple[str, ...] = ()
     pythonpath: tuple[str, ...] = ()
     deselect: tuple[str, ...] = ()
@@ -50,7 +51,7 @@ class RepoSpec:
         p = PurePosixPath(path)
         return (p.name == "conftest.py" or p.name.startswith("test_") or p.name.endswith("_test.py")
                 or any(part in ("tests", "test") for part in p.parts[:-1])
-                or any(p == PurePosixPath(t) or PurePosixPath(t) in p.parents for t in self.test_dirs))
+                or any(p == PurePosixPath(t) or PurePosixPath(t) in p.parents for t in self.test_paths))
 
     def is_source_path(self, path: str) -> bool:
         """Whether a /repo-relative path is code a fix may edit: a .py file under source_dir, not a test."""
@@ -70,9 +71,13 @@ def load_manifest(path: str | Path | None = None) -> dict[str, RepoSpec]:
     repos: dict[str, RepoSpec] = {}
     for i, row in enumerate(data.get("repo", [])):
         where = f"{path}: [[repo]] #{i + 1}"
+        if "test_paths" in row and "test_dirs" in row:
+            raise InvalidInput(f"{where}: give test_paths or its older name test_dirs, not both")
         try:
+            # `test_dirs` was this field's name before a file could be named there; manifests with it still read
+            old = "test_dirs" in row and "test_paths" not in row
             spec = RepoSpec(name=row["name"], version=row["version"], sdist_sha256=row["sdist_sha256"],
-                            source_dir=row["source_dir"], test_dirs=tuple(row["test_dirs"]),
+                            source_dir=row["source_dir"], test_paths=tuple(row["test_dirs" if old else "test_paths"]),
                             test_deps=tuple(row.get("test_deps", ())), pythonpath=tuple(row.get("pythonpath", ())),
                             deselect=tuple(row.get("deselect", ())), why=row.get("why", ""), pytest=pins,
                             base_image=base)
@@ -95,11 +100,11 @@ def _check(spec: RepoSpec, where: str) -> None:
     for pin in (*spec.pytest, *spec.test_deps, f"{spec.name}=={spec.version}"):
         if not _PIN.match(pin):
             raise InvalidInput(f"{where}: {pin!r} is not an exact pin (name==version)")
-    for rel in (spec.source_dir, *spec.test_dirs, *spec.pythonpath):
+    for rel in (spec.source_dir, *spec.test_paths, *spec.pythonpath):
         if not rel or rel.startswith("/") or ".." in PurePosixPath(rel).parts:
             raise InvalidInput(f"{where}: {rel!r} must be a path relative to /repo")
-    if not spec.test_dirs:
-        raise InvalidInput(f"{where}: test_dirs is empty")
+    if not spec.test_paths:
+        raise InvalidInput(f"{where}: test_paths is empty")
 
 
 def repo_dockerfile(spec: RepoSpec) -> str:

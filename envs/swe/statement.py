@@ -50,9 +50,11 @@ def subject_of(node_id: str, names: set[str]) -> str | None:
 
 
 def write_statement(*, name: str, repo: str, source_dir: str, failures: list[tuple[str, str]],
-                    names: set[str], source_files: Iterable[str] = ()) -> str:
+                    names: set[str], source_files: Iterable[str] = (), suite_visible: bool = True) -> str:
     """The instruction of a task: `failures` are (node id, message) of its FAIL_TO_PASS tests, `names` the public
-    names the package defines (to say which function the tests are about)."""
+    names the package defines (to say which function the tests are about); `suite_visible`: whether any test
+    file of the suite stays in the checkout (False when every file holds a failing test and is hidden, e.g. a
+    one-file suite: the statement then says the whole suite is hidden)."""
     rng = random.Random(name)
     source_files = list(source_files)
     subjects = []
@@ -85,8 +87,13 @@ def write_statement(*, name: str, repo: str, source_dir: str, failures: list[tup
         intro = (f"Running the {repo} test suite gives {n} failure{'s' * (n > 1)}"
                  f"{f'; all of them involve {what}' if what else ''}. Here is what the failing test"
                  f"{'s report' if n > 1 else ' reports'}:")
-    outro = (f"Find the cause in the package's code (`{source_dir}/`) and fix it there. The failing tests are not "
-             f"in your checkout, but the rest of the suite is and must keep passing. Only edits to existing `.py` "
-             f"files under `{source_dir}/` count: changes to tests, test configuration or new files are not part of "
-             f"a fix.")
+    # Say what is true of the checkout: the files of the failing tests are hidden whole (with any passing tests
+    # they hold), and when those are all of the suite, nothing of it is there to run.
+    tests = ("The test files of the failing tests are not in your checkout; the rest of the suite is, and it must "
+             "keep passing." if suite_visible else
+             "None of the test suite is in your checkout (every test file holds a failing test and is hidden); "
+             "the whole suite must pass after your fix.")
+    outro = (f"Find the cause in the package's code (`{source_dir}/`) and fix it there. {tests} Only edits to "
+             f"existing `.py` files under `{source_dir}/` count: changes to tests, test configuration or new files "
+             f"are not part of a fix.")
     return f"# {title}\n\n{intro}\n\n{tests_md}\n\n{outro}\n"

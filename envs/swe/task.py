@@ -66,7 +66,7 @@ class SweTask:
     def repo_spec(self) -> RepoSpec:
         """The repository's paths as a RepoSpec (which paths are tests, which are source)."""
         return RepoSpec(name=self.repo, version=self.version, sdist_sha256=self.sdist_sha256,
-                        source_dir=self.source_dir, test_dirs=self.test_paths, deselect=self.deselect)
+                        source_dir=self.source_dir, test_paths=self.test_paths, deselect=self.deselect)
 
     def task_dockerfile(self) -> str:
         """The agent's image: the repository's lines, then the bug, the hidden tests removed and git restarted

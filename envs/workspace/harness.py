@@ -4,7 +4,8 @@ its model calls through the agent gateway (exact ledgers and branches, as `Agent
 The program is `agent(base_url, api_key, task, workspace)`: it talks to the gateway session at `base_url` however it
 likes and runs its commands in `workspace` (`Workspace.exec`). After it returns (or crashes, or runs out of time),
 `verify(task, workspace)` scores the episode — the harness's own claims ("submitted", "tests pass") count for
-nothing. The workspace is released after verification, whatever happened.
+nothing. The workspace is released after verification, whatever happened. The episode's container record
+(`metadata["workspace"]`: start, exec, verify seconds and the verifier's info) is on its main trajectory only.
 """
 
 from __future__ import annotations
@@ -78,7 +79,10 @@ class WorkspaceAgentEnv(AgentEnv):
         record = {"start_s": episode["start_s"], "exec_s": getattr(ws, "exec_s", 0.0),
                   "verify_s": episode.get("verify_s", 0.0),
                   "killed_before_verify": episode.get("killed_before_verify", 0), **episode["info"]}
-        return [replace(t, metadata={**t.metadata, "workspace": record}) for t in trajectories]
+        # the container's time belongs to the episode, not to each branch: it goes on the main trajectory alone
+        # (on every branch, `time_split` summed it once per branch)
+        main, *sides = trajectories
+        return [replace(main, metadata={**main.metadata, "workspace": record}), *sides]
 
     async def _call(self, url: str, key: str, task: Task) -> Any:
         ws = _EPISODE.get()["workspace"]
