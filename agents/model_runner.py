@@ -29,6 +29,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from slime_env.agents import paged_attention as pa
+from slime_env.agents.fused_ops import SKINNY_MAX_ROWS, skinny_linear
 from slime_env.agents.kv_blocks import SCRATCH
 from slime_env.agents.packed_forward import _rope
 
@@ -137,6 +138,9 @@ class ModelRunner:
         # kernels alone: exact) — see bench/fused_ops_precision.py; in bf16 the modules' own rounding dominates.
         self.fused = use_triton and getattr(model.config, "hidden_act", None) == "silu" and \
             self.dtype in (torch.bfloat16, torch.float16)
+        # Steps of at most 16 tokens (a small batch decoding) run their projections through
+        # `fused_ops.skinny_linear`, which reads the weights faster than cuBLAS at such shapes (16-bit, CUDA).
+        self.skinny = self.fused and self.device.type == "cuda"
         self.graphs_enabled = graphs and self.device.type == "cuda"
         self.sizes = _ladder(max_step_tokens)
         self.scratch_row = max_rows
@@ -282,9 +286,14 @@ class ModelRunner:
             x = x + layer.mlp.down_proj(layer.mlp.act_fn(gate) * up)
         return self.model.lm_head(inner.norm(x[v["last"]])).float()
 
+    def _linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        if self.skinny and x.shape[0] <= SKINNY_MAX_ROWS:
+            return skinny_linear(x, weight, bias)
+        return F.linear(x, weight, bias)
+
     def _qkv(self, h: torch.Tensor, i: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Layer i's q, k, v of the normed tokens `h` from one GEMM: (T, heads, dim) views of its output."""
-        q, k, v = F.linear(h, *self.qkv[i]).split(self._split, -1)
+        q, k, v = self._linear(h, *self.qkv[i]).split(self._split, -1)
         t, d = h.shape[0], self.head_dim
         return q.view(t, self.heads, d), k.view(t, self.kv_heads, d), v.view(t, self.kv_heads, d)
 
@@ -305,12 +314,14 @@ class ModelRunner:
                           qn.variance_epsilon if qn is not None else 0.0)
             o = pa.attention(q, self.k_cache[i], self.v_cache[i], self.tables_dev, meta, self.scale, use_triton=True)
             post = layer.post_attention_layernorm
-            res, h = fo.add_rms_norm(res, attn.o_proj(o.reshape(tokens, self.heads * self.head_dim)), post.weight,
-                                     post.variance_epsilon)
+            o = self._linear(o.reshape(tokens, self.heads * self.head_dim), attn.o_proj.weight, attn.o_proj.bias)
+            res, h = fo.add_rms_norm(res, o, post.weight, post.variance_epsilon)
             nxt = norms[i + 1] if i + 1 < len(layers) else self.model.model.norm
-            gate, up = F.linear(h, *self.gate_up[i]).chunk(2, -1)
-            res, h = fo.add_rms_norm(res, mlp.down_proj(fo.silu_mul(gate, up)), nxt.weight, nxt.variance_epsilon)
-        return self.model.lm_head(h[v["last"]]).float()
+            gate, up = self._linear(h, *self.gate_up[i]).chunk(2, -1)
+            down = self._linear(fo.silu_mul(gate, up), mlp.down_proj.weight, mlp.down_proj.bias)
+            res, h = fo.add_rms_norm(res, down, nxt.weight, nxt.variance_epsilon)
+        head = self.model.lm_head
+        return self._linear(h[v["last"]], head.weight, head.bias).float()
 
     def _capture(self, size: int, prefill: bool) -> None:
         # Capture on padding inputs: every token writes into the scratch block, no tile runs.

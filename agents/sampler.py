@@ -68,6 +68,18 @@ class SamplingBatch:
         return cls(f[:n].float(), f[n:2 * n].float(), k, f[2 * n:], filtered, any(greedy))
 
 
+def _cumsum_rows(x: torch.Tensor) -> torch.Tensor:
+    """`x.cumsum(-1)`. On CUDA, a few rows are scanned one by one: torch scans a few long rows together with a slow
+    kernel (0.2 ms for 4 rows of 151,936 on an H200, 4% of an 8B model's decode step) and a single row with its
+    device-wide scan; row by row, a row's sums are also the same whatever the batch."""
+    if not x.is_cuda or not 1 < x.shape[0] <= 16:
+        return x.cumsum(-1)
+    out = torch.empty_like(x)
+    for i in range(x.shape[0]):
+        torch.cumsum(x[i], -1, out=out[i])
+    return out
+
+
 def sample(logits: torch.Tensor, p: SamplingBatch) -> tuple[torch.Tensor, torch.Tensor]:
     """(tokens int64 (B,), log-probs float32 (B,)) for float32 `logits` (B, V); see the module docstring."""
     b, vocab = logits.shape
@@ -83,7 +95,7 @@ def sample(logits: torch.Tensor, p: SamplingBatch) -> tuple[torch.Tensor, torch.
         keep &= probs.cumsum(-1) - probs <= p.top_p[:, None]  # keep the token that crosses top_p
         x = x.masked_fill(~keep, float("-inf"))
     logp = torch.log_softmax(x, -1)
-    cdf = logp.exp().cumsum(-1)
+    cdf = _cumsum_rows(logp.exp())
     target = (u * cdf[:, -1].double()).float()[:, None]
     # right=True: the first index whose cdf exceeds the target, so a zero-probability token (a flat stretch of
     # the cdf) is never picked; a target rounded up to the total picks the last token that can be drawn.

@@ -15,6 +15,9 @@ which generate at the same speed as trained ones: every turn's length is fixed, 
 Workloads: **multi-turn** — `--episodes` (256) concurrent episodes of `--turns` (4) turns, each turn's length drawn
 per episode and turn from 16-64 tokens, then a ~15-token observation; every turn's prompt extends the last (the
 prefix cache's case); and **single-turn** — `--prompts` (1,024) prompts of 30-100 tokens, 256 new tokens each.
+A third workload, **decode** (`--workload decode`): `--decode-batches` (1, 4, 8) sequences decoding `--new-tokens`
+each after `--decode-context` prompt tokens; ms per decode step beside the step's bandwidth floor (weights + K/V
+read, over the H200's 4.8 TB/s), and with `--profile` the step's time by kind of kernel (`kernel_breakdown`).
 Reported: generated tokens/s, time to the first token of turn 3 of a ~1,900-token episode (idle engine), peak GPU
 memory, and for the paged engine its decode steps as a fraction of the memory-bandwidth ceiling (weights + the
 K/V the step reads, over the device's copy bandwidth measured here).
@@ -180,6 +183,95 @@ def turn3_ttft(policy, renderer) -> tuple[float, int]:
     return asyncio.run(main()), len(ids)
 
 
+HBM_BYTES_PER_S = 4.8e12  # the H200's datasheet bandwidth: the decode workload's floor (bytes a step must read)
+
+
+def decode_prompts(n: int, length: int, seed: int) -> list[list[int]]:
+    """`n` prompts of `length` random ids (below every shape's vocabulary), distinct: nothing comes from the prefix
+    cache unless a run repeats them."""
+    rng = random.Random(seed)
+    return [[rng.randrange(1000, 40000) for _ in range(length)] for _ in range(n)]
+
+
+async def run_decode_batch(policy, prompts, new_tokens: int) -> float:
+    params = {"temperature": 1.0, "max_new_tokens": new_tokens, "ignore_eos": True}
+    t0 = time.perf_counter()
+    await asyncio.gather(*(policy.generate(p, params) for p in prompts))
+    synchronize()
+    return time.perf_counter() - t0
+
+
+KERNEL_KINDS = (("projections", ("gemm", "gemv", "nvjet", "cutlass", "skinny_linear", "splitk", "xmma")),
+                ("attention", ("_decode", "_prefill")),
+                ("norm/rope/silu", ("_add_rms_norm", "_rope_store", "_silu_mul")),
+                ("copies", ("memcpy", "memset")))
+
+
+def kernel_breakdown(prof, steps: int, wall: float) -> dict[str, float]:
+    """Milliseconds per step of each kind of kernel (`KERNEL_KINDS`; the rest: the sampler and small torch ops),
+    and `gaps`: the step's time with no kernel running (host work between replays, launch latency)."""
+    from torch.autograd import DeviceType
+
+    out = {kind: 0.0 for kind, _ in KERNEL_KINDS} | {"sampler/other": 0.0}
+    for e in prof.key_averages():
+        if e.device_type != DeviceType.CUDA or e.self_device_time_total <= 0:
+            continue
+        name = e.key.lower()
+        kind = next((k for k, marks in KERNEL_KINDS if any(m in name for m in marks)), "sampler/other")
+        out[kind] += e.self_device_time_total / 1e3 / steps
+    out["gaps"] = max(0.0, wall * 1e3 / steps - sum(out.values()))
+    return out
+
+
+def run_decode(args, model, policy, weights_read: int, label: str) -> list[dict]:
+    """The small-batch decode workload: for each prompt length and batch, `--new-tokens` tokens per sequence
+    (sampled, `ignore_eos`); ms per decode step = (time of that run - time of a one-token run on fresh prompts of
+    the same length) / (new tokens - 1), the median of `--decode-reps`, beside the bandwidth floor of the step
+    (the weights once and each row's K/V at its average context, over `HBM_BYTES_PER_S`)."""
+    e = policy._engine
+    per_token_kv = e.runner.pool_bytes() / (e.prefix.num_blocks * e.block_size)
+    rows, seed = [], 100
+    for length in args.decode_context:
+        for batch in args.decode_batches:
+            seed += 10
+            asyncio.run(run_decode_batch(policy, decode_prompts(batch, length, seed), 8))  # graphs captured
+            per_step, steps = [], []
+            for rep in range(args.decode_reps):
+                one = asyncio.run(run_decode_batch(policy, decode_prompts(batch, length, seed + 2 * rep + 1), 1))
+                before = counters(policy)
+                prompts = decode_prompts(batch, length, seed + 2 * rep + 2)
+                full = asyncio.run(run_decode_batch(policy, prompts, args.new_tokens))
+                steps.append(counters(policy)["decode_steps"] - before["decode_steps"])
+                per_step.append((full - one) / (args.new_tokens - 1))
+            ms = sorted(per_step)[len(per_step) // 2] * 1e3
+            ctx = length + args.new_tokens / 2
+            floor_ms = (weights_read + batch * ctx * per_token_kv) / HBM_BYTES_PER_S * 1e3
+            row = {"workload": "decode", "label": label, "batch": batch, "prompt_tokens": length,
+                   "new_tokens": args.new_tokens, "ms_per_step": ms, "ms_per_step_all": [x * 1e3 for x in per_step],
+                   "decode_steps": steps, "floor_ms": floor_ms, "of_floor": floor_ms / ms,
+                   "tokens_per_s": batch / ms * 1e3}
+            if args.profile:  # the last prompts again: cached, so the run is its decode steps (and a short prefill)
+                before = counters(policy)
+                with profiled(True, None) as prof:
+                    wall = asyncio.run(run_decode_batch(policy, prompts, args.new_tokens))
+                n = counters(policy)["steps"] - before["steps"]
+                row["profile_ms_per_step"] = wall * 1e3 / n
+                row["breakdown_ms"] = kernel_breakdown(prof, n, wall)
+                row["top_kernels"] = top_kernels(prof, 12)
+            rows.append(row)
+            print(json.dumps({k: v for k, v in row.items() if k != "top_kernels"}), flush=True)
+    return rows
+
+
+def print_decode(rows: list[dict]) -> None:
+    print(f"\n{'label':8} {'batch':>5} {'prompt':>6} {'ms/step':>8} {'floor ms':>8} {'of floor':>8} {'tok/s':>7}  "
+          "profile: ms/step by kind")
+    for r in rows:
+        prof = "  ".join(f"{k} {v:.2f}" for k, v in r.get("breakdown_ms", {}).items())
+        print(f"{r['label']:8} {r['batch']:>5} {r['prompt_tokens']:>6} {r['ms_per_step']:>8.2f} {r['floor_ms']:>8.2f} "
+              f"{r['of_floor']:>8.1%} {r['tokens_per_s']:>7.0f}  {prof}")
+
+
 def copy_bandwidth() -> float:
     """Bytes per second of a device-to-device copy (read + write), median of 10; 0 on a CPU (no ceiling)."""
     if DEVICE != "cuda":
@@ -330,7 +422,16 @@ def print_kernels(row: dict) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--workload", nargs="+", default=["multi", "single"], choices=["multi", "single"])
+    ap.add_argument("--workload", nargs="+", default=["multi", "single"], choices=["multi", "single", "decode"])
+    ap.add_argument("--decode-batches", type=int, nargs="+", default=[1, 4, 8],
+                    help="decode workload: sequences decoding together")
+    ap.add_argument("--decode-context", type=int, nargs="+", default=[32],
+                    help="decode workload: prompt lengths (each with every batch)")
+    ap.add_argument("--decode-reps", type=int, default=3, help="decode workload: timed runs per case (median)")
+    ap.add_argument("--label", default="", help="a name for this run's decode rows (e.g. the code's version)")
+    ap.add_argument("--no-skinny", action="store_true", help="decode workload: cuBLAS for the small steps' projections")
+    ap.add_argument("--max-splits", type=int, default=None,
+                    help="decode workload: at most this many context stretches per decoding token (1: no split)")
     ap.add_argument("--engines", nargs="+", default=["old", "hf", "paged"], choices=["old", "hf", "paged"])
     ap.add_argument("--episodes", type=int, default=256)
     ap.add_argument("--turns", type=int, default=4)
@@ -373,7 +474,25 @@ def main() -> None:
     folder = os.path.dirname(os.path.abspath(args.out)) if args.out else os.getcwd()
     os.makedirs(folder, exist_ok=True)
     rows = []
-    for workload in args.workload:
+    if "decode" in args.workload:
+        policy = engine(model, tok, "paged", max(args.decode_batches), args.kv_fraction)
+        if args.no_skinny:
+            policy._engine.runner.skinny = False
+        if args.max_splits is not None:
+            from slime_env.agents import paged_attention
+
+            paged_attention.MAX_SPLITS = args.max_splits
+        embed = model.get_input_embeddings().weight
+        tied = embed is model.get_output_embeddings().weight
+        weights_read = weights - (0 if tied else embed.numel() * embed.element_size())  # a step reads B rows of it
+        rows += run_decode(args, model, policy, weights_read, args.label)
+        policy.close()
+        for r in rows:
+            if "top_kernels" in r:
+                print(f"\ntop kernels, decode batch {r['batch']}, prompt {r['prompt_tokens']}:")
+                for k in r["top_kernels"]:
+                    print(f"{k['share']:>6.1%} {k['total_ms']:>9.1f} {k['count']:>7}  {k['kernel'][:100]}")
+    for workload in [w for w in args.workload if w != "decode"]:
         for name in args.engines:
             if DEVICE == "cuda":
                 torch.cuda.empty_cache()
@@ -430,6 +549,12 @@ def main() -> None:
         with open(args.out, "w") as f:
             json.dump(results, f, indent=1)
     print(f"\n{results['gpu']}, copy bandwidth {bandwidth / 1e9:.0f} GB/s, weights {weights / 1e6:.0f} MB")
+    decode = [r for r in rows if r["workload"] == "decode"]
+    if decode:
+        print_decode(decode)
+    rows = [r for r in rows if r["workload"] != "decode"]
+    if not rows:
+        return
     print(f"{'workload':8} {'engine':6} {'tokens':>8} {'wall s':>8} {'tok/s':>9} {'vs old':>7} {'TTFT3 ms':>9} "
           f"{'peak GB':>8} {'of ceiling':>10} {'of roofline':>11} {'preempt':>7}")
     base = {r["workload"]: r["tokens_per_s"] for r in rows if r["engine"] == "old" and "error" not in r}
