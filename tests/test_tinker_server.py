@@ -23,7 +23,7 @@ MODEL = "Qwen/Qwen3-8B"
 
 @contextlib.contextmanager
 def _serving(root, trainer: str = "torch"):
-    """(service client, backend) of a server on `trainer` over a tiny random model."""
+    """(service client, backend, URL) of a server on `trainer` over a tiny random model."""
     from tinker_support import ServerThread
 
     from slime_env.trainers.tinker import TinkerBackend
@@ -34,14 +34,19 @@ def _serving(root, trainer: str = "torch"):
     backend = TinkerBackend(MODEL, random_model(tok, hidden=32, layers=1), tok, root, trainer=trainer,
                             max_context_length=256)
     with ServerThread(backend) as url:
-        yield tinker.ServiceClient(base_url=url), backend
+        yield tinker.ServiceClient(base_url=url), backend, url
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    with _serving(tmp_path_factory.mktemp("ckpt")) as (service, backend):
-        yield service, service.create_lora_training_client(base_model=MODEL, rank=4).result(), backend.tokenizer, \
-            backend
+def server(tmp_path_factory):
+    with _serving(tmp_path_factory.mktemp("ckpt")) as started:
+        yield started
+
+
+@pytest.fixture(scope="module")
+def served(server):
+    service, backend, _ = server
+    return service, service.create_lora_training_client(base_model=MODEL, rank=4).result(), backend.tokenizer, backend
 
 
 def _datum(ids, **inputs):
@@ -91,7 +96,7 @@ def test_a_step_through_the_server_is_the_trainers_step(trainer, tmp_path):
         from slime_env.trainers.fsdp_trainer import FSDPTrainer as Trainer
     else:
         Trainer = TorchTrainer
-    with _serving(tmp_path, trainer) as (service, backend):
+    with _serving(tmp_path, trainer) as (service, backend, _):
         tok = backend.tokenizer
         a, b = tok.encode("one step through the server"), tok.encode("and the same step, direct")
         wa = [1.0, 0.5] + [1.0] * (len(a) - 3)
@@ -223,3 +228,121 @@ def test_cookbook_sft_recipe_loss_falls(trainer, tmp_path):
     rows = json.loads(proc.stdout.strip().splitlines()[-1])
     nll = [r["train_mean_nll"] for r in rows]
     assert len(nll) == 5 and nll[-1] < nll[0] - 0.05, nll
+
+
+def _post(url: str, route: str, body) -> tuple[int, dict]:
+    import httpx
+
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    r = httpx.post(f"{url}/api/v1/{route}", content=raw, headers={"Content-Type": "application/json"}, timeout=30)
+    return r.status_code, r.json()
+
+
+def _result(url: str, answer: dict) -> dict:
+    """The outcome of a future the server answered with."""
+    while True:
+        _, out = _post(url, "retrieve_future", {"request_id": answer["request_id"]})
+        if out.get("type") != "try_again":
+            return out
+
+
+def test_malformed_bodies_are_400s_in_the_sdks_shape_naming_the_field(server, served):
+    """Not JSON, a JSON array, a field of the wrong type: a 400 `{"error", "category": "user", "detail"}` naming the
+    route or the field, for each route (before: aiohttp's 500 "Server got itself in trouble", and `lora_config:
+    "rank8"` / `sampling_params: [1]` failed their futures as server errors)."""
+    service, _, url = server
+    session = service.holder.get_session_id()
+    ok = {"sampling_session_id": None, "base_model": MODEL, "prompt": {"chunks": [{"tokens": [1, 2, 3]}]},
+          "num_samples": 1, "sampling_params": {"max_tokens": 2}}
+    for route, body, message in [
+            ("create_model", b"{not json", r"create_model: the body is not valid JSON"),
+            ("asample", b"{not json", r"asample: the body is not valid JSON"),
+            ("optim_step", b"[1, 2]", r"optim_step: the body must be a JSON object, got list"),
+            ("retrieve_future", b"[]", r"retrieve_future: the body must be a JSON object, got list"),
+            ("retrieve_future", {"request_id": 7}, r"request_id must be a string, got 7"),
+            ("asample", {**ok, "num_samples": "two"}, r"num_samples must be an integer, got 'two'"),
+            ("asample", {**ok, "sampling_params": [1]}, r"sampling_params must be an object, got \[1\]"),
+            ("asample", {**ok, "sampling_params": {"temperature": "hot"}},
+             r"sampling_params.temperature must be a number, got 'hot'"),
+            ("create_model", {"session_id": session, "model_seq_id": 90, "base_model": MODEL,
+                              "lora_config": "rank8"}, r"lora_config must be an object, got 'rank8'")]:
+        status, out = _post(url, route, body)
+        assert status == 400 and out["category"] == "user", (route, body, status, out)
+        assert __import__("re").search(message, out["error"]) and out["detail"] == out["error"], (route, out)
+
+
+def test_sampling_honours_max_context_length(served):
+    """A prompt over `--max-context-length` (256 here) is the SDK's BadRequestError naming the limit, before any
+    work (before: it was sampled); `max_tokens` is cut to the room the prompt leaves."""
+    service, trainer, _, _ = served
+    sampler = service.create_sampling_client(base_model=MODEL)
+    with pytest.raises(tinker.BadRequestError, match=r"prompt: 300 tokens leave no room in max_context_length 256"):
+        sampler.sample(tinker.ModelInput.from_ints([5] * 300), 1, tinker.SamplingParams(max_tokens=2)).result()
+    res = sampler.sample(tinker.ModelInput.from_ints([5] * 250), 1,
+                         tinker.SamplingParams(max_tokens=50, stop=[])).result()
+    assert len(res.sequences[0].tokens) == 6
+
+
+def test_weights_saved_again_under_a_name_are_the_ones_sampled(served):
+    """`save_weights_for_sampler("same-name")`, sample, train, save under the same name, sample: the second sample's
+    prompt log-probs are the trainer's after training (before: the engine cache, keyed by path, kept serving the
+    first save's weights)."""
+    import numpy as np
+
+    service, trainer, tok, _ = served
+    ids = tok.encode("the same name, saved twice")
+    datum = _datum(ids, weights=[1.0] * (len(ids) - 1))
+
+    def sampled(path: str) -> np.ndarray:
+        res = service.create_sampling_client(model_path=path).sample(
+            tinker.ModelInput.from_ints(ids), 1, tinker.SamplingParams(max_tokens=1), include_prompt_logprobs=True)
+        return np.array(res.result().prompt_logprobs[1:])
+
+    for step in range(2):
+        path = trainer.save_weights_for_sampler("same-name").result().path
+        want = trainer.forward([datum], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].to_numpy()
+        np.testing.assert_allclose(sampled(path), want, atol=1e-4, err_msg=f"save {step}")
+        for _ in range(2):
+            trainer.forward_backward([datum], "cross_entropy").result()
+            trainer.optim_step(tinker.AdamParams(learning_rate=5e-2)).result()
+
+
+def test_save_state_keeps_an_existing_checkpoint_unless_overwrite(served):
+    """The SDK's `save_state(name)` defaults to `overwrite=False`: an existing name is refused by name, and kept;
+    `overwrite=True` replaces it (before: overwritten silently)."""
+    _, trainer, _, backend = served
+    path = trainer.save_state("kept").result().path
+    folder = backend.root / path.removeprefix("tinker://").replace("/weights/", "/weights/", 1)
+    stamp = (folder / "tinker.json").stat().st_mtime_ns
+    with pytest.raises(tinker.RequestFailedError, match=r"checkpoint 'tinker://.*/weights/kept' exists already"):
+        trainer.save_state("kept").result()
+    assert (folder / "tinker.json").stat().st_mtime_ns == stamp
+    assert trainer.save_state("kept", overwrite=True).result().path == path
+
+
+def test_an_optimizer_the_backend_cannot_run_is_refused_at_creation(served):
+    """`optimizer_config` is fixed at creation in the SDK: a Dimuon config is refused then, by name (before: accepted,
+    and refused at the first optim_step)."""
+    service, _, _, _ = served
+    with pytest.raises(tinker.BadRequestError, match=r"optimizer_config 'dimuon': this server's trainers run AdamW"):
+        service.create_lora_training_client(base_model=MODEL, rank=2,
+                                            optimizer=tinker.DimuonOptimizerConfig()).result()
+
+
+def test_a_finished_session_trains_no_more_and_frees_its_clients(server):
+    """After `POST /sessions/{id}/finish` (the SDK's `ServiceClient.close`): the session's optim_step is refused by
+    name, create_model in it or in a session never created is refused, and its training clients are gone from the
+    server (before: optim_step ran, create_model succeeded, clients were never freed)."""
+    _, backend, url = server
+    service = tinker.ServiceClient(base_url=url)
+    client = service.create_lora_training_client(base_model=MODEL, rank=2).result()
+    model_id, session = client.model_id, service.holder.get_session_id()
+    assert model_id in backend.models
+    service.close("success").result()
+    step = _result(url, _post(url, "optim_step", {"model_id": model_id, "adam_params": {"learning_rate": 1e-3}})[1])
+    assert step["category"] == "user" and f"its session {session!r} is finished" in step["error"], step
+    assert not [m for m in backend.models if m.startswith(session)]  # freed, on the worker, before that step ran
+    for sid, message in [(session, "is finished"), ("session-never", "is not a session of this server")]:
+        status, out = _post(url, "create_model", {"session_id": sid, "model_seq_id": 5, "base_model": MODEL,
+                                                  "lora_config": {"rank": 2}})
+        assert status == 400 and message in out["error"], out

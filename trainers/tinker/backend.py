@@ -8,7 +8,8 @@
   parameters. Over several ranks (torchrun) every rank holds this backend and runs each training call (`ranks.py`).
 - `save_state` / `load_state` are the trainer's checkpoint (`save` / `load`: the adapter in PEFT's format,
   optimizer, step) plus the client's LoRA request (`tinker.json`, to recreate it from the checkpoint).
-- `save_weights_for_sampler` writes the trainer's adapter as a PEFT folder; `sample` pushes it to an embedded
+- `save_weights_for_sampler` writes the trainer's adapter as a PEFT folder (a name saved again is a new version of
+  that path: engines holding the old one reload it); `sample` pushes it to an embedded
   `TransformersPolicy` through the weight-sync channel (`trainers.weight_sync.channel_for` -> `InPlace.push_adapter`:
   the engine merges it), the path an RL run's weights take. `samplers_kept` engines, each on its own copy of the
   base, hold one sampler's weights each; a miss reloads the least recently used idle one. With `sampler_url` an
@@ -149,6 +150,7 @@ class TinkerBackend:
         self._samplers_kept = samplers_kept
         self._max_batch_size = max_batch_size
         self._ephemeral = 0
+        self._versions: dict[str, int] = {}  # sampler path -> times saved: engines cache (path, version)
         self.server_sampler = None  # `sampler_url`: an engine server samples (trainers/tinker/sampler.py)
         if sampler_url is not None:
             from slime_env.agents.weight_layout import WeightLayout
@@ -162,6 +164,26 @@ class TinkerBackend:
         if name is not None and name != self.base_model:
             raise InvalidInput(f"base_model {name!r} is not served here: this server was started with "
                                f"--model {self.base_model!r}")
+
+    @staticmethod
+    def check_optimizer(config: dict[str, Any] | None) -> None:
+        """The SDK fixes a model's optimizer at its creation (`optimizer_config`); the trainers here run AdamW
+        only, so another is refused then, not at the first `optim_step`."""
+        kind = (config or {}).get("type", "adamw")
+        if kind != "adamw":
+            raise InvalidInput(f"optimizer_config {kind!r}: this server's trainers run AdamW only "
+                               "(tinker.AdamOptimizerConfig, the default)")
+
+    def free_session(self, session_id: str) -> list[str]:
+        """Drop the training clients of a finished session (their adapters, optimizer states, gradients); the ids
+        dropped. Their saved checkpoints and sampler weights stay on disk."""
+        import gc
+
+        gone = [m for m in self.models if m.partition(":train:")[0] == session_id]
+        for model_id in gone:
+            del self.models[model_id]
+        gc.collect()  # the trainers' module trees hold reference cycles
+        return gone
 
     def create_model(self, base_model: str, lora: dict[str, Any] | None, model_id: str) -> str:
         """A LoRA training client over the base (the SDK's id is `<session_id>:train:<model_seq_id>`)."""
@@ -261,10 +283,14 @@ class TinkerBackend:
             raise InvalidInput(f"checkpoint name {name!r}: a plain file name is needed")
         return f"tinker://{model_id}/{kind}/{name}", self.root / model_id / kind / name
 
-    def save_state(self, model_id: str, name: str) -> str:
-        """The trainer's checkpoint (adapter, optimizer, step) and the client's LoRA request."""
+    def save_state(self, model_id: str, name: str, *, overwrite: bool = False) -> str:
+        """The trainer's checkpoint (adapter, optimizer, step) and the client's LoRA request; an existing name is
+        refused unless `overwrite` (the SDK's `save_state(..., overwrite=False)` default)."""
         m = self.get(model_id)
         path, folder = self._new_path(model_id, "weights", name)
+        if (folder / "tinker.json").is_file() and not overwrite:
+            raise InvalidInput(f"checkpoint {path!r} exists already: save under another name, or pass "
+                               "overwrite=True")
         m.trainer.save(folder)
         if self.writes:
             (folder / "tinker.json").write_text(json.dumps({"base_model": self.base_model, "lora": m.lora}))
@@ -290,7 +316,13 @@ class TinkerBackend:
         adapter = m.trainer.adapter()  # a collective where the weights are sharded
         if self.writes:
             adapter.save(folder)
+        self._versions[path] = self._versions.get(path, 0) + 1
         return path
+
+    def _cache_key(self, key: str) -> str:
+        """What engines cache sampler `key` under: its path and how many times it was saved, so weights saved again
+        under the same name are pushed again (a path alone would keep serving the first save's)."""
+        return key if key == "base" else f"{key}#{self._versions.get(key, 0)}"
 
     # --- sampling ------------------------------------------------------------------------------------------------
     def check_sampler(self, model_path: str | None, base_model: str | None) -> str:
@@ -311,7 +343,7 @@ class TinkerBackend:
         not reloaded until the block ends."""
         if self.server_sampler is not None:
             folder = None if key == "base" else self._folder(key, "sampler_weights", "adapter_config.json")
-            async with self.server_sampler.sampling(key, folder) as view:
+            async with self.server_sampler.sampling(self._cache_key(key), folder) as view:
                 yield view
             return
         if self._engines_changed is None:
@@ -332,7 +364,7 @@ class TinkerBackend:
         from slime_env.agents.transformers_policy import TransformersPolicy
 
         while True:
-            engine = next((e for e in self._engines if e.key == key), None)
+            engine = next((e for e in self._engines if e.key == self._cache_key(key)), None)
             if engine is not None:
                 self._engines.remove(engine)
                 self._engines.append(engine)
@@ -356,6 +388,7 @@ class TinkerBackend:
         from slime_env.trainers.weight_sync import channel_for
 
         engine.key = None
+        cached = self._cache_key(key)  # the version read before the load: a save during it pushes again
         if key == "base":  # an adapter with no matrices: every matrix back to the base's
             adapter = LoRAAdapter("base", {})
         else:
@@ -364,7 +397,7 @@ class TinkerBackend:
         channel = channel_for(engine.policy, WeightLayout.of(engine.policy.model.config))
         await channel.push_adapter(adapter, key)
         await channel.close()
-        engine.key = key
+        engine.key = cached
 
     def close(self) -> None:
         if self.server_sampler is not None:

@@ -22,7 +22,9 @@ import torch.distributed as dist
 log = logging.getLogger(__name__)
 
 # The TinkerBackend methods that reach a trainer (collectives); everything else is rank 0's alone.
-COLLECTIVE = ("create_model", "forward_backward", "optim_step", "save_state", "load_state", "save_for_sampler")
+# free_session is not a collective, but every rank holds the finished session's trainers: each frees its own.
+COLLECTIVE = ("create_model", "forward_backward", "optim_step", "save_state", "load_state", "save_for_sampler",
+              "free_session")
 IDLE = timedelta(days=7)  # how long a follower waits for the next call
 
 

@@ -5,7 +5,14 @@ answers at once with `{"request_id": ...}`; the SDK then long-polls `POST /api/v
 `{"type": "try_again", ...}` while the work runs, the result (JSON, or protobuf for `ForwardBackwardOutput` and
 `SampleResponse`), or `{"error": ..., "category": "user" | "server"}`, which the SDK raises as `RequestFailedError`.
 Work runs in arrival order on one worker thread, so the SDK's ordering of forward_backward / optim_step holds.
-Routes the SDK has that are not built here answer 404 with a JSON body naming what is refused.
+Routes the SDK has that are not built here answer 404 with a JSON body naming what is refused. A body that is not
+JSON, not an object, or has a field of the wrong type is a 400 in the SDK's error shape (`{"error", "category":
+"user", "detail"}`, raised as `BadRequestError`) naming the field; the work itself never sees it.
+
+Sessions: a model belongs to the session it was created in (`<session_id>:train:<n>`); `create_model` and
+`load_weights` need a session this server created and has not finished. `POST /sessions/{id}/finish` refuses that
+session's later training calls and frees its training clients (their adapters and optimizer states), after the
+calls already queued.
 """
 
 from __future__ import annotations
@@ -39,6 +46,56 @@ REFUSED = {
 }
 
 
+def user_error(message: str, status: int = 400) -> web.Response:
+    """The SDK's error body: it raises `BadRequestError` (400), `NotFoundError` (404), ... with `message`."""
+    return web.json_response({"error": message, "category": "user", "detail": message}, status=status)
+
+
+@web.middleware
+async def refuse_bad_input(request: web.Request, handler: Any) -> web.StreamResponse:
+    """Bad input found while reading a request is the client's 400, not aiohttp's 500 "Server got itself in
+    trouble"; anything else that escapes a handler is a server error, still in the SDK's shape."""
+    try:
+        return await handler(request)
+    except InvalidInput as e:
+        return user_error(str(e))
+    except web.HTTPException:
+        raise
+    except Exception as e:  # noqa: BLE001 - logged here, answered in the SDK's shape
+        log.error("%s %s failed", request.method, request.path, exc_info=e)
+        message = f"{request.path}: {type(e).__name__}: {e}"
+        return web.json_response({"error": message, "category": "server", "detail": message}, status=500)
+
+
+async def json_body(request: web.Request) -> dict[str, Any]:
+    """The request's JSON object; InvalidInput naming the route when it is not JSON or not an object."""
+    try:
+        body = await request.json()
+    except ValueError as e:
+        raise InvalidInput(f"{request.path}: the body is not valid JSON ({e})") from None
+    if not isinstance(body, dict):
+        raise InvalidInput(f"{request.path}: the body must be a JSON object, got {type(body).__name__}")
+    return body
+
+
+KIND_NAMES = {int: "an integer", float: "a number", str: "a string", dict: "an object", list: "a list",
+              bool: "a boolean"}
+
+
+def field(body: dict[str, Any], name: str, kind: type | tuple[type, ...], default: Any = None, *,
+          where: str = "") -> Any:
+    """`body[name]` when it is of `kind` (`default` when absent or null); InvalidInput naming the field (`where` its
+    parent: "sampling_params.") otherwise."""
+    value = body.get(name)
+    if value is None:
+        return default
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+        names = "a number" if float in kinds else " or ".join(KIND_NAMES[k] for k in kinds)
+        raise InvalidInput(f"{where}{name} must be {names}, got {value!r}")
+    return value
+
+
 class TinkerServer:
     """The routes over one `TinkerBackend`."""
 
@@ -46,13 +103,14 @@ class TinkerServer:
         self.backend = backend
         self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="slime_env-tinker")
         self.futures: dict[str, asyncio.Task] = {}
-        self.sessions: dict[str, float] = {}
+        self.sessions: dict[str, float] = {}  # live sessions -> last heartbeat
+        self.finished: set[str] = set()  # sessions finished: their training calls are refused
         self.sampling_sessions: dict[str, str] = {}  # sampling_session_id -> sampler key
         self._ids = itertools.count()
         self.calls: dict[str, int] = {}
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=1 << 30)
+        app = web.Application(client_max_size=1 << 30, middlewares=[refuse_bad_input])
         get = {"/api/v1/healthz": self.healthz, "/api/v1/get_server_capabilities": self.capabilities}
         post = {
             "/api/v1/client/config": self.client_config, "/api/v1/client/dynamic_config": self.dynamic_config,
@@ -97,8 +155,7 @@ class TinkerServer:
         return web.json_response(body)
 
     async def retrieve_future(self, request: web.Request) -> web.Response:
-        body = await request.json()
-        request_id = body.get("request_id")
+        request_id = field(await json_body(request), "request_id", str)
         task = self.futures.get(request_id)
         if task is None:
             return web.json_response({"error": f"no request {request_id!r} on this server", "category": "user"})
@@ -144,17 +201,31 @@ class TinkerServer:
         return web.json_response({"type": "create_session", "session_id": session_id})
 
     async def heartbeat(self, request: web.Request) -> web.Response:
-        body = await request.json()
-        self.sessions[body.get("session_id", "")] = time.time()
+        session_id = field(await json_body(request), "session_id", str)
+        if session_id in self.sessions:  # a heartbeat never revives a finished session
+            self.sessions[session_id] = time.time()
         return web.json_response({"type": "session_heartbeat"})
 
     async def finish_session(self, request: web.Request) -> web.Response:
-        self.sessions.pop(request.match_info["session_id"], None)
+        session_id = request.match_info["session_id"]
+        if self.sessions.pop(session_id, None) is not None:
+            self.finished.add(session_id)
+            # on the worker: after the session's calls already queued, before any later one
+            asyncio.get_running_loop().run_in_executor(self.worker, self.backend.free_session, session_id)
         return web.json_response({})
 
+    def _session_of(self, model_id: str | None) -> str:
+        """The live session a model id belongs to (`<session_id>:train:<n>`); InvalidInput naming it otherwise."""
+        session_id = (model_id or "").partition(":train:")[0]
+        if session_id in self.finished:
+            raise InvalidInput(f"model {model_id!r}: its session {session_id!r} is finished (POST /api/v1/sessions/"
+                               f"{session_id}/finish); create a new session for more training")
+        if session_id not in self.sessions:
+            raise InvalidInput(f"session_id {session_id!r} is not a session of this server (create_session first)")
+        return session_id
+
     async def cancel_future(self, request: web.Request) -> web.Response:
-        body = await request.json()
-        task = self.futures.pop(body.get("request_id", ""), None)
+        task = self.futures.pop(field(await json_body(request), "request_id", str, ""), None)
         if task is not None:
             task.cancel()
         return web.json_response({})
@@ -173,18 +244,21 @@ class TinkerServer:
 
     # --- training ------------------------------------------------------------------------------------------------
     async def create_model(self, request: web.Request) -> web.Response:
-        body = await request.json()
-        model_id = f"{body.get('session_id')}:train:{body.get('model_seq_id')}"  # the id the SDK derives too
-        return self._submit("create_model", self._create_model, body.get("base_model"), body.get("lora_config"),
-                            model_id)
+        body = await json_body(request)
+        # the id the SDK derives too
+        model_id = f"{field(body, 'session_id', str)}:train:{field(body, 'model_seq_id', int)}"
+        self._session_of(model_id)
+        self.backend.check_optimizer(field(body, "optimizer_config", dict))  # fixed for the model's life: now
+        return self._submit("create_model", self._create_model, field(body, "base_model", str),
+                            field(body, "lora_config", dict), model_id)
 
     def _create_model(self, base_model: str, lora: dict | None, model_id: str) -> dict:
         return {"type": "create_model", "model_id": self.backend.create_model(base_model, lora, model_id)}
 
     async def get_info(self, request: web.Request) -> web.Response:
-        body = await request.json()
+        body = await json_body(request)
         try:
-            return web.json_response(self.backend.info(body.get("model_id")))
+            return web.json_response(self.backend.info(field(body, "model_id", str)))
         except InvalidInput as e:
             return web.json_response({"error": str(e), "category": "user", "detail": str(e)}, status=404)
 
@@ -198,46 +272,57 @@ class TinkerServer:
 
     def _forward_backward(self, raw: bytes) -> bytes:
         call = decode_forward_backward(raw)
+        self._session_of(call.model_id)
         outputs, metrics = self.backend.forward_backward(call.model_id, call.loss_fn, call.loss_fn_config,
                                                          call.data, call.forward_only)
         return encode_forward_backward_output(outputs, metrics)
 
     async def optim_step(self, request: web.Request) -> web.Response:
-        body = await request.json()
-        params = body.get("adam_params")
+        body = await json_body(request)
+        params = field(body, "adam_params", dict)
+        model_id = field(body, "model_id", str)
         if params is None:
             return self._submit("optim_step", _fail, f"optimizer {body.get('optimizer_params')!r} is not served: "
                                 "this server runs Adam (pass tinker.AdamParams)")
-        return self._submit("optim_step", self._optim_step, body.get("model_id"), params)
+        return self._submit("optim_step", self._optim_step, model_id, params)
 
     def _optim_step(self, model_id: str, params: dict) -> dict:
+        self._session_of(model_id)  # checked when it runs: a finish queued before it wins
         return {"metrics": self.backend.optim_step(model_id, params)}
 
     async def save_weights(self, request: web.Request) -> web.Response:
-        body = await request.json()
-        return self._submit("save_weights", self._save_weights, body.get("model_id"), body.get("path"))
+        body = await json_body(request)
+        return self._submit("save_weights", self._save_weights, field(body, "model_id", str),
+                            field(body, "path", str), bool(field(body, "overwrite", bool, False)))
 
-    def _save_weights(self, model_id: str, name: str | None) -> dict:
-        return {"type": "save_weights", "path": self.backend.save_state(model_id, name or f"step-{next(self._ids)}")}
+    def _save_weights(self, model_id: str, name: str | None, overwrite: bool) -> dict:
+        self._session_of(model_id)
+        return {"type": "save_weights", "path": self.backend.save_state(model_id, name or f"step-{next(self._ids)}",
+                                                                        overwrite=overwrite)}
 
     async def load_weights(self, request: web.Request) -> web.Response:
-        body = await request.json()
+        body = await json_body(request)
         create = body.get("model_id") is None  # create-via-load: the model is new, named as the SDK names it
-        model_id = f"{body.get('session_id')}:train:{body.get('model_seq_id')}" if create else body["model_id"]
-        return self._submit("load_weights", self._load_weights, model_id, body.get("path", ""),
-                            bool(body.get("optimizer")), create, body.get("base_model"))
+        model_id = f"{field(body, 'session_id', str)}:train:{field(body, 'model_seq_id', int)}" if create else \
+            field(body, "model_id", str)
+        self._session_of(model_id)
+        self.backend.check_optimizer(field(body, "optimizer_config", dict))
+        return self._submit("load_weights", self._load_weights, model_id, field(body, "path", str, ""),
+                            bool(field(body, "optimizer", bool, False)), create, field(body, "base_model", str))
 
     def _load_weights(self, model_id: str, path: str, optimizer: bool, create: bool, base_model: str | None) -> dict:
+        self._session_of(model_id)
         self.backend.check_base_model(base_model)
         return {"type": "load_weights", "path": path,
                 "model_id": self.backend.load_state(model_id, path, optimizer, create=create)}
 
     async def save_for_sampler(self, request: web.Request) -> web.Response:
-        body = await request.json()
-        return self._submit("save_weights_for_sampler", self._save_for_sampler, body.get("model_id"),
-                            body.get("path"))
+        body = await json_body(request)
+        return self._submit("save_weights_for_sampler", self._save_for_sampler, field(body, "model_id", str),
+                            field(body, "path", str))
 
     def _save_for_sampler(self, model_id: str, name: str | None) -> dict:
+        self._session_of(model_id)
         path = self.backend.save_for_sampler(model_id, name)
         if name is not None:
             return {"type": "save_weights_for_sampler", "path": path}
@@ -247,9 +332,9 @@ class TinkerServer:
 
     # --- sampling ------------------------------------------------------------------------------------------------
     async def create_sampling_session(self, request: web.Request) -> web.Response:
-        body = await request.json()
+        body = await json_body(request)
         try:
-            key = self.backend.check_sampler(body.get("model_path"), body.get("base_model"))
+            key = self.backend.check_sampler(field(body, "model_path", str), field(body, "base_model", str))
         except InvalidInput as e:
             return web.json_response({"error": str(e), "category": "user", "detail": str(e)}, status=404)
         session_id = f"sampling-{uuid.uuid4().hex[:12]}"
@@ -267,52 +352,80 @@ class TinkerServer:
                                   "model_path": None if key == "base" else key})
 
     async def sample(self, request: web.Request) -> web.Response:
-        body = await request.json()
-        return self._submit("sample", self._sample, body, samples=max(1, int(body.get("num_samples", 1))))
-
-    async def _sample(self, body: dict) -> bytes:
-        if body.get("sampling_session_id"):
-            key = self.sampling_sessions.get(body["sampling_session_id"])
+        body = await json_body(request)
+        # Everything is read and checked here: a bad field is the client's 400 now, not a failed future
+        session_id = field(body, "sampling_session_id", str)
+        if session_id:
+            key = self.sampling_sessions.get(session_id)
             if key is None:
-                raise InvalidInput(f"no sampling session {body['sampling_session_id']!r} on this server")
+                raise InvalidInput(f"no sampling session {session_id!r} on this server")
         else:
-            key = self.backend.check_sampler(body.get("model_path"), body.get("base_model"))
+            key = self.backend.check_sampler(field(body, "model_path", str), field(body, "base_model", str))
         for option in ("topk_prompt_logprobs", "topk_sample_logprobs", "prompt_alt_tokens_k"):
             if body.get(option):
                 raise InvalidInput(f"{option} is not served (prompt_logprobs and sampled log-probs are)")
         if body.get("target_prompt_logprobs") is not None:
             raise InvalidInput("target_prompt_logprobs is not served (prompt_logprobs is)")
-        ids = prompt_tokens(body.get("prompt") or {})
-        sp = body.get("sampling_params") or {}
-        stop = sp.get("stop")
-        stop = [stop] if isinstance(stop, str) else list(stop or [])
-        params: dict[str, Any] = {"max_new_tokens": int(sp.get("max_tokens") or 128),
-                                  "temperature": float(sp.get("temperature", 1.0)),
-                                  "top_p": float(sp.get("top_p", 1.0)), "top_k": int(sp.get("top_k", -1)),
-                                  "stop": [s for s in stop if isinstance(s, str)],
-                                  "stop_token_ids": [s for s in stop if isinstance(s, int)]}
-        if sp.get("stop") is not None and not stop:
-            params["ignore_eos"] = True  # [] disables every stop, EOS included
-        n = int(body.get("num_samples", 1))
+        ids = prompt_tokens(field(body, "prompt", dict, {}))
+        limit = self.backend.max_context_length
+        if len(ids) >= limit:
+            raise InvalidInput(f"prompt: {len(ids)} tokens leave no room in max_context_length {limit} (the server's "
+                               "--max-context-length)")
+        n = field(body, "num_samples", int, 1)
         if n < 1:
             raise InvalidInput(f"num_samples must be >= 1, got {n}")
-        seeds = [None] * n if sp.get("seed") is None else [int(sp["seed"]) + i for i in range(n)]
+        params, seed = sampling_params(field(body, "sampling_params", dict, {}), room=limit - len(ids))
+        seeds = [None] * n if seed is None else [seed + i for i in range(n)]
+        return self._submit("sample", self._sample, key, ids, params, seeds, bool(body.get("prompt_logprobs")),
+                            samples=n)
+
+    async def _sample(self, key: str, ids: list[int], params: dict[str, Any], seeds: list[int | None],
+                      prompt_logprobs: bool) -> bytes:
         async with self.backend.sampling(key) as policy:  # the engine holding these weights (pushed there if not)
             gens = await asyncio.gather(*(policy.generate(ids, {**params, **({} if s is None else
                                                                              {"sampling_seed": s})}) for s in seeds))
             # the first prompt token has no log-prob (None in the SDK)
-            prompt_lp = [float("nan")] + await policy.score(ids) if body.get("prompt_logprobs") else None
+            prompt_lp = [float("nan")] + await policy.score(ids) if prompt_logprobs else None
         seqs = [(list(g.token_ids), list(g.logprobs), "stop" if g.finish_reason == "stop" else "length") for g in gens]
         return encode_sample_response(seqs, prompt_lp)
+
+
+def sampling_params(sp: dict[str, Any], room: int) -> tuple[dict[str, Any], int | None]:
+    """The SDK's `SamplingParams` as the engine's sampling parameters (and the seed), each field checked by name;
+    `max_tokens` capped at the `room` the prompt leaves in the context, as SGLang caps it."""
+    stop = sp.get("stop")
+    stop = [stop] if isinstance(stop, (str, int)) and not isinstance(stop, bool) else stop
+    if stop is not None and not (isinstance(stop, list) and all(isinstance(s, (str, int)) for s in stop)):
+        raise InvalidInput(f"sampling_params.stop must be a string, a token id or a list of them, got {stop!r}")
+    kinds = [("max_tokens", int), ("temperature", (int, float)), ("top_p", (int, float)), ("top_k", int),
+             ("seed", int)]
+    get = {name: field(sp, name, kind, where="sampling_params.") for name, kind in kinds}
+    params: dict[str, Any] = {"max_new_tokens": min(get["max_tokens"] or 128, room),
+                              "temperature": float(1.0 if get["temperature"] is None else get["temperature"]),
+                              "top_p": float(1.0 if get["top_p"] is None else get["top_p"]),
+                              "top_k": -1 if get["top_k"] is None else get["top_k"],
+                              "stop": [s for s in stop or () if isinstance(s, str)],
+                              "stop_token_ids": [s for s in stop or () if isinstance(s, int)]}
+    if stop is not None and not stop:
+        params["ignore_eos"] = True  # [] disables every stop, EOS included
+    return params, get["seed"]
 
 
 def prompt_tokens(prompt: dict) -> list[int]:
     """The token ids of a JSON `ModelInput` (text chunks only)."""
     ids: list[int] = []
-    for i, chunk in enumerate(prompt.get("chunks") or []):
+    chunks = prompt.get("chunks") or []
+    if not isinstance(chunks, list):
+        raise InvalidInput(f"prompt.chunks must be a list, got {chunks!r}")
+    for i, chunk in enumerate(chunks):
+        if not isinstance(chunk, dict):
+            raise InvalidInput(f"prompt.chunks[{i}] must be an object, got {chunk!r}")
         if chunk.get("type", "encoded_text") != "encoded_text":
             raise InvalidInput(f"prompt chunk {i} is {chunk.get('type')!r}; this server takes text tokens only")
-        ids.extend(int(t) for t in chunk.get("tokens") or [])
+        tokens = chunk.get("tokens") or []
+        if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+            raise InvalidInput(f"prompt.chunks[{i}].tokens must be a list of token ids")
+        ids.extend(tokens)
     if not ids:
         raise InvalidInput("the prompt has no tokens")
     return ids
