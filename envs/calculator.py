@@ -20,6 +20,7 @@ from slime_env.envs.arithmetic import CalculatorError, evaluate  # noqa: F401 - 
 from slime_env.envs.tools import calculator_tool
 
 from slime_env import Action, Message, Task, ToolEnv
+from slime_env.errors import InvalidInput
 
 SYSTEM_PROMPT = (
     "You are a careful assistant with a calculator. To compute, reply with\n"
@@ -34,6 +35,17 @@ def _number(text: str) -> float | None:
         return float(text.strip().replace(",", ""))
     except ValueError:
         return None
+
+
+def numeric_label(task: Task, env_id: str) -> float:
+    """The task's label as a number; InvalidInput naming the env and the field when it has none (a task without its
+    answer cannot be scored, so an env refuses it at reset, as Math-v0 does)."""
+    label = task.label
+    number = _number(str(label)) if isinstance(label, (str, int, float)) and not isinstance(label, bool) else None
+    if number is None:
+        raise InvalidInput(f"{env_id} task's 'label' must be the answer as a number, got {label!r}"
+                           + (f" (task {task.id!r})" if task.id else ""))
+    return number
 
 
 def random_task(rng: random.Random) -> Task:
@@ -63,6 +75,7 @@ class CalculatorEnv(ToolEnv):
 
     async def reset(self, *, seed: int | None = None, options: Mapping[str, Any] | None = None):
         messages, info = await super().reset(seed=seed, options=options)
+        numeric_label(self.task, "Calculator-v0")  # refused now, not by float(None) at the answer
         return messages, {**info, "label": self.task.label}
 
     def is_done(self, action: Action) -> bool:

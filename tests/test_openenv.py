@@ -214,3 +214,85 @@ def test_roundtrip_example():
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "through OpenEnv: status=completed reward=1.0" in out.stdout and "same ledger: True" in out.stdout
+
+
+@pytest.fixture(scope="module")
+def calculator_openenv():
+    """`serve-openenv Calculator-v0`'s app (what the CLI serves) under uvicorn on loopback, in a thread."""
+    import socket
+
+    import uvicorn as uvicorn_server
+
+    from slime_env.integrations.openenv_server import openenv_app
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(64)
+    srv = uvicorn_server.Server(uvicorn_server.Config(openenv_app("Calculator-v0"), log_level="error"))
+    thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.time() + 30
+    while not srv.started and time.time() < deadline:
+        time.sleep(0.05)
+    assert srv.started, "uvicorn did not start"
+    yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    srv.should_exit = True
+    thread.join(10)
+
+
+def test_serve_openenv_refuses_steps_after_the_episode_ended(calculator_openenv):
+    """A correct answer ends the episode (reward 1, done); further steps are refused with the reason and earn nothing,
+    until a reset starts the next one (before: four correct answers earned 1, 1, 1, 1 — total_reward 4.0)."""
+    from openenv.core import GenericEnvClient
+
+    task = {"prompt": "What is 2 + 3?", "label": "5"}
+
+    async def main():
+        async with GenericEnvClient(base_url=calculator_openenv) as client:
+            await client.reset(task=task)
+            first = await client.step({"text": "<answer>5</answer>"})
+            refused = []
+            for _ in range(2):
+                with pytest.raises(Exception) as e:
+                    await client.step({"text": "<answer>5</answer>"})
+                refused.append(str(e.value))
+            state = await client.state()
+            await client.reset(task=task)
+            again = await client.step({"text": "<answer>5</answer>"})
+            return first, refused, state, again
+
+    first, refused, state, again = asyncio.run(main())
+    assert first.done and first.reward == 1.0
+    assert all("step after the episode ended (done after 1 steps, total_reward 1.0): reset" in r for r in refused)
+    assert state["total_reward"] == 1.0 and state["step_count"] == 1
+    assert again.done and again.reward == 1.0
+
+
+def test_serve_openenv_bad_input_is_a_4xx_naming_it(calculator_openenv):
+    """A task that is not a prompt, a task without a prompt or without the label Calculator-v0 scores, a tool call
+    without a name: 400 with the reason; the stateless `POST /step` (a fresh env per call: never an episode) is a 409
+    saying to use the WebSocket (before: each a bare 500 "Internal Server Error"). Over the WebSocket the same
+    reasons come back as OpenEnv's error messages."""
+    import httpx
+
+    from openenv.core import GenericEnvClient
+
+    url = calculator_openenv
+    no_name = {"action": {"text": "x", "tool_calls": [{"arguments": {"expression": "1+1"}}]}}
+    for route, body, status, reason in [
+            ("/reset", {"task": 42}, 400, "reset task: expected a Task, str or dict, got int"),
+            ("/reset", {"task": {"label": "5"}}, 400, "reset task: no 'prompt' field"),
+            ("/reset", {"task": {"prompt": "What is 2 + 3?"}}, 400, "Calculator-v0 task's 'label' must be the answer"),
+            ("/step", no_name, 400, "SlimeAction.tool_calls[0].name: each call needs the tool's name"),
+            ("/step", {"action": {"text": "<answer>5</answer>"}}, 409, "stateless HTTP POST /step builds a fresh env")]:
+        r = httpx.post(url + route, json=body, timeout=30)
+        assert r.status_code == status and reason in r.json()["detail"], (route, body, r.status_code, r.text)
+
+    async def main():
+        async with GenericEnvClient(base_url=url) as client:
+            await client.reset(task={"prompt": "What is 2 + 3?", "label": 5})
+            with pytest.raises(Exception) as e:
+                await client.step({"text": "x", "tool_calls": [{"id": "c1"}]})
+            return str(e.value)
+
+    assert "SlimeAction.tool_calls[0].name" in asyncio.run(main())

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from slime_env import Action, Env, Task
+from slime_env.errors import InvalidInput
 from slime_env.envs.math.extract import FORMATS
 from slime_env.envs.math.rewards import MathReward
 
@@ -40,7 +41,7 @@ class MathEnv(Env):
     async def reset(self, *, seed: int | None = None, options: Mapping[str, Any] | None = None):
         self._task = self.task_from(options, seed)
         if self._task.label is None:
-            raise ValueError("Math-v0 task has no 'label' (the gold answer)")
+            raise InvalidInput("Math-v0 task has no 'label' (the gold answer)")
         return self._task.messages(system=self.system_prompt), {}
 
     async def step(self, action: Action):

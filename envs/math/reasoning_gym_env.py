@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from slime_env import Action, Env, Task
+from slime_env.errors import InvalidInput
 from slime_env.envs.math.extract import extract_answer
 
 
@@ -77,6 +78,8 @@ class ReasoningGymEnv(Env):
 
     async def reset(self, *, seed: int | None = None, options: Mapping[str, Any] | None = None):
         self._task = self.task_from(options, seed)
+        if "rg_entry" not in self._task.metadata and self._task.label is None:  # nothing to score an answer against
+            raise InvalidInput("ReasoningGym-v0 task has no 'label' (the gold answer) and no metadata['rg_entry']")
         if "rg_entry" not in self._task.metadata:
             entry = {"question": self._task.prompt if isinstance(self._task.prompt, str) else "",
                      "answer": self._task.label, "metadata": {}}

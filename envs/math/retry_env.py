@@ -83,6 +83,9 @@ class ArithmeticRetryEnv(Env):
 
     async def reset(self, *, seed: int | None = None, options: Mapping[str, Any] | None = None):
         self.task, self.attempt = self.task_from(options, seed), 0
+        from slime_env.envs.calculator import numeric_label
+
+        numeric_label(self.task, "ArithmeticRetry-v0")  # refused now, not by float(None) at the first answer
         return self.task.messages(system=self.system_prompt), {}
 
     async def step(self, action: Action):

@@ -18,6 +18,7 @@ from typing import Any
 
 from slime_env import Action, Message, Task, ToolEnv
 from slime_env.tool_env import ToolRecord
+from slime_env.errors import InvalidInput
 from slime_env.types import ParseError
 from slime_env.envs.math.extract import FORMATS
 from slime_env.envs.math.rewards import MathReward
@@ -77,7 +78,7 @@ class MathToolEnv(ToolEnv):
     async def reset(self, *, seed: int | None = None, options: Mapping[str, Any] | None = None):
         messages, info = await super().reset(seed=seed, options=options)
         if self.task.label is None:
-            raise ValueError("MathTool-v0 task has no 'label' (the gold answer)")
+            raise InvalidInput("MathTool-v0 task has no 'label' (the gold answer)")
         self._calls = self._ok_calls = 0
         return messages, info
 

@@ -15,11 +15,12 @@ from __future__ import annotations
 import functools
 import random
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from slime_env import Rubric, Task, ToolEnv
+from slime_env.errors import InvalidInput
 from slime_env.tool_env import answer_format, exact_answer
 
 SYSTEM_PROMPT = (
@@ -149,6 +150,12 @@ class SearchComputeEnv(ToolEnv):
 
     def default_tasks(self) -> Sequence[Task]:
         return _default_tasks()
+
+    async def reset(self, *, seed: int | None = None, options: Mapping[str, Any] | None = None):
+        out = await super().reset(seed=seed, options=options)
+        if self.task.label is None:  # exact_answer would score every answer 0 and only the format would pay
+            raise InvalidInput("SearchCompute-v0 task has no 'label' (the gold answer)")
+        return out
 
 
 @functools.cache

@@ -12,7 +12,11 @@ see:
 - **Reset** kwargs: `seed`, `task` (a prompt string or `{"prompt", "label", "metadata", "id"}`; none: the env's own
   task source), `episode_id`.
 The WebSocket endpoint (`/ws`) keeps one env per session, as OpenEnv's stateful clients expect; the stateless HTTP
-`/reset` and `/step` build a fresh env per call (OpenEnv's own semantics: use the WebSocket for episodes).
+`/reset` and `/step` build a fresh env per call (OpenEnv's own semantics: use the WebSocket for episodes), so `POST
+/step` has no episode to step and is refused (409, saying so). A step after the episode ended (`done`) is refused too,
+until the next reset: a client that keeps calling cannot collect the final reward again. Bad input (a task that is not
+a prompt or a `{"prompt", ...}` object, a task the env refuses, a tool call without a name) is a 400 naming it; over
+the WebSocket these come back as OpenEnv's error message with the same text.
 `/schema`, `/metadata`, `/health` and `/mcp` are OpenEnv's; `openenv validate URL` passes.
 """
 
@@ -33,10 +37,15 @@ from openenv.core.env_server.types import EnvironmentMetadata, State  # noqa: E4
 from openenv.core.env_server.types import Observation as OpenEnvObservation  # noqa: E402
 from pydantic import Field  # noqa: E402
 
-from slime_env.errors import InvalidInput  # noqa: E402
+from slime_env.errors import InvalidInput, SlimeEnvError  # noqa: E402
 from slime_env.parsers import get_parser  # noqa: E402
 from slime_env.registry import make, spec  # noqa: E402
 from slime_env.types import Action, Task, ToolCall  # noqa: E402
+
+
+class StepRefused(SlimeEnvError):
+    """A step the session has no episode for: before any reset (every stateless `POST /step`) or after the episode
+    ended. The HTTP routes answer it 409."""
 
 
 class SlimeAction(OpenEnvAction):
@@ -78,6 +87,7 @@ class SlimeEnvironment(Environment):
         self.env = make(env_id, **dict(env_kwargs or {}))
         self._state = SlimeState(env_id=env_id)
         self._turn = 0
+        self._episode = "none"  # "none" (never reset), "running", "over"
 
     async def reset_async(self, seed: int | None = None, episode_id: str | None = None,
                           task: Any = None, **kwargs: Any) -> SlimeObservation:
@@ -87,6 +97,7 @@ class SlimeEnvironment(Environment):
         messages, info = await self.env.reset(seed=seed, options=options)
         self._state = SlimeState(episode_id=episode_id or uuid.uuid4().hex, step_count=0, env_id=self.env_id)
         self._turn = 0
+        self._episode = "running"
         tools = [dict(t) for t in self.env.tools] if self.env.tools else None
         return SlimeObservation(messages=[m.to_dict() for m in messages], tools=tools, parser=_parser_name(self.env),
                                 describe_tools=bool(getattr(self.env, "describe_tools", True)), info=_plain(info),
@@ -94,20 +105,24 @@ class SlimeEnvironment(Environment):
 
     async def step_async(self, action: SlimeAction, timeout_s: float | None = None,
                          **kwargs: Any) -> SlimeObservation:
-        self._turn += 1
         if action.tool_calls is None:
             parsed = get_parser(self.env.parser)(action.text) if self.env.parser else None
             calls, errors = (parsed.tool_calls, parsed.errors) if parsed else ((), ())
         else:
-            try:
-                calls = tuple(ToolCall(c["name"], dict(c.get("arguments") or {}), id=c.get("id"))
-                              for c in action.tool_calls)
-            except (KeyError, TypeError) as e:
-                raise InvalidInput(f"SlimeAction.tool_calls: each call needs a name and arguments ({e!r})") from None
-            errors = ()
+            calls, errors = _tool_calls(action.tool_calls), ()
+        if self._episode == "none":
+            raise StepRefused("step before reset: this session has no episode. The stateless HTTP POST /step builds a "
+                              "fresh env for each call (OpenEnv's semantics), so it can never step one; play episodes "
+                              "over the WebSocket /ws (GenericEnvClient: reset, then step)")
+        if self._episode == "over":
+            raise StepRefused(f"step after the episode ended (done after {self._state.step_count} steps, total_reward "
+                              f"{self._state.total_reward}): reset to start another")
+        self._turn += 1
         ours = Action(text=action.text, tool_calls=calls, parse_errors=errors, turn=self._turn)
         step = self.env.step(ours)
         obs, reward, terminated, truncated, info = await (asyncio.wait_for(step, timeout_s) if timeout_s else step)
+        if terminated or truncated:
+            self._episode = "over"
         self._state.step_count += 1
         self._state.total_reward += float(reward)
         return SlimeObservation(messages=[m.to_dict() for m in obs], reward=float(reward),
@@ -148,6 +163,8 @@ def openenv_app(env_id: str, *, env_kwargs: Mapping[str, Any] | None = None, max
     from openenv.core.env_server.http_server import create_fastapi_app
     from openenv.core.env_server.types import ConcurrencyConfig
 
+    from fastapi.responses import JSONResponse
+
     spec(env_id)  # fail now, with the registry's message, if the id is unknown
     kwargs = dict(env_kwargs or {})
 
@@ -156,8 +173,17 @@ def openenv_app(env_id: str, *, env_kwargs: Mapping[str, Any] | None = None, max
 
     factory.__name__ = env_id
     config = ConcurrencyConfig(max_concurrent_envs=max_sessions, session_timeout=session_timeout_s)
-    return create_fastapi_app(factory, SlimeAction, SlimeObservation, concurrency_config=config,
-                              env_name=env_id, state_cls=SlimeState)
+    app = create_fastapi_app(factory, SlimeAction, SlimeObservation, concurrency_config=config,
+                             env_name=env_id, state_cls=SlimeState)
+
+    # OpenEnv's HTTP routes let an env's exception through as a bare 500; ours say what was wrong (FastAPI's
+    # `{"detail": ...}` body, as OpenEnv's own 422s)
+    async def refused(_request: Any, e: Exception) -> JSONResponse:
+        return JSONResponse({"detail": str(e)}, status_code=409 if isinstance(e, StepRefused) else 400)
+
+    app.add_exception_handler(InvalidInput, refused)
+    app.add_exception_handler(StepRefused, refused)
+    return app
 
 
 def serve_openenv(env_id: str, *, host: str = "127.0.0.1", port: int = 8000,
@@ -179,6 +205,20 @@ def serve_openenv(env_id: str, *, host: str = "127.0.0.1", port: int = 8000,
     uvicorn.Server(config).run(sockets=[sock])
 
 
+def _tool_calls(raw: list[dict[str, Any]]) -> tuple[ToolCall, ...]:
+    """`SlimeAction.tool_calls` as our calls; InvalidInput naming the call and its field."""
+    calls = []
+    for i, c in enumerate(raw):
+        name, arguments = c.get("name"), c.get("arguments")
+        if not isinstance(name, str) or not name:
+            raise InvalidInput(f"SlimeAction.tool_calls[{i}].name: each call needs the tool's name (a non-empty "
+                               f"string), got {c!r}")
+        if arguments is not None and not isinstance(arguments, Mapping):
+            raise InvalidInput(f"SlimeAction.tool_calls[{i}].arguments must be an object, got {arguments!r}")
+        calls.append(ToolCall(name, dict(arguments or {}), id=c.get("id")))
+    return tuple(calls)
+
+
 def _parser_name(env: Any) -> str | None:
     parser = getattr(env, "parser", None)
     return parser if isinstance(parser, str) else None
@@ -191,4 +231,5 @@ def _plain(info: Mapping[str, Any] | None) -> dict[str, Any]:
         return {"repr": repr(info)}
 
 
-__all__ = ["SlimeAction", "SlimeEnvironment", "SlimeObservation", "SlimeState", "openenv_app", "serve_openenv"]
+__all__ = ["SlimeAction", "SlimeEnvironment", "SlimeObservation", "SlimeState", "StepRefused", "openenv_app",
+           "serve_openenv"]
