@@ -50,6 +50,27 @@ def test_config_errors_name_the_lora_field(tmp_path):
         TorchTrainer(tiny("llama"), TrainerConfig(lora={"target_modules": ["nope_proj"]}), pad_id=0)
 
 
+def test_a_target_module_typo_is_refused_before_the_run_starts(tmp_path):
+    """`trainer.lora.target_modules` with a typo next to a real name: refused by name (with the nearest layer) before
+    the run folder is written or the model loaded, its layer names read from the model's config on the meta device
+    (before: the run started, wrote config.json, and failed after the model load with a traceback; a list with one
+    typo among real names would have trained the others silently)."""
+    from slime_env.errors import InvalidInput
+    from slime_env.trainers.run import TrainConfig, train
+
+    run_dir = tmp_path / "run"
+    cfg = TrainConfig.from_dict({"model": "default", "env": "Calculator-v0", "steps": 1, "run_dir": str(run_dir),
+                                 "train_data": {"generator": "slime_env.envs.calculator:calculator_tasks", "n": 4},
+                                 "trainer": {"lora": {"rank": 4, "target_modules": ["q_proj", "v_prj"]}}})
+    with pytest.raises(InvalidInput, match=r"^trainer\.lora\.target_modules: 'v_prj' is not a layer of model "
+                                           r"'default'; did you mean 'v_proj'\? \(its layers: \[.*'q_proj'"):
+        asyncio.run(train(cfg, log=lambda _: None))
+    assert not run_dir.exists()
+    cfg.sections.trainer.lora.target_modules = ["q_proj", "model.layers.0.mlp.up_proj", "all"]
+    with pytest.raises(InvalidInput, match=r"'all' is not a layer"):
+        asyncio.run(train(cfg, log=lambda _: None))
+
+
 def test_only_the_adapter_trains_and_the_reference_is_the_base_model():
     trainer = lora_trainer(kl_coef=0.1)
     base_before = {k: v.clone() for k, v in trainer.model.get_base_model().state_dict().items() if ".lora_" not in k}

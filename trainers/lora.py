@@ -7,6 +7,8 @@ trainer:
 ```
 
 - `LoRAOptions.parse(raw)` — the section, checked (a `ValueError` naming `lora.<field>`).
+- `check_target_modules(options, model)` — its module names against the model's layers, read from the model's
+  config on the meta device (no weights): a run checks them before it starts.
 - `wrap(model, options)` — `peft.get_peft_model`: the base weights frozen, only the adapter trainable. The reference
   policy of a KL term is the same model with the adapter off (`peft`'s `disable_adapter()`), not a second copy.
 - `adapter_of(model, name)` — what leaves the trainer instead of the weights: a `LoRAAdapter`
@@ -96,6 +98,48 @@ class LoRAOptions:
         return LoraConfig(r=self.rank, lora_alpha=self.alpha, lora_dropout=float(self.dropout),
                           target_modules=self.target_modules, use_rslora=self.use_rslora, bias="none",
                           task_type="CAUSAL_LM")
+
+
+def module_names(model: str) -> set[str] | None:
+    """The names of `model`'s leaf modules (layers: "model.layers.0.self_attn.q_proj", ...), read from its config on
+    the meta device: no weight is loaded or allocated. `model` as a run's `model:` field ("default", a folder, a
+    Hugging Face repo id, read from the local cache only); None when its config cannot be read here (the model load
+    reports that)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if model == "default":
+        from slime_env.agents.default_model import default_model_path
+
+        model = str(default_model_path())
+    try:
+        config = AutoConfig.from_pretrained(model, local_files_only=True)
+        with torch.device("meta"):
+            meta = AutoModelForCausalLM.from_config(config)
+    except (OSError, ValueError, KeyError, ImportError):
+        return None
+    return {name for name, module in meta.named_modules() if name and not next(module.children(), None)}
+
+
+def check_target_modules(options: LoRAOptions | None, model: str, where: str = "trainer.lora") -> None:
+    """Every name in `target_modules` matches a layer of `model` as peft matches them (the name itself or its last
+    dotted parts): a typo is refused before a run starts, by name, with the nearest layer name, instead of after the
+    model load (peft refuses only when no name matches at all: a list with one typo trained the others silently)."""
+    import difflib
+
+    from slime_env.errors import InvalidInput
+
+    if options is None or isinstance(options.target_modules, str):  # "all-linear" (peft's own choice)
+        return
+    names = module_names(model)
+    if names is None:
+        return
+    leaves = sorted({n.rsplit(".", 1)[-1] for n in names})
+    for target in options.target_modules:
+        if not any(n == target or n.endswith("." + target) for n in names):
+            near = difflib.get_close_matches(target.rsplit(".", 1)[-1], leaves, n=1)
+            hint = f"; did you mean {near[0]!r}?" if near else ""
+            raise InvalidInput(f"{where}.target_modules: {target!r} is not a layer of model {model!r}{hint} (its "
+                               f"layers: {leaves})")
 
 
 def wrap(model: torch.nn.Module, options: LoRAOptions) -> Any:

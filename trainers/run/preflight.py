@@ -11,14 +11,18 @@ from slime_env.errors import InvalidInput, RegistryError
 
 
 def check_before_start(cfg: Any) -> None:
-    """`cfg` (a `TrainConfig`): its `model`, its `env` with `env_kwargs` and every eval set's; InvalidInput naming
-    the field."""
+    """`cfg` (a `TrainConfig`): its `model`, its `env` with `env_kwargs` and every eval set's, and the module names of
+    `trainer.lora` against the model's layers; InvalidInput naming the field."""
     check_model(cfg.model, "model")
     check_env(cfg.env, cfg.env_kwargs, "env")
     for s in cfg.sections.eval_sets:
         if s.env is not None or s.env_kwargs is not None:
             check_env(s.env or cfg.env, cfg.env_kwargs if s.env_kwargs is None else s.env_kwargs,
                       f"eval.sets.{s.name}.env")
+    # last: it builds the model's module tree on the meta device (no weights, well under a second)
+    from slime_env.trainers.lora import check_target_modules
+
+    check_target_modules(cfg.sections.trainer.lora, cfg.model)
 
 
 def check_model(model: str, where: str) -> None:
