@@ -15,6 +15,10 @@ is kept for its session (`session=`), so the next turn of that episode — whose
 tokens — encodes only what is new. The cache is bounded (`prefix_cache_tokens`, least recently used
 evicted first) and cleared when the weights change. Exact: the cached KV is what recomputation gives
 (up to float rounding), and every prefix is checked token for token before it is reused.
+
+A prompt longer than `prefill_chunk` new tokens (packed path) is fed `prefill_chunk` tokens per step: between its
+chunks its K/V waits outside the batch and the other rows go on decoding, so one long prompt holds each step for
+one chunk's time, not the whole prompt's (an 8k-token prompt stalled every other session for a minute on CPU).
 """
 
 from __future__ import annotations
@@ -92,9 +96,12 @@ class ContinuousEngine(EngineWorker):
     and `resolve()`d from this thread."""
 
     def __init__(self, front: EngineFront, *, max_batch_size: int, prefix_cache_tokens: int, trim_slack: int = 64,
-                 packed: bool | None = None):
+                 packed: bool | None = None, prefill_chunk: int | None = 512):
         super().__init__(front, name="slime_env-engine")
         self.max_batch_size = max_batch_size
+        self.prefill_chunk = prefill_chunk
+        # requests part-way through a chunked prefill: (request, tokens fed, their K/V), in admission order
+        self._prefilling: list[tuple[Any, int, list[tuple[torch.Tensor, torch.Tensor]]]] = []
         self.prefix = PrefixCache(prefix_cache_tokens)
         self.trim_slack = trim_slack
         self.kb: list[torch.Tensor] | None = None  # per layer: keys of the batch (rows, heads, capacity, dim)
@@ -120,12 +127,12 @@ class ContinuousEngine(EngineWorker):
 
     # --- the worker's loop: what there is to do, one step --------------------------------------------------------
     def _busy(self) -> bool:
-        return any(self.rows)
+        return any(self.rows) or bool(self._prefilling)
 
     def _take(self, hold: bool) -> list[Any]:
         admit = []
         if not hold:
-            free = self.max_batch_size - sum(r is not None for r in self.rows)
+            free = self.max_batch_size - sum(r is not None for r in self.rows) - len(self._prefilling)
             while self._waiting and len(admit) < free:
                 admit.append(self._waiting.popleft())
         return admit
@@ -140,7 +147,9 @@ class ContinuousEngine(EngineWorker):
             self._decode()
 
     def _fail(self, error: Exception, admit: list[Any]) -> None:
-        for r in [row.req for row in self.rows if row is not None] + admit:
+        parked = [r for r, _, _ in self._prefilling]
+        self._prefilling = []
+        for r in [row.req for row in self.rows if row is not None] + parked + admit:
             if not r.future.done():
                 r.error = error
                 r.resolve()
@@ -148,8 +157,10 @@ class ContinuousEngine(EngineWorker):
         self.rows, self.width = [], 0
 
     def _drain(self) -> list[Any]:
-        left = list(self._waiting) + [row.req for row in self.rows if row is not None]
+        left = list(self._waiting) + [row.req for row in self.rows if row is not None] + \
+            [r for r, _, _ in self._prefilling]
         self._waiting.clear()
+        self._prefilling = []
         return left
 
     def _claim(self, reqs: list[Any]) -> list[tuple[Any, int, list | None]]:
@@ -163,6 +174,8 @@ class ContinuousEngine(EngineWorker):
                 r.resolve()
                 continue
             n, kv = self.prefix.take(r.session, r.input_ids)
+            r.cached_tokens = n
+            self.front.usage["cached_tokens"] += n
             claimed.append((r, n, kv))
         return claimed
 
@@ -170,16 +183,24 @@ class ContinuousEngine(EngineWorker):
     def _packed_step(self, reqs: list[Any]) -> None:
         """One forward: every live row's next token and every admitted request's new tokens (its cached
         prefix written into its row first), then one token sampled for each."""
-        joining = self._claim(reqs)
+        parked, self._prefilling = self._prefilling, []
+        for r, _, _ in parked:
+            if r.aborted:
+                r.finish = "abort"
+                r.resolve()
+        joining = [(r, n, kv) for r, n, kv in parked if not r.aborted] + self._claim(reqs)
         live = self._drop_finished()
         if not live and not joining:
             return
-        if joining:
+        if len(joining) > len(parked):
             self.front.usage["batches"] += 1  # an admission wave: requests that joined the batch together
         if live:
             self._trim()
+        # how far each joining request is fed this step: at most one chunk of new tokens
+        ends = [len(r.input_ids) if not self.prefill_chunk else min(len(r.input_ids), n + self.prefill_chunk)
+                for r, n, _ in joining]
         grow = 1 if live else 0  # a decoding row adds one column; joining rows end where they do
-        need = max((len(r.input_ids) for r, _, _ in joining), default=0)
+        need = max(ends, default=0)
         if self.kb is None:
             self._allocate(need)
         elif need > self.width + grow:  # the batch grows to the left for a longer row
@@ -188,20 +209,20 @@ class ContinuousEngine(EngineWorker):
             self._relayout()
         width = self.width + grow
         slots = []
-        for r, _, _ in joining:
+        for (r, _, _), end in zip(joining, ends):
             try:
                 slot = self.rows.index(None)
             except ValueError:
                 slot = len(self.rows)
                 self.rows.append(None)
-            self.rows[slot] = _Row(r, len(r.input_ids), list(r.input_ids))
+            self.rows[slot] = _Row(r, end, list(r.input_ids[:end]))
             slots.append(slot)
         self._ensure_rows(len(self.rows))
         mask = self.mask.new_zeros((len(self.rows), width))
         mask[:self.mask.shape[0], :self.width] = self.mask
         mask[live, width - 1] = 1
-        for slot, (r, n, kv) in zip(slots, joining):
-            first = width - len(r.input_ids)
+        for slot, (r, n, kv), end in zip(slots, joining, ends):
+            first = width - end
             mask[slot, :first] = 0
             mask[slot, first:] = 1
             for kbuf, vbuf, (k, v) in zip(self.kb, self.vb, kv or ()):
@@ -209,11 +230,22 @@ class ContinuousEngine(EngineWorker):
                 vbuf[slot, :, first:first + n] = v[0]
         p = packed_forward.plan(device=mask.device, rows=len(self.rows), width=width, row_mask=mask,
                                 decoding=[(i, self.rows[i].req.out_ids[-1], self.rows[i].length) for i in live],
-                                joining=[(s, r.input_ids[n:], n) for s, (r, n, _) in zip(slots, joining)])
+                                joining=[(s, r.input_ids[n:end], n) for s, (r, n, _), end in zip(slots, joining, ends)])
         logits = packed_forward.forward(self.front.model, p, self.kb, self.vb)
         self.width, self.mask = width, mask
         self.steps += 1
-        picks = self.front.sample([self.rows[i].req for i in live] + [r for r, _, _ in joining], logits)
+        # a request whose prompt is not all fed yet samples nothing: its K/V waits for the next step
+        done = [end == len(r.input_ids) for (r, _, _), end in zip(joining, ends)]
+        for slot, (r, n, _), end, d in zip(slots, joining, ends, done):
+            if not d:
+                self.front.usage["prompt_tokens"] += end - n
+                self._park(slot)
+        keep = list(range(len(live))) + [len(live) + j for j, d in enumerate(done) if d]
+        joining, slots = [j for j, d in zip(joining, done) if d], [s for s, d in zip(slots, done) if d]
+        if not keep:
+            return
+        picks = self.front.sample([self.rows[i].req for i in live] + [r for r, _, _ in joining],
+                                  logits if len(keep) == logits.shape[0] else logits[keep])
         for i, (token, logprob) in zip(live, picks):
             row = self.rows[i]
             row.fed.append(row.req.out_ids[-1])
@@ -222,9 +254,7 @@ class ContinuousEngine(EngineWorker):
             row.req.out_logprobs.append(logprob)
             row.req.finish = self.front.finished(row.req)
         for (r, n, _), (token, logprob) in zip(joining, picks[len(live):]):
-            r.cached_tokens = n
             self.front.usage["prompt_tokens"] += len(r.input_ids) - n
-            self.front.usage["cached_tokens"] += n
             r.out_ids.append(token)
             r.out_logprobs.append(logprob)
             r.finish = self.front.finished(r) or ("abort" if r.aborted else None)
@@ -232,6 +262,18 @@ class ContinuousEngine(EngineWorker):
             row = self.rows[i] if i < len(self.rows) else None
             if row is not None and row.req.finish is not None:
                 self._free(i)
+
+    def _park(self, i: int) -> None:
+        """Take row `i` (a request part-way through its prefill) out of the batch; its K/V waits in `_prefilling`."""
+        row, width = self.rows[i], self.width
+        kv = [(kb[i:i + 1, :, width - row.length:width].clone(), vb[i:i + 1, :, width - row.length:width].clone())
+              for kb, vb in zip(self.kb, self.vb)]
+        self.rows[i] = None
+        self.mask[i].zero_()
+        self._prefilling.append((row.req, row.length, kv))
+        if not any(self.rows):
+            self.kb = self.vb = self.mask = None
+            self.rows, self.width = [], 0
 
     def _allocate(self, width: int) -> None:
         """Empty K/V buffers: one row (`_ensure_rows` adds more), `width` columns in use, room to grow."""
@@ -310,9 +352,7 @@ class ContinuousEngine(EngineWorker):
         routed = self._routed([i * new_w + new_w - 1 for i in range(b)])
         for i, (r, n, _) in enumerate(items):
             s = len(r.input_ids) - n
-            r.cached_tokens = n
-            self.front.usage["prompt_tokens"] += s
-            self.front.usage["cached_tokens"] += n
+            self.front.usage["prompt_tokens"] += s  # (the cached tokens were counted when it was claimed)
             row_kv = [(torch.cat([k[i:i + 1, :, past_w - n:past_w], k[i:i + 1, :, past_w + new_w - s:]], 2),
                        torch.cat([v[i:i + 1, :, past_w - n:past_w], v[i:i + 1, :, past_w + new_w - s:]], 2))
                       for k, v in kv]

@@ -54,15 +54,21 @@ class TransformersPolicy:
     """A `slime_env.Policy` on a local transformers model (CPU or one GPU). See the module docstring.
 
     `update_weights(state_dict_or_path, weight_version)` loads new weights in place between batches.
-    `usage` accumulates prompt / completion tokens, batches and generation seconds.
+    `usage` accumulates prompt / completion tokens, batches and generation seconds. `prefill_chunk_tokens`: a prompt
+    is fed at most that many new tokens per engine step (continuous batching, Llama / Qwen models), so a long one
+    never holds the other requests for its whole prefill; None feeds each prompt whole.
     """
 
     def __init__(self, model: Any, tokenizer: Any, *, max_batch_size: int = 16, batch_window_s: float = 0.005,
                  weight_version: str = "0", seed: int | None = None, batching: str = "continuous",
                  prefix_cache_tokens: int = 32768, paged: bool | None = None,
-                 paged_options: Mapping[str, Any] | None = None, return_routed_experts: bool | None = None):
+                 paged_options: Mapping[str, Any] | None = None, return_routed_experts: bool | None = None,
+                 prefill_chunk_tokens: int | None = 512):
         if max_batch_size < 1:
             raise InvalidInput(f"max_batch_size must be >= 1, got {max_batch_size}")
+        if prefill_chunk_tokens is not None and prefill_chunk_tokens < 1:
+            raise InvalidInput(f"prefill_chunk_tokens must be >= 1 (or None: whole prompts), "
+                               f"got {prefill_chunk_tokens}")
         if batching not in ("continuous", "static"):
             raise InvalidInput(f"batching must be 'continuous' or 'static', got {batching!r}")
         self.model = model.eval()
@@ -113,7 +119,8 @@ class TransformersPolicy:
             from slime_env.agents.engine import ContinuousEngine
 
             self._engine = ContinuousEngine(front, max_batch_size=max_batch_size,
-                                            prefix_cache_tokens=prefix_cache_tokens)
+                                            prefix_cache_tokens=prefix_cache_tokens,
+                                            prefill_chunk=prefill_chunk_tokens)
 
     # --- public API ------------------------------------------------------------------------------
     async def generate(self, input_ids: Sequence[int], sampling_params: Mapping[str, Any], *,

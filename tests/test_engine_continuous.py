@@ -192,3 +192,38 @@ def test_the_packed_step_equals_the_models_own_forward_for_each_family(model_tok
     for a, b in zip(sum(got, []), sum(want, [])):
         assert a.token_ids == b.token_ids
         assert list(a.logprobs) == pytest.approx(list(b.logprobs), abs=2e-4)
+
+
+def test_a_long_prompt_is_prefilled_in_chunks_while_others_decode_and_gives_the_same_tokens(model_tok):
+    """A 2,000-token prompt fed 256 tokens a step: a short request sent after its first chunk joins the next step and
+    finishes while the long prompt is still being fed (before: it waited for the whole prefill, a minute for an
+    8k-token prompt on CPU). The long request's tokens and log-probs equal those of the prompt fed whole."""
+    model, tok = model_tok
+    renderer = get_renderer(tok)
+    long_prompt = renderer.render_prompt([Message("user", "Summarise: " + "the quick brown fox jumps. " * 330)])
+    short_prompt = renderer.render_prompt([Message("user", "Hi")])
+    assert len(long_prompt) > 1900
+    chunked = TransformersPolicy(model, tok, max_batch_size=4, prefill_chunk_tokens=256)
+    whole = TransformersPolicy(model, tok, max_batch_size=4, prefill_chunk_tokens=None)
+    params = {**GREEDY, "max_new_tokens": 4, "ignore_eos": True}
+
+    async def main():
+        long = asyncio.create_task(chunked.generate(long_prompt, params))
+        while not chunked._engine._prefilling and not long.done():  # its first chunk is fed
+            await asyncio.sleep(0.005)
+        short = await chunked.generate(short_prompt, {**params, "max_new_tokens": 3})
+        still_feeding = bool(chunked._engine._prefilling) and not long.done()
+        return short, await long, still_feeding
+
+    try:
+        short, long, still_feeding = asyncio.run(main())
+        reference = asyncio.run(whole.generate(long_prompt, params))
+    finally:
+        chunked.close()
+        whole.close()
+    assert len(short.token_ids) == 3 and still_feeding  # done while the long prompt was still being fed
+    assert long.token_ids == reference.token_ids
+    assert long.logprobs == pytest.approx(reference.logprobs, abs=2e-4)
+    assert chunked.usage["prompt_tokens"] == len(long_prompt) + len(short_prompt)
+    with pytest.raises(Exception, match="prefill_chunk_tokens must be >= 1"):
+        TransformersPolicy(model, tok, prefill_chunk_tokens=0)
