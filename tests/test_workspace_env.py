@@ -354,3 +354,34 @@ def test_a_harness_episode_with_branches_counts_its_time_once():
     assert [("workspace" in t.metadata) for t in trajs] == [True, False, False]  # the container's record, once
     assert m["rollout/time/container_s"] < 2.7 + 0.5  # exec 2.6 plus this test's start and verify, not 3x
     assert all(t.timings["total_s"] >= t.timings["generate_s"] for t in trajs)
+
+
+def test_a_workspace_that_dies_ends_the_episode_at_once_with_its_reason(smollm2_tok):
+    """The workspace is killed while a command runs (as the limits' watchdog kills one at its disk limit): the
+    episode ends after that turn, failed, with the reason. Before, the agent was answered "workspace is dead" turn
+    after turn until it submitted or ran out of turns."""
+    require_backend("docker")
+
+    class Killed(WorkspaceEnv):
+        async def step(self, action):
+            ws = self.state["workspace"]
+            killer = asyncio.get_running_loop().call_later(
+                1.0, lambda: asyncio.ensure_future(ws.kill("its disk limit (1 GiB) was reached")))
+            try:
+                return await super().step(action)
+            finally:
+                killer.cancel()
+
+    async def episode():
+        async with WorkspacePool(warm=0) as pool:
+            env = Killed(spec=WorkspaceSpec(image=workspace_image(), workdir="/app"), pool=pool)
+            try:
+                replies = [call("bash", command="sleep 20"), call("bash", command="ls"), call("submit")]
+                return await run_episode(env, ScriptedPolicy(smollm2_tok, replies), "Do the task.",
+                                         renderer=get_renderer(smollm2_tok), max_turns=5)
+            finally:
+                await env.close()
+
+    done = asyncio.run(episode())
+    assert done.status == "failed" and "disk limit (1 GiB) was reached" in done.reason, (done.status, done.reason)
+    assert done.num_turns == 1

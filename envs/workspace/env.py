@@ -259,6 +259,11 @@ class WorkspaceEnv(StatefulToolEnv):
 
     async def step(self, action: Action):
         obs, reward, terminated, truncated, info = await super().step(action)
+        dead = getattr(self.state.get("workspace"), "dead", None)
+        if dead is not None and not terminated:
+            # Nothing can run or be verified any more: the episode ends now, failed with the reason (before, every
+            # later call answered "workspace is dead" until the agent gave up or its turns ran out).
+            raise WorkspaceError(f"the episode's workspace died: {dead}")
         if truncated and not terminated:  # out of turns: the work done so far is still checked, as Harbor does
             verified, details = await self._timed_verify()
             info = {**info, **details, "workspace": self.workspace_metrics()}

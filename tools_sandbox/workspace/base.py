@@ -92,6 +92,11 @@ class Workspace(abc.ABC):
         """Who commands run as unless told otherwise (the spec's, else the image's; None: root)."""
         return self.spec.user
 
+    @property
+    def dead(self) -> str | None:
+        """Why the workspace died (a limit, a kill, its agent gone), or None while it lives."""
+        return self._dead
+
     def mark_dead(self, reason: str) -> None:
         """The workspace can no longer be used (its wall time passed, it was killed); later calls raise."""
         if self._dead is None:
