@@ -27,8 +27,12 @@ def serve_engine(model: str = typer.Option("default", help="'default' (embedded 
                  mem_fraction: float = typer.Option(
                      None, help="the fraction of the GPU's free memory the paged engine's K/V pool takes, in (0, 1) "
                                 "(default: the embedded engine's 0.4, which leaves room for a trainer on the same "
-                                "GPU; a GPU of its own can give more, e.g. 0.85)")) -> None:
-    """Serve a local transformers model through SGLang's native HTTP API (/generate, ...)."""
+                                "GPU; a GPU of its own can give more, e.g. 0.85)"),
+                 parser: str = typer.Option("hermes", help="the model family's tool-call parser, for the OpenAI "
+                                                           "chat route's tool_calls")) -> None:
+    """Serve a local transformers model through SGLang's native HTTP API (/generate, ...) and, as SGLang does,
+    OpenAI's /v1/chat/completions (streamed or not), /v1/completions and /v1/models (no ledger recorded: put
+    serve-gateway in front for per-session token ledgers)."""
     from slime_env.agents.engine_server import serve
 
     if mem_fraction is not None and not 0 < mem_fraction < 1:
@@ -38,7 +42,7 @@ def serve_engine(model: str = typer.Option("default", help="'default' (embedded 
 
         torch.set_num_threads(threads)
     serve(model=model, host=host, port=port, max_batch_size=max_batch_size, batch_window_s=batch_window_ms / 1000,
-          device=device, dtype=dtype, mem_fraction=mem_fraction)
+          device=device, dtype=dtype, mem_fraction=mem_fraction, parser=parser)
 
 
 def serve_gateway(engine: str = typer.Option(..., help="the engine's URL: an SGLang server or router (/generate), or "

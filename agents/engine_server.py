@@ -4,7 +4,9 @@ A drop-in local stand-in for an SGLang server (`POST /generate` with the same re
 JSON, plus `/health`, `/health_generate`, `/get_model_info`, `/flush_cache`, `/abort_request`,
 `/update_weights_from_disk`, `/pause_generation`, `/continue_generation`, `/get_server_info` with
 the engine's usage counters), so `SGLangPolicy`,
-slime's rollout code and our tests can drive a real model where SGLang itself cannot run.
+slime's rollout code and our tests can drive a real model where SGLang itself cannot run. Like SGLang it also serves
+OpenAI's `/v1/chat/completions` (streamed or not), `/v1/completions` and `/v1/models` (`openai_routes`), so OpenAI
+clients (`vf-eval`, the `openai` SDK) need no gateway in front; they record no ledger (that is `serve-gateway`'s job).
 On a GPU the paged engine's prefix cache (by token content, no session needed) reports `cached_tokens`.
 """
 
@@ -56,9 +58,12 @@ def _finish_reason(finish: str, gen, stop_token_ids) -> dict[str, Any]:
 class EngineServer:
     """aiohttp handlers over one `TransformersPolicy`."""
 
-    def __init__(self, policy: TransformersPolicy, model_path: str):
+    def __init__(self, policy: TransformersPolicy, model_path: str, *, parser: str | None = "hermes"):
+        from slime_env.agents.openai_routes import OpenAIRoutes
+
         self.policy = policy
         self.model_path = model_path
+        self.openai = OpenAIRoutes(policy, model_path, parser=parser)
         self.groups: dict[str, tuple[Any, str]] = {}  # weight-update groups by name: (process group, backend)
         self.loras: dict[str, str] = {}  # LoRA adapters loaded by name ("name@version") -> their folder
         self.memory_calls = {"release": 0, "resume": 0}  # /release_ and /resume_memory_occupation calls served
@@ -84,6 +89,7 @@ class EngineServer:
             web.post("/resume_memory_occupation", self.resume_memory),
             web.post("/load_lora_adapter", self.load_lora_adapter),
             web.post("/unload_lora_adapter", self.unload_lora_adapter),
+            *self.openai.routes(),
         ])
         return app
 
@@ -463,7 +469,7 @@ class EngineServer:
 
 def serve(model: str = "default", host: str = "127.0.0.1", port: int = 30000, max_batch_size: int = 16,
           batch_window_s: float = 0.02, device: str = "auto", dtype: str = "auto",
-          mem_fraction: float | None = None) -> None:
+          mem_fraction: float | None = None, parser: str | None = "hermes") -> None:
     """Load the model and serve until interrupted. Prints `listening on http://HOST:PORT` when ready.
     `mem_fraction`: of the free GPU memory, for the paged engine's K/V pool (None: the engine's default)."""
     policy, path = load_policy(model, max_batch_size=max_batch_size, batch_window_s=batch_window_s, device=device,
@@ -473,4 +479,4 @@ def serve(model: str = "default", host: str = "127.0.0.1", port: int = 30000, ma
     async def close() -> None:
         policy.close()
 
-    serve_forever(EngineServer(policy, path).app, host=host, port=port, backlog=4096, on_exit=close)
+    serve_forever(EngineServer(policy, path, parser=parser).app, host=host, port=port, backlog=4096, on_exit=close)

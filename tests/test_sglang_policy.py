@@ -322,3 +322,28 @@ print("loop closed")
     assert out.returncode == 0, out.stderr[-2000:]
     assert "loop closed" in out.stdout
     assert "Unclosed" not in out.stderr, out.stderr[-2000:]
+
+
+def test_openai_routes_on_serve_engine_itself(engine_url, local):
+    """`serve-engine` answers the `openai` SDK as SGLang does, with no gateway in front (before: /v1/* was 404):
+    greedy chat and plain completions generate what the in-process engine generates for the same ids, a stream
+    reassembles to the same reply, and a bad field is the SDK's BadRequestError naming it."""
+    openai = pytest.importorskip("openai")
+    _, tok, inproc = local
+    client = openai.OpenAI(base_url=f"{engine_url}/v1", api_key="unused")
+    question = [{"role": "user", "content": "What is 2+2?"}]
+    ids = get_renderer(tok).render_prompt([Message("user", "What is 2+2?")])
+    want = asyncio.run(inproc.generate(ids, {"temperature": 0, "max_new_tokens": 8}))
+    text = tok.decode(want.token_ids, skip_special_tokens=True)
+
+    chat = client.chat.completions.create(model="m", messages=question, temperature=0, max_tokens=8)
+    assert chat.choices[0].message.content == text and chat.usage.prompt_tokens == len(ids)
+    assert chat.usage.completion_tokens == len(want.token_ids)
+    stream = client.chat.completions.create(model="m", messages=question, temperature=0, max_tokens=8, stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == text
+    plain = client.completions.create(model="m", prompt=list(ids), temperature=0, max_tokens=8, logprobs=1)
+    assert plain.choices[0].text == tok.decode(want.token_ids)
+    assert plain.choices[0].logprobs.token_logprobs == pytest.approx(want.logprobs, abs=1e-4)
+    assert [m.id for m in client.models.list().data] == [str(default_model_path())]
+    with pytest.raises(openai.BadRequestError, match="temperature"):
+        client.chat.completions.create(model="m", messages=question, temperature=5)
