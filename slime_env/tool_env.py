@@ -338,8 +338,11 @@ class ToolEnv(Env):
     def _record(self, call: ToolCall, call_id: str, status: str, text: str, latency: float,
                 data: Any = None) -> ToolRecord:
         if len(text) > self.max_output_chars:
-            cut = len(text) - self.max_output_chars
-            text = text[:self.max_output_chars] + f"\n[... {cut} characters cut]"
+            # the head and the tail: how a command ended (a shell's exit code, "the output was too long") is last
+            tail = min(1000, self.max_output_chars // 4)
+            head = self.max_output_chars - tail
+            cut = len(text) - head - tail
+            text = f"{text[:head]}\n[... {cut} characters cut ...]\n{text[-tail:]}" if tail else text[:head]
         key = call.name if call.name in self._by_name else "unknown_tool"  # model-chosen names stay bounded
         s = self._stats.setdefault(key, {"calls": 0, "errors": 0, "timeouts": 0, "invalid": 0, "latency_s": 0.0})
         s["calls"] += 1

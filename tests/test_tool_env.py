@@ -348,7 +348,8 @@ def test_long_results_are_cut():
         env = ToolEnv([big], max_output_chars=100)
         await _start(env)
         obs, *_ = await env.step(Action("..", tool_calls=(ToolCall("big", {}),)))
-        assert obs[0].content == "z" * 100 + "\n[... 4900 characters cut]"
+        # the head and the tail (where a command's exit status or a note sits): 75 + 25 characters kept
+        assert obs[0].content == "z" * 75 + "\n[... 4900 characters cut ...]\n" + "z" * 25
 
     _run(main())
 

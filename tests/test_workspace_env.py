@@ -82,6 +82,12 @@ def test_the_tools_in_a_workspace_with_exact_ledgers(smollm2_tok):
         call("search", pattern="nothing-like-this"),
         call("bash", command="sleep 30", timeout=1),
         call("bash", command="yes | head -c 100000"),
+        # a 70 MB file of 100-character lines: viewed and searched through the workspace, never read whole here
+        call("bash", command="head -c 70000000 /dev/zero | tr '\\0' a | fold -w 100 > /app/big.txt"),
+        call("str_replace_editor", command="view", path="/app/big.txt"),
+        call("str_replace_editor", command="view", path="/app/big.txt", view_range=[500000, 500001]),
+        call("search", pattern="a", path="/app/big.txt"),
+        call("bash", command="yes | head -c 3000000"),  # past the command's output limit: killed, and told so
         call("submit"),
     ]
 
@@ -105,7 +111,15 @@ def test_the_tools_in_a_workspace_with_exact_ledgers(smollm2_tok):
     assert tools[10] == "/app/proj/m.py:2:    return x <= 3"
     assert tools[11].startswith("No matches")
     assert tools[12] == "[the command timed out after 1s and was killed]"
-    assert "[output cut" in tools[13] or "characters cut]" in tools[13]
+    assert "characters cut ...]" in tools[13]
+    assert tools[15].startswith("Here's the result of running `cat -n` on /app/big.txt:\n     1\taaa")
+    assert tools[15].endswith("[/app/big.txt is 70,699,999 bytes: only the lines shown fit; view_range shows any "
+                              "other lines]")
+    assert tools[16].splitlines()[1:] == [f"{500000:6}\t{'a' * 100}", f"{500001:6}\t{'a' * 100}"]
+    assert len(tools[17].splitlines()) == 51 and tools[17].endswith("there are too many; narrow the search]")
+    # the env cuts a long result in the middle: how the command ended stays visible
+    assert "characters cut ...]" in tools[18]
+    assert tools[18].endswith("[the output was too long and was cut; the command was killed]")
     # the system message carries the tools in hermes format: SmolLM2's template has no tool section
     assert '"name": "str_replace_editor"' in traj.messages[0].content and "<tool_call>" in traj.messages[0].content
     traj.check()

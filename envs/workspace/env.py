@@ -50,6 +50,42 @@ async def _read_text(ws: Workspace, path: str) -> str:
         raise ToolError(f"{path} is not a UTF-8 text file.") from None
 
 
+VIEW_BYTES = 256 << 10  # a file larger than this is viewed through the workspace, never read whole into this process
+
+
+async def _large_file(ws: Workspace, path: str) -> int | None:
+    """The size of `path` when it is a regular file over VIEW_BYTES, else None (small, missing, or a folder)."""
+    try:
+        entry = next((e for e in await ws.list_dir(posixpath.dirname(path) or "/")
+                      if e.name == posixpath.basename(path)), None)
+    except (FileNotFoundError, NotADirectoryError, PermissionError, WorkspaceError):
+        return None
+    return entry.size if entry is not None and entry.kind == "file" and entry.size > VIEW_BYTES else None
+
+
+async def _view_large(ws: Workspace, path: str, size: int, view_range: list[int] | None) -> str:
+    """`view` of a file over VIEW_BYTES: its first VIEW_BYTES, or the lines of `view_range`, read in the workspace
+    (`head` / `sed`): a 60 MB file cost this process 380 MB to show 10,000 characters."""
+    if view_range is None:
+        start, argv = 1, ["head", "-c", str(VIEW_BYTES), "--", path]
+    else:
+        if len(view_range) != 2 or not all(isinstance(n, int) for n in view_range) or view_range[0] < 1 \
+                or (view_range[1] != -1 and view_range[1] < view_range[0]):
+            raise ToolError("view_range must be two integers [start, end] (end -1: to the end of the file)")
+        start, end = view_range
+        argv = ["sed", "-n", f"{start},$p" if end == -1 else f"{start},{end}p;{end}q", "--", path]
+    result = await ws.exec(argv, timeout_s=60, output_limit_bytes=VIEW_BYTES)
+    if result.status not in ("ok", "output_limit") or (result.exit_code and result.status == "ok"):
+        raise ToolError(result.stderr.strip() or result.reason or f"cannot read {path}")
+    text = result.stdout
+    cut = result.status == "output_limit" or (view_range is None and size > VIEW_BYTES)
+    if cut:
+        text = text[:text.rfind("\n") + 1] if "\n" in text else text  # whole lines only
+    note = (f"\n[{path} is {size:,} bytes: only the lines shown fit; view_range shows any other lines]"
+            if cut else "")
+    return f"Here's the result of running `cat -n` on {path}:\n{editor.numbered(text, start)}\n{note}"
+
+
 def make_tools(*, command_timeout_s: float = 60.0, max_search_results: int = 50) -> list:
     """The workspace tools (each takes the hidden `state`: `workspace`, `edits`)."""
 
@@ -90,6 +126,9 @@ def make_tools(*, command_timeout_s: float = 60.0, max_search_results: int = 50)
         full = posixpath.normpath(path if path.startswith("/") else posixpath.join(ws.workdir, path))
         edits: dict[str, list[bytes | None]] = state.setdefault("edits", {})
         if command == "view":
+            large = await _large_file(ws, full)
+            if large is not None:
+                return await _view_large(ws, full, large, view_range)
             try:
                 return editor.view_file(full, await _read_text(ws, full), view_range)
             except ToolError as e:
@@ -150,14 +189,19 @@ def make_tools(*, command_timeout_s: float = 60.0, max_search_results: int = 50)
         ws = _workspace(state)
         argv = ["grep", "-rnIE", "--exclude-dir=.git", *([f"--include={include}"] if include else []), "--",
                 pattern, path]
-        result = await ws.exec(argv, timeout_s=60, output_limit_bytes=4 << 20)
-        if result.exit_code == 1:
+        # what is shown (max_search_results lines of 300 characters) fits many times in the limit; past it grep is
+        # stopped and its first matches are shown
+        result = await ws.exec(argv, timeout_s=60, output_limit_bytes=256 << 10)
+        cut = result.status == "output_limit"
+        if result.exit_code == 1 and not cut:
             return f"No matches for {pattern!r} in {path}."
-        if result.exit_code not in (0, None) or result.status not in ("ok", "output_limit"):
+        if not cut and (result.exit_code not in (0, None) or result.status != "ok"):
             raise ToolError(result.stderr.strip() or result.reason or f"grep failed ({result.exit_code})")
-        lines = result.stdout.splitlines()
+        lines = result.stdout.splitlines()[:-1] if cut else result.stdout.splitlines()  # the last may be cut
         shown = "\n".join(line[:300] for line in lines[:max_search_results])
         more = len(lines) - max_search_results
+        if cut:
+            return shown + "\n[more matches not shown: there are too many; narrow the search]"
         return shown + (f"\n[{more} more matches not shown; narrow the search]" if more > 0 else "")
 
     async def submit(*, state: dict) -> str:
