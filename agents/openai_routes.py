@@ -46,8 +46,10 @@ class OpenAIRoutes:
                 web.get("/v1/models", self.models)]
 
     async def models(self, request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": self.model, "object": "model", "created": 0,
-                                                              "owned_by": "slime_env"}]})
+        card = {"id": self.model, "object": "model", "created": 0, "owned_by": "slime_env"}
+        if self.context is not None:  # as vLLM and SGLang say it: clients (our gateway) refuse longer prompts
+            card["max_model_len"] = self.context
+        return web.json_response({"object": "list", "data": [card]})
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         try:

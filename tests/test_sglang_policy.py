@@ -347,3 +347,35 @@ def test_openai_routes_on_serve_engine_itself(engine_url, local):
     assert [m.id for m in client.models.list().data] == [str(default_model_path())]
     with pytest.raises(openai.BadRequestError, match="temperature"):
         client.chat.completions.create(model="m", messages=question, temperature=5)
+
+
+def test_a_gateway_in_front_of_an_engine_server_refuses_prompts_past_its_models_context(engine_url, local):
+    """The gateway asks the engine server its model's context (`/v1/models`' `max_model_len`, as vLLM and SGLang say
+    it) at start and answers a longer prompt with a 400 naming the limit, before the engine sees it (before: only an
+    in-process engine's limit was known; 15,025 tokens of empty messages kept a served engine busy for two minutes
+    while every other session waited)."""
+    openai = pytest.importorskip("openai")
+    from slime_env.gateway import Gateway
+
+    _, tok, _ = local
+
+    async def main():
+        policy = SGLangPolicy(engine_url)
+        gateway = Gateway(policy, get_renderer(tok), "hermes")
+        await gateway.start()
+        try:
+            session = gateway.open_session()
+            client = openai.AsyncOpenAI(base_url=gateway.session_url(session), api_key=session.key, max_retries=0)
+            with pytest.raises(openai.BadRequestError, match="context of 8192 tokens"):
+                await client.chat.completions.create(model="m", max_tokens=4,
+                                                     messages=[{"role": "user", "content": ""}] * 3000)
+            ok = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hi"}],
+                                                      max_tokens=2, temperature=0)
+            await client.close()
+            return gateway.max_context_tokens, ok
+        finally:
+            await gateway.stop()
+            await policy.close()
+
+    limit, ok = asyncio.run(main())
+    assert limit == 8192 and ok.choices[0].message is not None

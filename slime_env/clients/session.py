@@ -1,5 +1,5 @@
 """What the engine clients share: per-episode views (one request id per call, abort of the live one), usage
-counters, and the LoRA adapters a client loaded."""
+counters, the LoRA adapters a client loaded, and the served model's context length."""
 
 from __future__ import annotations
 
@@ -88,3 +88,14 @@ class LoadedAdapters:
         for name in old:
             await self.unload_lora_adapter(name)
         return old
+
+
+async def served_context_length(http: Any) -> int | None:
+    """The context length the server's `/v1/models` reports for its model (`max_model_len`: vLLM, SGLang and
+    `slime-env serve-engine` give it), or None when it says none or cannot be asked."""
+    try:
+        body = await http.request("GET", "/v1/models", max_retries=0)
+        value = (body.get("data") or [{}])[0].get("max_model_len")
+    except Exception:  # noqa: BLE001 - an older server, or none of this route: no limit known
+        return None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None

@@ -227,6 +227,13 @@ class SGLangPolicy(LoadedAdapters):
     async def get_model_info(self) -> dict[str, Any]:
         return await self.http.request("GET", "/get_model_info")
 
+    async def fetch_context_length(self) -> int | None:
+        """The served model's context length (`/v1/models`' `max_model_len`), None when the server gives none: the
+        gateway refuses prompts past it before they reach the engine."""
+        from slime_env.clients.session import served_context_length
+
+        return await served_context_length(self.http)
+
     async def close(self) -> None:
         await self.http.close()
 

@@ -177,6 +177,13 @@ class VLLMPolicy(LoadedAdapters):
                 raise
         return version
 
+    async def fetch_context_length(self) -> int | None:
+        """The served model's context length (`/v1/models`' `max_model_len`), None when the server gives none: the
+        gateway refuses prompts past it before they reach the engine."""
+        from slime_env.clients.session import served_context_length
+
+        return await served_context_length(self.http)
+
     async def health(self) -> bool:
         try:
             await self.http.request("GET", "/health", expect_json=False, max_retries=0)

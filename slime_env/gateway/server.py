@@ -83,8 +83,9 @@ class Gateway:
         self.model, self.strict = model, strict
         self.max_new_tokens = max_new_tokens
         # None: the policy's own context (an engine that knows its model's, e.g. the embedded one), else unbounded
+        known = getattr(policy, "context_length", None)
         self.max_context_tokens = max_context_tokens if max_context_tokens is not None else \
-            getattr(policy, "context_length", None)
+            (known if isinstance(known, int) else None)  # an engine server's is asked at start()
         # "episode" seeds are the step runner's (one per episode and turn); here each call samples freshly
         self.overrides = {k: v for k, v in (overrides or {}).items() if not (k == "sampling_seed" and v == "episode")}
         self.session_ttl_s, self.max_body_bytes = session_ttl_s, max_body_bytes
@@ -105,6 +106,9 @@ class Gateway:
     # --- lifecycle --------------------------------------------------------------------------------------------
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
         """Serve on `host:port` (0: a free port); returns the base URL."""
+        if self.max_context_tokens is None and hasattr(self.policy, "fetch_context_length"):
+            # an engine server (SGLang, vLLM, serve-engine) says its model's context length itself
+            self.max_context_tokens = await self.policy.fetch_context_length()
         # handler_cancellation: a client that disconnects (its timeout) cancels its call, which records nothing
         self._runner = web.AppRunner(self.app, access_log=None, handler_cancellation=True)
         await self._runner.setup()
