@@ -196,6 +196,8 @@ class EngineServer:
         return web.Response(text="")
 
     async def health_generate(self, request: web.Request) -> web.Response:
+        if self.policy.memory_released:  # asleep on request (a colocated trainer steps): healthy, nothing to run
+            return web.Response(text="")
         try:
             await asyncio.wait_for(self.policy.generate([self.policy.eos_id or 0], {"max_new_tokens": 1,
                                                                                      "temperature": 0}), 60)
@@ -216,7 +218,8 @@ class EngineServer:
                                   # a distributed update call of any size buffers at most this (not SGLang's): a
                                   # sender may send a whole update in one call
                                   "update_buffer_bytes": UPDATE_BUFFER_BYTES,
-                                  "memory_calls": self.memory_calls})
+                                  "memory_calls": self.memory_calls,
+                                  "memory_released": p.memory_released})
 
     async def flush_cache(self, request: web.Request) -> web.Response:
         await asyncio.to_thread(self.policy.flush_cache)
@@ -413,6 +416,8 @@ class EngineServer:
         return web.json_response({"success": True, "message": "destroyed"})
 
     def _named_parameters(self, names: Any) -> dict[str, Any] | web.Response:
+        if self.policy.memory_released:
+            return _bad("the engine's memory is released: POST /resume_memory_occupation first")
         params = dict(self.policy.model.state_dict())
         if isinstance(names, str):
             names = [names]
@@ -457,15 +462,26 @@ class EngineServer:
                                   "checksums": await asyncio.to_thread(digest)})
 
     async def release_memory(self, request: web.Request) -> web.Response:
-        await asyncio.to_thread(self.policy.release_memory)
+        """SGLang's `/release_memory_occupation`: once the running requests finished, the engine's GPU memory goes
+        back (the weights to pinned host memory, the K/V pool, CUDA graphs and their pool, cuBLAS's workspaces);
+        until `/resume_memory_occupation` generation requests wait (none is refused) and `/health_generate`
+        answers without generating. `tags` (SGLang's "weights", "kv_cache", "cuda_graph"): without "weights" the
+        weights stay."""
+        body = await _json(request) if request.can_read_body else {}
+        if isinstance(body, web.Response):
+            return body
+        tags = body.get("tags")
+        weights = not isinstance(tags, list) or "weights" in tags
+        await asyncio.to_thread(lambda: self.policy.release_memory(until_resumed=True, weights=weights))
         self.memory_calls["release"] += 1
         return web.json_response({"success": True})
 
     async def resume_memory(self, request: web.Request) -> web.Response:
+        """Everything `/release_memory_occupation` freed comes back (the weights with the values they had, unless a
+        weight update wrote new ones meanwhile); the requests that waited run."""
         await asyncio.to_thread(self.policy.resume_memory)
         self.memory_calls["resume"] += 1
         return web.json_response({"success": True})
-
 
 def serve(model: str = "default", host: str = "127.0.0.1", port: int = 30000, max_batch_size: int = 16,
           batch_window_s: float = 0.02, device: str = "auto", dtype: str = "auto",

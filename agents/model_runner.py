@@ -15,13 +15,15 @@ So a step of T tokens is shape-static once T is padded up to a size of the ladde
 captured once into a CUDA graph (when first needed; decode-only steps have their own, without the prefill kernel)
 whose inputs are views of one device buffer, filled by one host-to-device copy per step. Steps where sequences join
 (the multi-turn case, where turns end and start all the time) replay too; an eager step cost ~28 ms of Python and
-kernel launches for a 30-layer model, a replay ~3-4 ms. The pool and the graphs can be dropped (`release()`) to
-give the GPU's memory to a colocated trainer and rebuilt (`resume()`); graphs are then captured again as sizes
-come up.
+kernel launches for a 30-layer model, a replay ~3-4 ms. The pool, the graphs (and their memory pool), cuBLAS's
+workspaces and, with `weights=True`, the weights themselves (to host memory, in place: `HostWeights`) can be dropped
+(`release()`) to give the GPU's memory to a colocated trainer, and brought back (`resume()`); graphs are then
+captured again as sizes come up.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -153,26 +155,38 @@ class ModelRunner:
         self.v_cache: list[torch.Tensor] = []
         self.graphs: dict[tuple[int, bool], tuple[Any, torch.Tensor]] = {}  # (step size, prefill): (graph, logits)
         self._graph_pool = None
+        self._host_weights = HostWeights(model, self.device)
         self._layout(max_step_tokens)
         self._rope_tables()
         self.resume()
 
     # --- memory ---------------------------------------------------------------------------------------------
     def resume(self) -> None:
-        """Allocate the K/V pool (after `release`, or at start)."""
+        """The weights back (if released) and the K/V pool allocated (after `release`, or at start)."""
+        self.restore_weights()
         if self.k_cache:
             return
         shape = (self.num_blocks, self.block_size, self.kv_heads, self.head_dim)
         self.k_cache = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.layers)]
         self.v_cache = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.layers)]
 
-    def release(self) -> None:
-        """Free the K/V pool and the graphs (their memory goes back to the allocator)."""
+    def restore_weights(self) -> None:
+        """The weights back on the device with the values they had at `release(weights=True)` (else nothing)."""
+        if self._host_weights.held:
+            self._host_weights.restore()
+
+    def release(self, weights: bool = False) -> None:
+        """Free the K/V pool, the graphs and their memory pool, cuBLAS's workspaces and (`weights`) the weights; what
+        the caching allocator then holds unused goes back to the driver."""
         self.graphs.clear()
         self._graph_pool = None
         self.k_cache, self.v_cache = [], []
+        if weights:
+            self._host_weights.offload()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+            if hasattr(torch._C, "_cuda_clearCublasWorkspaces"):  # one per stream that ran a GEMM, ~32 MiB each
+                torch._C._cuda_clearCublasWorkspaces()
             torch.cuda.empty_cache()
 
     def pool_bytes(self) -> int:
@@ -340,6 +354,61 @@ class ModelRunner:
             out = self._forward(views)
         self._graph_pool = graph.pool()
         self.graphs[size, prefill] = (graph, out)
+
+
+class HostWeights:
+    """The model's tensors on `device` (parameters and buffers) moved to host memory and back, in place.
+
+    Each distinct storage is copied into a host buffer (pinned on CUDA; kept for the next release) and resized to
+    nothing, which frees its device memory while every view of it stays the same object: the parameters, the fused
+    q/k/v and gate/up stacks (`fuse_rows`), a state dict taken earlier. `restore` re-allocates each storage and copies
+    the bytes back, so the views read the same values again (at new addresses: CUDA graphs must be captured anew).
+    A storage that cannot be resized (memory another process shares) stays on the device."""
+
+    def __init__(self, model: Any, device: torch.device):
+        self.model, self.device = model, device
+        self._host: dict[str, torch.Tensor] = {}  # by the name of the first tensor seen in that storage
+        self._held: list[tuple[Any, torch.Tensor]] = []  # (device storage, its bytes on the host) while offloaded
+
+    @property
+    def held(self) -> bool:
+        return bool(self._held)
+
+    def offload(self) -> int:
+        """Move every storage to the host; the device bytes freed."""
+        if self._held:
+            return 0
+        seen: set[int] = set()
+        cuda = self.device.type == "cuda"
+        for name, t in itertools.chain(self.model.named_parameters(), self.model.named_buffers()):
+            storage = t.untyped_storage()
+            if t.device != self.device or storage.nbytes() == 0 or storage.data_ptr() in seen \
+                    or not storage.resizable():
+                continue
+            seen.add(storage.data_ptr())
+            host = self._host.get(name)
+            if host is None or host.numel() != storage.nbytes():
+                host = self._host[name] = torch.empty(storage.nbytes(), dtype=torch.uint8, pin_memory=cuda)
+            host.copy_(_as_bytes(storage), non_blocking=cuda)
+            self._held.append((storage, host))
+        if cuda:
+            torch.cuda.synchronize(self.device)
+        for storage, _ in self._held:
+            storage.resize_(0)
+        return sum(host.numel() for _, host in self._held)
+
+    def restore(self) -> None:
+        cuda = self.device.type == "cuda"
+        for storage, host in self._held:
+            storage.resize_(host.numel())
+            _as_bytes(storage).copy_(host, non_blocking=cuda)
+        if cuda:
+            torch.cuda.synchronize(self.device)
+        self._held = []
+
+
+def _as_bytes(storage: Any) -> torch.Tensor:
+    return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
 
 
 def pool_blocks(model: Any, *, block_size: int, dtype: torch.dtype, device: torch.device, memory_fraction: float,

@@ -102,13 +102,15 @@ class PagedEngine(EngineWorker):
             return
         super().submit(req)
 
-    def release_memory(self) -> None:
-        """Free the K/V pool and CUDA graphs (call while idle and held, e.g. around a colocated training step)."""
+    def release_memory(self, weights: bool = True) -> None:
+        """Free the device memory: the K/V pool, the CUDA graphs and their pool, cuBLAS's workspaces and (`weights`)
+        the weights, moved to host memory (call while idle and held, e.g. around a colocated training step). The next
+        step, a weight load (`restore_weights`) or `resume_memory` brings it back."""
         with self.model_lock:
             self.prefix.clear()
             if self._stream is not None:
                 self._stream.synchronize()  # nothing of the engine's may still read the pool it frees
-            self.runner.release()
+            self.runner.release(weights)
             self._released = True
 
     def resume_memory(self) -> None:
@@ -118,6 +120,15 @@ class PagedEngine(EngineWorker):
                 self._released = False
                 if self._stream is not None:  # made on the caller's stream: done before the engine's reads it
                     torch.cuda.synchronize(self._stream.device)
+
+    def restore_weights(self) -> None:
+        """The released weights back on the device, the pool still released (call holding `model_lock`: a weight
+        update writes into them next)."""
+        self.runner.restore_weights()
+
+    @property
+    def released(self) -> bool:
+        return self._released
 
     def invalidate(self) -> None:
         """New weights: no cached K/V is valid (call while idle, holding `model_lock`)."""

@@ -99,6 +99,7 @@ class TransformersPolicy:
                       "generate_s": 0.0, "cached_tokens": 0}
         self.batching = batching
         self._engine = None
+        self._until_resumed = False  # memory released until `resume_memory()` (SGLang's contract): admit nothing
         # MoE models: each generated token's routed experts (routing replay), by default
         from slime_env.agents.routing_capture import RoutingCapture, moe_routers
 
@@ -202,7 +203,7 @@ class TransformersPolicy:
     def resume(self) -> None:
         self._running.set()
         if self._engine is not None:
-            self._engine.hold(False)
+            self._engine.hold(self._until_resumed)
 
     @property
     def paused(self) -> bool:
@@ -235,6 +236,8 @@ class TransformersPolicy:
 
             def load() -> None:
                 with engine.model_lock:
+                    if self.paged:  # weights released (a colocated trainer ran): back first, then written
+                        engine.restore_weights()
                     load_all()
                     if self.device.type == "cuda":  # copied on this thread's stream; the engine reads on its own
                         torch.cuda.synchronize(self.device)
@@ -243,7 +246,7 @@ class TransformersPolicy:
             await loop.run_in_executor(self._executor, load)
             self.weight_version = str(weight_version)
         finally:
-            engine.hold(self.paused)
+            engine.hold(self.paused or self._until_resumed)
 
     async def load_adapter(self, adapter: Any, weight_version: str) -> None:
         """Apply a LoRA adapter (`slime_env.agents.lora_adapter.LoRAAdapter`) merged into the weights, as a partial
@@ -277,15 +280,34 @@ class TransformersPolicy:
             with self._engine.model_lock:
                 self._engine.prefix.clear()
 
-    def release_memory(self) -> None:
-        """Give the K/V pool's device memory back (a colocated trainer is about to run). Only the paged engine
-        holds such a pool; elsewhere a no-op. Generation resumes it by itself, or call `resume_memory()`."""
-        if self.paged:
-            self._engine.release_memory()
+    def release_memory(self, *, until_resumed: bool = False, weights: bool = True) -> None:
+        """Give the paged engine's device memory back (a colocated trainer is about to run): the K/V pool, the CUDA
+        graphs and their memory pool, cuBLAS's workspaces and (`weights`) the weights, copied to pinned host memory.
+        No request is admitted meanwhile; the running ones finish first. A weight update brings the weights back
+        (and writes them); `resume_memory()` brings everything back, the weights with the values they had. Without
+        `until_resumed` the next generation resumes by itself (the embedded engine); with it (SGLang's contract,
+        serve-engine's) requests wait for `resume_memory()`. Only the paged engine holds such memory; elsewhere a
+        no-op."""
+        if not self.paged:
+            return
+        engine = self._engine
+        engine.hold(True)
+        while not engine.idle():
+            time.sleep(0.005)
+        engine.release_memory(weights)
+        self._until_resumed = until_resumed
+        engine.hold(self.paused or until_resumed)
 
     def resume_memory(self) -> None:
         if self.paged:
             self._engine.resume_memory()
+            self._until_resumed = False
+            self._engine.hold(self.paused)
+
+    @property
+    def memory_released(self) -> bool:
+        """The paged engine's memory is released (`release_memory`) and not yet taken back."""
+        return self.paged and self._engine.released
 
     def close(self) -> None:
         if self._worker is not None:

@@ -316,8 +316,11 @@ def test_a_sequence_longer_than_the_model_allows_is_refused_by_name(tok):
 
 
 def test_release_and_resume_memory_keep_generation_exact(tok):
+    """The embedded engine's cycle: released (pool, graphs and weights: every parameter's storage emptied, its bytes
+    on the host), the next generation takes it all back by itself, with the same tokens."""
     model = tiny("llama", tok)
     policy = paged_policy(model, tok)
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
 
     async def gen():
         return await policy.generate(list(range(10, 50)), {**GREEDY, "max_new_tokens": 6, "ignore_eos": True})
@@ -325,11 +328,56 @@ def test_release_and_resume_memory_keep_generation_exact(tok):
     try:
         before = asyncio.run(gen())
         policy.release_memory()
-        assert policy._engine.runner.k_cache == [] and policy._engine.prefix.tokens == 0
-        after = asyncio.run(gen())  # the engine resumes its pool by itself
-        assert after.token_ids == before.token_ids and after.cached_tokens == 0
+        assert policy._engine.runner.k_cache == [] and policy._engine.prefix.tokens == 0 and policy.memory_released
+        assert all(p.untyped_storage().nbytes() == 0 for p in model.parameters())
+        after = asyncio.run(gen())  # the engine resumes its memory by itself
+        assert after.token_ids == before.token_ids and after.cached_tokens == 0 and not policy.memory_released
+        assert all(torch.equal(v, weights[k]) for k, v in model.state_dict().items())
     finally:
         policy.close()
+
+
+def test_serve_engine_release_frees_the_weights_and_queues_generation_until_resumed(tok):
+    """SGLang's `/release_memory_occupation` on serve-engine: the engine holds no weights and no K/V pool, a
+    `/generate` waits (not refused) while `/health_generate` still answers at once (the pool's health probe must not
+    mark a sleeping engine down, nor wake it), the weights are not readable; `/resume_memory_occupation` brings the
+    weights back with their values and the waiting request answers as before the release."""
+    from aiohttp.test_utils import TestClient, TestServer
+    from slime_env.agents.engine_server import EngineServer
+
+    model = tiny("qwen3", tok)
+    policy = paged_policy(model, tok)
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    body = {"input_ids": list(range(10, 40)), "sampling_params": {**GREEDY, "max_new_tokens": 6, "ignore_eos": True}}
+
+    async def main():
+        async with TestClient(TestServer(EngineServer(policy, "tiny").app())) as http:
+            async def generate():
+                r = await http.post("/generate", json=body)
+                return (await r.json())["output_ids"]
+
+            before = await generate()
+            assert (await http.post("/release_memory_occupation", json={})).status == 200
+            info = await (await http.get("/get_server_info")).json()
+            assert info["memory_released"] and info["memory_calls"] == {"release": 1, "resume": 0}
+            assert all(p.untyped_storage().nbytes() == 0 for p in model.parameters())
+            assert policy._engine.runner.k_cache == [] and policy._engine.runner.graphs == {}
+            assert (await asyncio.wait_for(http.get("/health_generate"), 2)).status == 200
+            r = await http.get("/get_weights_by_name", params={"name": "lm_head.weight"})
+            assert r.status == 400 and "resume_memory_occupation" in await r.text()
+            waiting = asyncio.ensure_future(generate())
+            await asyncio.sleep(0.3)
+            assert not waiting.done() and policy._engine.runner.k_cache == []  # queued; nothing woke the engine
+            assert (await http.post("/resume_memory_occupation", json={})).status == 200
+            after = await asyncio.wait_for(waiting, 10)
+            return before, after
+
+    try:
+        before, after = asyncio.run(main())
+    finally:
+        policy.close()
+    assert after == before and not policy.memory_released
+    assert all(torch.equal(v, weights[k]) for k, v in model.state_dict().items())
 
 
 def test_pool_sizing_names_what_is_missing_on_a_cpu(tok):
