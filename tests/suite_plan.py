@@ -32,7 +32,7 @@ COSTS = Path(__file__).with_name("suite_costs.json")
 QUICK_S = 2.0
 HEAVY_MB = 8000
 HEAVY_LANE = "heavy-lane"
-ALONE_MB = 5000
+ALONE_MB = 7000
 
 
 def load_costs(path: Path = COSTS) -> dict:

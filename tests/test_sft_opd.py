@@ -339,6 +339,7 @@ def test_slime_env_sft_saves_a_model_folder_a_later_run_loads(tmp_path, smollm2_
     assert out.returncode == 1 and "needs a warmup section" in out.stderr
 
 
+@pytest.mark.timeout(1200)  # ~4 min alone on two cores; a busy machine took it past the suite's 600 s
 def test_a_cold_start_warm_up_teaches_search_r1_on_topics_never_trained_on(tmp_path):
     """examples/search_sft_grpo.yaml (shrunk): SmolLM2 does not search-then-answer by itself; a few SFT steps on the
     scripted searcher's successful episodes and it searches and answers held-out questions whose answers (reference
