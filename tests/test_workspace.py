@@ -55,6 +55,9 @@ def test_commands_run_with_their_own_streams_exit_codes_cwd_env_users_and_stdin(
             assert r.status == "error" and "/no/such/dir" in r.reason
             with pytest.raises(Exception, match="does not exist"):
                 await ws.exec("true", user="nosuchuser")
+            # the workspace's processes show no host path (bwrap's own command line held its overlay's folders)
+            seen = (await ws.exec("cat /proc/[0-9]*/cmdline | tr '\\0' ' '")).stdout
+            assert "/.slime_env/agent" in seen and "--bind" not in seen and "/merged" not in seen, seen
             # many commands at once in one workspace
             outs = await asyncio.gather(*(ws.exec(f"sleep 0.2; echo {i}") for i in range(8)))
             assert [o.stdout for o in outs] == [f"{i}\n" for i in range(8)]

@@ -176,19 +176,22 @@ class BwrapWorkspace(Workspace):
     async def _launch(self) -> AgentConnection:
         d = self.dir
         env = {**self.image["env"], **self.spec.env}
-        bwrap = ["bwrap", "--bind", str(d / "merged"), "/", "--proc", "/proc", "--dev", "/dev",
+        bwrap = ["--bind", str(d / "merged"), "/", "--proc", "/proc", "--dev", "/dev",
                  "--ro-bind", str(agent_binary()), "/.slime_env/agent", "--unshare-ipc", "--unshare-pid",
                  "--unshare-uts", "--unshare-cgroup-try", "--hostname", "workspace", "--die-with-parent",
                  "--cap-drop", "ALL", *[a for cap in CAPS for a in ("--cap-add", cap)], "--chdir", self.workdir,
                  "--clearenv", *[a for k, v in env.items() for a in ("--setenv", k, v)]]
         if self.spec.limits.network != "public":
             bwrap.append("--unshare-net")
-        bwrap.append("/.slime_env/agent")
+        # The options go through a file (`--args`), not the command line: bwrap stays the workspace's first process,
+        # and `ps` in the workspace showed its argv, host paths (the overlay's folders) and the environment included.
+        (d / "bwrap.args").write_bytes(b"".join(a.encode() + b"\0" for a in bwrap))
         joins = "".join(f"echo $$ > {shlex.quote(str(c / 'cgroup.procs'))} && " for c in self._cgroup_dirs())
         script = (f"{joins}mount -t overlay overlay -o lowerdir={_q(self.image['root'])},upperdir={_q(d / 'upper')},"
                   f"workdir={_q(d / 'work')} {_q(d / 'merged')} && "
                   # as Docker does: the working directory exists
-                  f"mkdir -p {_q(str(d / 'merged') + self.workdir)} && exec {shlex.join(bwrap)}")
+                  f"mkdir -p {_q(str(d / 'merged') + self.workdir)} && "
+                  f"exec bwrap --args 3 /.slime_env/agent 3< {_q(d / 'bwrap.args')}")
         self.proc = await asyncio.create_subprocess_exec(
             "unshare", "--mount", "--propagation", "private", "/bin/sh", "-c", script, stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
