@@ -365,7 +365,8 @@ def test_a_harness_episode_with_branches_counts_its_time_once():
     assert m["rollout/time/generate_s"] == pytest.approx(144.6)
     assert sum(t.timings["total_s"] for t in trajs) == pytest.approx(147.8)
     assert m["rollout/time/generate_frac"] == pytest.approx(144.6 / 147.8)
-    assert [("workspace" in t.metadata) for t in trajs] == [True, False, False]  # the container's record, once
+    # the container's seconds once (on the main trajectory); the verifier's record on every branch
+    assert [("exec_s" in t.metadata["workspace"]) for t in trajs] == [True, False, False]
     assert m["rollout/time/container_s"] < 2.7 + 0.5  # exec 2.6 plus this test's start and verify, not 3x
     assert all(t.timings["total_s"] >= t.timings["generate_s"] for t in trajs)
 

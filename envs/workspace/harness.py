@@ -5,7 +5,8 @@ The program is `agent(base_url, api_key, task, workspace)`: it talks to the gate
 likes and runs its commands in `workspace` (`Workspace.exec`). After it returns (or crashes, or runs out of time),
 `verify(task, workspace)` scores the episode — the harness's own claims ("submitted", "tests pass") count for
 nothing. The workspace is released after verification, whatever happened. The episode's container record
-(`metadata["workspace"]`: start, exec, verify seconds and the verifier's info) is on its main trajectory only.
+(`metadata["workspace"]`: the verifier's info on every branch; the start, exec and verify seconds on the main
+trajectory only, so they are counted once).
 """
 
 from __future__ import annotations
@@ -79,10 +80,12 @@ class WorkspaceAgentEnv(AgentEnv):
         record = {"start_s": episode["start_s"], "exec_s": getattr(ws, "exec_s", 0.0),
                   "verify_s": episode.get("verify_s", 0.0),
                   "killed_before_verify": episode.get("killed_before_verify", 0), **episode["info"]}
-        # the container's time belongs to the episode, not to each branch: it goes on the main trajectory alone
-        # (on every branch, `time_split` summed it once per branch)
+        # the container's time belongs to the episode, not to each branch: its seconds go on the main trajectory
+        # alone (on every branch, `time_split` summed them once per branch); the verifier's record is every branch's
         main, *sides = trajectories
-        return [replace(main, metadata={**main.metadata, "workspace": record}), *sides]
+        verdict = {k: v for k, v in record.items() if k not in ("start_s", "exec_s", "verify_s")}
+        return [replace(main, metadata={**main.metadata, "workspace": record}),
+                *(replace(t, metadata={**t.metadata, "workspace": verdict}) for t in sides)]
 
     async def _call(self, url: str, key: str, task: Task) -> Any:
         ws = _EPISODE.get()["workspace"]
