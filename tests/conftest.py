@@ -11,8 +11,8 @@ import pytest
 
 from slime_env import offline_tokenizers as ot
 from slime_env.malloc_tuning import tune_malloc
-from leftovers import THIRD_PARTY_TMP, LeftoverCheck, mark_run, remove_third_party_tmp
-from suite_plan import AloneLock, SuitePlan, load_costs
+from leftovers import LeftoverCheck, mark_run, remove_third_party_tmp
+from suite_plan import SuitePlan, load_costs
 from suite_report import SuiteReport
 
 
@@ -38,8 +38,6 @@ def pytest_configure(config):
     _threads_per_worker(config)
     config.pluginmanager.register(SuiteReport(config), "suite_report")
     config.pluginmanager.register(SuitePlan(load_costs()), "suite_plan")
-    if "PYTEST_XDIST_WORKER" in os.environ:  # tests side by side: the largest run alone (tests/suite_plan.py)
-        config.pluginmanager.register(AloneLock(os.environ[THIRD_PARTY_TMP]), "alone_lock")
     # the controller, or the only process: it outlives every test
     if config.getoption("leftover_check") and "PYTEST_XDIST_WORKER" not in os.environ:
         config.pluginmanager.register(LeftoverCheck(), "leftover_check")

@@ -6,12 +6,6 @@ modules never run beside each other. Everything comes from `tests/suite_costs.js
   (`-m "not slow"`). A test not measured yet counts as quick until the next `make test-report`.
 - **Order.** Modules start longest first (LPT: the long ones do not end up alone at the end of a two-worker run);
   tests keep their order within a module.
-- **Alone.** A test whose measured peak (its worker's process tree: servers, ranks and models included) is
-  `ALONE_MB` or more, or one marked `alone` by hand, runs with nothing beside it: the other worker waits between two
-  of its tests while it runs, and the test gets every core (its torch threads and `OMP_NUM_THREADS` for the
-  processes it starts). Every other test holds the run's lock shared, so two tests side by side stay under
-  2 x `ALONE_MB` together. The lock is writer-first (two flock files): an alone test waits for the running test of
-  the other worker, never for a stream of them.
 - **Lanes.** Modules whose measured peak is `HEAVY_MB` or more (they start engine servers, trainer ranks or model
   copies) form one xdist unit, the heavy lane: they run one after another on one worker, while the other worker
   takes the rest, module by module. So at most one heavy module runs at a time, and the run's memory is bounded by
@@ -20,10 +14,7 @@ modules never run beside each other. Everything comes from `tests/suite_costs.js
 
 from __future__ import annotations
 
-import fcntl
 import json
-import os
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -32,7 +23,6 @@ COSTS = Path(__file__).with_name("suite_costs.json")
 QUICK_S = 2.0
 HEAVY_MB = 8000
 HEAVY_LANE = "heavy-lane"
-ALONE_MB = 7000
 
 
 def load_costs(path: Path = COSTS) -> dict:
@@ -64,12 +54,9 @@ class SuitePlan:
     @pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
         tests = self.costs["tests"]
-        peaks = self.costs["test_peaks"]
         for item in items:
             if tests.get(item.nodeid, 0.0) >= QUICK_S:
                 item.add_marker(pytest.mark.slow)
-            if peaks.get(item.nodeid, 0) >= ALONE_MB:
-                item.add_marker(pytest.mark.alone)
         heavy_s = sum(self._module_seconds(m) for m in self.heavy)
 
         def key(item: pytest.Item) -> float:
@@ -95,57 +82,6 @@ class SuitePlan:
 
         config.option.loadscopereorder = False  # keep the LPT order of the collection
         return LaneScheduling(config, log)
-
-
-class AloneLock:
-    """Registered by conftest.py in xdist's workers: the run's reader-writer lock around each test's whole protocol
-    (setup, call, teardown: module fixtures start and stop inside it), exclusive for `alone` tests."""
-
-    def __init__(self, folder: str) -> None:
-        self.gate, self.lock = Path(folder) / "alone.gate", Path(folder) / "alone.lock"
-
-    @contextmanager
-    def _held(self, alone: bool):
-        with open(self.gate, "a+") as gate, open(self.lock, "a+") as lock:
-            # through the gate (held by an alone test that waits for the lock: later tests queue behind it)
-            fcntl.flock(gate, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
-            finally:
-                fcntl.flock(gate, fcntl.LOCK_UN)
-            try:
-                yield
-            finally:
-                fcntl.flock(lock, fcntl.LOCK_UN)
-
-    @pytest.hookimpl(hookwrapper=True)
-    def pytest_runtest_protocol(self, item: pytest.Item, nextitem):
-        alone = item.get_closest_marker("alone") is not None
-        with self._held(alone), (_every_core() if alone else _nothing()):
-            yield
-
-
-@contextmanager
-def _nothing():
-    yield
-
-
-@contextmanager
-def _every_core():
-    """Every core for the test's torch and the processes it starts (conftest gives each worker its share)."""
-    import torch
-
-    cores, threads, env = os.cpu_count() or 1, torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS")
-    torch.set_num_threads(cores)
-    os.environ["OMP_NUM_THREADS"] = str(cores)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-        if env is None:
-            os.environ.pop("OMP_NUM_THREADS", None)
-        else:
-            os.environ["OMP_NUM_THREADS"] = env
 
 
 def write_costs(report_dir: Path, path: Path = COSTS) -> dict:

@@ -10,7 +10,7 @@ memory in use (MemTotal - MemAvailable: every page once, containers and tmpfs in
 level before the run.
 
 Per test, the tree's peak while the test ran (setup to teardown, the samples of its window) is kept for tests that
-reach `PEAK_KEPT_MB`: `tests/suite_plan.py` runs the largest ones alone.
+reach `PEAK_KEPT_MB`: docs/testing.md lists the largest (where the run's memory goes).
 
 `busy_s` is the CPU time the whole machine spent while a module ran (all cores, whoever used them): beside the
 module's seconds it says how many cores the module kept busy, i.e. how much a second worker could overlap with it.
@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 
 _PAGE_KB = os.sysconf("SC_PAGE_SIZE") // 1024
-PEAK_KEPT_MB = 2000  # a test's own peak is kept from here up (what tests/suite_plan.py runs alone is above it)
+PEAK_KEPT_MB = 2000  # a test's own peak is kept from here up
 
 
 def _children() -> dict[int, list[int]]:

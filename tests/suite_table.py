@@ -16,21 +16,23 @@ from suite_plan import COSTS, write_costs
 BEGIN, END = "<!-- suite-table:begin -->", "<!-- suite-table:end -->"
 
 
-def load(report_dir: Path) -> tuple[dict, dict[str, dict]]:
-    """(the controller's record, {module: its measurements}) from one run's files."""
+def load(report_dir: Path) -> tuple[dict, dict[str, dict], dict[str, float]]:
+    """(the controller's record, {module: its measurements}, {test: its peak}) from one run's files."""
     records = {p.stem: json.loads(p.read_text()) for p in sorted(report_dir.glob("*.json"))}
     if "main" not in records:
         raise SystemExit(f"{report_dir}: no main.json (run the suite with SUITE_REPORT_DIR={report_dir})")
     workers = [r for name, r in records.items() if name != "main"] or [records["main"]]
     modules: dict[str, dict] = {}
+    peaks: dict[str, float] = {}
     for record in workers:
         for module, m in record["modules"].items():
             if m["tests"]:
                 modules[module] = {**m, "worker": record["worker"]}
-    return records["main"], modules
+        peaks.update(record.get("test_peaks", {}))
+    return records["main"], modules, peaks
 
 
-def table(main: dict, modules: dict[str, dict]) -> str:
+def table(main: dict, modules: dict[str, dict], peaks: dict[str, float] | None = None) -> str:
     rows = sorted(modules.items(), key=lambda kv: -kv[1]["seconds"])
     total_s = sum(m["seconds"] for _, m in rows)
     lines = [f"Measured by `make test-report`: {sum(m['tests'] for _, m in rows)} tests in {len(rows)} modules, "
@@ -45,6 +47,11 @@ def table(main: dict, modules: dict[str, dict]) -> str:
         busy = f"{m['busy_s'] / m['seconds']:.1f}" if m.get("busy_s") is not None and m["seconds"] >= 1 else ""
         lines.append(f"| `{module.removeprefix('tests/')}` | {m['tests']} | {m['seconds']:.0f} | {m['peak_mb']} | "
                      f"{busy} | {m['worker']} |")
+    top = sorted((peaks or {}).items(), key=lambda kv: -kv[1])[:10]
+    if top:  # where the run's memory goes: each test's own peak (its worker's process tree, summed)
+        lines += ["", "The tests that peaked highest (their worker's process tree, summed RSS):", "",
+                  "| test | peak RSS (MB) |", "|---|---:|"]
+        lines += [f"| `{test.removeprefix('tests/')}` | {mb:.0f} |" for test, mb in top]
     return "\n".join(lines)
 
 
