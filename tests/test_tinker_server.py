@@ -346,3 +346,53 @@ def test_a_finished_session_trains_no_more_and_frees_its_clients(server):
         status, out = _post(url, "create_model", {"session_id": sid, "model_seq_id": 5, "base_model": MODEL,
                                                   "lora_config": {"rank": 2}})
         assert status == 400 and message in out["error"], out
+
+
+def test_compute_logprobs_scores_only_the_last_n_prompt_tokens(served):
+    """`compute_logprobs(prompt, prompt_logprobs_last_n=n)`: the first len(prompt) - n entries are None and the last n
+    are the whole prompt's scoring of those tokens (before: the server scored the whole prompt and the SDK raised "may
+    predate this feature"); an n of len(prompt) or more is the SDK's BadRequestError naming the bound."""
+    import numpy as np
+
+    service, _, tok, _ = served
+    sampler = service.create_sampling_client(base_model=MODEL).result()
+    ids = tok.encode("score only the end of this prompt, please")
+    prompt = tinker.ModelInput.from_ints(ids)
+    full = sampler.compute_logprobs(prompt).result()
+    last = sampler.compute_logprobs(prompt, prompt_logprobs_last_n=3).result()
+    assert len(last) == len(ids) and last[:-3] == [None] * (len(ids) - 3), last
+    np.testing.assert_allclose(last[-3:], full[-3:], atol=1e-5)
+    res = sampler.sample(prompt, 1, tinker.SamplingParams(max_tokens=2), include_prompt_logprobs=True,
+                         prompt_logprobs_last_n=len(ids) - 1).result()  # every token that has a log-prob
+    np.testing.assert_allclose(res.prompt_logprobs[1:], full[1:], atol=1e-5)
+    bound = rf"prompt_logprobs_last_n {len(ids)}: between 1 and {len(ids) - 1}"
+    with pytest.raises(tinker.BadRequestError, match=bound):
+        sampler.compute_logprobs(prompt, prompt_logprobs_last_n=len(ids)).result()
+
+
+def test_checkpoints_saved_with_a_ttl_expire_and_are_removed(served, monkeypatch):
+    """`save_weights_for_sampler(name, ttl_seconds=)` and `save_state(name, ttl_seconds=)`: once the TTL has passed
+    the checkpoint's folder is removed and loading or sampling it is the SDK's NotFoundError naming the expiry, even
+    from a sampling client made before; a checkpoint saved without a TTL stays (before: ttl_seconds was ignored)."""
+    import time
+
+    service, trainer, tok, backend = served
+    prompt, params = tinker.ModelInput.from_ints(tok.encode("expire me")), tinker.SamplingParams(max_tokens=2)
+    sampler_path = trainer.save_weights_for_sampler("short-lived", ttl_seconds=3600).result().path
+    state_path = trainer.save_state("short-lived", ttl_seconds=3600).result().path
+    kept = trainer.save_weights_for_sampler("kept").result().path
+    early = service.create_sampling_client(model_path=sampler_path).result()
+    early.sample(prompt, 1, params).result()
+    folders = [backend.root / p.removeprefix("tinker://") for p in (sampler_path, state_path)]
+    assert all(f.is_dir() for f in folders)
+    now = time.time()
+    monkeypatch.setattr(backend, "clock", lambda: now + 3601, raising=False)
+    for load in (lambda: service.create_sampling_client(model_path=sampler_path).result(),
+                 lambda: early.sample(prompt, 1, params).result(),
+                 lambda: service.create_training_client_from_state(state_path).result()):
+        with pytest.raises(tinker.NotFoundError, match=r"'tinker://.*/short-lived' expired .* \(ttl_seconds 3600\)"):
+            load()
+    assert not any(f.exists() for f in folders)
+    service.create_sampling_client(model_path=kept).result().sample(prompt, 1, params).result()
+    with pytest.raises(tinker.BadRequestError, match=r"ttl_seconds must be >= 1, got 0"):
+        trainer.save_state("never", ttl_seconds=0).result()

@@ -8,6 +8,9 @@
   parameters. Over several ranks (torchrun) every rank holds this backend and runs each training call (`ranks.py`).
 - `save_state` / `load_state` are the trainer's checkpoint (`save` / `load`: the adapter in PEFT's format,
   optimizer, step) plus the client's LoRA request (`tinker.json`, to recreate it from the checkpoint).
+- A checkpoint or sampler path saved with `ttl_seconds` records when it expires (`expires.json` in its folder, read
+  again after a restart on the same `--root`); once that time has passed, the next save sweeps every expired folder
+  away and an access to the path removes it, then is refused as `CheckpointGone` (the server's 404).
 - `save_weights_for_sampler` writes the trainer's adapter as a PEFT folder (a name saved again is a new version of
   that path: engines holding the old one reload it); `sample` pushes it to an embedded
   `TransformersPolicy` through the weight-sync channel (`trainers.weight_sync.channel_for` -> `InPlace.push_adapter`:
@@ -25,9 +28,12 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import shutil
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +45,13 @@ from slime_env.trainers.lora import LoRAOptions
 from slime_env.trainers.split_step import AdamParams, Datum, SplitStepTrainer
 from slime_env.trainers.tinker import wire
 from slime_env.trainers.tinker.losses import loss_for
+
+EXPIRY = "expires.json"  # in a checkpoint's folder saved with a TTL: {"expires_at": unix time, "ttl_seconds": n}
+
+
+class CheckpointGone(InvalidInput):
+    """A checkpoint saved with `ttl_seconds` whose time has passed: removed, answered 404 (the SDK's NotFoundError)."""
+
 
 ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP = ("gate_proj", "up_proj", "down_proj")
@@ -151,6 +164,8 @@ class TinkerBackend:
         self._max_batch_size = max_batch_size
         self._ephemeral = 0
         self._versions: dict[str, int] = {}  # sampler path -> times saved: engines cache (path, version)
+        self.clock: Callable[[], float] = time.time  # what checkpoint TTLs are measured against
+        self._expired: dict[str, str] = {}  # path -> why it is gone (its TTL passed), until saved again
         self.server_sampler = None  # `sampler_url`: an engine server samples (trainers/tinker/sampler.py)
         if sampler_url is not None:
             from slime_env.agents.weight_layout import WeightLayout
@@ -274,6 +289,7 @@ class TinkerBackend:
         if len(parts) != 3 or parts[1] != kind or not all(parts) or ".." in parts:
             raise InvalidInput(f"{path!r} is not a {kind} path of this server (tinker://<model_id>/{kind}/<name>)")
         folder = self.root / parts[0] / kind / parts[2]
+        self._check_alive(path, folder)
         if not (folder / marker).is_file():
             raise InvalidInput(f"{path!r} does not exist on this server")
         return folder
@@ -283,17 +299,68 @@ class TinkerBackend:
             raise InvalidInput(f"checkpoint name {name!r}: a plain file name is needed")
         return f"tinker://{model_id}/{kind}/{name}", self.root / model_id / kind / name
 
-    def save_state(self, model_id: str, name: str, *, overwrite: bool = False) -> str:
+    def _check_alive(self, path: str, folder: Path) -> None:
+        """CheckpointGone when `path` was saved with a TTL that has passed; its folder is removed then."""
+        if path in self._expired:
+            raise CheckpointGone(self._expired[path])
+        marker = folder / EXPIRY
+        if not marker.is_file():
+            return
+        record = json.loads(marker.read_text())
+        if self.clock() < record["expires_at"]:
+            return
+        when = datetime.fromtimestamp(record["expires_at"], timezone.utc).isoformat(timespec="seconds")
+        self._expired[path] = f"{path!r} expired at {when} (ttl_seconds {record['ttl_seconds']}) and was removed"
+        if self.writes:
+            shutil.rmtree(folder, ignore_errors=True)
+        raise CheckpointGone(self._expired[path])
+
+    def sweep_expired(self) -> list[str]:
+        """Remove every checkpoint and sampler path under the root whose TTL has passed; the paths removed."""
+        gone = []
+        for marker in sorted(self.root.glob(f"*/*/*/{EXPIRY}")):
+            folder = marker.parent
+            path = f"tinker://{folder.parent.parent.name}/{folder.parent.name}/{folder.name}"
+            try:
+                self._check_alive(path, folder)
+            except CheckpointGone:
+                gone.append(path)
+        return gone
+
+    def check_not_expired(self, path: str) -> None:
+        """CheckpointGone when checkpoint `path` expired (a path that does not exist is refused when it is loaded)."""
+        try:
+            self._folder(path, "weights", "tinker.json")
+        except CheckpointGone:
+            raise
+        except InvalidInput:
+            pass
+
+    def _set_ttl(self, path: str, folder: Path, ttl_seconds: int | None) -> None:
+        """`path` (just saved) expires `ttl_seconds` from now; saved without one, it stays until deleted by hand."""
+        self._expired.pop(path, None)
+        if not self.writes:
+            return
+        if ttl_seconds is None:
+            (folder / EXPIRY).unlink(missing_ok=True)
+        else:
+            (folder / EXPIRY).write_text(json.dumps({"expires_at": self.clock() + ttl_seconds,
+                                                     "ttl_seconds": ttl_seconds}))
+
+    def save_state(self, model_id: str, name: str, *, overwrite: bool = False, ttl_seconds: int | None = None) -> str:
         """The trainer's checkpoint (adapter, optimizer, step) and the client's LoRA request; an existing name is
-        refused unless `overwrite` (the SDK's `save_state(..., overwrite=False)` default)."""
+        refused unless `overwrite` (the SDK's `save_state(..., overwrite=False)` default). With `ttl_seconds` it is
+        removed that many seconds from now (see the module docstring)."""
         m = self.get(model_id)
         path, folder = self._new_path(model_id, "weights", name)
+        self.sweep_expired()  # an expired checkpoint of this name no longer exists
         if (folder / "tinker.json").is_file() and not overwrite:
             raise InvalidInput(f"checkpoint {path!r} exists already: save under another name, or pass "
                                "overwrite=True")
         m.trainer.save(folder)
         if self.writes:
             (folder / "tinker.json").write_text(json.dumps({"base_model": self.base_model, "lora": m.lora}))
+        self._set_ttl(path, folder, ttl_seconds)
         return path
 
     def load_state(self, model_id: str, path: str, optimizer: bool, *, create: bool = False) -> str:
@@ -306,17 +373,20 @@ class TinkerBackend:
         self.get(model_id).trainer.load(folder, optimizer=optimizer)
         return model_id
 
-    def save_for_sampler(self, model_id: str, name: str | None) -> str:
-        """The client's adapter, as a PEFT folder; unnamed ones are ephemeral (save_weights_and_get_sampling_client)."""
+    def save_for_sampler(self, model_id: str, name: str | None, ttl_seconds: int | None = None) -> str:
+        """The client's adapter, as a PEFT folder; unnamed ones are ephemeral (save_weights_and_get_sampling_client).
+        With `ttl_seconds` it is removed that many seconds from now."""
         m = self.get(model_id)
         if name is None:
             self._ephemeral += 1
             name = f"ephemeral-{self._ephemeral}"
         path, folder = self._new_path(model_id, "sampler_weights", name)
+        self.sweep_expired()
         adapter = m.trainer.adapter()  # a collective where the weights are sharded
         if self.writes:
             adapter.save(folder)
         self._versions[path] = self._versions.get(path, 0) + 1
+        self._set_ttl(path, folder, ttl_seconds)
         return path
 
     def _cache_key(self, key: str) -> str:

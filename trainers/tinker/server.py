@@ -13,6 +13,10 @@ Sessions: a model belongs to the session it was created in (`<session_id>:train:
 `load_weights` need a session this server created and has not finished. `POST /sessions/{id}/finish` refuses that
 session's later training calls and frees its training clients (their adapters and optimizer states), after the
 calls already queued.
+
+Checkpoints: `ttl_seconds` (`save_state`, `save_weights_for_sampler`) is honoured: past it the checkpoint's folder is
+removed and loading or sampling it is a 404 naming the expiry (the SDK's `NotFoundError`). `compute_logprobs` / `sample`
+with `prompt_logprobs_last_n` return log-probs for the last n prompt tokens only (the rest `None`).
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from typing import Any
 from aiohttp import web
 
 from slime_env.errors import InvalidInput
-from slime_env.trainers.tinker.backend import TinkerBackend
+from slime_env.trainers.tinker.backend import CheckpointGone, TinkerBackend
 from slime_env.trainers.tinker.wire import decode_forward_backward, encode_forward_backward_output, \
     encode_sample_response
 
@@ -58,7 +62,7 @@ async def refuse_bad_input(request: web.Request, handler: Any) -> web.StreamResp
     try:
         return await handler(request)
     except InvalidInput as e:
-        return user_error(str(e))
+        return user_error(str(e), 404 if isinstance(e, CheckpointGone) else 400)
     except web.HTTPException:
         raise
     except Exception as e:  # noqa: BLE001 - logged here, answered in the SDK's shape
@@ -94,6 +98,16 @@ def field(body: dict[str, Any], name: str, kind: type | tuple[type, ...], defaul
         names = "a number" if float in kinds else " or ".join(KIND_NAMES[k] for k in kinds)
         raise InvalidInput(f"{where}{name} must be {names}, got {value!r}")
     return value
+
+
+def ttl_seconds(body: dict[str, Any]) -> int | None:
+    """The request's `ttl_seconds` (None: the checkpoint never expires); InvalidInput unless a positive integer. The
+    hosted service takes 3600 s to 10 years; any positive number of seconds is taken here."""
+    ttl = field(body, "ttl_seconds", int)
+    if ttl is not None and ttl < 1:
+        raise InvalidInput(f"ttl_seconds must be >= 1, got {ttl} (seconds until the checkpoint is removed; "
+                           "leave it out to keep the checkpoint)")
+    return ttl
 
 
 class TinkerServer:
@@ -293,12 +307,12 @@ class TinkerServer:
     async def save_weights(self, request: web.Request) -> web.Response:
         body = await json_body(request)
         return self._submit("save_weights", self._save_weights, field(body, "model_id", str),
-                            field(body, "path", str), bool(field(body, "overwrite", bool, False)))
+                            field(body, "path", str), bool(field(body, "overwrite", bool, False)), ttl_seconds(body))
 
-    def _save_weights(self, model_id: str, name: str | None, overwrite: bool) -> dict:
+    def _save_weights(self, model_id: str, name: str | None, overwrite: bool, ttl: int | None) -> dict:
         self._session_of(model_id)
         return {"type": "save_weights", "path": self.backend.save_state(model_id, name or f"step-{next(self._ids)}",
-                                                                        overwrite=overwrite)}
+                                                                        overwrite=overwrite, ttl_seconds=ttl)}
 
     async def load_weights(self, request: web.Request) -> web.Response:
         body = await json_body(request)
@@ -307,6 +321,7 @@ class TinkerServer:
             field(body, "model_id", str)
         self._session_of(model_id)
         self.backend.check_optimizer(field(body, "optimizer_config", dict))
+        self.backend.check_not_expired(field(body, "path", str, ""))  # a 404 now; one that does not exist: its load
         return self._submit("load_weights", self._load_weights, model_id, field(body, "path", str, ""),
                             bool(field(body, "optimizer", bool, False)), create, field(body, "base_model", str))
 
@@ -319,11 +334,11 @@ class TinkerServer:
     async def save_for_sampler(self, request: web.Request) -> web.Response:
         body = await json_body(request)
         return self._submit("save_weights_for_sampler", self._save_for_sampler, field(body, "model_id", str),
-                            field(body, "path", str))
+                            field(body, "path", str), ttl_seconds(body))
 
-    def _save_for_sampler(self, model_id: str, name: str | None) -> dict:
+    def _save_for_sampler(self, model_id: str, name: str | None, ttl: int | None) -> dict:
         self._session_of(model_id)
-        path = self.backend.save_for_sampler(model_id, name)
+        path = self.backend.save_for_sampler(model_id, name, ttl)
         if name is not None:
             return {"type": "save_weights_for_sampler", "path": path}
         session_id = f"sampling-{uuid.uuid4().hex[:12]}"
@@ -359,6 +374,8 @@ class TinkerServer:
             key = self.sampling_sessions.get(session_id)
             if key is None:
                 raise InvalidInput(f"no sampling session {session_id!r} on this server")
+            if key != "base":  # its weights may have expired since the session was made
+                self.backend.check_sampler(key, None)
         else:
             key = self.backend.check_sampler(field(body, "model_path", str), field(body, "base_model", str))
         for option in ("topk_prompt_logprobs", "topk_sample_logprobs", "prompt_alt_tokens_k"):
@@ -371,21 +388,31 @@ class TinkerServer:
         if len(ids) >= limit:
             raise InvalidInput(f"prompt: {len(ids)} tokens leave no room in max_context_length {limit} (the server's "
                                "--max-context-length)")
+        last_n = field(body, "prompt_logprobs_last_n", int)
+        if last_n is not None:
+            if not body.get("prompt_logprobs"):
+                raise InvalidInput("prompt_logprobs_last_n applies to prompt log-probs: set prompt_logprobs "
+                                   "(include_prompt_logprobs=True)")
+            if not 1 <= last_n <= len(ids) - 1:
+                raise InvalidInput(f"prompt_logprobs_last_n {last_n}: between 1 and {len(ids) - 1} (the prompt's "
+                                   f"{len(ids)} tokens less the first, which has no log-prob)")
         n = field(body, "num_samples", int, 1)
         if n < 1:
             raise InvalidInput(f"num_samples must be >= 1, got {n}")
         params, seed = sampling_params(field(body, "sampling_params", dict, {}), room=limit - len(ids))
         seeds = [None] * n if seed is None else [seed + i for i in range(n)]
         return self._submit("sample", self._sample, key, ids, params, seeds, bool(body.get("prompt_logprobs")),
-                            samples=n)
+                            last_n, samples=n)
 
     async def _sample(self, key: str, ids: list[int], params: dict[str, Any], seeds: list[int | None],
-                      prompt_logprobs: bool) -> bytes:
+                      prompt_logprobs: bool, last_n: int | None = None) -> bytes:
         async with self.backend.sampling(key) as policy:  # the engine holding these weights (pushed there if not)
             gens = await asyncio.gather(*(policy.generate(ids, {**params, **({} if s is None else
                                                                              {"sampling_seed": s})}) for s in seeds))
             # the first prompt token has no log-prob (None in the SDK)
             prompt_lp = [float("nan")] + await policy.score(ids) if prompt_logprobs else None
+        if prompt_lp is not None and last_n is not None:  # the last n answered, the rest NaN (None in the SDK)
+            prompt_lp[:len(ids) - last_n] = [float("nan")] * (len(ids) - last_n)
         seqs = [(list(g.token_ids), list(g.logprobs), "stop" if g.finish_reason == "stop" else "length") for g in gens]
         return encode_sample_response(seqs, prompt_lp)
 
