@@ -109,25 +109,20 @@ def attention_reference(q, k_cache, v_cache, block_tables, m: Meta, scale):
 # --- Triton ---------------------------------------------------------------------------------------------------
 if triton is not None:
     @triton.jit
-    def _decode_kernel(Q, K, V, Out, BT, CTX, ROWS, scale,
-                       s_qb, s_qh, s_kb, s_kt, s_kh, s_ob, s_oh, s_bt,
-                       GROUP: tl.constexpr, BLOCK_H: tl.constexpr, PAGE: tl.constexpr, BLOCK: tl.constexpr,
-                       D: tl.constexpr, IEEE: tl.constexpr, WRITE_PAD: tl.constexpr):
-        b = tl.program_id(0)
-        kvh = tl.program_id(1)
-        ctx = tl.load(CTX + b)  # 0 for a padding entry: no iteration, nothing stored (zeros when WRITE_PAD)
-        row = tl.load(ROWS + b).to(tl.int64)
-        offs_h = tl.arange(0, BLOCK_H)
+    def _decode_keys(q, K, V, BT, row, kvh, start, end, scale, s_kb, s_kt, s_kh, s_bt,
+                     BLOCK_H: tl.constexpr, PAGE: tl.constexpr, BLOCK: tl.constexpr, D: tl.constexpr,
+                     IEEE: tl.constexpr):
+        """Online softmax of one K/V head's query heads `q` (BLOCK_H, D) over the keys [start, end) of block-table
+        row `row`, BLOCK at a time: (m_i, l_i, acc) in float32 -- each query head's running maximum score, its sum of
+        exp(score - maximum) and its unnormalised output (BLOCK_H, D). An empty range leaves (-inf, 0, 0). The inner
+        loop of `_decode_kernel` (the whole context) and `_decode_split_kernel` (one stretch of it)."""
         offs_d = tl.arange(0, D)
-        mask_h = (offs_h < GROUP) & (ctx > 0)
-        heads = kvh * GROUP + offs_h
-        q = tl.load(Q + b * s_qb + heads[:, None] * s_qh + offs_d[None, :], mask=mask_h[:, None], other=0.0)
         m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_H], tl.float32)
         acc = tl.zeros([BLOCK_H, D], tl.float32)
-        for n0 in range(0, ctx, BLOCK):
+        for n0 in range(start, end, BLOCK):
             offs_n = n0 + tl.arange(0, BLOCK)
-            mask_n = offs_n < ctx
+            mask_n = offs_n < end
             blk = tl.load(BT + row * s_bt + offs_n // PAGE, mask=mask_n, other=0).to(tl.int64)
             base = blk * s_kb + (offs_n % PAGE) * s_kt + kvh * s_kh
             k = tl.load(K + base[:, None] + offs_d[None, :], mask=mask_n[:, None], other=0.0)
@@ -146,6 +141,24 @@ if triton is not None:
             else:
                 acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
             m_i = m_new
+        return m_i, l_i, acc
+
+    @triton.jit
+    def _decode_kernel(Q, K, V, Out, BT, CTX, ROWS, scale,
+                       s_qb, s_qh, s_kb, s_kt, s_kh, s_ob, s_oh, s_bt,
+                       GROUP: tl.constexpr, BLOCK_H: tl.constexpr, PAGE: tl.constexpr, BLOCK: tl.constexpr,
+                       D: tl.constexpr, IEEE: tl.constexpr, WRITE_PAD: tl.constexpr):
+        b = tl.program_id(0)
+        kvh = tl.program_id(1)
+        ctx = tl.load(CTX + b)  # 0 for a padding entry: no iteration, nothing stored (zeros when WRITE_PAD)
+        row = tl.load(ROWS + b).to(tl.int64)
+        offs_h = tl.arange(0, BLOCK_H)
+        offs_d = tl.arange(0, D)
+        mask_h = (offs_h < GROUP) & (ctx > 0)
+        heads = kvh * GROUP + offs_h
+        q = tl.load(Q + b * s_qb + heads[:, None] * s_qh + offs_d[None, :], mask=mask_h[:, None], other=0.0)
+        m_i, l_i, acc = _decode_keys(q, K, V, BT, row, kvh, 0, ctx, scale, s_kb, s_kt, s_kh, s_bt,
+                                     BLOCK_H, PAGE, BLOCK, D, IEEE)
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # padding rows: 0, not 0/0
         if WRITE_PAD:
             keep = offs_h < GROUP
@@ -174,30 +187,8 @@ if triton is not None:
         mask_h = offs_h < GROUP
         heads = kvh * GROUP + offs_h
         q = tl.load(Q + b * s_qb + heads[:, None] * s_qh + offs_d[None, :], mask=mask_h[:, None], other=0.0)
-        m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
-        l_i = tl.zeros([BLOCK_H], tl.float32)
-        acc = tl.zeros([BLOCK_H, D], tl.float32)
-        for n0 in range(start, end, BLOCK):
-            offs_n = n0 + tl.arange(0, BLOCK)
-            mask_n = offs_n < end
-            blk = tl.load(BT + row * s_bt + offs_n // PAGE, mask=mask_n, other=0).to(tl.int64)
-            base = blk * s_kb + (offs_n % PAGE) * s_kt + kvh * s_kh
-            k = tl.load(K + base[:, None] + offs_d[None, :], mask=mask_n[:, None], other=0.0)
-            v = tl.load(V + base[:, None] + offs_d[None, :], mask=mask_n[:, None], other=0.0)
-            if IEEE:
-                s = tl.dot(q, tl.trans(k), input_precision="ieee")
-            else:
-                s = tl.dot(q, tl.trans(k))
-            s = tl.where(mask_n[None, :], s * scale, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            p = tl.exp(s - m_new[:, None])
-            alpha = tl.exp(m_i - m_new)
-            l_i = l_i * alpha + tl.sum(p, 1)
-            if IEEE:
-                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
-            else:
-                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-            m_i = m_new
+        m_i, l_i, acc = _decode_keys(q, K, V, BT, row, kvh, start, end, scale, s_kb, s_kt, s_kh, s_bt,
+                                     BLOCK_H, PAGE, BLOCK, D, IEEE)
         # PART: (B, heads, SPLITS, D) float32; ML: (B, heads, SPLITS, 2) -- an empty stretch leaves (-inf, 0).
         at = (b * HEADS + heads) * SPLITS + sp
         tl.store(PART + at[:, None] * D + offs_d[None, :], acc, mask=mask_h[:, None])

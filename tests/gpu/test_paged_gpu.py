@@ -126,6 +126,43 @@ def test_bf16_greedy_tokens_are_the_models_own_argmax(tok, capsys):
     assert near_ties <= checked * 0.05 and worst < 0.5
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_both_decode_kernels_equal_the_reference(dtype, monkeypatch):
+    """The decode attention whole (one program per token and K/V head) and split into stretches, on the GPU (bf16
+    is checked only here: the interpreter's bf16 dot is not one), at an 8B Qwen3's heads (32 query, 8 K/V, dim 128),
+    contexts from 1 token to 4,000 in 16-token blocks, padding entries at the end."""
+    from slime_env.agents import paged_attention as pa
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    ctx = [1, 17, 64, 65, 300, 1000, 4000]
+    page = 16
+    blocks = sum(-(-c // page) for c in ctx) + 1  # block 0 unused, as in the engine
+    kc = torch.randn(blocks, page, 8, 128, generator=g, device="cuda").to(dtype)
+    vc = torch.randn(blocks, page, 8, 128, generator=g, device="cuda").to(dtype)
+    order = torch.randperm(blocks - 1, generator=g, device="cuda") + 1
+    width = -(-max(ctx) // page)
+    tables = torch.zeros(len(ctx), width, dtype=torch.int32, device="cuda")
+    at = 0
+    for i, c in enumerate(ctx):
+        n = -(-c // page)
+        tables[i, :n] = order[at:at + n]
+        at += n
+    t = lambda x: torch.tensor(x, dtype=torch.int64, device="cuda")  # noqa: E731
+    meta = pa.Meta(t(ctx + [0, 0]), t(list(range(len(ctx))) + [0, 0]), t([]), t([]), t([]), t([]), t([]), t([]))
+    q = torch.randn(len(ctx) + 2, 32, 128, generator=g, device="cuda").to(dtype)
+    want = pa.attention_reference(q, kc, vc, tables, meta, 128 ** -0.5)
+    tol = 1e-5 if dtype == torch.float32 else 1e-2  # of the largest output
+    monkeypatch.setattr(pa, "PROGRAMS_PER_SM", 1000)  # as many stretches as MAX_SPLITS allows
+    for splits in (1, 32):
+        monkeypatch.setattr(pa, "MAX_SPLITS", splits)
+        assert pa.decode_splits(len(ctx) + 2, 8, q.device) == splits
+        got = pa.attention(q, kc, vc, tables, meta, 128 ** -0.5, use_triton=True)
+        err = float((got.float() - want.float()).abs().max() / want.float().abs().max())
+        print(f"decode kernel, {splits} stretch(es), {dtype}: max error {err:.2e} of the largest output")
+        assert err < tol, (splits, err)
+        assert got[len(ctx):].abs().max() == 0  # padding rows: zeros (a decode-only step writes them)
+
+
 def test_a_weight_update_between_graph_replays_changes_the_output(tok):
     model = tiny("llama", tok).to("cuda")
     policy = _policy(model, tok)

@@ -20,8 +20,14 @@ def _meta(dec_ctx, dec_rows, q_lens, ctx_lens, rows, n_dec, pad_dec=0, pad_tiles
                    t(rows), t(tile_seq + [-1] * pad_tiles), t(tile_m + [0] * pad_tiles)), at
 
 
+@pytest.mark.parametrize("splits", [1, 4])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_triton_kernels_equal_the_reference(dtype):
+def test_triton_kernels_equal_the_reference(dtype, splits, monkeypatch):
+    """Both decode paths: one program per (token, K/V head) over the whole context, and the context cut into
+    `splits` stretches (here: one of 64 keys, one partial, two empty) combined by the second kernel."""
+    monkeypatch.setattr(pa, "MAX_SPLITS", splits)
+    monkeypatch.setattr(pa, "PROGRAMS_PER_SM", 1000)  # as many stretches as MAX_SPLITS allows
+    assert pa.decode_splits(8, 2, torch.device("cpu")) == splits
     g = torch.Generator().manual_seed(1)
     blocks, bs, kv_heads, d, heads = 24, 8, 2, 32, 6  # 3 query heads per K/V head
     kc = torch.randn(blocks, bs, kv_heads, d, generator=g).to(dtype)
