@@ -18,6 +18,13 @@ Per run (`--modes off overlap full`): s/step (mean and median, the first step ex
 engines), total and generated tokens/s/GPU, trainer and engine idle shares, the sync's seconds; then the table
 beside NeMo RL's figures. Writes OUT/<layout>_<mode>/ (each run's metrics.jsonl) and OUT/summary.json.
 
+GPU memory, as it goes: before each run and after each step, one line per GPU — the driver's view (nvidia-smi's
+memory.used: every process, engines included) now and its largest value sampled every 0.5 s during the step, and
+each trainer rank's torch view of its GPU over the step (`max_memory_allocated` / `max_memory_reserved`, and
+allocated now); also in OUT/<layout>_<mode>/gpu_memory.jsonl. Before any weights are built, every layout x mode is
+checked against the GPUs (`trainers/run/gpu_memory.check_fit`, the run's own check before it starts): one that
+cannot fit is refused with the numbers (`--no-fit-check` runs it anyway).
+
   python bench/grpo_e2e.py --shape qwen3-8b --gpus 4 --trainer-gpus 2 --steps 6 --layouts split colocated
   python bench/grpo_e2e.py --cpu --shape smollm2-135m --layers 2 --steps 2 --layouts split colocated --modes off full
 """
@@ -32,6 +39,8 @@ import os
 import random
 import statistics
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +113,97 @@ def config(args: argparse.Namespace, layout: str, mode: str, run_dir: Path) -> T
     }, "bench/grpo_e2e.py")
 
 
+class GPUMemoryLog:
+    """Per-GPU memory around each step of a run: nvidia-smi's used memory sampled every `interval_s` by a thread
+    (the largest since the last line), with the trainer ranks' torch view from the step's metrics; each line printed
+    and appended to `path` as it comes."""
+
+    def __init__(self, path: Path, interval_s: float = 0.5):
+        from slime_env.trainers.run.gpu_memory import device_used
+
+        self.device_used, self.path, self.interval_s = device_used, path, interval_s
+        self.max: dict[int, float] = {}
+        self.peak_of_run: dict[int, float] = {}
+        self.lock, self.stop = threading.Lock(), threading.Event()
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while not self.stop.wait(self.interval_s):
+            view = self.device_used()
+            with self.lock:
+                for g, (used, _) in view.items():
+                    self.max[g] = max(self.max.get(g, 0.0), used)
+                    self.peak_of_run[g] = max(self.peak_of_run.get(g, 0.0), used)
+
+    def __enter__(self) -> GPUMemoryLog:
+        self.write("before the run", {})
+        if self.device_used():
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop.set()
+        if self.thread.is_alive():
+            self.thread.join()
+
+    def write(self, when: str, ranks: dict[str, float]) -> None:
+        now = self.device_used()
+        with self.lock:
+            during, self.max = self.max, {}
+        row = {"when": when, "time": time.time(),
+               "gpus": {g: {"used_gb": used, "total_gb": total, "max_used_gb": during.get(g)}
+                        for g, (used, total) in now.items()}, "trainer_ranks": ranks}
+        with self.path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        for g, (used, total) in now.items():
+            peak = f", max {during[g]:.1f} during the step" if g in during else ""
+            print(f"  memory {when}: GPU {g} {used:.1f} of {total:.1f} GB used (nvidia-smi){peak}", flush=True)
+        for r in sorted({k.split("_")[0] for k in ranks}):
+            v = {k.split("_", 1)[1]: x for k, x in ranks.items() if k.startswith(r + "_")}
+            print(f"  memory {when}: trainer {r} (torch, its GPU) peak {v.get('peak_allocated_gb', 0):.1f} GB "
+                  f"allocated / {v.get('peak_reserved_gb', 0):.1f} reserved over the step, "
+                  f"{v.get('allocated_gb', 0):.1f} allocated after it", flush=True)
+        if not now and not ranks:
+            print(f"  memory {when}: no GPU seen (no nvidia-smi)", flush=True)
+
+    def on_log(self, run_dir: Path) -> Any:
+        """The run's `log`: at each step's line, the memory lines of that step (the trainer ranks' torch view from
+        the row just written to metrics.jsonl)."""
+        def log(line: str) -> None:
+            if not line.startswith("step "):
+                return
+            ranks: dict[str, float] = {}
+            try:
+                row = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
+                ranks = {k.removeprefix("memory/"): v for k, v in row.items() if k.startswith("memory/rank")}
+            except (OSError, IndexError, ValueError):
+                pass
+            self.write(line.split(":")[0], ranks)
+        return log
+
+
+def check_layouts_fit(args: argparse.Namespace, out: Path) -> None:
+    """Every layout x mode against this host's GPUs, from the shape's config alone (no weights built): the run's own
+    check (`gpu_memory.check_fit`), so a layout that cannot fit is refused in seconds, not at step 1."""
+    import torch
+
+    from shapes import hf_config, model_class
+    from slime_env.errors import InvalidInput
+    from slime_env.trainers.run.gpu_memory import check_fit
+
+    with torch.device("meta"):
+        params = sum(p.numel() for p in model_class(args.shape)(
+            hf_config(args.shape, **({"num_hidden_layers": args.layers} if args.layers else {}))).parameters())
+    for layout in args.layouts:
+        for mode in args.modes:
+            try:
+                check_fit(config(args, layout, mode, out / f"{layout}_{mode}"), f"{layout}, {mode}", params=params)
+            except InvalidInput as e:
+                raise SystemExit(f"--shape {args.shape} --gpus {args.gpus} --trainer-gpus {args.trainer_gpus}: {e}")
+    print(f"fit check: every layout x mode fits the GPUs by the estimate ({params / 1e9:.2f} B parameters)",
+          flush=True)
+
+
 def summarize(rows: list[dict[str, Any]], gpus: int, prompt_tokens: int, episodes: int) -> dict[str, Any]:
     steps = [r for r in rows if r["step"] > 0]
     walls = [r["time/elapsed_s"] - r.get("time/eval_s", 0.0) for r in steps]
@@ -139,6 +239,7 @@ def main() -> None:
     ap.add_argument("--micro-batch-tokens", type=int, default=32768)
     ap.add_argument("--cpu", action="store_true", help="the plumbing on CPU: 2 x 4 episodes of 4-32 tokens, one "
                                                        "engine, the trainer on gloo")
+    ap.add_argument("--no-fit-check", action="store_true", help="run layouts the GPU-memory estimate refuses")
     ap.add_argument("--out", default="runs/grpo_e2e")
     args = ap.parse_args()
     if args.cpu:  # colocated: two ranks (DP = 2) and two engines, each rank pushing to one
@@ -151,6 +252,12 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     args.model = str(out / (f"model_{args.shape}" + (f"_{args.layers}l" if args.layers else "")))
+    if args.no_fit_check:  # the run's own check before it starts too (preflight looks it up at each run)
+        from slime_env.trainers.run import gpu_memory
+
+        gpu_memory.check_fit = lambda *a, **k: None
+    elif not args.cpu:
+        check_layouts_fit(args, out)
     save_random_model(args.shape, args.model, layers=args.layers)
     from transformers import AutoTokenizer
 
@@ -166,10 +273,13 @@ def main() -> None:
     for layout in args.layouts:
         for mode in args.modes:
             name = f"{layout}_{mode}"
-            summary = asyncio.run(train(config(args, layout, mode, out / name), log=lambda line: None))
+            (out / name).mkdir(parents=True, exist_ok=True)
+            with GPUMemoryLog(out / name / "gpu_memory.jsonl") as memory:
+                summary = asyncio.run(train(config(args, layout, mode, out / name), log=memory.on_log(out / name)))
             rows = [json.loads(line) for line in open(summary["metrics"])]
             r = results[name] = {"layout": layout, "mode": mode, "gpus": args.gpus, "trainer_gpus": args.trainer_gpus,
-                                 **summarize(rows, args.gpus, prompt_tokens, args.prompts * args.n)}
+                                 **summarize(rows, args.gpus, prompt_tokens, args.prompts * args.n),
+                                 "gpu_used_max_gb": memory.peak_of_run}
             print(f"{name:18s} {r['step_s_mean']:7.2f} s/step (median {r['step_s_median']:.2f})  "
                   f"{r['tokens_per_s_per_gpu']:7.0f} tok/s/GPU ({r['generated_tokens_per_s_per_gpu']:.0f} generated)  "
                   f"trainer idle {r['trainer_idle']:.2f}  engine idle {r['engine_idle']:.2f}  "

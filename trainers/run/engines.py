@@ -9,6 +9,8 @@ engine:
   urls: []              # sglang / vllm / openai: the servers; serve: the servers, or empty to start `count` here
   count: 2              # serve without urls: engine processes this run starts (and restarts when they die)
   gpus: [1]             # serve without urls: engine i runs on GPU gpus[i % len(gpus)] (default: the trainer's GPU)
+  mem_fraction: 0.4     # embedded, and serve without urls: the K/V pool's share of the GPU memory free at the
+                        # engine's start (default 0.4; trainers/run/gpu_memory.py counts it in the fit check)
   weight_sync: auto     # auto | distributed | tensor | disk | none
   pause: auto           # vllm: /pause mode of a sync — auto (keep with async interrupt: resume, else wait) | wait |
                         # keep | abort
@@ -66,6 +68,7 @@ class EngineConfig:
     gpus: list[int] = field(default_factory=list)  # serve engines started here: their GPUs (see the docstring)
     dtype: str = "auto"
     max_batch_size: int | None = None  # serve engines started here (default: the run's max_concurrency)
+    mem_fraction: float | None = None  # embedded, serve started here: K/V pool's share of free GPU memory (None: 0.4)
     model_name: str | None = None      # openai: the served model's name (default: its first model)
     restart: bool = True               # serve: restart an engine this run started when it dies
     pause: str = "auto"                # vllm: how a sync pauses generation (see the docstring)
@@ -93,6 +96,9 @@ class EngineConfig:
                                "none (a frozen policy), or kind: vllm (vLLM's RL routes) / sglang / serve")
         if cfg.kind == "embedded" and cfg.weight_sync not in ("auto",):
             raise InvalidInput(f"{where}.weight_sync: the embedded engine is updated in place (leave it auto)")
+        if cfg.mem_fraction is not None and not 0 < cfg.mem_fraction < 1:
+            raise InvalidInput(f"{where}.mem_fraction: a share of the free GPU memory in (0, 1), got "
+                               f"{cfg.mem_fraction}")
         if cfg.pause not in ("auto", "wait", "keep", "abort"):
             raise InvalidInput(f"{where}.pause: {cfg.pause!r} is not auto, wait, keep or abort")
         if cfg.kind == "vllm" and cfg.backend == "gloo":
@@ -156,7 +162,8 @@ class Engines:
 
         self.policy, self.model_path = load_policy(self.model_path, max_batch_size=self.max_concurrency,
                                                    batch_window_s=0.005, device=self.device, dtype=self.dtype,
-                                                   seed=self.seed)
+                                                   seed=self.seed, paged_options=None if self.cfg.mem_fraction is None
+                                                   else {"kv_memory_fraction": self.cfg.mem_fraction})
         self.tokenizer = self.policy.tokenizer
 
     async def _start_openai(self) -> None:
@@ -219,6 +226,8 @@ class Engines:
         logs.mkdir(parents=True, exist_ok=True)
         args = ["--max-batch-size", str(self.cfg.max_batch_size or self.max_concurrency), "--batch-window-ms", "5",
                 "--device", self.cfg.device, "--dtype", self.cfg.dtype]
+        if self.cfg.mem_fraction is not None:
+            args += ["--mem-fraction", str(self.cfg.mem_fraction)]
         if not _cuda() or self.cfg.device == "cpu":  # engines on this CPU share its cores instead of each taking all
             import os
 

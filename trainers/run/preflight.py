@@ -1,5 +1,6 @@
 """What a run checks before anything heavy starts (its run folder written, a model loaded, an engine, a rank or a
-container started): that the model, the env and its kwargs exist and fit together. Each problem is an
+container started): that the model, the env and its kwargs exist and fit together, and that the trainer and its
+colocated engines fit each GPU (`gpu_memory.check_fit`). Each problem is an
 `InvalidInput` naming the config field, so a typo costs a second, not a model load and a 70-line traceback."""
 
 from __future__ import annotations
@@ -11,8 +12,8 @@ from slime_env.errors import InvalidInput, RegistryError
 
 
 def check_before_start(cfg: Any) -> None:
-    """`cfg` (a `TrainConfig`): its `model`, its `env` with `env_kwargs` and every eval set's, and the module names of
-    `trainer.lora` against the model's layers; InvalidInput naming the field."""
+    """`cfg` (a `TrainConfig`): its `model`, its `env` with `env_kwargs` and every eval set's, the module names of
+    `trainer.lora` against the model's layers, and on CUDA the GPU memory it needs; InvalidInput naming the field."""
     check_model(cfg.model, "model")
     check_env(cfg.env, cfg.env_kwargs, "env")
     for s in cfg.sections.eval_sets:
@@ -23,6 +24,10 @@ def check_before_start(cfg: Any) -> None:
     from slime_env.trainers.lora import check_target_modules
 
     check_target_modules(cfg.sections.trainer.lora, cfg.model)
+    # on CUDA: the trainer and the engines on its GPUs fit each GPU (the model's config on the meta device again)
+    from slime_env.trainers.run.gpu_memory import check_fit
+
+    check_fit(cfg)
 
 
 def check_model(model: str, where: str) -> None:

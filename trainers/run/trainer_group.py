@@ -101,7 +101,10 @@ class LocalTrainerGroup:
         return channel
 
     async def step(self, trajectories: list[Any], group_size: int) -> dict[str, float]:
-        return await asyncio.to_thread(self.trainer.step, trajectories, group_size)
+        from slime_env.trainers.run.gpu_memory import torch_view
+
+        metrics = await asyncio.to_thread(self.trainer.step, trajectories, group_size)
+        return {**metrics, **torch_view("memory/rank0_")}  # the GPU since the last step (an embedded engine's too)
 
     async def sft_step(self, trajectories: list[Any], lr: float | None = None) -> dict[str, float]:
         return await asyncio.to_thread(lambda: self.trainer.sft_step(trajectories, lr=lr))
@@ -182,7 +185,9 @@ class _TrainerRank:
         self.channel = None
 
     def step(self, trajectories: list[Any], group_size: int) -> dict[str, float]:
-        return self.trainer.step(trajectories, group_size)
+        from slime_env.trainers.run.gpu_memory import torch_view
+
+        return {**self.trainer.step(trajectories, group_size), **torch_view(f"memory/rank{self.rank}_")}
 
     def sft_step(self, trajectories: list[Any], lr: float | None) -> dict[str, float]:
         return self.trainer.sft_step(trajectories, lr=lr)
@@ -323,7 +328,8 @@ class _RemoteTrainerGroup:
     async def step(self, trajectories: list[Any], group_size: int) -> dict[str, float]:
         results = await self._all("step", self._shared(trajectories), group_size)
         self._steps += 1
-        return results[0]
+        # rank 0's metrics, and every rank's view of its GPU (`memory/rank{r}_*`, gpu_memory.torch_view)
+        return {**results[0], **{k: v for r in results[1:] for k, v in r.items() if k.startswith("memory/rank")}}
 
     async def sft_step(self, trajectories: list[Any], lr: float | None = None) -> dict[str, float]:
         return (await self._all("sft_step", self._shared(trajectories), lr))[0]
