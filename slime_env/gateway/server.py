@@ -6,8 +6,9 @@ agent is given); a wrong or missing key, an unknown or expired session get the s
 of, read or write another's session. The server binds to 127.0.0.1 unless told otherwise and refuses bodies over
 `max_body_bytes` (413). Requests are rendered with the model's chat template, the token ids go to the policy (SGLang
 `/generate`, an OpenAI-compatible server, the embedded engine, a scripted policy), tool calls are parsed with the
-family's parser, and the reply is an ordinary chat completion or Anthropic message (or their streams) — see
-`conversation` for how calls map to branches, `openai_api` and `anthropic_api` for the wire formats.
+family's parser, and the reply is an ordinary chat completion, OpenAI response or Anthropic message (or their
+streams) — see `conversation` for how calls map to branches, `openai_api`, `responses_api` and `anthropic_api` for the
+wire formats.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any
 from aiohttp import web
 
 from slime_env.errors import InvalidInput, RenderError, RenderMismatch
-from slime_env.gateway import anthropic_api
+from slime_env.gateway import anthropic_api, responses_api
 from slime_env.gateway.conversation import Conversation, GatewayError
 from slime_env.gateway.openai_api import Completion, error_body, parse_chat_request, sse
 from slime_env.gateway.validation import check_json, finite
@@ -49,6 +50,7 @@ class AgentSession:
     in_flight: int = 0  # calls being answered (a session is never expired under them)
     abandoned: int = 0  # calls whose client left before the reply: not recorded
     expired: bool = False  # past its TTL: its key no longer works; its recorded calls wait for close / collection
+    responses: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # Responses API: id -> its conversation
 
     def recorded(self) -> int:
         return sum(len(b.calls) for b in self.conversation.branches)
@@ -96,6 +98,7 @@ class Gateway:
         self.app.router.add_post("/sessions/{sid}/v1/chat/completions", self._chat)
         self.app.router.add_get("/sessions/{sid}/v1/models", self._models)
         self.app.router.add_post("/sessions/{sid}/v1/messages", self._messages)
+        self.app.router.add_post("/sessions/{sid}/v1/responses", self._responses)
         # A standalone gateway (`slime-env serve-gateway`) is driven over HTTP with an admin key; in-process users
         # call open_session / close_session and leave it None (the routes then answer 404).
         self.admin_key: str | None = None
@@ -269,7 +272,7 @@ class Gateway:
         answered = await self._answer(request, parse_chat_request, error_body)
         if isinstance(answered, web.Response):
             return answered
-        req, done = answered
+        _, req, done = answered
         if not req.stream:
             return web.json_response(done.body(req.logprobs))
         events = [sse(event) for event in done.chunks(req.logprobs, req.include_usage)] + [b"data: [DONE]\n\n"]
@@ -280,20 +283,40 @@ class Gateway:
         answered = await self._answer(request, anthropic_api.parse_messages_request, anthropic_api.error_body)
         if isinstance(answered, web.Response):
             return answered
-        req, done = answered
+        _, req, done = answered
         if not req.stream:
             return web.json_response(anthropic_api.message_body(done))
         return await self._stream(request, [f"event: {name}\n".encode() + sse(data)
                                             for name, data in anthropic_api.events(done)])
 
-    async def _answer(self, request: web.Request, parse: Any, error: Any) -> tuple[Any, Completion] | web.Response:
-        """(the parsed request, its completion), or the error response in the route's format."""
+    async def _responses(self, request: web.Request) -> web.StreamResponse:
+        """OpenAI Responses: the same conversation and ledger as chat completions, another wire format;
+        `previous_response_id` continues from the session's own record of its responses."""
+        answered = await self._answer(request, responses_api.parse_request, error_body,
+                                      resolve=lambda s, req: req.resolve(s.responses))
+        if isinstance(answered, web.Response):
+            return answered
+        s, req, done = answered
+        body = responses_api.response_body(done, req, done.id.replace("chatcmpl-", "resp_"))
+        if req.store:
+            s.responses[body["id"]] = responses_api.record(req, done)
+        if not req.stream:
+            return web.json_response(body)
+        return await self._stream(request, [f"event: {e['type']}\n".encode() + sse(e)
+                                            for e in responses_api.events(body, done)])
+
+    async def _answer(self, request: web.Request, parse: Any, error: Any,
+                      resolve: Any = None) -> tuple[AgentSession, Any, Completion] | web.Response:
+        """(the session, the parsed request, its completion), or the error response in the route's format.
+        `resolve(session, request)` completes a request from the session's record (`previous_response_id`)."""
         try:
             s = self._session(request)
             s.in_flight += 1
             try:
                 req = parse(await self._body(request))
-                return req, await self._complete(s, req, request)
+                if resolve is not None:
+                    resolve(s, req)
+                return s, req, await self._complete(s, req, request)
             finally:
                 s.in_flight -= 1
                 s.expires_at = time.monotonic() + self.session_ttl_s  # the TTL counts from the end of a call too
