@@ -54,7 +54,7 @@ _UNSUPPORTED = {
 
 _BUILT_IN = {"web_search", "web_search_preview", "web_search_preview_2025_03_11", "web_search_2025_08_26",
              "file_search", "computer", "computer_use", "computer_use_preview", "code_interpreter", "image_generation",
-             "mcp", "local_shell", "shell", "apply_patch", "custom", "tool_search", "namespace"}
+             "mcp", "local_shell", "shell", "apply_patch", "tool_search"}
 
 _INCLUDABLE = {"message.output_text.logprobs", "reasoning.encrypted_content", "file_search_call.results",
                "web_search_call.results", "web_search_call.action.sources", "message.input_image.image_url",
@@ -184,11 +184,11 @@ def _tools(tools: Any) -> tuple[list[dict[str, Any]] | None, list[dict[str, Any]
         where = f"tools[{k}]"
         kind = t.get("type") if isinstance(t, Mapping) else None
         if kind != "function":
-            what = f"built-in tool {kind!r} is" if kind in _BUILT_IN else f"tool type {kind!r} is"
-            raise GatewayError(400, f"{where}.type: {what} not supported: the gateway serves a model, not OpenAI's "
-                                    "hosted tools; run the tool in the agent and declare it as a function tool "
-                                    "({'type': 'function', 'name', 'description', 'parameters'})",
-                               param=f"{where}.type", code="unsupported_value")
+            why = f"built-in tool {kind!r} is not supported: the gateway serves a model, not OpenAI's hosted tools; " \
+                  "run the tool in the agent and declare it" if kind in _BUILT_IN else \
+                  f"tool type {kind!r} is not supported; declare each tool"
+            raise GatewayError(400, f"{where}.type: {why} as a function tool ({{'type': 'function', 'name', "
+                                    "'description', 'parameters'})", param=f"{where}.type", code="unsupported_value")
         validation.check_tool(t.get("name"), t.get("description"), where)
         if t.get("parameters") is not None:
             validation.check_schema(t["parameters"], f"{where}.parameters")
