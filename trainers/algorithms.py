@@ -10,6 +10,9 @@ the gradient.
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Iterator
+
 import torch
 
 # --- reductions ---------------------------------------------------------------------------------------
@@ -287,15 +290,56 @@ def kl_divergence(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str = "low_v
 
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
-    """Entropy of the softmax distribution at each position: -sum p log p, [B, T]."""
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    return -(logp.exp() * logp).sum(-1)
+    """Entropy of the softmax distribution at each position: -sum p log p, [B, T]. Differentiable; without a graph
+    (`torch.no_grad`) it works a slice of positions at a time, so no [B, T, V] temporary is made."""
+    if torch.is_grad_enabled() and logits.requires_grad:
+        logp = torch.log_softmax(logits.float(), dim=-1)
+        return -(logp.exp() * logp).sum(-1)
+    out = torch.empty(logits.shape[:-1], dtype=torch.float32, device=logits.device)
+    for s in _position_slices(logits):
+        logp = torch.log_softmax(logits[s].float(), dim=-1)
+        out[s] = -(logp.exp() * logp).sum(-1)
+    return out
 
 
 def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    """log p(token_t) for each position from logits aligned with the tokens they predict ([B, T, V], [B, T])."""
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    return torch.gather(logp, -1, tokens.unsqueeze(-1)).squeeze(-1)
+    """log p(token_t) for each position from logits aligned with the tokens they predict ([B, T, V], [B, T]),
+    in float32: log_softmax(logits)[token], computed as logit[token] - logsumexp(logits)."""
+    return _TokenLogprobs.apply(logits, tokens)
+
+
+def _position_slices(x: torch.Tensor) -> Iterator[tuple]:
+    """Indexes that cover the positions of `x` ([..., T, V]) a few at a time, as views: a strided `x` (logits[:, :-1])
+    is never copied whole, and a slice's float32 temporaries stay near 64 MB."""
+    step = max(1, (1 << 24) // x.shape[-1])
+    for lead in itertools.product(*(range(n) for n in x.shape[:-2])):
+        for i in range(0, x.shape[-2], step):
+            yield (*lead, slice(i, i + step))
+
+
+class _TokenLogprobs(torch.autograd.Function):
+    """`token_logprobs` without a [B, T, V] log-softmax: the forward keeps the logits (alive for the backward anyway)
+    and one logsumexp per position; both passes work a slice of positions at a time. A whole log_softmax kept its
+    float32 output for the backward and made temporaries as large beside it: on a CPU step, most of the step's
+    memory (SmolLM2's 49,152-token vocabulary: 0.2 MB per position per copy)."""
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        lse = torch.empty(logits.shape[:-1], dtype=torch.float32, device=logits.device)
+        for s in _position_slices(logits):
+            lse[s] = torch.logsumexp(logits[s].float(), dim=-1)
+        ctx.save_for_backward(logits, tokens, lse)
+        return logits.gather(-1, tokens.unsqueeze(-1)).squeeze(-1).float() - lse
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        logits, tokens, lse = ctx.saved_tensors
+        out = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
+        grad = grad.float().unsqueeze(-1)
+        for s in _position_slices(logits):  # d/dx (x[t] - logsumexp(x)) = onehot(t) - softmax(x)
+            part = torch.exp(logits[s].float() - lse[s].unsqueeze(-1)).mul_(-grad[s])
+            out[s] = part.scatter_add_(-1, tokens[s].unsqueeze(-1), grad[s])
+        return out, None
 
 
 def sft_loss(logp: torch.Tensor, mask: torch.Tensor, reduction: str = "token_mean") -> torch.Tensor:

@@ -66,6 +66,21 @@ def token_budget_slices(lengths: list[int], start: int, stop: int, budget: int) 
     return out
 
 
+def padded_slices(lengths: list[int], start: int, stop: int, rows: int, budget: int) -> list[slice]:
+    """Consecutive rows of [start, stop), at most `rows` at a time and at most `budget` tokens once padded (the rows
+    times the longest of them; a longer row goes alone): the micro-batches of a trainer that pads its rows."""
+    out, a, longest = [], start, 0
+    for i in range(start, stop):
+        wider = max(longest, lengths[i])
+        if i > a and (i - a >= rows or (i - a + 1) * wider > budget):
+            out.append(slice(a, i))
+            a, wider = i, lengths[i]
+        longest = wider
+    if stop > a:
+        out.append(slice(a, stop))
+    return out
+
+
 def lockstep(per_rank: Sequence[list[slice]], rank: int) -> list[slice]:
     """`rank`'s micro-batches with empty ones appended up to the most any rank has."""
     own = list(per_rank[rank])

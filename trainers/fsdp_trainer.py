@@ -30,7 +30,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from slime_env.trainers.batch import TrainBatch
-from slime_env.trainers.distributed import balanced_ranges, init_process_group, lockstep
+from slime_env.trainers.distributed import balanced_ranges, init_process_group, lockstep, padded_slices
 from slime_env.trainers.torch_trainer import TorchTrainer, TrainerConfig, read_hf_weights
 
 
@@ -99,9 +99,9 @@ class FSDPTrainer(TorchTrainer):
 
     # --- this rank's rows, lockstep -------------------------------------------------------------------------
     def _micro_slices(self, batch: TrainBatch) -> list[slice]:
-        n = self.config.micro_batch_size
-        per_rank = [[slice(i, min(i + n, b)) for i in range(a, b, n)]
-                    for a, b in balanced_ranges(batch.attention_mask.sum(-1).tolist(), self.world)]
+        lengths, c = batch.attention_mask.sum(-1).tolist(), self.config
+        per_rank = [padded_slices(lengths, a, b, c.micro_batch_size, c.max_tokens_per_micro_batch)
+                    for a, b in balanced_ranges(lengths, self.world)]
         return lockstep(per_rank, self.rank)
 
     def _dummy_forward(self, model: torch.nn.Module) -> torch.Tensor:

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from slime_env.trainers import algorithms as alg
 from slime_env.trainers.batch import TrainBatch, pack
+from slime_env.trainers.distributed import padded_slices
 from slime_env.trainers.fsdp_options import FSDPOptions
 from slime_env.trainers.megatron.options import MegatronOptions
 from slime_env.trainers import routing_replay as rr
@@ -342,9 +343,10 @@ class TorchTrainer:
 
     # --- the parts a parallel trainer replaces ---------------------------------------------------------
     def _micro_slices(self, batch: TrainBatch) -> list[slice]:
-        """Row ranges of the micro-batches this process computes (all rows, `micro_batch_size` at a time)."""
-        n = self.config.micro_batch_size
-        return [slice(i, min(i + n, batch.size)) for i in range(0, batch.size, n)]
+        """Row ranges of the micro-batches this process computes (all rows, `micro_batch_size` at a time, fewer where
+        their padded size would pass `max_tokens_per_micro_batch`: a step's activations grow with it)."""
+        return padded_slices(batch.attention_mask.sum(-1).tolist(), 0, batch.size, self.config.micro_batch_size,
+                             self.config.max_tokens_per_micro_batch)
 
     def _zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 class MegatronOptions:
     """Parallel layout and scale of `backend: megatron` (docs/megatron.md)."""
 
-    # TP size, the token budget of a packed micro-batch.
+    # TP size; the token budget of a micro-batch (megatron: its packed rows; the torch and fsdp trainers read it
+    # too, as rows times the longest row: a step's activations grow with it).
     tp: int = 1
     max_tokens_per_micro_batch: int = 8192
     offload: bool = False  # on CUDA: optimizer state and gradient buffers leave the GPU between steps
