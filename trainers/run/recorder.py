@@ -287,13 +287,18 @@ def _container_part(metrics: Mapping[str, Any]) -> str:
 
 def _memory() -> dict[str, float]:
     """This process's resident memory now and at its peak, in MB (`memory/rss_mb`, `memory/peak_mb`): a run whose
-    memory grows step after step shows it here (Linux; nothing elsewhere)."""
+    memory grows step after step shows it here (Linux; nothing elsewhere). `memory/malloc_free_mb`: what malloc holds
+    freed among it (glibc; `slime_env.malloc_tuning`), to tell memory the run keeps from memory the allocator does."""
     import resource
+
+    from slime_env.malloc_tuning import malloc_free_bytes
 
     try:
         with open("/proc/self/statm") as f:
             rss = int(f.read().split()[1]) * resource.getpagesize() / 2**20
     except OSError:
         return {}
+    free = malloc_free_bytes()
     return {"memory/rss_mb": round(rss, 1), "memory/peak_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-                                                                     / 1024, 1)}
+                                                                     / 1024, 1),
+            **({} if free is None else {"memory/malloc_free_mb": round(free / 2**20, 1)})}
