@@ -18,7 +18,7 @@ Core API (this package never imports `envs`, `agents`, `tools_sandbox` or `train
 from slime_env.agent_env import AgentEnv
 from slime_env.conversations import Conversation, conversation_trajectory, load_conversations
 from slime_env.env import Env, Wrapper
-from slime_env.errors import InvalidInput, RegistryError, RenderError, RenderMismatch, SlimeEnvError
+from slime_env.errors import InfraError, InvalidInput, RegistryError, RenderError, RenderMismatch, SlimeEnvError
 from slime_env.ledger import Span, TokenLedger
 from slime_env.gateway import Gateway
 from slime_env.multi_agent import MultiAgentEnv, run_multi_agent_episode
@@ -44,7 +44,7 @@ _register_entry_points()
 __all__ = [
     "Action", "AgentEnv", "Batch", "close_shared_clients", "Conversation", "conversation_trajectory", "Env",
     "EnvServer", "EnvSpec", "Episode", "from_sync", "Gateway", "Generation", "get_parser", "get_renderer", "Group",
-    "InvalidInput", "load_conversations", "load_tasks", "make", "Message", "MultiAgentEnv", "ParseError",
+    "InfraError", "InvalidInput", "load_conversations", "load_tasks", "make", "Message", "MultiAgentEnv", "ParseError",
     "parser_names", "ParseResult", "Policy", "register", "register_parser", "register_renderer", "registry_ids",
     "RegistryError", "RemoteEnv", "RenderError", "RenderMismatch", "RolloutManager", "Rubric", "run_episode",
     "run_multi_agent_episode", "ScriptedPolicy", "SlimeEnvError", "Span", "spec", "StatefulToolEnv", "STATUSES",

@@ -6,7 +6,9 @@ returns. `reward(task, result, trajectories)` scores the outcome. The gateway re
 ledgers; each episode gives one trajectory per branch of its session (`slime_env.gateway`): the sample's main
 trajectory (the branch of its last call) and, after it, side branches marked `metadata["branch_of"]`, which share the
 sample's reward and advantage. A crash, a timeout or an agent that never calls the model becomes a status with its
-reason.
+reason. A cause outside the model becomes `infra_error` (never trained, never a 0): the agent or the reward raising
+`InfraError` (a harness binary missing, a verifier's container that did not start), or a host fault on the session
+(the engine failing a call, the gateway stopping) after which the agent made no successful call.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from slime_env.errors import InvalidInput
+from slime_env.errors import InvalidInput, infra_cause
 from slime_env.loading import load_object
 from slime_env.trajectory import Trajectory
 from slime_env.types import Task, coerce_reward
@@ -65,7 +67,13 @@ class AgentEnv:
         except TimeoutError:
             status, reason = "truncated", f"deadline of {limit}s exceeded while the agent ran"
         except Exception as e:  # noqa: BLE001 - the agent's crash is the episode's status, never a lost sample
-            status, reason = "failed", f"the agent raised {type(e).__name__}: {e}"
+            status = "infra_error" if infra_cause(e) is not None else "failed"
+            reason = f"the agent raised {type(e).__name__}: {e}"
+        fault = last_host_fault(session)
+        if fault is not None and status in ("completed", "truncated", "failed"):
+            # what the agent did last was meet the host's failure (it made no successful call after it): its outcome
+            # (a crash, a give-up, the deadline spent on retries) is not the model's
+            status, reason = "infra_error", f"{fault}, and the agent made no call after it ({reason or 'it returned'})"
         branches = gateway.close_session(session.id, status=status, reason=reason)
         if not branches:
             return [_empty(task, "failed" if status == "completed" else status,
@@ -76,7 +84,8 @@ class AgentEnv:
                 value = self.reward(task, result, branches)
                 score = coerce_reward(await value if inspect.isawaitable(value) else value, "AgentEnv reward")
             except Exception as e:  # noqa: BLE001
-                status, reason = "failed", f"the reward raised {type(e).__name__}: {e}"
+                status = "infra_error" if infra_cause(e) is not None else "failed"
+                reason = f"the reward raised {type(e).__name__}: {e}"
         # the branch of the last call holds the agent's final context: the sample's main trajectory
         last = max(range(len(branches)), key=lambda i: branches[i].metadata["calls"][-1]["at"]
                    if branches[i].metadata["calls"] else -1.0)
@@ -84,7 +93,7 @@ class AgentEnv:
         out = []
         for k, i in enumerate(order):
             t = branches[i]
-            st, why = (t.status, t.reason) if t.status == "failed" else (status, reason)
+            st, why = (t.status, t.reason) if t.status == "failed" and status != "infra_error" else (status, reason)
             meta = {**t.metadata, **(metadata or {}), **({"branch_of": t.metadata["session"]} if k else {})}
             out.append(replace(t, reward=score, turn_rewards=[0.0] * max(len(t.turn_rewards) - 1, 0) + [score],
                                status=st, reason=why, metadata=meta))
@@ -124,6 +133,18 @@ class GatewayPool:
         for gw in self._gateways.values():
             await gw.stop()
         self._gateways.clear()
+
+
+def last_host_fault(session: Any) -> str | None:
+    """The host fault (`AgentSession.host_faults`: the engine failing a call, the gateway stopping) that came after
+    the session's last recorded call, else None (none, or the agent called the model successfully since)."""
+    faults = getattr(session, "host_faults", None)
+    if not faults:
+        return None
+    calls = [c["at"] for b in session.conversation.branches for c in b.calls]
+    last_call = max(calls, default=float("-inf"))
+    after = [what for at, what in faults if at >= last_call]
+    return after[-1] if after else None
 
 
 def split_episode_time(trajectories: list[Trajectory]) -> list[Trajectory]:

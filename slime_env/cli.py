@@ -163,7 +163,7 @@ def rollout(env: str = typer.Option(..., help="registered env id (tasks may over
     run_loop(main())
 
 
-STATUS_KEYS = ("completed", "truncated", "aborted", "failed")
+STATUS_KEYS = ("completed", "truncated", "aborted", "failed", "infra_error")
 
 
 @app.command()

@@ -9,6 +9,24 @@ class InvalidInput(SlimeEnvError, ValueError):
     """A value given to slime_env (message, task, generation, config field) is malformed."""
 
 
+class InfraError(SlimeEnvError):
+    """A failure outside the model's reach — a container that did not start, a verifier whose machinery broke, a
+    harness binary missing, the gateway or the engine gone. Raised from an env (reset, step, its verifier) or an agent
+    program, it makes the episode's status `infra_error`: the trainer leaves it out of the loss and out of its group's
+    statistics and counts it in the step's metrics; it is never scored 0 (docs/agentic.md, "Infrastructure failures").
+    Raise it only where the model could not have caused the failure."""
+
+
+def infra_cause(error: BaseException | None) -> InfraError | None:
+    """The InfraError `error` is or was raised from (`raise X from infra_error`), else None."""
+    seen = 0
+    while error is not None and seen < 16:
+        if isinstance(error, InfraError):
+            return error
+        error, seen = error.__cause__, seen + 1
+    return None
+
+
 class RegistryError(SlimeEnvError, KeyError):
     """An env id is unknown, registered twice, or its entry point cannot be loaded."""
 

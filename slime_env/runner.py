@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from slime_env.env import Env
-from slime_env.errors import InvalidInput
+from slime_env.errors import InvalidInput, infra_cause
 from slime_env.ledger import TokenLedger
 from slime_env.parsers import get_parser
 from slime_env.parsers.prompts import tool_prompt, with_system_section
@@ -415,7 +415,8 @@ class _Episode:
         self.phase = "framework"
 
     def fail(self, error: BaseException) -> None:
-        self.status = "failed"
+        # A cause outside the model (the env says so by raising InfraError): a status the trainer leaves out, not a 0.
+        self.status = "infra_error" if infra_cause(error) is not None else "failed"
         self.reason = f"{self.phase} raised {type(error).__name__}: {error}"
         self.metadata["traceback"] = "".join(traceback.format_exception(error, limit=8))
 

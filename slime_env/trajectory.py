@@ -11,8 +11,11 @@ from slime_env.ledger import Span, check_invariants
 from slime_env.routing import RoutingRecord, stream_routing
 from slime_env.types import Message, Task, _jsonable
 
-Status = Literal["completed", "truncated", "aborted", "failed"]
-STATUSES: tuple[str, ...] = ("completed", "truncated", "aborted", "failed")
+Status = Literal["completed", "truncated", "aborted", "failed", "infra_error"]
+STATUSES: tuple[str, ...] = ("completed", "truncated", "aborted", "failed", "infra_error")
+# Episodes that never reach the loss nor their group's statistics: `failed` (the env, the policy or the framework
+# raised) and `infra_error` (a cause outside the model: `slime_env.errors.InfraError`). Their reward means nothing.
+EXCLUDED_STATUSES: frozenset[str] = frozenset({"failed", "infra_error"})
 
 
 @fast_pickle
@@ -24,7 +27,9 @@ class Trajectory:
     where the policy sampled `response_ids[i]` (its log-prob in `rollout_logprobs[i]`) and 0 where
     the framework inserted it (log-prob 0.0). `spans` say which turn produced which ids.
     `turn_rewards[k]` is the env's reward for turn k; `reward` is their sum. `status` is one of
-    completed / truncated / aborted / failed, with a human-readable `reason` when not completed.
+    completed / truncated / aborted / failed / infra_error (a cause outside the model: a container that did not start,
+    a verifier's machinery, the gateway; never trained, see `EXCLUDED_STATUSES`), with a human-readable `reason` when
+    not completed.
     `timings` has `total_s`, `generate_s`, `env_s`, `framework_s`; `info` is the env's last info.
     `routing` (MoE models whose engine returns them) holds the routed experts of generated tokens, for routing
     replay (`slime_env.routing`); None otherwise.
@@ -70,13 +75,14 @@ class Trajectory:
     def to_slime_sample(self) -> dict[str, Any]:
         """The fields of a slime `Sample` (slime/utils/types.py), satisfying its invariants.
 
-        A failed episode is exported in slime's safe form: `remove_sample=True`, reward 0.0, a mask of
-        zeros and log-probs 0.0, so it can never reach the loss. `status` is slime's status string.
+        A failed or infra_error episode is exported in slime's safe form: `remove_sample=True`, reward 0.0, a mask of
+        zeros and log-probs 0.0, so it can never reach the loss. `status` is slime's status string (infra_error, which
+        slime has no status for, is exported as failed; `metadata["status"]` keeps ours).
         With routed experts, `rollout_routed_experts` is slime's int32 `[len(tokens) - 1, layers, top_k]` (row i: the
         forward over token i), -1 where none was recorded (prompt and inserted tokens): slime's trainer replays
         every row and refuses -1, so it fails loudly rather than replay expert 0 (see docs/trainers.md).
         """
-        failed = self.status == "failed"
+        failed = self.status in EXCLUDED_STATUSES
         n = len(self.response_ids)
         md = self.metadata
         extra = {}
@@ -88,7 +94,7 @@ class Trajectory:
             "loss_mask": [0] * n if failed else list(self.loss_mask),
             "rollout_log_probs": [0.0] * n if failed else list(self.rollout_logprobs),
             "reward": 0.0 if failed else float(self.reward),
-            "status": self.status,
+            "status": "failed" if self.status == "infra_error" else self.status,
             "response": self.response_text,
             "prompt": self.task.to_dict()["prompt"],
             "label": _jsonable(self.task.label),
@@ -105,7 +111,8 @@ class Trajectory:
     def _export_metadata(self) -> dict[str, Any]:
         return _jsonable({**self.task.metadata, **self.metadata, "agent_id": self.agent_id,
                           "turn_rewards": self.turn_rewards, "num_turns": self.num_turns,
-                          "status_reason": self.reason, "spans": [s.to_dict() for s in self.spans],
+                          "status": self.status, "status_reason": self.reason,
+                          "spans": [s.to_dict() for s in self.spans],
                           "timings": self.timings, "task_id": self.task.id})
 
     def to_dict(self) -> dict[str, Any]:

@@ -373,8 +373,9 @@ def test_a_harness_episode_with_branches_counts_its_time_once():
 
 def test_a_workspace_that_dies_ends_the_episode_at_once_with_its_reason(smollm2_tok):
     """The workspace is killed while a command runs (as the limits' watchdog kills one at its disk limit): the
-    episode ends after that turn, failed, with the reason. Before, the agent was answered "workspace is dead" turn
-    after turn until it submitted or ran out of turns."""
+    episode ends after that turn with the reason. Before, the agent was answered "workspace is dead" turn after turn
+    until it submitted or ran out of turns. The workspace was the agent's (a disk it filled): truncated with reward 0,
+    never an excluded status an agent could reach by breaking its machine (before this: `failed`, out of the loss)."""
     require_backend("docker")
 
     class Killed(WorkspaceEnv):
@@ -398,5 +399,6 @@ def test_a_workspace_that_dies_ends_the_episode_at_once_with_its_reason(smollm2_
                 await env.close()
 
     done = asyncio.run(episode())
-    assert done.status == "failed" and "disk limit (1 GiB) was reached" in done.reason, (done.status, done.reason)
-    assert done.num_turns == 1
+    assert (done.status, done.reward) == ("truncated", 0.0), (done.status, done.reason)
+    assert "disk limit (1 GiB) was reached" in done.info["workspace_dead"], done.info
+    assert done.num_turns == 1 and not done.to_slime_sample()["remove_sample"]

@@ -21,7 +21,7 @@ import torch
 from slime_env.trainers.algorithms import RoleBaselines, outcome_advantages, token_returns, token_rewards
 
 from slime_env.routing import stream_routing
-from slime_env.trajectory import Trajectory
+from slime_env.trajectory import EXCLUDED_STATUSES, Trajectory
 
 
 @dataclass(frozen=True)
@@ -100,14 +100,39 @@ class TrainBatch:
                 "advantages": self.advantages[keep]}
 
 
+def kept_outcome_advantages(estimator: str, rewards: torch.Tensor, group_size: int,
+                            kept: torch.Tensor) -> torch.Tensor:
+    """`outcome_advantages` over the `kept` rows alone (bool [N]): each group's mean and std (REINFORCE++: the batch's)
+    from its kept rows, 0.0 for the others. With every row kept, exactly `outcome_advantages`."""
+    if bool(kept.all()) or estimator == "ppo":
+        return outcome_advantages(estimator, rewards, group_size)
+    adv = torch.zeros_like(rewards)
+    if estimator == "reinforce_plus_plus":  # whitened over the batch: the kept rows are the batch
+        adv[kept] = outcome_advantages(estimator, rewards[kept], group_size)
+        return adv
+    if estimator not in ("grpo", "gspo", "dr_grpo", "reinforce_plus_plus_baseline"):
+        return outcome_advantages(estimator, rewards, group_size)  # names the estimator it does not know
+    for start in range(0, len(rewards), group_size):
+        rows = torch.nonzero(kept[start:start + group_size]).flatten() + start
+        if len(rows):  # one group of the kept rows, or (REINFORCE++-baseline) their deviations from its mean
+            adv[rows] = (rewards[rows] - rewards[rows].mean() if estimator == "reinforce_plus_plus_baseline"
+                         else outcome_advantages(estimator, rewards[rows], len(rows)))
+    if estimator == "reinforce_plus_plus_baseline":
+        centred = adv[kept]
+        adv[kept] = centred / (centred.std(unbiased=False) + 1e-6)
+    return adv
+
+
 def pack(trajectories: Sequence[Trajectory], *, group_size: int, pad_id: int, estimator: str = "grpo",
          reward_assignment: str = "sequence", role_baselines: RoleBaselines | None = None,
          routing: bool = False) -> TrainBatch:
     """Tensors and advantages for `trajectories` (groups of `group_size`, consecutive, in sample order).
 
-    A failed trajectory keeps its place (reward 0.0 in its group's statistics) but its loss mask is zeros,
-    as slime's `remove_sample` does. `estimator` is an outcome estimator of `slime_env.trainers.algorithms`; "rae"
-    takes `role_baselines` (keyed by each trajectory's env id and role) and updates them. `routing`: lay out the
+    An excluded trajectory (status failed or infra_error: `EXCLUDED_STATUSES`) keeps its place, reward 0.0 and a loss
+    mask of zeros, as slime's `remove_sample` does, and is left out of its group's statistics: the others' baseline and
+    spread come from the kept ones alone (a container that did not start is no 0 beside its group's 1s). `estimator`
+    is an outcome estimator of `slime_env.trainers.algorithms`; "rae" takes `role_baselines` (keyed by each
+    trajectory's env id and role) and updates them. `routing`: lay out the
     trajectories' routed experts (`routed_experts`, for routing replay) when any has them.
     """
     if reward_assignment not in ("sequence", "per_turn"):
@@ -134,7 +159,7 @@ def pack(trajectories: Sequence[Trajectory], *, group_size: int, pad_id: int, es
     rewards = torch.zeros(B, dtype=torch.float32)
     # On-policy distillation: a teacher's log-probs of the response tokens (slime_env.trainers.run.teacher), when every
     # row has them
-    with_teacher = all("teacher_logprobs" in t.metadata or t.status == "failed" for t in trajectories) and \
+    with_teacher = all("teacher_logprobs" in t.metadata or t.status in EXCLUDED_STATUSES for t in trajectories) and \
         any("teacher_logprobs" in t.metadata for t in trajectories)
     teacher = torch.zeros((B, L), dtype=torch.float32) if with_teacher else None
     shapes = {t.routing.experts.shape[1:] for t in trajectories if routing and t.routing is not None}
@@ -146,7 +171,7 @@ def pack(trajectories: Sequence[Trajectory], *, group_size: int, pad_id: int, es
         o = L - p - r  # left padding
         input_ids[i, o:] = torch.tensor(t.prompt_ids + t.response_ids, dtype=torch.long)
         attention[i, o:] = 1
-        failed = t.status == "failed"
+        failed = t.status in EXCLUDED_STATUSES
         if not failed:
             loss_mask[i, o + p:] = torch.tensor(t.loss_mask, dtype=torch.float32)
             rollout[i, o + p:] = torch.tensor(t.rollout_logprobs, dtype=torch.float32)
@@ -165,17 +190,18 @@ def pack(trajectories: Sequence[Trajectory], *, group_size: int, pad_id: int, es
     if estimator == "rae":
         if role_baselines is None:
             raise ValueError("estimator 'rae' needs role_baselines (slime_env.trainers.algorithms.RoleBaselines)")
-        keys = [None if t.status == "failed"
+        keys = [None if t.status in EXCLUDED_STATUSES
                 else (str(t.metadata.get("env_id", "")), str(t.metadata.get("role", t.agent_id)))
                 for t in trajectories]
         seq_adv = role_baselines.advantages(rewards, keys)
         if reward_assignment != "sequence":
             raise ValueError("estimator 'rae' gives one advantage per sequence: use reward_assignment 'sequence'")
-    elif len(main) < B:
-        owner = torch.cumsum(torch.tensor(is_main), 0) - 1  # each row's main trajectory, among the main ones
-        seq_adv = outcome_advantages(estimator, rewards[main], group_size)[owner]
     else:
-        seq_adv = outcome_advantages(estimator, rewards, group_size)
+        kept = torch.tensor([trajectories[i].status not in EXCLUDED_STATUSES for i in main])
+        seq_adv = kept_outcome_advantages(estimator, rewards[main], group_size, kept)
+        if len(main) < B:
+            owner = torch.cumsum(torch.tensor(is_main), 0) - 1  # each row's main trajectory, among the main ones
+            seq_adv = seq_adv[owner]
     per_token = token_rewards(turn_rewards if reward_assignment == "per_turn" else rewards.unsqueeze(-1), turn_of,
                               loss_mask) if estimator == "ppo" else None
     if estimator == "ppo":  # advantages come from GAE over the critic's values, in the trainer
@@ -184,10 +210,12 @@ def pack(trajectories: Sequence[Trajectory], *, group_size: int, pad_id: int, es
         advantages = seq_adv.unsqueeze(-1) * loss_mask
     else:
         returns = token_returns(turn_rewards, turn_of, loss_mask)
-        g = rewards.view(-1, group_size)
-        mean = g.mean(-1, keepdim=True).expand(-1, group_size).reshape(-1, 1)
-        std = (g.std(-1, keepdim=True, unbiased=True) if group_size > 1 else torch.zeros_like(g[:, :1]))
-        std = std.expand(-1, group_size).reshape(-1, 1)
+        g, k = rewards.view(-1, group_size), kept.view(-1, group_size).float()  # statistics of the kept rows
+        n = k.sum(-1, keepdim=True)
+        m = (g * k).sum(-1, keepdim=True) / n.clamp(min=1)
+        var = (((g - m) ** 2) * k).sum(-1, keepdim=True) / (n - 1).clamp(min=1)
+        mean = m.expand(-1, group_size).reshape(-1, 1)
+        std = (var.sqrt() if group_size > 1 else torch.zeros_like(g[:, :1])).expand(-1, group_size).reshape(-1, 1)
         scale = 1.0 if estimator == "dr_grpo" else 1.0 / (std + 1e-6)
         advantages = (returns - mean) * scale * loss_mask
     return TrainBatch(input_ids, attention, loss_mask, rollout, advantages, turn_of, rewards, group_size, per_token,

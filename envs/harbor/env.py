@@ -23,10 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from slime_env import InvalidInput, Task
+from slime_env.errors import InfraError
 from slime_env.loading import load_object
 from slime_env.envs.harbor import environment, verifier
 from slime_env.envs.harbor.task import HarborTask, load_dataset, load_task
-from slime_env.envs.workspace.env import WorkspaceEnv
+from slime_env.envs.workspace.env import WorkspaceEnv, starting_workspace
 from slime_env.tools_sandbox.workspace import Workspace
 
 SYSTEM_PROMPT = ("You are an autonomous agent working in a Linux machine of your own. Use the tools to inspect and "
@@ -95,16 +96,21 @@ async def harbor_verify(task: Task, ws: Workspace, *, mode: str | None = None,
     the verifier's workspace left out (unsafe members, links it could not restore). A SWE task (`[metadata.swe]`
     in task.toml, made by `slime-env swe build`) is scored by `swe_reward` in every mode: its hidden tests on a
     clean copy with the agent's edits, behind the guard, in a workspace from `reward_workspace(spec)` if given (else
-    the repository's Docker image)."""
+    the repository's Docker image). A failure of the verifier's own machinery (`verifier.verify`'s `infra_error`)
+    raises InfraError: the episode is `infra_error`, not a 0."""
     ht = harbor_task(task)
     if isinstance((ht.config.metadata or {}).get("swe"), dict):
         from slime_env.envs.swe import load_task as load_swe_task
         from slime_env.envs.swe import swe_reward
 
         out = await swe_reward(load_swe_task(ht.path), ws, start_workspace=reward_workspace)
+        if out.status == "infra_error":
+            raise InfraError(f"the SWE verifier: {out.reason}")
         return out.reward, {"swe": {"status": out.status, "reason": out.reason, "tests": dict(out.tests),
                                     "changed_files": list(out.changed_files), "timings": dict(out.timings)}}
     result = await verifier.verify(ht, ws, mode=mode)
+    if result.status == "infra_error":  # the verifier's machinery, before any of the agent's work was in it
+        raise InfraError(f"the verifier ({result.mode}): {result.reason}")
     return result.reward(), {"harbor": {"status": result.status, "reason": result.reason, "rewards": result.rewards,
                                         "mode": result.mode, "dropped": list(result.dropped)}}
 
@@ -149,11 +155,12 @@ class HarborEnv(WorkspaceEnv):
         ht = harbor_task(task)
         if not isinstance((ht.config.metadata or {}).get("swe"), dict):
             verifier.resolve_mode(ht, self.mode)  # a mode the task cannot run in is refused before its container
-        if self.workspace_factory is not None:
-            pool, ws = _Closing(), await self.workspace_factory(task)
-        else:
-            pool = self.pool or shared_pool(self.backend, warm=self.warm)
-            ws = await harbor_workspace(task, pool=pool)
+        async with starting_workspace():
+            if self.workspace_factory is not None:
+                pool, ws = _Closing(), await self.workspace_factory(task)
+            else:
+                pool = self.pool or shared_pool(self.backend, warm=self.warm)
+                ws = await harbor_workspace(task, pool=pool)
         state = {"workspace": ws, "pool": pool, "edits": {}, "submitted": False, "verify_s": 0.0,
                  "start_s": time.perf_counter() - t}
         state["state"] = state

@@ -24,6 +24,7 @@ three places (`mode`). The default (`mode=None`) is a fresh workspace: `separate
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import posixpath
@@ -36,7 +37,8 @@ from slime_env.envs.harbor.environment import (AGENT_LOGS, ARTIFACTS_DIR, SOLUTI
                                                OpenWorkspace, agent_user, build_context_image, docker_open,
                                                prepare_logs, q, task_image, verifier_user, workspace_spec)
 from slime_env.envs.harbor.task import HarborTask
-from slime_env.errors import InvalidInput
+from slime_env.envs.workspace.env import starting_workspace
+from slime_env.errors import InfraError, InvalidInput
 from slime_env.tools_sandbox.types import ExecResult
 from slime_env.tools_sandbox.workspace import Workspace, WorkspaceError
 
@@ -45,11 +47,12 @@ REWARD_JSON = f"{VERIFIER_LOGS}/reward.json"
 TEST_STDOUT = f"{VERIFIER_LOGS}/test-stdout.txt"
 ORACLE_LOG = f"{AGENT_LOGS}/oracle.txt"
 MODES = ("shared", "isolated", "separate")
-STATUSES = ("ok", "missing", "empty", "parse_error", "timeout", "error")
+STATUSES = ("ok", "missing", "empty", "parse_error", "timeout", "error", "infra_error")
 # Harbor's exception for each status (TrialResult.exception_info.exception_type).
 HARBOR_ERRORS = {"missing": "RewardFileNotFoundError", "empty": "RewardFileEmptyError",
                  "parse_error": "VerifierOutputParseError", "timeout": "VerifierTimeoutError",
                  "error": "AddTestsDirError"}
+VERIFIER_START_TIMEOUT_S = 600.0  # a fresh verifier workspace that has not started by then: the host's failure
 DEFAULT_AGENT_TIMEOUT_S = 3600.0
 SHARED_WARNING = ("the verifier runs in the agent's own container (mode 'shared'): an agent that ran as root can "
                   "change what the tests run with (a python earlier on PATH, sitecustomize.py, a .pth file) and "
@@ -59,8 +62,10 @@ SHARED_WARNING = ("the verifier runs in the agent's own container (mode 'shared'
 @dataclass(frozen=True, slots=True)
 class VerifierResult:
     """What a verification gave: `rewards` (reward.json's dict, or `{"reward": x}` from reward.txt; None unless
-    `status` is `ok`), `status` (ok | missing | empty | parse_error | timeout | error), `reason` for anything not
-    ok, the tail of test.sh's output, how long it took and where it ran (`mode`)."""
+    `status` is `ok`), `status` (ok | missing | empty | parse_error | timeout | error | infra_error), `reason` for
+    anything not ok (`infra_error`: the verifier's own machinery failed before any of the agent's work was in its
+    workspace — its image, its start, its log folders; the episode's reward means nothing and it is not trained),
+    the tail of test.sh's output, how long it took and where it ran (`mode`)."""
 
     rewards: dict[str, float | int] | None
     status: str
@@ -72,7 +77,8 @@ class VerifierResult:
 
     @property
     def harbor_error(self) -> str | None:
-        """The name of the exception Harbor records for this outcome (None when ok)."""
+        """The name of the exception Harbor records for this outcome (None when ok, and for infra_error: the
+        verifier's environment failing is no verifier outcome in Harbor)."""
         return HARBOR_ERRORS.get(self.status)
 
     def reward(self, key: str = "reward") -> float:
@@ -182,13 +188,21 @@ def resolve_mode(task: HarborTask, mode: str | None) -> str:
 
 async def verify(task: HarborTask, ws: Workspace, *, mode: str | None = None, image: str | None = None,
                  open_workspace: OpenWorkspace | None = None, paths: list[str] | None = None,
-                 timeout_s: float | None = None, environ=None) -> VerifierResult:
+                 timeout_s: float | None = None, environ=None,
+                 start_timeout_s: float | None = None) -> VerifierResult:
     """Verify the agent's work in `ws` (see the module for the modes; default: a fresh container, `separate` if
     the task asks for it, else `isolated`). `image`: the image of an isolated verifier (default: the task's);
     `open_workspace`: how a fresh workspace starts (default: Docker); `paths`: what an isolated verifier copies
     (default: the task's artifact paths, else the workdir). Ends the agent's phase: every process in `ws` is
     killed first. Never raises for what the agent did; a broken task (bad env template, missing tests) or a mode
-    it cannot run in (`resolve_mode`) raises InvalidInput."""
+    it cannot run in (`resolve_mode`) raises InvalidInput.
+
+    Whose failure: the status is `infra_error` only for a step where nothing of the agent's is yet — the fresh
+    workspace's image, its start (within `start_timeout_s`, default `VERIFIER_START_TIMEOUT_S`), its log folders.
+    Everything after the agent's files are in (unpacking them, the tests, their timeout, a reward file missing) and
+    every failure in the agent's own workspace (shared mode, reading its files) is the agent's: `error` / `timeout` /
+    `missing`, reward 0. An agent cannot turn its failure into an excluded episode by breaking what the verifier runs
+    on."""
     mode = resolve_mode(task, mode)
     env = task.resolved_env("verifier", environ)
     t0 = time.monotonic()
@@ -197,21 +211,27 @@ async def verify(task: HarborTask, ws: Workspace, *, mode: str | None = None, im
         if mode == "shared":
             result = await _run_tests(task, ws, env, timeout_s, upload=True)
         else:
-            result = await _verify_elsewhere(task, ws, mode, env, image, open_workspace, paths, timeout_s)
+            result = await _verify_elsewhere(task, ws, mode, env, image, open_workspace, paths, timeout_s,
+                                             start_timeout_s or VERIFIER_START_TIMEOUT_S)
+    except InfraError as e:
+        result = VerifierResult(None, "infra_error", str(e))
     except (WorkspaceError, OSError) as e:
         result = VerifierResult(None, "error", f"{type(e).__name__}: {e}")
     return replace(result, duration_s=time.monotonic() - t0, mode=mode)
 
 
-async def _verify_elsewhere(task, ws, mode, env, image, open_workspace, paths, timeout_s) -> VerifierResult:
+async def _verify_elsewhere(task, ws, mode, env, image, open_workspace, paths, timeout_s,
+                            start_timeout_s) -> VerifierResult:
     copies: list[tuple[str, tuple[str, ...]]]
     upload = True
     if mode == "isolated":
-        image = image or await task_image(task)
+        async with starting_workspace("the verifier's image"):
+            image = image or await task_image(task)
         spec = workspace_spec(task, image, network=task.config.verifier.network_mode)
         copies = [(p, ()) for p in paths] if paths else (_artifact_paths(task, ws) or [(ws.workdir, ())])
     else:
-        image, spec_env, upload = await _separate_image(task)
+        async with starting_workspace("the verifier's image"):
+            image, spec_env, upload = await _separate_image(task)
         spec = workspace_spec(task, image, environment=spec_env, network=task.config.verifier.network_mode)
         copies = [(ARTIFACTS_DIR, ()), *_artifact_paths(task, ws)]
     archives, outside = [], []
@@ -219,9 +239,10 @@ async def _verify_elsewhere(task, ws, mode, env, image, open_workspace, paths, t
         data = await transfer.pack(ws, path, exclude=exclude)
         archives.append((path, *(transfer.sanitize(data, path, outside=outside) if data is not None
                                  else (None, []))))
-    fresh = await (open_workspace or docker_open)(spec)
+    fresh = await _start_fresh(open_workspace or docker_open, spec, start_timeout_s)
     try:
-        await prepare_logs(fresh)
+        async with starting_workspace("the verifier's workspace"):  # nothing of the agent's is in it yet
+            await prepare_logs(fresh)
         dropped: list[str] = []
         for path, data, lost in archives:
             await transfer.unpack(fresh, path, data)
@@ -233,6 +254,27 @@ async def _verify_elsewhere(task, ws, mode, env, image, open_workspace, paths, t
         return replace(result, dropped=tuple(dropped))
     finally:
         await fresh.close()
+
+
+async def _start_fresh(open_workspace: OpenWorkspace, spec, timeout_s: float) -> Workspace:
+    """The verifier's fresh workspace, started within `timeout_s`; a start that fails or hangs is the host's failure
+    (InfraError). A start cut short by the timeout is closed whenever it does finish, never left behind."""
+    start = asyncio.ensure_future(open_workspace(spec))
+    try:
+        async with starting_workspace("the verifier's workspace"):
+            try:
+                return await asyncio.wait_for(asyncio.shield(start), timeout_s)
+            except TimeoutError:
+                raise TimeoutError(f"no workspace within {timeout_s:g}s") from None
+    except InfraError:
+        if not start.done():
+            start.add_done_callback(_close_late)
+        raise
+
+
+def _close_late(start: asyncio.Future) -> None:
+    if not start.cancelled() and start.exception() is None:
+        asyncio.ensure_future(start.result().close())
 
 
 def _artifact_paths(task: HarborTask, ws: Workspace) -> list[tuple[str, tuple[str, ...]]]:

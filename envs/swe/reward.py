@@ -44,7 +44,8 @@ _clean_trees: dict[str, tuple[dict[str, Entry], set[str]]] = {}  # image -> its 
 @dataclass(frozen=True)
 class SweReward:
     """The outcome of one reward: `reward` (1.0 or 0.0) and `status` — `resolved`, `unresolved` (tests failed),
-    `refused` (the guard), `timeout` (the tests ran past the verifier's timeout) or `error` (a workspace failed)
+    `refused` (the guard), `timeout` (the tests ran past the verifier's timeout), `error` (a workspace failed) or
+    `infra_error` (the clean workspace did not start: the host's failure; its reward means nothing)
     — with its `reason`; the outcome of each FAIL_TO_PASS test and each failed PASS_TO_PASS test (`tests`), the
     source files carried to the clean copy (`changed_files`), files ignored (`ignored_files`), pytest's exit
     code and the time of each stage in seconds (`timings`: start, read, guard, tests, total)."""
@@ -156,7 +157,9 @@ async def swe_reward(task: SweTask | str | Path, agent_ws, *, start_workspace: S
         try:
             fresh = await fresh_task
         except Exception as e:  # noqa: BLE001
-            return _result(t0, timings, 0.0, "error", f"could not start a clean workspace from {task.image}: {e}")
+            # before anything of the agent's is in it: the host's failure, never the agent's 0
+            return _result(t0, timings, 0.0, "infra_error", f"could not start a clean workspace from {task.image}: "
+                                                            f"{type(e).__name__}: {e}")
         t = time.monotonic()
         if task.image not in _clean_trees:  # repository images are immutable: read once per process
             clean_files, clean_other = await read_watched(fresh, spec)

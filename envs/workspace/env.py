@@ -11,15 +11,18 @@ the workspace in `state` and decide for themselves what to trust.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 import posixpath
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from slime_env import Action, InvalidInput, Message, Task
+from slime_env.errors import InfraError
 from slime_env.tool_env import Rubric, StatefulToolEnv
 from slime_env.tools import ToolError, tool
+from slime_env.tools_sandbox.types import SandboxError
 from slime_env.tools_sandbox.workspace import Limits, Workspace, WorkspaceError, WorkspaceSpec
 
 from slime_env.envs.workspace import editor, shell
@@ -28,6 +31,17 @@ SYSTEM_PROMPT = ("You are an autonomous agent working in a Linux machine of your
                  "change files and to run commands. When the task is done, call `submit`.")
 TOOL_NAMES = ("bash", "str_replace_editor", "search", "submit")
 DEFAULT_IMAGE = "python:3.11-slim"  # the default task's (built locally by `slime-env workspace build-base` if need be)
+
+
+@contextlib.asynccontextmanager
+async def starting_workspace(what: str = "the workspace") -> AsyncIterator[None]:
+    """Around the start of a workspace, before the agent has touched it: a sandbox, OS or timeout error there (an image
+    missing, the Docker engine failing, a start that hangs) is the host's — raised as InfraError, so the episode is
+    `infra_error` and never a 0. A task that names no workspace (InvalidInput) stays the task's error."""
+    try:
+        yield
+    except (SandboxError, OSError, TimeoutError) as e:
+        raise InfraError(f"{what} did not start: {type(e).__name__}: {e}") from e
 
 
 def _workspace(state: Mapping[str, Any]) -> Workspace:
@@ -255,11 +269,14 @@ class WorkspaceEnv(StatefulToolEnv):
 
         pool = self.pool or shared_pool(self.backend, warm=self.warm)
         t = time.perf_counter()
-        ws = await pool.acquire(self.workspace_spec(task))
+        spec = self.workspace_spec(task)
+        async with starting_workspace():
+            ws = await pool.acquire(spec)
         state = {"state": None, "workspace": ws, "pool": pool, "edits": {}, "submitted": False, "verify_s": 0.0}
         state["state"] = state  # the tools' one hidden argument: this dict
         try:
-            await self.prepare(task, ws)
+            async with starting_workspace("the workspace's preparation"):  # still before the agent's first action
+                await self.prepare(task, ws)
         except BaseException:
             await pool.release(ws)
             raise
@@ -305,9 +322,10 @@ class WorkspaceEnv(StatefulToolEnv):
         obs, reward, terminated, truncated, info = await super().step(action)
         dead = getattr(self.state.get("workspace"), "dead", None)
         if dead is not None and not terminated:
-            # Nothing can run or be verified any more: the episode ends now, failed with the reason (before, every
-            # later call answered "workspace is dead" until the agent gave up or its turns ran out).
-            raise WorkspaceError(f"the episode's workspace died: {dead}")
+            # Nothing can run or be verified any more: the episode ends now. The workspace was in the agent's hands
+            # (a limit it hit, a process it killed, a disk it filled): the agent's outcome, truncated with reward 0 and
+            # the reason — never a status the trainer leaves out, or an agent could escape a sure 0 by breaking it.
+            return obs, 0.0, False, True, {**info, "workspace_dead": dead}
         if truncated and not terminated:  # out of turns: the work done so far is still checked, as Harbor does
             verified, details = await self._timed_verify()
             info = {**info, **details, "workspace": self.workspace_metrics()}

@@ -4,7 +4,9 @@ its model calls through the agent gateway (exact ledgers and branches, as `Agent
 The program is `agent(base_url, api_key, task, workspace)`: it talks to the gateway session at `base_url` however it
 likes and runs its commands in `workspace` (`Workspace.exec`). After it returns (or crashes, or runs out of time),
 `verify(task, workspace)` scores the episode — the harness's own claims ("submitted", "tests pass") count for
-nothing. The workspace is released after verification, whatever happened. The episode's container record
+nothing. A workspace that does not start, a harness that raises `InfraError` (its binary missing) and a verifier that
+raises it (its own container did not start) make the episode `infra_error`, never a 0 (`AgentEnv`). The workspace is
+released after verification, whatever happened. The episode's container record
 (`metadata["workspace"]`: the verifier's info on every branch; the start, exec and verify seconds on the main
 trajectory only, so they are counted once).
 """
@@ -19,12 +21,13 @@ from dataclasses import replace
 from typing import Any
 
 from slime_env.agent_env import AgentEnv, _empty
-from slime_env.errors import InvalidInput
+from slime_env.errors import InfraError, InvalidInput
 from slime_env.loading import load_object
 from slime_env.trajectory import Trajectory
 from slime_env.types import Task, coerce_reward
 from slime_env.envs.workspace.env import kill_before_verify
-from slime_env.tools_sandbox.workspace import Workspace, WorkspaceError, WorkspaceSpec
+from slime_env.tools_sandbox.types import SandboxError
+from slime_env.tools_sandbox.workspace import Workspace, WorkspaceSpec
 
 _EPISODE: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("slime_env_workspace_episode")
 
@@ -68,8 +71,10 @@ class WorkspaceAgentEnv(AgentEnv):
                 ws = await self.open(task, pool=pool)
             else:
                 ws = await pool.acquire(self.workspace_spec(task))
-        except (WorkspaceError, InvalidInput) as e:
+        except InvalidInput as e:  # the task's own error (no workspace named, a broken task folder)
             return [_empty(task, "failed", f"the workspace did not start: {e}", metadata)]
+        except (SandboxError, OSError, TimeoutError, InfraError) as e:  # before the agent ran: the host's
+            return [_empty(task, "infra_error", f"the workspace did not start: {type(e).__name__}: {e}", metadata)]
         episode = {"workspace": ws, "start_s": time.perf_counter() - t0, "info": {}}
         token = _EPISODE.set(episode)
         try:

@@ -16,7 +16,7 @@ import platform
 from collections.abc import Callable
 from typing import Any
 
-from slime_env.errors import InvalidInput
+from slime_env.errors import InfraError
 from slime_env.tools_sandbox.workspace import Workspace, WorkspaceError
 
 SUBMIT = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
@@ -37,7 +37,8 @@ def _import_mini():
         from minisweagent.exceptions import Submitted
         from minisweagent.models import get_model
     except ImportError as e:
-        raise InvalidInput(f"mini-swe-agent is not installed (pip install 'mini-swe-agent>=2.4.6,<2.5'): {e}") from None
+        # the host's setup, not the model's doing: the episode is infra_error, never a 0
+        raise InfraError(f"mini-swe-agent is not installed (pip install 'mini-swe-agent>=2.4.6,<2.5'): {e}") from None
     import litellm
 
     litellm.suppress_debug_info = True  # its "Provider List" banner on every call to a model it does not price

@@ -51,6 +51,9 @@ class AgentSession:
     abandoned: int = 0  # calls whose client left before the reply: not recorded
     expired: bool = False  # past its TTL: its key no longer works; its recorded calls wait for close / collection
     responses: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # Responses API: id -> its conversation
+    # (time.time(), what): failures on the host's side while the session was open — the engine failing a call (502),
+    # the gateway stopping. `AgentEnv` makes an episode whose agent saw one last `infra_error`, never a 0.
+    host_faults: list[tuple[float, str]] = field(default_factory=list)
 
     def recorded(self) -> int:
         return sum(len(b.calls) for b in self.conversation.branches)
@@ -122,6 +125,11 @@ class Gateway:
         return self.base_url
 
     async def stop(self) -> None:
+        """Stop serving (the sessions and what they recorded stay: `start` again serves them). Every open session
+        records the outage as a host fault: an agent whose calls it broke ends `infra_error`, not with a 0."""
+        now = time.time()
+        for s in self.sessions.values():
+            s.host_faults.append((now, "the gateway stopped"))
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -367,6 +375,7 @@ class Gateway:
                                                and 400 <= e.status < 500):
                 # the engine refused the request's own parameters: the client's 400, not an engine failure
                 raise GatewayError(400, f"the engine refused this request: {e}") from None
+            s.host_faults.append((time.time(), f"the engine failed: {type(e).__name__}: {e}"))
             raise GatewayError(502, f"the engine failed: {type(e).__name__}: {e}", kind="server_error") from None
         latency = time.perf_counter() - t0
         if request is not None and (request.transport is None or request.transport.is_closing()):

@@ -8,11 +8,12 @@ from typing import Any
 
 from slime_env.errors import InvalidInput
 from slime_env.loading import load_object
+from slime_env.trajectory import EXCLUDED_STATUSES
 
 
 def nonzero_std(group: Any) -> bool:
     """Keep a group whose rewards are not all equal: all-correct or all-wrong groups carry no GRPO signal."""
-    rewards = [t.reward for t in group.trajectories if t.status != "failed"]
+    rewards = [t.reward for t in group.trajectories if t.status not in EXCLUDED_STATUSES]
     return len(rewards) >= 2 and statistics.pstdev(rewards) > 0
 
 

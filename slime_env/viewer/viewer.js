@@ -166,7 +166,8 @@
     const kinds = new Array(e.response_ids.length).fill("unknown");
     const turns = new Array(e.response_ids.length).fill(0);
     for (const [turn, kind, start, end] of e.spans) for (let j = start; j < end && j < kinds.length; j++) { kinds[j] = kind; turns[j] = turn; }
-    const failed = e.status === "failed";  // a failed episode never reaches the loss: its tokens are masked
+    // a failed or infra_error episode never reaches the loss: its tokens are masked
+    const failed = e.status === "failed" || e.status === "infra_error";
     const parts = [];
     e.prompt_ids.forEach((id, j) => parts.push(`<span class="tok k-prompt${SPECIAL.has(id) ? " special" : ""}" data-pos="${j}" data-id="${id}" data-kind="prompt" title="prompt #${j} · id ${id}">${showPiece(id)}</span>`));
     e.response_ids.forEach((id, j) => {

@@ -11,7 +11,8 @@ every sample of every task:
   answer of a task's n samples is correct when a sample that gave it was (ties: the first seen; samples without an
   answer abstain; a task none answered counts as wrong);
 - `reward_mean`, `response_tokens` (generated tokens per episode), `turns`, `tool_calls_per_episode`,
-  `solved_with_tool` (of the solved episodes, the share that called a tool), `failed`.
+  `solved_with_tool` (of the solved episodes, the share that called a tool), `failed`, `infra_errors` (episodes lost to
+  a cause outside the model; never counted correct).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any
 
 from slime_env import Task
 from slime_env.errors import InvalidInput
+from slime_env.trajectory import EXCLUDED_STATUSES
 from slime_env.trainers.run.sections import check_int, check_scalars
 
 _SET_KEYS = ("data", "n_samples", "temperature", "top_p", "env", "env_kwargs", "max_turns", "max_new_tokens")
@@ -85,7 +87,7 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 def correct(t: Any) -> bool:
     """An episode is correct when its env says so (info['correct']), else when its reward is at least 1."""
-    return t.status != "failed" and bool(t.info.get("correct", t.reward >= 1.0))
+    return t.status not in EXCLUDED_STATUSES and bool(t.info.get("correct", t.reward >= 1.0))
 
 
 def tool_calls(t: Any) -> int:
@@ -132,6 +134,7 @@ def set_metrics(groups: Sequence[Sequence[Any]], prefix: str) -> dict[str, float
     solved = [c for c, good in zip(calls, ok) if good]
     out = {f"{prefix}accuracy": sum(ok) / n, f"{prefix}reward_mean": sum(t.reward for t in trajs) / n,
            f"{prefix}failed": float(sum(t.status == "failed" for t in trajs)),
+           f"{prefix}infra_errors": float(sum(t.status == "infra_error" for t in trajs)),
            f"{prefix}response_tokens": sum(sum(t.loss_mask) for t in trajs) / n,
            f"{prefix}turns": sum(t.num_turns for t in trajs) / n,
            f"{prefix}tool_calls_per_episode": sum(calls) / n,
@@ -205,7 +208,8 @@ async def _evaluate_games(tasks: list[Task], policy: Any, renderer: Any, cfg: An
             "eval/illegal_rate": sum(bool(t.info.get("illegal")) and t.info.get("loser") == t.agent_id
                                      for t in trajs) / n,
             "eval/reward_mean": sum(t.reward for t in trajs) / n,
-            "eval/failed": sum(t.status == "failed" for t in trajs)}
+            "eval/failed": sum(t.status == "failed" for t in trajs),
+            "eval/infra_errors": sum(t.status == "infra_error" for t in trajs)}
 
 
 @dataclass

@@ -239,6 +239,8 @@ async def train_step(run: Run, step: int) -> bool:
     if run.league is not None:
         run.league.after_step(step)
     metrics.update(run.recorder.step_metrics(metrics, trajs, run.meter, rollout_s=rollout_s, sync_s=sync_s))
+    # episodes lost to a cause outside the model (also in rollout/statuses): out of the loss, never a reward
+    metrics["rollout/infra_errors"] = sum(t.status == "infra_error" for t in trajs)
     metrics.update(run.source.metrics(batch, step))
     metrics.update(run.engines.metrics())
     out_of_time = cfg.time_budget_s is not None and time.perf_counter() - run.recorder.t_start > cfg.time_budget_s

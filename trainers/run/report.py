@@ -30,7 +30,8 @@ CURVES = (  # (title, [(metric, label)])
 )
 
 
-STATUS_COLOURS = {"completed": "#3a9d3a", "truncated": "#e0a526", "aborted": "#9a9a9a", "failed": "#d03b3b"}
+STATUS_COLOURS = {"completed": "#3a9d3a", "truncated": "#e0a526", "aborted": "#9a9a9a", "failed": "#d03b3b",
+                  "infra_error": "#7b4fa0"}
 
 
 def _rows(run: Path) -> list[dict[str, Any]]:

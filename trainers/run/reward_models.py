@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slime_env.errors import InvalidInput
-from slime_env.trajectory import Trajectory
+from slime_env.trajectory import EXCLUDED_STATUSES, Trajectory
 
 _COMMON = {"kind", "weight", "env_weight"}
 
@@ -252,7 +252,7 @@ async def apply_rewards(rm: Any, trajectories: Sequence[Trajectory], *, weight: 
     failed with the reason."""
 
     async def one(t: Trajectory) -> Trajectory:
-        if t.status == "failed":
+        if t.status in EXCLUDED_STATUSES:
             return t
         try:
             score = await rm.score(RewardInput.of_trajectory(t))

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from slime_env.errors import InvalidInput
-from slime_env.trajectory import Trajectory
+from slime_env.trajectory import EXCLUDED_STATUSES, Trajectory
 
 PROBE = "Teacher probe: 12 * 7 + 5 = 89; <tool_call>{\"name\": \"x\"}</tool_call> ünïcödé"
 
@@ -145,7 +145,7 @@ async def annotate(teacher: Teacher, trajectories: Sequence[Trajectory]) -> list
     the teacher failed to score comes back `failed` with the reason. Failed ones are passed through as they are."""
 
     async def one(t: Trajectory) -> Trajectory:
-        if t.status == "failed":
+        if t.status in EXCLUDED_STATUSES:
             return t
         if not t.response_ids:
             return dataclasses.replace(t, metadata={**t.metadata, "teacher_logprobs": []})
