@@ -212,8 +212,7 @@ def run_dist_check(tmp_path, nproc: int, tp: int = 1, *extra: str, ep: int = 1, 
     out = tmp_path / f"dist_{nproc}_{tp}_{ep}_{cp}{''.join(extra)}.json"
     script = [os.path.join(_ROOT, "tests", "dist_check.py"), "--tp", str(tp), "--ep", str(ep), "--cp", str(cp), *extra,
               "--out", str(out)]
-    cmd = [sys.executable, *script] if nproc == 1 else \
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *script]
+    cmd = [sys.executable, *script] if nproc == 1 else [*rank_launcher(nproc, DIST_CHECK_IMPORTS), *script]
     # TMPDIR: torchrun's own folders (torchelastic_*) go with the test's tmp_path, not into /tmp
     env = {**os.environ, "PYTHONPATH": _ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1",
            "TMPDIR": str(tmp_path)}
@@ -221,6 +220,23 @@ def run_dist_check(tmp_path, nproc: int, tp: int = 1, *extra: str, ep: int = 1, 
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     _DIST_RESULTS[key] = json.loads(out.read_text())
     return _DIST_RESULTS[key]
+
+
+# what every rank of tests/dist_check.py imports (tests/fork_ranks.py imports it once for all ranks)
+DIST_CHECK_IMPORTS = ("torch.distributed", "transformers", "slime_env.trainers.batch",
+                      "slime_env.trainers.torch_trainer", "slime_env.trainers.fsdp_trainer",
+                      "slime_env.trainers.megatron_trainer", "slime_env.trainers.megatron.attention", "helpers")
+
+
+def rank_launcher(nproc: int, imports: Sequence[str] = ()) -> list[str]:
+    """The command that starts a script's `nproc` ranks on this machine: on CPUs, tests/fork_ranks.py (the ranks
+    forked from one process that imported `imports`: a rank's own imports cost ~8 s of CPU); with CUDA, torchrun
+    (a forked CUDA context is unusable)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
+    return [sys.executable, os.path.join(_ROOT, "tests", "fork_ranks.py"), str(nproc), "--preload", ",".join(imports)]
 
 
 def run_group(cmd: list[str], *, timeout: float, **kw) -> subprocess.CompletedProcess:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 import pytest
 import torch
@@ -18,7 +17,7 @@ import torch
 pytest.importorskip("megatron.core", reason="megatron-core is not installed (pip install 'slime_env[megatron]')")
 pytest.importorskip("peft")
 
-from helpers import run_group, tiny, trajectories  # noqa: E402
+from helpers import DIST_CHECK_IMPORTS, rank_launcher, run_group, tiny, trajectories  # noqa: E402
 
 from slime_env.trainers.batch import pack  # noqa: E402
 from slime_env.trainers.lora import LoRAOptions, adapter_of, wrap  # noqa: E402
@@ -70,8 +69,8 @@ def test_tp2_or_pp2_step_equals_torch_trainers_and_the_adapter_is_peft_s(tmp_pat
     tiny("qwen2").save_pretrained(tmp_path / "base")
     random_adapter("qwen2", SINGLE, tmp_path / "single")
     random_adapter("qwen2", "all-linear", tmp_path / "all", shared=True, seed=1)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-           os.path.join(ROOT, "tests", "megatron_lora_check.py"), f"--{layout}", "2", "--dir", str(tmp_path)]
+    cmd = [*rank_launcher(2, DIST_CHECK_IMPORTS), os.path.join(ROOT, "tests", "megatron_lora_check.py"),
+           f"--{layout}", "2", "--dir", str(tmp_path)]
     env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1",
            "TMPDIR": str(tmp_path)}  # torchrun's torchelastic_* folders go with the test
     proc = run_group(cmd, cwd=ROOT, env=env, timeout=600)
@@ -199,9 +198,8 @@ def test_moe_expert_and_router_adapters_step_like_torch_trainers_peft(tmp_path, 
 
     tiny("qwen3_moe").save_pretrained(tmp_path / "base")
     random_adapter("qwen3_moe", MOE, tmp_path / "moe")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ep * tp}",
-           os.path.join(ROOT, "tests", "megatron_moe_lora_check.py"), "--ep", str(ep), "--tp", str(tp),
-           "--dir", str(tmp_path)]
+    cmd = [*rank_launcher(ep * tp, DIST_CHECK_IMPORTS), os.path.join(ROOT, "tests", "megatron_moe_lora_check.py"),
+           "--ep", str(ep), "--tp", str(tp), "--dir", str(tmp_path)]
     env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1",
            "TMPDIR": str(tmp_path)}  # torchrun's torchelastic_* folders go with the test
     proc = run_group(cmd, cwd=ROOT, env=env, timeout=600)

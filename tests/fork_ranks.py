@@ -1,0 +1,82 @@
+"""`python tests/fork_ranks.py N [--preload m1,m2] SCRIPT ARGS...`: SCRIPT's N ranks on this machine, as torchrun
+starts them (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT: `init_process_group` joins
+the job from those), but forked from one process that imported the `--preload` modules first.
+
+Why: every rank of a CPU-side parallel check imported torch, transformers and megatron-core itself, ~8 s of CPU
+each; a four-rank check started five such processes (torchrun's own too) for a second of training, so on two cores
+the imports were most of tests/test_megatron.py's time. Forked ranks share the parent's imports; what they compute
+is the same (each seeds itself; gloo, fp32). torchrun itself stays tested where its behaviour is the point
+(tests/test_tinker_ranks.py: signals, exit codes) and on GPUs.
+
+Exit code: 0 when every rank exits 0; otherwise the first failing rank's (the others are killed)."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import runpy
+import signal
+import socket
+import sys
+import traceback
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank(rank: int, world: int, port: int, script: str, args: list[str]) -> int:
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    sys.argv = [script, *args]
+    try:
+        runpy.run_path(script, run_name="__main__")
+        return 0
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except BaseException:
+        traceback.print_exc()
+        return 1
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+
+
+def main() -> int:
+    world, rest = int(sys.argv[1]), sys.argv[2:]
+    preload: list[str] = []
+    if rest[:1] == ["--preload"]:
+        preload, rest = [m for m in rest[1].split(",") if m], rest[2:]
+    script, args = rest[0], rest[1:]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))  # as `python SCRIPT` puts it first
+    for name in preload:
+        try:
+            importlib.import_module(name)
+        except ImportError:  # the ranks import it again and report it
+            pass
+    port, ranks = _free_port(), {}
+    for rank in range(world):
+        pid = os.fork()
+        if pid == 0:
+            os._exit(_rank(rank, world, port, script, args))  # never back into the parent's loop
+        ranks[pid] = rank
+    status = 0
+    while ranks:
+        pid, raw = os.wait()
+        ranks.pop(pid)
+        code = os.waitstatus_to_exitcode(raw)
+        if code and not status:  # a rank failed: the others would wait for it in a collective forever
+            status = code if code > 0 else 128 - code
+            print(f"fork_ranks: a rank of {script} exited with {code}; stopping the others", file=sys.stderr)
+            for other in ranks:
+                try:
+                    os.kill(other, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
