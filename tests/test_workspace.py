@@ -249,6 +249,81 @@ def test_the_pool_hands_out_warm_workspaces_once_and_closes_what_it_made():
     _run(main())
 
 
+class _FakeWorkspace:
+    def __init__(self, spec):
+        self.spec, self.closed, self._dead = spec, False, False
+
+    async def close(self):
+        self.closed = True
+
+
+def test_the_pool_sizes_itself_from_the_runs_concurrency_and_waits_for_refills_under_way(monkeypatch):
+    """No engine: starts are 20 ms sleeps. A spec asked for once keeps none warm; once it is asked for again, the pool
+    keeps as many warm as the run held at once (8) and the second wave waits for those rather than starting 8 more,
+    so the third wave of 8 is all warm; an acquire that finds none warm
+    waits for a refill under way instead of starting another; `refill_concurrency` caps the refills in flight;
+    `warm=2` still wins."""
+    import slime_env.tools_sandbox.workspace.pool as pool_module
+
+    seen = []  # refills in flight at each start
+
+    async def fake_open(spec, **kw):
+        seen.append(pool._refills)
+        await asyncio.sleep(0.02)
+        return _FakeWorkspace(spec)
+
+    monkeypatch.setattr(pool_module, "open_workspace", fake_open)
+    spec = WorkspaceSpec(image="fake")
+    key = spec.pool_key()
+
+    async def wave():
+        workspaces = await asyncio.gather(*(pool.acquire(spec) for _ in range(8)))
+        for _ in range(200):  # the refills end
+            if not pool._starting[key]:
+                break
+            await asyncio.sleep(0.01)
+        return workspaces
+
+    async def main():
+        first = await wave()
+        assert pool.stats["cold_starts"] == 8 and pool.target(key) == 0 and not pool._ready[key]
+        await asyncio.gather(*(pool.release(ws) for ws in first))
+        second = await wave()  # asked for again: its 8 start as refills, the wave waits for them, 8 more warm
+        assert pool.stats["waited_for_refill"] == 8 and pool.stats["cold_starts"] == 8
+        assert pool.target(key) == 8 and len(pool._ready[key]) == 8
+        await asyncio.gather(*(pool.release(ws) for ws in second))
+        third = await asyncio.gather(*(pool.acquire(spec) for _ in range(8)))
+        assert pool.stats["warm_hits"] == 8 and pool.stats["cold_starts"] == 8
+        # none warm, refills under way: the next acquire waits for one rather than starting its own
+        await asyncio.sleep(0)
+        assert pool._refilling[key] and not pool._ready[key]
+        fourth = await pool.acquire(spec)
+        assert pool.stats["waited_for_refill"] == 9 and pool.stats["cold_starts"] == 8
+        await asyncio.gather(*(pool.release(ws) for ws in [*third, fourth]))
+        await pool.close()
+
+    pool = pool_module.WorkspacePool(backend="fake")
+    _run(main())
+
+    async def capped():
+        await asyncio.gather(*(pool.release(ws) for ws in await wave()))
+        seen.clear()
+        await wave()
+        assert max(seen) == 1 and pool.stats["refills"] >= 8  # one refill in flight at most
+        await pool.close()
+
+    pool = pool_module.WorkspacePool(backend="fake", refill_concurrency=1)
+    _run(capped())
+
+    async def explicit():
+        await wave()
+        assert pool.target(key) == 2 and len(pool._ready[key]) == 2
+        await pool.close()
+
+    pool = pool_module.WorkspacePool(backend="fake", warm=2)
+    _run(explicit())
+
+
 SCRIPT = textwrap.dedent("""
     import asyncio, sys
     from slime_env.tools_sandbox.workspace import WorkspaceSpec

@@ -230,7 +230,8 @@ class WorkspaceEnv(StatefulToolEnv):
     """Agentic tasks in a per-episode workspace (see the module docstring).
 
     `spec` (or `image`): the workspace when the task names none; `backend` (docker | bwrap | auto) and `pool`
-    (default: the process's shared pool for the backend, keeping `warm` started workspaces per spec).
+    (default: the process's shared pool for the backend, keeping `warm` started workspaces per spec; None, the
+    default, sizes it from the run's concurrency — see `slime_env.tools_sandbox.workspace.pool`).
     `command_timeout_s` bounds each bash call, `max_turns` the episode. Override `workspace_spec(task)`,
     `prepare(task, ws)` (after start, before the agent) and `verify(task, ws)` (-> reward, info) for a task family.
     """
@@ -238,7 +239,7 @@ class WorkspaceEnv(StatefulToolEnv):
     def __init__(self, *, spec: WorkspaceSpec | None = None, image: str | None = None, backend: str = "docker",
                  pool: Any = None, system_prompt: str | None = SYSTEM_PROMPT, max_turns: int | None = 30,
                  command_timeout_s: float = 60.0, rubric: Rubric | Any = None, tasks: Any = None,
-                 parser: str | None = None, max_output_chars: int = 10000, warm: int = 2):
+                 parser: str | None = None, max_output_chars: int = 10000, warm: int | None = None):
         if spec is None and image is not None:
             spec = WorkspaceSpec(image=image)
         self.spec, self.backend, self.pool, self.warm = spec, backend, pool, warm
