@@ -6,6 +6,7 @@ import asyncio
 import ctypes
 import gc
 import os
+import sys
 
 import pytest
 
@@ -121,6 +122,9 @@ def _memory_after_each_module():
     bubblewrap sandboxes spawn with one) copies that many page tables: the sandbox leak test's 1,000 runs went from
     10 s to over 240 s behind the reward-model tests."""
     yield
+    helpers = sys.modules.get("helpers")
+    if helpers is not None:  # the parallel checks' rank server (helpers.run_ranks) holds its imports until here
+        helpers.stop_rank_server()
     _give_memory_back()
 
 

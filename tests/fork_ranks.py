@@ -8,16 +8,24 @@ the imports were most of tests/test_megatron.py's time. Forked ranks share the p
 is the same (each seeds itself; gloo, fp32). torchrun itself stays tested where its behaviour is the point
 (tests/test_tinker_ranks.py: signals, exit codes) and on GPUs.
 
-Exit code: 0 when every rank exits 0; otherwise the first failing rank's (the others are killed)."""
+Exit code: 0 when every rank exits 0; otherwise the first failing rank's (the others are killed).
+
+`python tests/fork_ranks.py --serve [--preload m1,m2]`: the same, kept up for many launches (`helpers.RankServer`):
+one JSON line per launch on stdin (`nproc`, `argv`, `env`, `cwd`, `stdout`, `stderr`: files); each launch runs in
+a forked leader of its own session (its ranks under it: a timeout kills the session), and the server answers
+`{"pid": leader}` at once and `{"code": exit code}` when it ends. It exits when stdin closes. A module of
+checks pays the imports once instead of once per launch."""
 
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import runpy
 import signal
 import socket
 import sys
+import tempfile
 import traceback
 
 
@@ -27,9 +35,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _rank(rank: int, world: int, port: int, script: str, args: list[str]) -> int:
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+def _run(script: str, args: list[str]) -> int:
     sys.argv = [script, *args]
     try:
         runpy.run_path(script, run_name="__main__")
@@ -44,18 +50,17 @@ def _rank(rank: int, world: int, port: int, script: str, args: list[str]) -> int
         sys.stderr.flush()
 
 
-def main() -> int:
-    world, rest = int(sys.argv[1]), sys.argv[2:]
-    preload: list[str] = []
-    if rest[:1] == ["--preload"]:
-        preload, rest = [m for m in rest[1].split(",") if m], rest[2:]
-    script, args = rest[0], rest[1:]
+def _rank(rank: int, world: int, port: int, script: str, args: list[str]) -> int:
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    return _run(script, args)
+
+
+def launch(world: int, script: str, args: list[str]) -> int:
+    """`script`'s `world` ranks forked from this process (one: run here, as `python SCRIPT` would); the exit code."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))  # as `python SCRIPT` puts it first
-    for name in preload:
-        try:
-            importlib.import_module(name)
-        except ImportError:  # the ranks import it again and report it
-            pass
+    if world == 1:
+        return _run(script, args)
     port, ranks = _free_port(), {}
     for rank in range(world):
         pid = os.fork()
@@ -76,6 +81,52 @@ def main() -> int:
                 except ProcessLookupError:
                     pass
     return status
+
+
+def _leader(job: dict) -> int:
+    """One launch of the server, in a forked process of its own session, as a fresh `python` would start it."""
+    os.setsid()
+    for fd, path, flags in ((0, os.devnull, os.O_RDONLY), (1, job["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
+                            (2, job["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)):
+        opened = os.open(path, flags, 0o644)
+        os.dup2(opened, fd)
+        os.close(opened)
+    os.chdir(job["cwd"])
+    os.environ.clear()
+    os.environ.update(job["env"])
+    tempfile.tempdir = None  # TMPDIR is the launch's
+    return launch(job["nproc"], job["argv"][0], job["argv"][1:])
+
+
+def serve() -> int:
+    for line in sys.stdin:
+        job = json.loads(line)
+        pid = os.fork()
+        if pid == 0:
+            os._exit(_leader(job))
+        print(json.dumps({"pid": pid}), flush=True)
+        _, raw = os.waitpid(pid, 0)
+        print(json.dumps({"code": os.waitstatus_to_exitcode(raw)}), flush=True)
+    return 0
+
+
+def main() -> int:
+    rest = sys.argv[1:]
+    serving = rest[:1] == ["--serve"]
+    world = 0 if serving else int(rest[0])
+    rest = rest[1:]
+    preload: list[str] = []
+    if rest[:1] == ["--preload"]:
+        preload, rest = [m for m in rest[1].split(",") if m], rest[2:]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the tests' helpers, as a check imports them
+    for name in preload:
+        try:
+            importlib.import_module(name)
+        except ImportError:  # the ranks import it again and report it
+            pass
+    if serving:
+        return serve()
+    return launch(world, rest[0], rest[1:])
 
 
 if __name__ == "__main__":

@@ -212,11 +212,10 @@ def run_dist_check(tmp_path, nproc: int, tp: int = 1, *extra: str, ep: int = 1, 
     out = tmp_path / f"dist_{nproc}_{tp}_{ep}_{cp}{''.join(extra)}.json"
     script = [os.path.join(_ROOT, "tests", "dist_check.py"), "--tp", str(tp), "--ep", str(ep), "--cp", str(cp), *extra,
               "--out", str(out)]
-    cmd = [sys.executable, *script] if nproc == 1 else [*rank_launcher(nproc, DIST_CHECK_IMPORTS), *script]
     # TMPDIR: torchrun's own folders (torchelastic_*) go with the test's tmp_path, not into /tmp
     env = {**os.environ, "PYTHONPATH": _ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1",
            "TMPDIR": str(tmp_path)}
-    proc = run_group(cmd, cwd=_ROOT, env=env, timeout=600)
+    proc = run_ranks(nproc, script, env=env, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     _DIST_RESULTS[key] = json.loads(out.read_text())
     return _DIST_RESULTS[key]
@@ -228,15 +227,73 @@ DIST_CHECK_IMPORTS = ("torch.distributed", "transformers", "slime_env.trainers.b
                       "slime_env.trainers.megatron_trainer", "slime_env.trainers.megatron.attention", "helpers")
 
 
-def rank_launcher(nproc: int, imports: Sequence[str] = ()) -> list[str]:
-    """The command that starts a script's `nproc` ranks on this machine: on CPUs, tests/fork_ranks.py (the ranks
-    forked from one process that imported `imports`: a rank's own imports cost ~8 s of CPU); with CUDA, torchrun
-    (a forked CUDA context is unusable)."""
+class RankServer:
+    """tests/fork_ranks.py --serve: launches of a script's ranks forked from one process that imported
+    `DIST_CHECK_IMPORTS` once (started at the first launch, stopped after each test module by conftest)."""
+
+    def __init__(self) -> None:
+        env = {**os.environ, "PYTHONPATH": _ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               "OMP_NUM_THREADS": "1"}
+        self.proc = subprocess.Popen([sys.executable, os.path.join(_ROOT, "tests", "fork_ranks.py"), "--serve",
+                                      "--preload", ",".join(DIST_CHECK_IMPORTS)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True, cwd=_ROOT, env=env)
+
+    def run(self, nproc: int, argv: list[str], *, env: dict, timeout: float, cwd: str = _ROOT
+            ) -> subprocess.CompletedProcess:
+        import json
+        import select
+        import signal
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as d:
+            out, err = os.path.join(d, "out"), os.path.join(d, "err")
+            self.proc.stdin.write(json.dumps({"nproc": nproc, "argv": argv, "env": dict(env), "cwd": cwd,
+                                              "stdout": out, "stderr": err}) + "\n")
+            self.proc.stdin.flush()
+            leader = json.loads(self.proc.stdout.readline())["pid"]
+            ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+            if not ready:  # the whole launch (its session: leader and ranks), as run_group does
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(leader, signal.SIGKILL)
+            code = json.loads(self.proc.stdout.readline())["code"]
+            stdout, stderr = (open(f).read() for f in (out, err))
+        if not ready:
+            raise subprocess.TimeoutExpired(argv, timeout, stdout, stderr)
+        return subprocess.CompletedProcess(argv, code, stdout, stderr)
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+_RANK_SERVER: RankServer | None = None
+
+
+def run_ranks(nproc: int, script: list[str], *, env: dict, timeout: float) -> subprocess.CompletedProcess:
+    """`script` ([path, args...]) in `nproc` ranks (one: alone), its output captured: on CPUs forked by this
+    process's `RankServer`, with CUDA under torchrun (a forked CUDA context is unusable)."""
+    global _RANK_SERVER
     import torch
 
     if torch.cuda.is_available():
-        return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
-    return [sys.executable, os.path.join(_ROOT, "tests", "fork_ranks.py"), str(nproc), "--preload", ",".join(imports)]
+        cmd = [sys.executable, *script] if nproc == 1 else \
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *script]
+        return run_group(cmd, cwd=_ROOT, env=env, timeout=timeout)
+    if _RANK_SERVER is None or _RANK_SERVER.proc.poll() is not None:
+        _RANK_SERVER = RankServer()
+    return _RANK_SERVER.run(nproc, list(script), env=env, timeout=timeout)
+
+
+def stop_rank_server() -> None:
+    """The rank server's process ends (after each test module: its imports are ~0.5 GB the next module may not need)."""
+    global _RANK_SERVER
+    if _RANK_SERVER is not None:
+        _RANK_SERVER.close()
+        _RANK_SERVER = None
 
 
 def run_group(cmd: list[str], *, timeout: float, **kw) -> subprocess.CompletedProcess:

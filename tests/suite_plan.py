@@ -21,7 +21,7 @@ import pytest
 
 COSTS = Path(__file__).with_name("suite_costs.json")
 QUICK_S = 2.0
-HEAVY_MB = 8000
+HEAVY_MB = 6000
 HEAVY_LANE = "heavy-lane"
 
 

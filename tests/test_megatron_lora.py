@@ -17,7 +17,7 @@ import torch
 pytest.importorskip("megatron.core", reason="megatron-core is not installed (pip install 'slime_env[megatron]')")
 pytest.importorskip("peft")
 
-from helpers import DIST_CHECK_IMPORTS, rank_launcher, run_group, tiny, trajectories  # noqa: E402
+from helpers import run_ranks, tiny, trajectories  # noqa: E402
 
 from slime_env.trainers.batch import pack  # noqa: E402
 from slime_env.trainers.lora import LoRAOptions, adapter_of, wrap  # noqa: E402
@@ -69,11 +69,10 @@ def test_tp2_or_pp2_step_equals_torch_trainers_and_the_adapter_is_peft_s(tmp_pat
     tiny("qwen2").save_pretrained(tmp_path / "base")
     random_adapter("qwen2", SINGLE, tmp_path / "single")
     random_adapter("qwen2", "all-linear", tmp_path / "all", shared=True, seed=1)
-    cmd = [*rank_launcher(2, DIST_CHECK_IMPORTS), os.path.join(ROOT, "tests", "megatron_lora_check.py"),
-           f"--{layout}", "2", "--dir", str(tmp_path)]
+    script = [os.path.join(ROOT, "tests", "megatron_lora_check.py"), f"--{layout}", "2", "--dir", str(tmp_path)]
     env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1",
            "TMPDIR": str(tmp_path)}  # torchrun's torchelastic_* folders go with the test
-    proc = run_group(cmd, cwd=ROOT, env=env, timeout=600)
+    proc = run_ranks(2, script, env=env, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     got = json.loads((tmp_path / "result.json").read_text())
     assert got["parallel"][layout] == 2
@@ -198,11 +197,11 @@ def test_moe_expert_and_router_adapters_step_like_torch_trainers_peft(tmp_path, 
 
     tiny("qwen3_moe").save_pretrained(tmp_path / "base")
     random_adapter("qwen3_moe", MOE, tmp_path / "moe")
-    cmd = [*rank_launcher(ep * tp, DIST_CHECK_IMPORTS), os.path.join(ROOT, "tests", "megatron_moe_lora_check.py"),
-           "--ep", str(ep), "--tp", str(tp), "--dir", str(tmp_path)]
+    script = [os.path.join(ROOT, "tests", "megatron_moe_lora_check.py"), "--ep", str(ep), "--tp", str(tp),
+              "--dir", str(tmp_path)]
     env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1",
            "TMPDIR": str(tmp_path)}  # torchrun's torchelastic_* folders go with the test
-    proc = run_group(cmd, cwd=ROOT, env=env, timeout=600)
+    proc = run_ranks(ep * tp, script, env=env, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     got = json.loads((tmp_path / "result.json").read_text())
     assert (got["parallel"]["ep"], got["parallel"]["tp"]) == (ep, tp)
