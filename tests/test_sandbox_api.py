@@ -74,8 +74,9 @@ def test_concurrency_cap_and_deadline(runner, sb):
         t0 = time.monotonic()
         results = await asyncio.gather(*(sb.run("import time; time.sleep(0.3)") for _ in range(8)))
         took = time.monotonic() - t0
-        # With 4 slots and 8 runs of 0.3 s, a 0.45 s deadline leaves the queued ones waiting past it.
-        late = await asyncio.gather(*(sb.run("import time; time.sleep(0.3)", deadline_s=0.45) for _ in range(8)))
+        # With 4 slots and 8 runs of 2 s, a 3 s deadline leaves the queued ones waiting past it, while the first
+        # four have a second to spare for starting (a 0.3 s run under a 0.45 s deadline timed out on a busy machine)
+        late = await asyncio.gather(*(sb.run("import time; time.sleep(2)", deadline_s=3.0) for _ in range(8)))
         watcher.cancel()
         return peak, took, results, late
 
