@@ -156,3 +156,60 @@ def test_rae_in_pack_is_keyed_by_env_and_role(smollm2_tok):
     assert set(rae.values) == {"/x", "/o"} and batch.advantages.abs().sum() == 0
     with pytest.raises(ValueError, match="needs role_baselines"):
         pack([trajs["x"]], group_size=1, pad_id=0, estimator="rae")
+
+
+def test_token_logprobs_and_entropy_equal_a_whole_log_softmax_slice_by_slice(monkeypatch):
+    """token_logprobs (logit - logsumexp, a slice of positions at a time, its own backward) and the graph-free entropy
+    give what a whole log_softmax gives, on strided logits (logits[:, :-1], as the trainer passes them) cut into
+    several slices, in float32 and bfloat16."""
+    monkeypatch.setitem(alg.SLICE_ELEMENTS, "cpu", 3 * 97)  # three positions per slice: 7 positions, 3 slices a row
+    torch.manual_seed(0)
+    for dtype in (torch.float32, torch.bfloat16):
+        full = (torch.randn(2, 8, 97) * 3).to(dtype).requires_grad_()
+        logits, tokens, weights = full[:, :-1], torch.randint(0, 97, (2, 7)), torch.randn(2, 7)
+        want = torch.gather(torch.log_softmax(logits.float(), -1), -1, tokens.unsqueeze(-1)).squeeze(-1)
+        (want_grad,) = torch.autograd.grad((want * weights).sum(), full)
+        got = alg.token_logprobs(logits, tokens)
+        (got_grad,) = torch.autograd.grad((got * weights).sum(), full)
+        assert got.dtype == torch.float32 and got_grad.dtype == dtype
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+        torch.testing.assert_close(got_grad.float(), want_grad.float(), rtol=0, atol=1e-5 if dtype == torch.float32
+                                   else 2e-2)
+        with torch.no_grad():
+            logp = torch.log_softmax(logits.float(), -1)
+            torch.testing.assert_close(alg.entropy_from_logits(logits), -(logp.exp() * logp).sum(-1))
+
+
+def test_micro_batches_stop_at_the_token_budget_and_the_step_is_the_same():
+    """padded_slices: at most `rows` rows and at most `budget` padded tokens (rows x the longest), a longer row alone;
+    the torch trainer's step over those micro-batches equals the step over one micro-batch of every row."""
+    import copy
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from helpers import trajectories
+    from slime_env.trainers.distributed import padded_slices
+    from slime_env.trainers.torch_trainer import TorchTrainer, TrainerConfig
+
+    assert padded_slices([10, 50, 10, 10], 0, 4, 8, 100) == [slice(0, 2), slice(2, 4)]
+    assert padded_slices([200, 10, 10], 0, 3, 8, 100) == [slice(0, 1), slice(1, 3)]
+    assert padded_slices([5, 5, 300, 5], 0, 4, 8, 100) == [slice(0, 2), slice(2, 3), slice(3, 4)]
+    assert padded_slices([10] * 5, 0, 5, 2, 1000) == [slice(0, 2), slice(2, 4), slice(4, 5)]
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2))
+    trajs = trajectories(8, seed=3, vocab=96)
+    runs = {}
+    for budget in (1 << 20, 40):
+        trainer = TorchTrainer(copy.deepcopy(model), TrainerConfig(lr=1e-3, micro_batch_size=8,
+                                                                   max_tokens_per_micro_batch=budget), pad_id=0)
+        calls = []
+        slices = trainer._micro_slices
+        trainer._micro_slices = lambda batch: calls.append(slices(batch)) or calls[-1]
+        metrics = trainer.step(trajs, group_size=4)
+        runs[budget] = (len(calls[-1]), metrics, {k: v.detach().clone() for k, v in trainer.model.state_dict().items()})
+    (one, whole, w_whole), (many, sliced, w_sliced) = runs[1 << 20], runs[40]
+    assert one == 1 and many > 2
+    assert sliced["train/loss"] == pytest.approx(whole["train/loss"], rel=1e-5, abs=1e-7)
+    assert sliced["train/grad_norm"] == pytest.approx(whole["train/grad_norm"], rel=1e-5)
+    assert max((w_whole[k] - w_sliced[k]).abs().max().item() for k in w_whole) < 1e-4  # Adam: lr 1e-3 x sign
