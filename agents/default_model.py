@@ -28,6 +28,23 @@ def default_model_path() -> Path:
     return path
 
 
+def meta_model(model: str) -> Any | None:
+    """`model` (a run's `model:` field: "default", a folder, a Hugging Face repo id read from the local cache only)
+    built from its config on the meta device: its modules and parameter shapes, no weight loaded or allocated. None
+    when its config cannot be read here (the model load reports that)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if model == "default":
+        model = str(default_model_path())
+    try:
+        config = AutoConfig.from_pretrained(model, local_files_only=True)
+        with torch.device("meta"):
+            return AutoModelForCausalLM.from_config(config)
+    except (OSError, ValueError, KeyError, ImportError):
+        return None
+
+
 def load_default_model(device: str = "cpu", dtype: Any = None) -> tuple[Any, Any]:
     """(model, tokenizer) of SmolLM2-135M-Instruct in eval mode on `device`, in `dtype` (default float32)."""
     import torch

@@ -105,17 +105,10 @@ def module_names(model: str) -> set[str] | None:
     the meta device: no weight is loaded or allocated. `model` as a run's `model:` field ("default", a folder, a
     Hugging Face repo id, read from the local cache only); None when its config cannot be read here (the model load
     reports that)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from slime_env.agents.default_model import meta_model
 
-    if model == "default":
-        from slime_env.agents.default_model import default_model_path
-
-        model = str(default_model_path())
-    try:
-        config = AutoConfig.from_pretrained(model, local_files_only=True)
-        with torch.device("meta"):
-            meta = AutoModelForCausalLM.from_config(config)
-    except (OSError, ValueError, KeyError, ImportError):
+    meta = meta_model(model)
+    if meta is None:
         return None
     return {name for name, module in meta.named_modules() if name and not next(module.children(), None)}
 

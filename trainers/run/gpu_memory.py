@@ -70,20 +70,10 @@ class GPUNeed:
 def parameter_count(model: str) -> int | None:
     """The parameters of `model` (a run's `model:` field), from its config on the meta device: nothing is loaded
     or allocated. None when its config cannot be read here (the model load reports that)."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from slime_env.agents.default_model import meta_model
 
-    if model == "default":
-        from slime_env.agents.default_model import default_model_path
-
-        model = str(default_model_path())
-    try:
-        config = AutoConfig.from_pretrained(model, local_files_only=True)
-        with torch.device("meta"):
-            meta = AutoModelForCausalLM.from_config(config)
-    except (OSError, ValueError, KeyError, ImportError):
-        return None
-    return sum(p.numel() for p in meta.parameters())
+    meta = meta_model(model)
+    return None if meta is None else sum(p.numel() for p in meta.parameters())
 
 
 def trainer_share(params: int, trainer: Any, ranks: int) -> TrainerShare:
