@@ -1,20 +1,16 @@
-"""`python tests/fork_ranks.py N [--preload m1,m2] SCRIPT ARGS...`: SCRIPT's N ranks on this machine, as torchrun
-starts them (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT: `init_process_group` joins
-the job from those), but forked from one process that imported the `--preload` modules first.
+"""`python tests/fork_ranks.py [--preload m1,m2]`: a rank server (`helpers.RankServer`). It imports the `--preload`
+modules once, then for each launch (one JSON line on stdin: `nproc`, `argv`, `env`, `cwd`, and `stdout` / `stderr`
+files) forks a leader in a session of its own, which forks the script's ranks as torchrun starts them (RANK,
+LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT: `init_process_group` joins the job from those;
+one rank: the script alone, as `python SCRIPT`). It answers `{"pid": leader}` at once (a timeout kills that session)
+and `{"code": exit code}` when the launch ends: 0 when every rank exits 0, otherwise the first failing rank's (the
+others are killed). It exits when stdin closes.
 
 Why: every rank of a CPU-side parallel check imported torch, transformers and megatron-core itself, ~8 s of CPU
 each; a four-rank check started five such processes (torchrun's own too) for a second of training, so on two cores
-the imports were most of tests/test_megatron.py's time. Forked ranks share the parent's imports; what they compute
+the imports were most of tests/test_megatron.py's time. Forked ranks share the server's imports; what they compute
 is the same (each seeds itself; gloo, fp32). torchrun itself stays tested where its behaviour is the point
-(tests/test_tinker_ranks.py: signals, exit codes) and on GPUs.
-
-Exit code: 0 when every rank exits 0; otherwise the first failing rank's (the others are killed).
-
-`python tests/fork_ranks.py --serve [--preload m1,m2]`: the same, kept up for many launches (`helpers.RankServer`):
-one JSON line per launch on stdin (`nproc`, `argv`, `env`, `cwd`, `stdout`, `stderr`: files); each launch runs in
-a forked leader of its own session (its ranks under it: a timeout kills the session), and the server answers
-`{"pid": leader}` at once and `{"code": exit code}` when it ends. It exits when stdin closes. A module of
-checks pays the imports once instead of once per launch."""
+(tests/test_tinker_ranks.py: signals, exit codes) and on GPUs."""
 
 from __future__ import annotations
 
@@ -111,22 +107,15 @@ def serve() -> int:
 
 
 def main() -> int:
-    rest = sys.argv[1:]
-    serving = rest[:1] == ["--serve"]
-    world = 0 if serving else int(rest[0])
-    rest = rest[1:]
-    preload: list[str] = []
-    if rest[:1] == ["--preload"]:
-        preload, rest = [m for m in rest[1].split(",") if m], rest[2:]
+    args = sys.argv[1:]
+    preload = [m for m in args[1].split(",") if m] if args[:1] == ["--preload"] else []
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the tests' helpers, as a check imports them
     for name in preload:
         try:
             importlib.import_module(name)
         except ImportError:  # the ranks import it again and report it
             pass
-    if serving:
-        return serve()
-    return launch(world, rest[0], rest[1:])
+    return serve()
 
 
 if __name__ == "__main__":

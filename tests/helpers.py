@@ -228,13 +228,13 @@ DIST_CHECK_IMPORTS = ("torch.distributed", "transformers", "slime_env.trainers.b
 
 
 class RankServer:
-    """tests/fork_ranks.py --serve: launches of a script's ranks forked from one process that imported
+    """tests/fork_ranks.py: launches of a script's ranks forked from one process that imported
     `DIST_CHECK_IMPORTS` once (started at the first launch, stopped after each test module by conftest)."""
 
     def __init__(self) -> None:
         env = {**os.environ, "PYTHONPATH": _ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
                "OMP_NUM_THREADS": "1"}
-        self.proc = subprocess.Popen([sys.executable, os.path.join(_ROOT, "tests", "fork_ranks.py"), "--serve",
+        self.proc = subprocess.Popen([sys.executable, os.path.join(_ROOT, "tests", "fork_ranks.py"),
                                       "--preload", ",".join(DIST_CHECK_IMPORTS)], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True, cwd=_ROOT, env=env)
 
