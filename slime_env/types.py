@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from slime_env.errors import InvalidInput
 from slime_env.fast_pickle import fast_pickle
+from slime_env.images import ImagePart, content_parts, split_content
 from slime_env.routing import RoutedExperts
 
 Role = Literal["system", "user", "assistant", "tool", "ipython"]
@@ -25,7 +26,9 @@ FINISH_REASONS: frozenset[str] = frozenset(("stop", "length", "abort"))
 @fast_pickle
 @dataclass(frozen=True, slots=True)
 class Message:
-    """One chat message. `role` is system/user/assistant/tool/ipython; `content` is text.
+    """One chat message. `role` is system/user/assistant/tool/ipython; `content` is text, or a list of text and
+    image parts (`slime_env.images`): then `content` keeps the text with each image's slot in its place and `images`
+    the images in order (`parts()` gives the list back).
 
     `name` and `tool_call_id` are passed to chat templates that use them (tool results).
     """
@@ -34,12 +37,28 @@ class Message:
     content: str
     name: str | None = None
     tool_call_id: str | None = None
+    images: tuple[ImagePart, ...] = ()
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
             raise InvalidInput(f"message role {self.role!r} is not one of {sorted(ROLES)}")
         if not isinstance(self.content, str):
-            raise InvalidInput(f"message content must be str, got {type(self.content).__name__}")
+            if self.images:
+                raise InvalidInput("message: give images as parts of a list content, or as `images` beside a str "
+                                   "content holding their slots, not both")
+            text, images = split_content(self.content, f"message ({self.role}) content")
+            object.__setattr__(self, "content", text)
+            object.__setattr__(self, "images", images)
+        elif self.images:
+            images = tuple(ImagePart.coerce(im, f"message.images[{i}]") for i, im in enumerate(self.images))
+            missing = [i for i, im in enumerate(images) if im.slot not in self.content]
+            if missing:
+                raise InvalidInput(f"message.images{missing}: no slot for them in content (use a list content)")
+            object.__setattr__(self, "images", images)
+
+    def parts(self) -> list[dict[str, Any]]:
+        """The content as chat-template parts (`{"type": "text", "text"}` / `{"type": "image", "image": ImagePart}`)."""
+        return content_parts(self.content, self.images)
 
     @classmethod
     def coerce(cls, value: Message | Mapping[str, Any], where: str = "message") -> Message:
@@ -50,14 +69,19 @@ class Message:
             raise InvalidInput(f"{where}: expected a Message or a dict, got {type(value).__name__}")
         try:
             return cls(role=value["role"], content=value.get("content") or "",
-                       name=value.get("name"), tool_call_id=value.get("tool_call_id"))
+                       name=value.get("name"), tool_call_id=value.get("tool_call_id"),
+                       images=tuple(value.get("images") or ()))
         except KeyError:
             raise InvalidInput(f"{where}: chat message has no 'role' field: {dict(value)!r}") from None
         except InvalidInput as e:
             raise InvalidInput(f"{where}: {e}") from None
 
     def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"role": self.role, "content": self.content}
+        """A chat dict; with images, `content` is a list of parts whose images are JSON-ready (`ImagePart.to_dict`)."""
+        content: Any = self.content
+        if self.images:
+            content = [p if p["type"] == "text" else p["image"].to_dict() for p in self.parts()]
+        d: dict[str, Any] = {"role": self.role, "content": content}
         if self.name is not None:
             d["name"] = self.name
         if self.tool_call_id is not None:

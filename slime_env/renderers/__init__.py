@@ -3,6 +3,8 @@
 `get_renderer(tokenizer)` picks the family from the tokenizer's chat template (or pass
 `family="chatml" | "qwen3" | "qwen3_5" | "qwen3_6" | "llama3" | "deepseek_r1" | "deepseek_v31" | "glm45" |
 "minimax_m2" | "gpt_oss" | "template"`, or an import path). Register your own with `register_renderer(name, cls)`.
+Vision-language models: pass the model's processor instead of its tokenizer (`family="idefics3"` / `"smolvlm"` /
+`"qwen_vl"`, or "auto" from the processor's image token): `slime_env.renderers.vision`.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from slime_env.renderers.families import (
     Qwen36Renderer,
 )
 from slime_env.renderers.template import TemplateRenderer, VerifiedPrefix
+from slime_env.renderers.vision import Idefics3Renderer, QwenVLRenderer, VisionRenderer
 
 _FAMILIES: dict[str, type[TemplateRenderer]] = {
     "template": TemplateRenderer,
@@ -39,7 +42,11 @@ _FAMILIES: dict[str, type[TemplateRenderer]] = {
     "glm45": GLM45Renderer,
     "minimax_m2": MiniMaxM2Renderer,
     "gpt_oss": GptOssRenderer,
+    "idefics3": Idefics3Renderer,
+    "smolvlm": Idefics3Renderer,
+    "qwen_vl": QwenVLRenderer,
 }
+_VISION_FAMILIES = {"<image>": "idefics3", "<|image_pad|>": "qwen_vl"}
 
 
 def register_renderer(name: str, cls: type[TemplateRenderer]) -> None:
@@ -68,6 +75,8 @@ def detect_family(chat_template: str) -> str:
 
 def get_renderer(tokenizer: Any, family: str = "auto", **kwargs: Any) -> TemplateRenderer:
     """A renderer for `tokenizer`. `family`: "auto", a registered name, or "pkg.mod:Class"."""
+    if family == "auto" and getattr(tokenizer, "image_token", None) in _VISION_FAMILIES:  # a VLM's processor
+        family = _VISION_FAMILIES[tokenizer.image_token]
     if family == "auto":
         family = detect_family(kwargs.get("chat_template") or getattr(tokenizer, "chat_template", "") or "")
     if family in _FAMILIES:
@@ -80,5 +89,6 @@ def get_renderer(tokenizer: Any, family: str = "auto", **kwargs: Any) -> Templat
 
 
 __all__ = ["ChatMLRenderer", "DeepSeekR1Renderer", "DeepSeekV31Renderer", "GLM45Renderer", "GptOssRenderer",
-           "Llama3Renderer", "MiniMaxM2Renderer", "Qwen35Renderer", "Qwen36Renderer", "Qwen3Renderer",
-           "TemplateRenderer", "VerifiedPrefix", "detect_family", "get_renderer", "register_renderer"]
+           "Idefics3Renderer", "Llama3Renderer", "MiniMaxM2Renderer", "Qwen35Renderer", "Qwen36Renderer",
+           "Qwen3Renderer", "QwenVLRenderer", "TemplateRenderer", "VerifiedPrefix", "VisionRenderer", "detect_family",
+           "get_renderer", "register_renderer"]

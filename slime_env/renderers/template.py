@@ -82,6 +82,8 @@ class TemplateRenderer:
     #: The key the template reads an assistant turn's reasoning from (`conversation_trajectory` moves `thinking` /
     #: `reasoning_content` there, whichever the data used).
     reasoning_key: str = "reasoning_content"
+    #: Whether messages may hold images (`slime_env.renderers.vision`); a text renderer refuses them by name.
+    renders_images: bool = False
 
     def __init__(self, tokenizer: Any, *, chat_template: str | None = None,
                  template_kwargs: Mapping[str, Any] | None = None,
@@ -208,6 +210,7 @@ class TemplateRenderer:
                 raise InvalidInput(f"observation message {at} is a system message: the {self.family} template "
                                    f"{what}, so it cannot follow a generated turn (send it as a user message, or put "
                                    "it in the first prompt)")
+        self._check_images(messages)
         base = self._base(history)
         calls = self._sentinel_calls(generated_ids, messages, history)
         key = (base, calls, *((m.role, m.content, m.name, m.tool_call_id) for m in messages))
@@ -224,6 +227,7 @@ class TemplateRenderer:
         """`messages` as the chat template takes them. For families with a `call_parser`, a generated assistant turn
         (text) whose calls the parser reads becomes `content` + structured `tool_calls`: the form the template renders
         back into the call format, and the one its tool messages need."""
+        self._check_images(messages)
         dicts = [m.to_dict() if isinstance(m, Message) else dict(m) for m in messages]
         if self.call_parser is None:
             return dicts
@@ -239,6 +243,13 @@ class TemplateRenderer:
         calls = [{"id": c.id or "", "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
                  for c in result.tool_calls]
         return {**d, "content": result.content or "", "tool_calls": calls}
+
+    def _check_images(self, messages: Sequence[Message | Mapping[str, Any]]) -> None:
+        if not self.renders_images:
+            at = next((i for i, m in enumerate(messages) if isinstance(m, Message) and m.images), None)
+            if at is not None:
+                raise InvalidInput(f"message {at} holds an image, but the {self.family} renderer renders text only: "
+                                   "use a vision renderer (slime_env.renderers.vision) with the model's processor")
 
     def _sentinel_calls(self, generated_ids: Sequence[int], messages: Sequence[Message],
                         history: Sequence[Message]) -> tuple[tuple[str, str], ...] | None:
