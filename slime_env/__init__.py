@@ -5,6 +5,7 @@ Core API (this package never imports `envs`, `agents`, `tools_sandbox` or `train
 - `register`, `make`, `spec`, `registry_ids`: the env registry (mirrored as `gymnasium.make("slime_env/<id>")`).
 - `run_episode`: drives a `Policy` through an env and returns a `Trajectory` (token ledger).
 - `MultiAgentEnv`, `run_multi_agent_episode`: several agents (turn-based or simultaneous), one ledger each.
+- `EpisodeState`: one agent's ledger, conversation and status in a running episode (both loops' turn grows it).
 - `get_renderer`: chat-template renderers that bridge the ledger between turns.
 - `get_parser`: tool-call parsers (hermes, qwen3_coder, search_r1, python_block).
 - `ScriptedPolicy`: a deterministic policy for tests and demos.
@@ -18,6 +19,7 @@ Core API (this package never imports `envs`, `agents`, `tools_sandbox` or `train
 from slime_env.agent_env import AgentEnv
 from slime_env.conversations import Conversation, conversation_trajectory, load_conversations
 from slime_env.env import Env, Wrapper
+from slime_env.episode_state import EpisodeState
 from slime_env.errors import InfraError, InvalidInput, RegistryError, RenderError, RenderMismatch, SlimeEnvError
 from slime_env.ledger import Span, TokenLedger
 from slime_env.gateway import Gateway
@@ -43,11 +45,12 @@ _register_entry_points()
 
 __all__ = [
     "Action", "AgentEnv", "Batch", "close_shared_clients", "Conversation", "conversation_trajectory", "Env",
-    "EnvServer", "EnvSpec", "Episode", "from_sync", "Gateway", "Generation", "get_parser", "get_renderer", "Group",
-    "InfraError", "InvalidInput", "load_conversations", "load_tasks", "make", "Message", "MultiAgentEnv", "ParseError",
-    "parser_names", "ParseResult", "Policy", "register", "register_parser", "register_renderer", "registry_ids",
-    "RegistryError", "RemoteEnv", "RenderError", "RenderMismatch", "RolloutManager", "Rubric", "run_episode",
-    "run_multi_agent_episode", "ScriptedPolicy", "SlimeEnvError", "Span", "spec", "StatefulToolEnv", "STATUSES",
-    "SyncEnv", "Task", "TemplateRenderer", "TokenLedger", "tool", "Tool", "ToolArgumentError", "ToolCall", "ToolEnv",
-    "ToolError", "ToolOutput", "ToolRecord", "Trajectory", "VerifiedPrefix", "Wrapper",
+    "EnvServer", "EnvSpec", "Episode", "EpisodeState", "from_sync", "Gateway", "Generation", "get_parser",
+    "get_renderer", "Group", "InfraError", "InvalidInput", "load_conversations", "load_tasks", "make", "Message",
+    "MultiAgentEnv", "ParseError", "parser_names", "ParseResult", "Policy", "register", "register_parser",
+    "register_renderer", "registry_ids", "RegistryError", "RemoteEnv", "RenderError", "RenderMismatch",
+    "RolloutManager", "Rubric", "run_episode", "run_multi_agent_episode", "ScriptedPolicy", "SlimeEnvError", "Span",
+    "spec", "StatefulToolEnv", "STATUSES", "SyncEnv", "Task", "TemplateRenderer", "TokenLedger", "tool", "Tool",
+    "ToolArgumentError", "ToolCall", "ToolEnv", "ToolError", "ToolOutput", "ToolRecord", "Trajectory", "VerifiedPrefix",
+    "Wrapper",
 ]

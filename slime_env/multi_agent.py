@@ -21,12 +21,12 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
+from slime_env.episode_state import EpisodeEnd, EpisodeState, TurnAborted, merge_env_sampling, take_turn
 from slime_env.errors import InvalidInput
 from slime_env.ledger import TokenLedger
 from slime_env.parsers import get_parser
 from slime_env.policy import Policy
 from slime_env.renderers.template import TemplateRenderer
-from slime_env.runner import _Episode, _merge_env_sampling
 from slime_env.trajectory import Trajectory
 from slime_env.types import Action, Message, Task, coerce_messages, coerce_reward
 
@@ -69,12 +69,12 @@ class MultiAgentEnv:
 
 
 class _Seat:
-    """One agent's episode state: its ledger and conversation (an `_Episode` that never calls the env)."""
+    """One agent's episode state: its ledger and conversation (an `EpisodeState` that never calls the env)."""
 
-    def __init__(self, agent: str, env: MultiAgentEnv, policy: Policy, task: Task, renderer: TemplateRenderer,
-                 strict: bool, metadata: dict[str, Any]):
+    def __init__(self, agent: str, policy: Policy, task: Task, renderer: TemplateRenderer, strict: bool,
+                 metadata: dict[str, Any]):
         self.agent, self.renderer = agent, renderer
-        self.state = _Episode(env, policy, task, renderer, agent, strict, metadata)
+        self.state = EpisodeState(None, policy, task, renderer, agent, strict, metadata)
         self.state.phase = "waiting"
         self.pending: list[Message] = []  # shown to the agent since its last turn, inserted before its next
         self.last_ids: list[int] = []
@@ -87,6 +87,13 @@ class _Seat:
         ep = self.state
         ep.messages, ep.tools = messages, tools
         ep.ledger = TokenLedger(self.renderer.render_prompt(messages, tools=tools))
+
+    def acted(self, action: Action) -> None:
+        """The agent's turn is over: its reward slot opens (with what it earned before its first turn)."""
+        self.last_ids = list(action.token_ids)
+        self.state.turn_rewards.append(self.early_reward)
+        self.early_reward = 0.0
+        self.state.turn += 1
 
     def reward(self, value: float) -> None:
         if self.state.turn_rewards:
@@ -118,138 +125,163 @@ async def run_multi_agent_episode(env: MultiAgentEnv, policies: Policy | Mapping
     failing policy fails its agent and aborts the others, each with the reason. Trajectories share
     `metadata["episode_id"]` and carry `metadata["role"]`. The caller owns `env` (reset here, not closed).
     """
-    task = Task.coerce(task)
-    agents = tuple(env.agents)
-    if not agents or len(set(agents)) != len(agents):
-        raise InvalidInput(f"{type(env).__name__}.agents must be distinct agent ids, got {agents!r}")
-    policy_of = _per_agent(policies, agents, "policies")
-    renderer_of = _per_agent(renderer, agents, "renderer")
-    episode_id = str((metadata or {}).get("episode_id") or secrets.token_hex(12))
-    roles = dict(getattr(env, "roles", {}) or {})
-    seats = {a: _Seat(a, env, policy_of[a], task, renderer_of[a],
-                      renderer_of[a].strict if strict is None else strict,
-                      {**(metadata or {}), "episode_id": episode_id, "session_id": f"{episode_id}/{a}",
-                       "role": roles.get(a, a), "agents": list(agents)}) for a in agents}
-    for a, seat in seats.items():
-        if callable(getattr(seat.state.policy, "for_episode", None)):
-            seat.state.policy = seat.state.policy.for_episode(seat.state.metadata["session_id"])
-    base = dict(sampling_params or {})
-    parse = get_parser(env.parser)
-    loop = asyncio.get_running_loop()
-    deadline_at = None if deadline_s is None else loop.time() + deadline_s
-    t0 = time.perf_counter()
-    env_s = 0.0
-    phase = "env.reset"
-    try:
-        async with asyncio.timeout_at(deadline_at):
-            t = time.perf_counter()
-            observations, info = _pair(await env.reset(seed=seed, options={"task": task}), env)
-            env_s += time.perf_counter() - t
-        for a, seat in seats.items():
-            opening = coerce_messages(observations.get(a, ()), f"{type(env).__name__}.reset observations[{a!r}]")
-            if not opening:
-                raise InvalidInput(f"{type(env).__name__}.reset gave agent {a!r} no messages")
-            seat.state.info = dict(info)
-            seat.start(opening, env.tools)
-        _take_env_sampling(env, seats, base, max_new_tokens)
-        while True:
-            phase = "env.acting"
-            acting = list(env.acting())
-            unknown = [a for a in acting if a not in seats]
-            if unknown:
-                raise InvalidInput(f"{type(env).__name__}.acting() named unknown agents {unknown}")
-            acting = [a for a in acting if not seats[a].done]
-            if not acting:
-                break
-            for a in acting:
-                if seats[a].state.turn >= max_turns:
-                    raise _End("truncated", f"max_turns={max_turns} reached by {a!r}")
-            phase = "render observation"
-            for a in acting:
-                _bridge(seats[a], env, max_context_tokens)
-            phase = "policy.generate"
-            results = await asyncio.gather(*(_generate(seats[a], env, max_context_tokens, deadline_at)
-                                             for a in acting), return_exceptions=True)
-            for a, result in zip(acting, results):
-                if isinstance(result, (_End, TimeoutError)):
-                    raise result
-                if isinstance(result, BaseException):
-                    raise _AgentFailed(a, result)
-            actions = {}
-            for a in acting:
-                ep = seats[a].state
-                ids = ep.close_turn()
-                seats[a].last_ids = ids
-                parsed = parse(ep.last_content) if parse is not None else None
-                actions[a] = Action(text=ep.last_content, token_ids=tuple(ids),
-                                    tool_calls=parsed.tool_calls if parsed else (),
-                                    parse_errors=parsed.errors if parsed else (),
-                                    finish_reason=ep.finish_reasons[-1], agent_id=a, turn=ep.turn)
-                ep.parse_errors += len(actions[a].parse_errors)
-                ep.turn_rewards.append(seats[a].early_reward)
-                seats[a].early_reward = 0.0
-                ep.turn += 1
-            phase = "env.step"
-            async with asyncio.timeout_at(deadline_at):
-                t = time.perf_counter()
-                result = await env.step(actions)
-                env_s += time.perf_counter() - t
-            observations, rewards, terminated, truncated, info = _step_result(result, env, seats)
-            for a, seat in seats.items():
-                if seat.done:  # out of the game: what it is still shown is kept for the record only
-                    seat.state.messages += observations.get(a, [])
-                else:
-                    seat.pending += observations.get(a, [])
-                if a in rewards:
-                    seat.reward(rewards[a])
-                seat.state.info = dict(info)
-                if terminated.get(a):
-                    seat.end("completed", "")
-                elif truncated.get(a):
-                    seat.end("truncated", "the env truncated this agent's episode")
-        for seat in seats.values():
-            seat.end("completed", "")
-    except _End as end:
-        for seat in seats.values():
-            seat.end(end.status, end.reason)
-    except _AgentFailed as failure:
-        failed = seats[failure.agent]
-        failed.state.phase = "policy.generate"
-        failed.state.fail(failure.error)
-        failed.done = True
-        for seat in seats.values():
-            seat.end("aborted", f"the episode ended: agent {failure.agent!r} failed ({failed.state.reason})")
-    except TimeoutError as e:
-        if deadline_at is not None and loop.time() >= deadline_at:
-            for seat in seats.values():
-                seat.end("truncated", f"deadline of {deadline_s}s exceeded during {phase}")
-        else:
-            _fail_all(seats, phase, e)
-    except Exception as e:  # noqa: BLE001 - an env or framework failure fails every agent, never the batch
-        _fail_all(seats, phase, e)
-    total = time.perf_counter() - t0
-    out = {}
-    for a, seat in seats.items():
-        ep = seat.state
-        trajectory = ep.trajectory()
-        generate_s = trajectory.timings["generate_s"]
-        out[a] = dataclasses.replace(
-            trajectory, reward=float(sum(ep.turn_rewards) + seat.early_reward),  # + rewards before a first turn
-            timings={"total_s": total, "generate_s": generate_s, "env_s": env_s,
-                     "framework_s": max(0.0, total - env_s - generate_s)})
-    return out
-
-
-class _End(Exception):
-    def __init__(self, status: str, reason: str):
-        super().__init__(reason)
-        self.status, self.reason = status, reason
+    episode = _MultiAgentEpisode(env, policies, Task.coerce(task), renderer, strict, metadata)
+    return await episode.run(seed=seed, max_turns=max_turns, max_new_tokens=max_new_tokens,
+                             max_context_tokens=max_context_tokens, deadline_s=deadline_s,
+                             sampling_params=sampling_params)
 
 
 class _AgentFailed(Exception):
     def __init__(self, agent: str, error: BaseException):
         super().__init__(str(error))
         self.agent, self.error = agent, error
+
+
+class _MultiAgentEpisode:
+    """The seats of one multi-agent episode and its loop: rounds of the acting agents' turns, then the env's step."""
+
+    def __init__(self, env: MultiAgentEnv, policies: Policy | Mapping[str, Policy], task: Task,
+                 renderer: TemplateRenderer | Mapping[str, TemplateRenderer], strict: bool | None,
+                 metadata: Mapping[str, Any] | None):
+        agents = tuple(env.agents)
+        if not agents or len(set(agents)) != len(agents):
+            raise InvalidInput(f"{type(env).__name__}.agents must be distinct agent ids, got {agents!r}")
+        policy_of = _per_agent(policies, agents, "policies")
+        renderer_of = _per_agent(renderer, agents, "renderer")
+        episode_id = str((metadata or {}).get("episode_id") or secrets.token_hex(12))
+        roles = dict(getattr(env, "roles", {}) or {})
+        self.env, self.task, self.name = env, task, type(env).__name__
+        self.seats = {a: _Seat(a, policy_of[a], task, renderer_of[a],
+                               renderer_of[a].strict if strict is None else strict,
+                               {**(metadata or {}), "episode_id": episode_id, "session_id": f"{episode_id}/{a}",
+                                "role": roles.get(a, a), "agents": list(agents)}) for a in agents}
+        for seat in self.seats.values():
+            if callable(getattr(seat.state.policy, "for_episode", None)):
+                seat.state.policy = seat.state.policy.for_episode(seat.state.metadata["session_id"])
+        self.parse = get_parser(env.parser)
+        self.phase = "env.reset"
+        self.env_s = 0.0
+        self.max_turns, self.max_context_tokens, self.deadline_at = 0, None, None
+
+    async def run(self, *, seed: int | None, max_turns: int, max_new_tokens: int, max_context_tokens: int | None,
+                  deadline_s: float | None, sampling_params: Mapping[str, Any] | None) -> dict[str, Trajectory]:
+        loop = asyncio.get_running_loop()
+        self.max_turns, self.max_context_tokens = max_turns, max_context_tokens
+        self.deadline_at = None if deadline_s is None else loop.time() + deadline_s
+        t0 = time.perf_counter()
+        try:
+            await self._reset(seed, dict(sampling_params or {}), max_new_tokens)
+            while await self._round():
+                pass
+            self._end_all("completed", "")
+        except EpisodeEnd as end:
+            self._end_all(end.status, end.reason)
+        except _AgentFailed as failure:
+            failed = self.seats[failure.agent]
+            failed.state.phase = "policy.generate"
+            failed.state.fail(failure.error)
+            failed.done = True
+            self._end_all("aborted", f"the episode ended: agent {failure.agent!r} failed ({failed.state.reason})")
+        except TimeoutError as e:
+            if self.deadline_at is not None and loop.time() >= self.deadline_at:
+                self._end_all("truncated", f"deadline of {deadline_s}s exceeded during {self.phase}")
+            else:
+                self._fail_all(e)
+        except Exception as e:  # noqa: BLE001 - an env or framework failure fails every agent, never the batch
+            self._fail_all(e)
+        return self._trajectories(time.perf_counter() - t0)
+
+    async def _reset(self, seed: int | None, base: dict[str, Any], max_new_tokens: int) -> None:
+        async with asyncio.timeout_at(self.deadline_at):
+            t = time.perf_counter()
+            observations, info = _pair(await self.env.reset(seed=seed, options={"task": self.task}), self.env)
+            self.env_s += time.perf_counter() - t
+        for a, seat in self.seats.items():
+            opening = coerce_messages(observations.get(a, ()), f"{self.name}.reset observations[{a!r}]")
+            if not opening:
+                raise InvalidInput(f"{self.name}.reset gave agent {a!r} no messages")
+            seat.state.info = dict(info)
+            seat.start(opening, self.env.tools)
+        _take_env_sampling(self.env, self.seats, base, max_new_tokens)
+
+    async def _round(self) -> bool:
+        """The acting agents' turns (concurrent) and the env's step on their actions; False once nobody acts."""
+        self.phase = "env.acting"
+        acting = list(self.env.acting())
+        unknown = [a for a in acting if a not in self.seats]
+        if unknown:
+            raise InvalidInput(f"{self.name}.acting() named unknown agents {unknown}")
+        acting = [a for a in acting if not self.seats[a].done]
+        if not acting:
+            return False
+        for a in acting:
+            if self.seats[a].state.turn >= self.max_turns:
+                raise EpisodeEnd("truncated", f"max_turns={self.max_turns} reached by {a!r}")
+        self.phase = "render observation"
+        for a in acting:
+            _bridge(self.seats[a], self.env, self.max_context_tokens)
+        self.phase = "policy.generate"
+        results = await asyncio.gather(*(self._turn(self.seats[a]) for a in acting), return_exceptions=True)
+        for a, result in zip(acting, results):
+            if isinstance(result, (EpisodeEnd, TimeoutError)):
+                raise result
+            if isinstance(result, BaseException):
+                raise _AgentFailed(a, result)
+        for a, action in zip(acting, results):
+            self.seats[a].acted(action)
+        self.phase = "env.step"
+        async with asyncio.timeout_at(self.deadline_at):
+            t = time.perf_counter()
+            result = await self.env.step(dict(zip(acting, results)))
+            self.env_s += time.perf_counter() - t
+        self._apply(*_step_result(result, self.env, self.seats))
+        return True
+
+    async def _turn(self, seat: _Seat) -> Action:
+        try:
+            return await take_turn(seat.state, seat.params, self.parse, max_new_tokens=seat.max_new_tokens,
+                                   max_context_tokens=self.max_context_tokens, deadline_at=self.deadline_at,
+                                   who=seat.agent)
+        except TurnAborted:
+            raise EpisodeEnd("aborted", f"agent {seat.agent!r}'s generation was aborted") from None
+
+    def _apply(self, observations: Mapping[str, list[Message]], rewards: Mapping[str, float],
+               terminated: Mapping[str, Any], truncated: Mapping[str, Any], info: dict[str, Any]) -> None:
+        """What the env's step shows, pays and ends, per agent."""
+        for a, seat in self.seats.items():
+            if seat.done:  # out of the game: what it is still shown is kept for the record only
+                seat.state.messages += observations.get(a, [])
+            else:
+                seat.pending += observations.get(a, [])
+            if a in rewards:
+                seat.reward(rewards[a])
+            seat.state.info = dict(info)
+            if terminated.get(a):
+                seat.end("completed", "")
+            elif truncated.get(a):
+                seat.end("truncated", "the env truncated this agent's episode")
+
+    def _end_all(self, status: str, reason: str) -> None:
+        for seat in self.seats.values():
+            seat.end(status, reason)
+
+    def _fail_all(self, error: BaseException) -> None:
+        for seat in self.seats.values():
+            if not seat.done:
+                seat.state.phase = self.phase
+                seat.state.fail(error)
+                seat.done = True
+
+    def _trajectories(self, total: float) -> dict[str, Trajectory]:
+        out = {}
+        for a, seat in self.seats.items():
+            trajectory = seat.state.trajectory()
+            generate_s = trajectory.timings["generate_s"]
+            out[a] = dataclasses.replace(  # + rewards before a first turn
+                trajectory, reward=float(sum(seat.state.turn_rewards) + seat.early_reward),
+                timings={"total_s": total, "generate_s": generate_s, "env_s": self.env_s,
+                         "framework_s": max(0.0, total - self.env_s - generate_s)})
+        return out
 
 
 def _per_agent(value: Any, agents: tuple[str, ...], name: str) -> dict[str, Any]:
@@ -295,46 +327,21 @@ def _bridge(seat: _Seat, env: MultiAgentEnv, max_context_tokens: int | None) -> 
         raise InvalidInput(f"{type(env).__name__}: agent {seat.agent!r} must act but was shown nothing since its "
                            f"last turn (give it an observation, e.g. the other agents' moves)")
     obs, seat.pending = seat.pending, []
-    bridge = seat.renderer.bridge(seat.last_ids, obs, seat.state.messages)
-    if max_context_tokens is not None and len(seat.state.ledger) + len(bridge) >= max_context_tokens:
-        raise _End("truncated", f"agent {seat.agent!r}'s observation ({len(bridge)} tokens) leaves no room in "
-                                f"the context budget of {max_context_tokens} tokens")
-    seat.state.insert(seat.last_ids, obs, bridge)
+    seat.state.observe(seat.last_ids, obs, max_context_tokens, who=seat.agent)
 
 
 def _take_env_sampling(env: MultiAgentEnv, seats: Mapping[str, _Seat], base: Mapping[str, Any],
                        max_new_tokens: int) -> None:
     """Each seat's sampling params and per-turn budget: the run's, with `env.sampling_params` over them (one mapping
-    for every agent, or one per agent id)."""
+    for every agent, or one per agent id), the renderer's stop tokens and the env's stop strings added."""
     own = getattr(env, "sampling_params", None)
     name = f"{type(env).__name__}.sampling_params"
     per_agent = isinstance(own, Mapping) and bool(own) and all(k in seats for k in own)
     for a, seat in seats.items():
         seat.params = dict(base)
         mine, where = (own.get(a), f"{name}[{a!r}]") if per_agent else (own, name)
-        seat.max_new_tokens = _merge_env_sampling(seat.params, mine, max_new_tokens, where)
-
-
-async def _generate(seat: _Seat, env: MultiAgentEnv, max_context_tokens: int | None,
-                    deadline_at: float | None) -> None:
-    ep = seat.state
-    room = seat.max_new_tokens
-    if max_context_tokens is not None:
-        room = min(room, max_context_tokens - len(ep.ledger))
-    if room <= 0:
-        raise _End("truncated", f"agent {seat.agent!r} exhausted the context budget of {max_context_tokens} tokens")
-    params = dict(seat.params)
-    params["stop_token_ids"] = sorted({*seat.renderer.stop_token_ids, *(params.get("stop_token_ids") or ())})
-    if env.stop:
-        params["stop"] = list(dict.fromkeys([*(params.get("stop") or ()), *env.stop]))
-    gen = await ep.generate({**params, "max_new_tokens": room}, deadline_at)
-    if gen.finish_reason == "abort":
-        raise _End("aborted", f"agent {seat.agent!r}'s generation was aborted")
-
-
-def _fail_all(seats: Mapping[str, _Seat], phase: str, error: BaseException) -> None:
-    for seat in seats.values():
-        if not seat.done:
-            seat.state.phase = phase
-            seat.state.fail(error)
-            seat.done = True
+        seat.max_new_tokens = merge_env_sampling(seat.params, mine, max_new_tokens, where)
+        seat.params["stop_token_ids"] = sorted({*seat.renderer.stop_token_ids,
+                                                *(seat.params.get("stop_token_ids") or ())})
+        if env.stop:
+            seat.params["stop"] = list(dict.fromkeys([*(seat.params.get("stop") or ()), *env.stop]))
