@@ -1,0 +1,150 @@
+"""Terminal tasks (`slime_env.envs.terminal`, `Terminal-v0`): the generator is deterministic and its splits are
+disjoint; every kind's scripted solution passes its own verifier and wrong ones fail, in real bubblewrap workspaces
+(the verifier in a fresh one); `examples/terminal_train.yaml` trains (one step, shrunk)."""
+
+from __future__ import annotations
+
+import asyncio
+import filecmp
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import slime_env
+from slime_env import InvalidInput, ScriptedPolicy, get_renderer, run_episode
+from slime_env.envs.terminal.kinds import HELDOUT_KINDS, KINDS, TRAIN_KINDS, make_instance, parse_instruction
+from slime_env.envs.terminal.tasks import instances, split_of, terminal_tasks, write_task
+from slime_env.envs.terminal.teacher import call, teacher_reply
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _same_tree(a: Path, b: Path) -> bool:
+    cmp = filecmp.dircmp(a, b)
+    if cmp.left_only or cmp.right_only or cmp.diff_files or cmp.funny_files:
+        return False
+    _, mismatch, errors = filecmp.cmpfiles(a, b, cmp.common_files, shallow=False)
+    return not mismatch and not errors and all(_same_tree(a / d, b / d) for d in cmp.common_dirs)
+
+
+def test_the_generator_is_deterministic_and_its_splits_and_kinds_are_disjoint(tmp_path):
+    for kind in KINDS:
+        assert _same_tree(write_task(tmp_path / "a", kind, 7), write_task(tmp_path / "b", kind, 7)), kind
+        assert make_instance(kind, 7) == make_instance(kind, 7) and make_instance(kind, 7) != make_instance(kind, 8)
+    train, test = instances(400, seed=1, split="train"), instances(100, seed=2, split="test")
+    assert train == instances(400, seed=1, split="train") and not set(train) & set(test)
+    assert all(split_of(k, s) == "train" for k, s in train) and all(split_of(k, s) == "test" for k, s in test)
+    assert {k for k, _ in train} == set(TRAIN_KINDS) and not set(HELDOUT_KINDS) & set(TRAIN_KINDS)
+    assert {k for k, _ in instances(8, seed=3, kinds="heldout")} == set(HELDOUT_KINDS)
+    assert len({s for _, s in instances(2000, seed=4)}) > 1990  # thousands of distinct instances
+    rows = terminal_tasks(3, seed=5, split="test", root=str(tmp_path / "cache"))
+    assert rows == terminal_tasks(3, seed=5, split="test", root=str(tmp_path / "cache"))
+    for row in rows:
+        folder = Path(row["metadata"]["harbor_task"])
+        assert row["prompt"] == (folder / "instruction.md").read_text().strip()
+        assert 'split = "test"' in (folder / "task.toml").read_text()
+
+
+def test_the_teacher_reads_every_kind_back_from_its_instruction():
+    for kind in KINDS:
+        for seed in range(5):
+            inst = make_instance(kind, seed)
+            context = f"<|im_start|>user\n{inst.instruction}<|im_end|>\n<|im_start|>assistant\n"
+            assert parse_instruction(context) == (KINDS[kind], inst.fields), (kind, seed)
+            assert teacher_reply(context) == call("bash", command=inst.solution[0])
+
+
+def test_bad_input_names_the_field(tmp_path):
+    with pytest.raises(InvalidInput, match=r"unknown kinds \['nope'\]"):
+        terminal_tasks(2, kinds=["count_lines", "nope"], root=str(tmp_path))
+    with pytest.raises(InvalidInput, match=r"split must be 'train', 'test' or None, got 'dev'"):
+        terminal_tasks(2, split="dev", root=str(tmp_path))
+    with pytest.raises(InvalidInput, match=r"unknown terminal task kind 'x'"):
+        make_instance("x", 1)
+
+
+WRONG = {  # a plausible wrong solution per kind: the verifier must say 0
+    "count_lines": "wc -l {path} > /app/answer.txt",         # "N path", not N
+    "count_files": "ls -a {folder} | wc -l > /app/answer.txt",  # counts . and ..
+    "find_word": "echo {folder} > /app/answer.txt",
+    "rename": "cp {src} {dst}",                               # the original stays
+    "replace": "sed -i 's/{old}/{new}/' {path}; echo {new} >> {path}",
+    "create": "echo {text}. > {path}",
+    "delete_ext": "rm {folder}/*",
+    "line_n": "head -n {n} {path} > /app/answer.txt",
+    "fix_typo": "sed -i '1d' {path}",
+    "move_into": "cp {src} {folder}/",
+    "count_matches": "grep {word} {path} > /app/answer.txt",
+    "copy_file": "mv {src} {dst}",
+    "append_line": "echo {text} > {path}",
+}
+FORGE = ("mkdir -p /logs/verifier /tests; echo 1 > /logs/verifier/reward.txt; echo PASS; "
+         "printf 'exit 0' > /tests/test.sh")
+
+
+def test_every_kind_is_solved_by_its_script_and_wrong_or_forged_work_scores_0(smollm2_tok, tmp_path):
+    """Real bubblewrap workspaces: the teacher (the scripted solution) earns 1 on every kind, a plausible wrong
+    solution 0, and an agent that writes reward.txt, prints PASS and rewrites /tests in its own workspace 0."""
+    from workspace_support import require_backend
+
+    require_backend("bwrap")
+    tasks = terminal_tasks(len(KINDS), seed=11, kinds="all", root=str(tmp_path))
+    renderer = get_renderer(smollm2_tok)
+
+    def scripted(*commands):
+        return ScriptedPolicy(smollm2_tok, [*(call("bash", command=c) for c in commands), call("submit")])
+
+    async def play(task, policy):
+        env = slime_env.make("Terminal-v0")
+        try:
+            return await run_episode(env, policy, task, renderer=renderer, max_turns=4)
+        finally:
+            await env.close()
+
+    async def main():
+        gate = asyncio.Semaphore(4)
+
+        async def one(task, policy):
+            async with gate:
+                return await play(task, policy)
+
+        runs = []
+        for task in tasks:
+            fields = make_instance(task["metadata"]["kind"], task["metadata"]["seed"]).fields
+            runs += [one(task, ScriptedPolicy(smollm2_tok, teacher_reply)),
+                     one(task, scripted(WRONG[task["metadata"]["kind"]].format(**fields))),
+                     one(task, scripted(FORGE))]
+        return await asyncio.gather(*runs)
+
+    results = asyncio.run(main())
+    for i, task in enumerate(tasks):
+        solved, wrong, forged = results[3 * i: 3 * i + 3]
+        kind = task["metadata"]["kind"]
+        assert solved.status == "completed" and solved.reward == 1.0, (kind, solved.status, solved.reason)
+        assert wrong.status == "completed" and wrong.reward == 0.0, kind
+        assert forged.status == "completed" and forged.reward == 0.0, kind
+    assert {t["metadata"]["kind"] for t in tasks} == set(KINDS)
+
+
+@pytest.mark.slow
+def test_the_terminal_example_trains_one_step(tmp_path):
+    """examples/terminal_train.yaml as `make demo-agent` runs it, shrunk: the teacher's episodes in bubblewrap
+    workspaces, two SFT steps, one GRPO step on 2 x 2 episodes, a held-out evaluation of 2 tasks."""
+    from workspace_support import require_backend
+
+    require_backend("bwrap")
+    sets = ["eval_data.n=2", "warmup.steps=2", "warmup.batch_size=4", "warmup.data.rollouts.max_tasks=4",
+            "prompts_per_step=2", "n_samples_per_prompt=2", "max_new_tokens=48"]
+    out = subprocess.run([sys.executable, "-m", "slime_env", "train", "--config", "examples/terminal_train.yaml",
+                          "--steps", "1", *(a for s in sets for a in ("--set", s)), "--run-dir", str(tmp_path / "run")],
+                         capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    warm = next(r for r in rows if "warmup/steps" in r)
+    assert warm["warmup/examples"] == 4 and warm["warmup/steps"] == 2
+    trained = [r for r in rows if r["step"] == 1][0]
+    assert trained["train/tokens"] > 0 and sum(trained["rollout/statuses"].values()) == 4
+    assert trained["rollout/time/container_s"] > 0
