@@ -116,6 +116,7 @@ class EpisodeState:
         self.turns_generated = 0
         self._generating: asyncio.Task | None = None  # the episode's task while it waits for the policy
         self._cancelled_for_abort = False
+        self.images: list[Any] = []  # the ImageParts of the ledger, in token order (vision renderers)
 
     async def reset(self, seed: int | None, deadline_at: float | None, parser: Any = None) -> None:
         """Reset the (single-agent) env and render the prompt: the ledger starts from it."""
@@ -138,6 +139,7 @@ class EpisodeState:
                 self.messages, tool_prompt(parser if isinstance(parser, str) else None, self.tools))
             self.tools = None
         self.ledger = TokenLedger(self.renderer.render_prompt(self.messages, tools=self.tools))
+        self.images = [im for m in self.messages for im in m.images]
 
     async def generate(self, params: dict[str, Any], deadline_at: float | None) -> Generation:
         self.phase = "policy.generate"
@@ -145,12 +147,18 @@ class EpisodeState:
         # Awaited in the episode's own task (no task per turn); an abort of a policy that cannot stop itself
         # cancels this task while it waits here, and the cancellation is taken back below.
         self._generating = asyncio.current_task()
+        extra = {"images": tuple(self.images)} if self.images else {}  # the ledger's images, for a VLM engine
         try:
             if deadline_at is None:
-                gen = await self.policy.generate(self.ledger.ids, params)
+                gen = await self.policy.generate(self.ledger.ids, params, **extra)
             else:
                 async with asyncio.timeout_at(deadline_at):
-                    gen = await self.policy.generate(self.ledger.ids, params)
+                    gen = await self.policy.generate(self.ledger.ids, params, **extra)
+        except TypeError as e:
+            if extra and "images" in str(e):
+                raise InvalidInput(f"{type(self.policy).__name__} takes no images (the ledger holds "
+                                   f"{len(self.images)}): use a vision engine (VisionPolicy, SGLangPolicy)") from e
+            raise
         except asyncio.CancelledError:
             if not self._cancelled_for_abort:
                 raise  # our caller was cancelled, not the generation
@@ -262,9 +270,12 @@ class EpisodeState:
         before = len(self.messages)  # the history the bridge follows, for its own check below
         self.ledger.add_inserted(bridge, self.turn - 1)
         if self.continuing:
+            if obs[0].images:
+                raise InvalidInput("a mid-turn assistant insert cannot hold images")
             self.messages[-1] = Message("assistant", self.messages[-1].content + obs[0].content)
         else:
             self.messages.extend(obs)
+            self.images += [im for m in obs for im in m.images]
             if self.strict:
                 note = self.renderer.check_full(self.messages, self.ledger.ids, tools=self.tools,
                                                 verified=self.verified)
@@ -304,7 +315,7 @@ class EpisodeState:
             response_text=self.renderer.decode(led.response_ids) if led.response_ids else "",
             timings={"total_s": total, "generate_s": self.generate_s, "env_s": self.env_s,
                      "framework_s": max(0.0, total - self.generate_s - self.env_s), **self._env_timings()},
-            info=self.info,
+            info=self.info, vision=self.renderer.image_inputs(self.images) if self.images else None,
             metadata={**self.metadata, "finish_reasons": self.finish_reasons,
                       "weight_versions": self.weight_versions, "weight_version_tokens": self.call_tokens,
                       **({"adapters": self.adapters} if any(self.adapters) else {}),

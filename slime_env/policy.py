@@ -109,7 +109,9 @@ class ScriptedPolicy:
         return Generation(token_ids=tuple(ids), logprobs=logprobs, finish_reason=finish,
                           text=self._codec.decode(ids), prompt_tokens=len(input_ids))
 
-    async def generate(self, input_ids: Sequence[int], sampling_params: Mapping[str, Any]) -> Generation:
+    async def generate(self, input_ids: Sequence[int], sampling_params: Mapping[str, Any],
+                       images: Sequence[Any] = ()) -> Generation:
+        """`images` (a vision ledger's) are accepted and not looked at: a script answers from the text."""
         self.calls += 1
         if self.latency_s:
             await asyncio.sleep(self.latency_s)
@@ -130,7 +132,8 @@ class ScriptedSession:
         self._pending: tuple[list[int], str] | None = None
         self._abort = asyncio.Event()
 
-    async def generate(self, input_ids: Sequence[int], sampling_params: Mapping[str, Any]) -> Generation:
+    async def generate(self, input_ids: Sequence[int], sampling_params: Mapping[str, Any],
+                       images: Sequence[Any] = ()) -> Generation:
         p = self.policy
         p.calls += 1
         self._abort.clear()

@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from slime_env.errors import InvalidInput
 from slime_env.fast_pickle import fast_pickle
+from slime_env.images import VisionInputs
 from slime_env.ledger import Span, check_invariants
 from slime_env.routing import RoutingRecord, stream_routing
 from slime_env.types import Message, Task, _jsonable
@@ -32,7 +33,8 @@ class Trajectory:
     not completed.
     `timings` has `total_s`, `generate_s`, `env_s`, `framework_s`; `info` is the env's last info.
     `routing` (MoE models whose engine returns them) holds the routed experts of generated tokens, for routing
-    replay (`slime_env.routing`); None otherwise.
+    replay (`slime_env.routing`); None otherwise. `vision` (a vision renderer's ledger) holds the images of the ids, in
+    token order, and the processor's outputs for them (`VisionInputs`); None for text.
     """
 
     task: Task
@@ -53,6 +55,7 @@ class Trajectory:
     info: dict[str, Any] = field(default_factory=dict)
     metadata: dict[str, Any] = field(default_factory=dict)
     routing: RoutingRecord | None = None
+    vision: VisionInputs | None = None
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -88,6 +91,9 @@ class Trajectory:
         extra = {}
         if self.routing is not None and not failed:
             extra["rollout_routed_experts"] = stream_routing(len(self.prompt_ids), n, self.routing).astype("int32")
+        if self.vision is not None:  # slime's VLM fields: raw images for SGLang, processor outputs for the trainer
+            extra["multimodal_inputs"] = {"images": [im.pil() for im in self.vision.images]}
+            extra["multimodal_train_inputs"] = dict(self.vision.arrays)
         return {**extra,
             "tokens": self.prompt_ids + self.response_ids,
             "response_length": n,
@@ -127,6 +133,7 @@ class Trajectory:
             "response_text": self.response_text, "timings": dict(self.timings), "info": _jsonable(self.info),
             "metadata": _jsonable(self.metadata),
             **({"routing": self.routing.to_dict()} if self.routing is not None else {}),
+            **({"vision": self.vision.to_dict()} if self.vision is not None else {}),
         }
 
     @classmethod
@@ -142,7 +149,8 @@ class Trajectory:
                 messages=[Message.coerce(m, "trajectory.messages") for m in d.get("messages", [])],
                 response_text=d.get("response_text", ""), timings=dict(d.get("timings", {})),
                 info=dict(d.get("info", {})), metadata=dict(d.get("metadata", {})),
-                routing=RoutingRecord.from_dict(d["routing"]) if d.get("routing") else None)
+                routing=RoutingRecord.from_dict(d["routing"]) if d.get("routing") else None,
+                vision=VisionInputs.from_dict(d["vision"]) if d.get("vision") else None)
         except KeyError as e:
             raise InvalidInput(f"trajectory record has no field {e.args[0]!r}") from None
         except TypeError as e:

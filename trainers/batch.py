@@ -41,14 +41,18 @@ class TrainBatch:
     # [B, L, layers, top_k] int16 (routing replay): the engine's experts for the forward over each column, -1 where the
     # trainer routes itself (prompt, inserted tokens, lost routing); slime_env.trainers.routing_replay
     routed_experts: torch.Tensor | None = None
+    # Vision-language rows (trajectories with `vision`): the processor's pixel inputs per row, e.g. `pixel_values`
+    # [B, images, C, H, W] and `pixel_attention_mask` [B, images, H, W], zero-padded (the model skips all-zero images)
+    vision: dict[str, torch.Tensor] | None = None
 
     @property
     def size(self) -> int:
         return self.input_ids.shape[0]
 
     def rows(self, index: slice | torch.Tensor) -> TrainBatch:
-        return replace(self, **{f.name: getattr(self, f.name)[index] for f in fields(self)
-                                if isinstance(getattr(self, f.name), torch.Tensor)})
+        vision = None if self.vision is None else {k: v[index] for k, v in self.vision.items()}
+        return replace(self, vision=vision, **{f.name: getattr(self, f.name)[index] for f in fields(self)
+                                               if isinstance(getattr(self, f.name), torch.Tensor)})
 
     def minibatch_bounds(self, n: int) -> list[tuple[int, int]]:
         """Row ranges of `n` parts, split only at group boundaries (as even as the groups allow); rows in any parts
@@ -219,4 +223,32 @@ def pack(trajectories: Sequence[Trajectory], *, group_size: int, pad_id: int, es
         scale = 1.0 if estimator == "dr_grpo" else 1.0 / (std + 1e-6)
         advantages = (returns - mean) * scale * loss_mask
     return TrainBatch(input_ids, attention, loss_mask, rollout, advantages, turn_of, rewards, group_size, per_token,
-                      teacher, routed)
+                      teacher, routed, vision_rows(trajectories))
+
+
+def vision_rows(trajectories: Sequence[Trajectory]) -> dict[str, torch.Tensor] | None:
+    """The trajectories' pixel inputs as `[B, images, ...]` tensors (None when none has images): each row's arrays
+    (Idefics3's `[1, images, ...]`, as its processor gives one sequence) zero-padded to the most images of a row."""
+    rows = [t.vision.arrays if t.vision is not None else None for t in trajectories]
+    if not any(rows):
+        return None
+    keys = next(r for r in rows if r).keys()
+    out: dict[str, torch.Tensor] = {}
+    for key in keys:
+        parts = []
+        for i, r in enumerate(rows):
+            a = None if r is None else r.get(key)
+            if a is not None and (a.ndim < 2 or a.shape[0] != 1):
+                raise ValueError(f"trajectory {i}: vision array {key!r} of shape {tuple(a.shape)} is not one "
+                                 "sequence's [1, images, ...] (Idefics3 / SmolVLM); the torch and FSDP trainers batch "
+                                 "only that "
+                                 "layout (Qwen-VL's flattened patches train with slime)")
+            parts.append(None if a is None else torch.from_numpy(a[0]))
+        like = next(p for p in parts if p is not None)
+        n = max(p.shape[0] if p is not None else 0 for p in parts)
+        x = torch.zeros((len(parts), n, *like.shape[1:]), dtype=like.dtype)
+        for i, p in enumerate(parts):
+            if p is not None:
+                x[i, :p.shape[0]] = p
+        out[key] = x
+    return out

@@ -204,9 +204,12 @@ class TorchTrainer:
             ids = batch.input_ids.to(self.device)
             if self.routing_shape is not None:  # routing replay: the engine's experts where it recorded them
                 rr.use_routes(model, None if batch.routed_experts is None else batch.routed_experts.to(self.device))
+            dtype = next(model.parameters()).dtype
+            pixels = {} if batch.vision is None else {  # a VLM's images, as its processor made them at rollout
+                k: v.to(self.device, dtype if v.is_floating_point() else v.dtype) for k, v in batch.vision.items()}
             logits = model(input_ids=ids, attention_mask=batch.attention_mask.to(self.device),
                            position_ids=batch.position_ids.to(self.device), logits_to_keep=r + 1,
-                           use_cache=False).logits  # no KV cache: nothing generates, and a checkpointed layer replays
+                           use_cache=False, **pixels).logits  # no KV cache: nothing generates, a checkpoint replays
             lp[:, L - r:] = alg.token_logprobs(logits[:, :-1], ids[:, L - r:])
             if with_entropy:  # its graph (a softmax over the vocabulary per token) is kept only for an entropy bonus
                 with torch.set_grad_enabled(torch.is_grad_enabled() and bool(self.config.entropy_coef)):

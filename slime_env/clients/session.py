@@ -27,11 +27,14 @@ class EpisodeSession:
         self._turns = itertools.count()
         self.live_rid: str | None = None
 
-    async def generate(self, input_ids: Sequence[int], sampling_params: Mapping[str, Any]) -> Generation:
+    async def generate(self, input_ids: Sequence[int], sampling_params: Mapping[str, Any],
+                       **kwargs: Any) -> Generation:
+        """One call of the policy under this session's rid; `kwargs` (a VLM ledger's `images`) pass through."""
         # live_rid stays set after the call returns or is cancelled: an abort that arrives just after a
         # timeout cancelled the call must still reach the engine (aborting a finished rid is harmless).
         self.live_rid = f"{self.session_id}-{next(self._turns)}"
-        return await self.policy.generate(input_ids, sampling_params, rid=self.live_rid, **self.generate_kwargs)
+        return await self.policy.generate(input_ids, sampling_params, rid=self.live_rid, **self.generate_kwargs,
+                                          **kwargs)
 
     async def abort(self) -> bool:
         rid = self.live_rid
