@@ -145,23 +145,26 @@ def _stitch(path: Path, image_size: int) -> None:
 
 
 def qwen_vl_processor(version: str = "2.5") -> Any:
-    """Qwen2.5-VL (`"2.5"`) or Qwen3-VL (`"3"`) processor: the real Qwen tokenizer, transformers' image processor of
-    that family (PIL), and the family's chat template."""
+    """Qwen2.5-VL (`"2.5"`: patch 14) or Qwen3-VL (`"3"`: patch 16) processor for images: the real Qwen tokenizer,
+    transformers' own processor class and PIL image processor of that family, and Qwen2-VL's chat template (which
+    Qwen2.5-VL ships; Qwen3-VL's own template adds tools and thinking around the same image placeholder). Videos are
+    left out: transformers' video processors need torchvision."""
+    from transformers import Qwen2_5_VLProcessor, Qwen3VLProcessor
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
     from slime_env.offline_tokenizers import qwen
 
-    tok = qwen("2.5") if version == "2.5" else qwen("3")
-    if version == "2.5":
-        from transformers import Qwen2_5_VLProcessor
-        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+    if version not in ("2.5", "3"):
+        raise ValueError(f"qwen_vl_processor: version must be '2.5' or '3', got {version!r}")
+    base = Qwen2_5_VLProcessor if version == "2.5" else Qwen3VLProcessor
 
-        tok.chat_template = chat_template("qwen2_vl")
-        return Qwen2_5_VLProcessor(image_processor=Qwen2VLImageProcessorPil(), tokenizer=tok,
-                                   chat_template=tok.chat_template)
-    if version == "3":
-        from transformers import Qwen3VLProcessor
-        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+    class ImagesOnly(base):  # type: ignore[misc, valid-type]
+        def check_argument_for_proper_class(self, argument_name: str, argument: Any) -> Any:
+            if argument is None and "video" in argument_name:
+                return None  # no video processor: its class needs torchvision
+            return super().check_argument_for_proper_class(argument_name, argument)
 
-        tok.chat_template = chat_template("qwen2_vl")
-        images = Qwen2VLImageProcessorPil(patch_size=16, merge_size=2)
-        return Qwen3VLProcessor(image_processor=images, tokenizer=tok, chat_template=tok.chat_template)
-    raise ValueError(f"qwen_vl_processor: version must be '2.5' or '3', got {version!r}")
+    tok = qwen("2.5" if version == "2.5" else "3")
+    tok.chat_template = chat_template("qwen2_vl")
+    images = Qwen2VLImageProcessorPil() if version == "2.5" else Qwen2VLImageProcessorPil(patch_size=16, merge_size=2)
+    return ImagesOnly(image_processor=images, tokenizer=tok, video_processor=None, chat_template=tok.chat_template)

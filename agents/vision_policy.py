@@ -61,7 +61,8 @@ class VisionPolicy(TransformersPolicy):
     """A `TransformersPolicy` on `model` (an `Idefics3ForConditionalGeneration`, e.g. `vision_models.stitched_smolvlm`)
     with `processor` (its image processor makes the pixel inputs). `generate(input_ids, params, images=[...])`: the
     images of the whole ledger in token order (`ImagePart`s); the ids hold each image's token run as the processor
-    writes it. Weight updates take the whole model's names and clear the image features."""
+    writes it. `model` is the whole VLM (weight updates, trainers' copies); the engine runs its language model.
+    Weight updates take the whole model's names and clear the image features."""
 
     def __init__(self, model: Any, processor: Any, *, feature_cache_tokens: int = 1 << 18, **kwargs: Any):
         if not hasattr(model, "model") or not hasattr(model.model, "text_model") or \
@@ -89,6 +90,7 @@ class VisionPolicy(TransformersPolicy):
         self._lock = threading.Lock()
         kwargs.setdefault("paged", False)
         super().__init__(view.eval(), processor.tokenizer, **kwargs)
+        self.model = self.vlm  # the engine keeps the view it was given; everything else sees the whole model
 
     async def generate(self, input_ids: Sequence[int], sampling_params: Mapping[str, Any], *,
                        rid: str | None = None, session: str | None = None,
@@ -158,11 +160,7 @@ class VisionPolicy(TransformersPolicy):
             self.embedding.blocks.clear()
 
     def _load(self, weights: Mapping[str, torch.Tensor] | str, partial: bool = False) -> None:
-        view, self.model = self.model, self.vlm  # the whole VLM's names (vision tower and connector included)
-        try:
-            super()._load(weights, partial)
-        finally:
-            self.model = view
+        super()._load(weights, partial)  # the whole VLM's names (vision tower and connector included)
         self.invalidate_images()
 
 

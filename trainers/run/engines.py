@@ -146,6 +146,7 @@ class Engines:
         self.max_concurrency, self.device, self.dtype = max_concurrency, device, dtype
         self.policy: Any = None
         self.tokenizer: Any = None
+        self.processor: Any = None
         self.pool: Any = None
         self.processes: list[Any] = []
         self._restarts: set[asyncio.Task] = set()
@@ -165,6 +166,7 @@ class Engines:
                                                    seed=self.seed, paged_options=None if self.cfg.mem_fraction is None
                                                    else {"kv_memory_fraction": self.cfg.mem_fraction})
         self.tokenizer = self.policy.tokenizer
+        self.processor = getattr(self.policy, "processor", None)  # a vision model's: its renderer places images
 
     async def _start_openai(self) -> None:
         from slime_env.clients.openai import OpenAIPolicy
@@ -487,6 +489,10 @@ def resolve_model_path(model: str) -> str:
         from slime_env.agents.default_model import default_model_path
 
         return str(default_model_path())
+    if model == "smolvlm":
+        from slime_env.agents.vision_models import smolvlm_path
+
+        return str(smolvlm_path())
     return model
 
 

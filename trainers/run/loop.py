@@ -158,7 +158,7 @@ async def _train(cfg: TrainConfig, recorder: Recorder, engines: Engines, trainer
     start, saved = recorder.resume(trainer) if cfg.resume else (0, {})
     source.restore(saved)
     await _push(engines, trainer, channel, start)
-    renderer = get_renderer(engines.tokenizer)
+    renderer = get_renderer(getattr(engines, "processor", None) or engines.tokenizer)
     recorder.begin(cfg.resume)
     stack.callback(recorder.close)
     league = None
@@ -306,7 +306,7 @@ async def _sft_only(cfg: TrainConfig, recorder: Recorder, engines: Engines, trai
 
     if not cfg.sections.warmup.steps:
         raise InvalidInput("slime-env sft needs a warmup section (steps, lr, batch_size, data)")
-    renderer = get_renderer(engines.tokenizer)
+    renderer = get_renderer(getattr(engines, "processor", None) or engines.tokenizer)
     await _push(engines, trainer, channel, 0)
     summary: dict[str, Any] = {"run_dir": str(recorder.run)}
     if evals:

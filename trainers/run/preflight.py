@@ -31,9 +31,10 @@ def check_before_start(cfg: Any) -> None:
 
 
 def check_model(model: str, where: str) -> None:
-    """`model` is "default", a model folder (config.json, or safetensors weights), or a Hugging Face repo id
-    ("org/name", left to transformers and its cache); InvalidInput naming `where` otherwise."""
-    if model == "default":
+    """`model` is "default", "smolvlm" (the stitched SmolVLM, built offline), a model folder (config.json, or
+    safetensors weights), or a Hugging Face repo id ("org/name", left to transformers and its cache); InvalidInput
+    naming `where` otherwise."""
+    if model in ("default", "smolvlm"):
         return
     path = Path(model).expanduser()
     if path.is_dir():

@@ -154,7 +154,8 @@ async def warm_up(wc: WarmupConfig, cfg: Any, run: Path, engines: Any, trainer: 
     t0 = time.perf_counter()
     ro = wc.data.get("rollouts") or {}
     tasks = load_split(ro["tasks"], "warmup.data.rollouts.tasks") if "tasks" in ro else train_tasks
-    trajs, stats = await warmup_trajectories(wc, cfg, engines.policy, get_renderer(engines.tokenizer), tasks, log)
+    renderer = get_renderer(getattr(engines, "processor", None) or engines.tokenizer)  # a VLM's processor, if any
+    trajs, stats = await warmup_trajectories(wc, cfg, engines.policy, renderer, tasks, log)
     rows = await run_warmup(wc, trainer, trajs, run, cfg.seed, log)
     await trainer.sync(channel, "0")
     engines.synced()
