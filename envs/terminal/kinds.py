@@ -292,14 +292,16 @@ class FixTypo(Kind):
         rng.shuffle(body)
         lines += body
         fixed = _text(lines)
-        typo = _misspell(rng, broken_name)
         target = next(i for i, line in enumerate(lines) if line.startswith(f"{broken_name}(") or
                       f"({broken_name}(" in line)
         old = lines[target]
-        lines[target] = old.replace(f"{broken_name}(", f"{typo}(", 1) if old.startswith(f"{broken_name}(") \
-            else old.replace(f"({broken_name}(", f"({typo}(", 1)
-        broken = _text(lines)
-        assert broken.count(typo) == 1, (broken, typo)
+        while True:  # a typo found nowhere else in the script ('rin' is in 'print'), so one sed fixes it alone
+            typo = _misspell(rng, broken_name)
+            line = old.replace(f"{broken_name}(", f"{typo}(", 1) if old.startswith(f"{broken_name}(") \
+                else old.replace(f"({broken_name}(", f"({typo}(", 1)
+            broken = _text(lines[:target] + [line] + lines[target + 1:])
+            if broken.count(typo) == 1:
+                break
         return self.instance({rel: broken}, [{"file": _abs(rel), "text": fixed}],
                              hint=f"NameError: name '{typo}' is not defined", path=_abs(rel))
 
