@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | cksum | cut -d' ' -f1)
 
-.PHONY: demo test test-quick test-report bench venv clean swe-tasks
+.PHONY: demo demo-agent test test-quick test-report bench venv clean swe-tasks
 
 venv: $(STAMP)
 
@@ -36,6 +36,11 @@ $(STAMP): pyproject.toml Makefile
 
 demo: venv
 	$(BIN)/slime-env train
+
+# Agentic RL in containers on CPU: SFT warm-up + GRPO of the embedded model on generated terminal tasks in bubblewrap
+# workspaces (examples/terminal_train.yaml, docs/terminal.md); needs root and bubblewrap.
+demo-agent: venv
+	$(BIN)/slime-env train --config examples/terminal_train.yaml
 
 # The whole suite: lint, then every test on two workers (tests/suite_plan.py groups the files so that memory holds:
 # docs/testing.md), then the leftover check (no process, container or /tmp entry of the suite's outlives it).

@@ -98,7 +98,7 @@ def test_every_registered_env_has_a_one_sentence_description():
         assert text.count("`") % 2 == 0, (env_id, text)
 
 
-NEEDS_WORKSPACE = {"Workspace-v0", "Harbor-v0"}
+NEEDS_WORKSPACE = {"Workspace-v0", "Harbor-v0", "Terminal-v0"}
 
 
 def registered_ids() -> list[str]:
@@ -136,9 +136,11 @@ def test_every_registered_env_passes_gymnasiums_checker_or_is_refused_with_the_r
             continue
         try:
             if env_id in NEEDS_WORKSPACE:
-                from workspace_support import workspace_image
+                from workspace_support import require_backend, workspace_image
 
                 workspace_image()  # its default task runs in a container from this image
+                if env_id == "Terminal-v0":
+                    require_backend("bwrap")  # its workspaces are bubblewrap's
             check_env(env.unwrapped, skip_render_check=True)
             obs, _ = env.reset(seed=1)
             assert isinstance(obs, str) and obs, env_id
