@@ -21,11 +21,11 @@ from slime_env.envs.harbor.env import HarborEnv, harbor_task
 from slime_env.envs.workspace.env import starting_workspace
 from slime_env.tools_sandbox.workspace import Workspace
 
-SYSTEM_PROMPT = (
-    "You are in a Linux shell. Do the task with bash commands, one command per reply:\n"
-    '<tool_call>{"name": "bash", "arguments": {"command": "ls /app"}}</tool_call>\n'
-    "You see the command's output. When the task is done, reply:\n"
-    '<tool_call>{"name": "submit", "arguments": {}}</tool_call>')
+# short on purpose: every token of it is in every sequence a CPU run trains on
+SYSTEM_PROMPT = ("Use bash, one command per reply:\n"
+                 '<tool_call>{"name": "bash", "arguments": {"command": "ls /app"}}</tool_call>\n'
+                 "When the task is done, reply:\n"
+                 '<tool_call>{"name": "submit", "arguments": {}}</tool_call>')
 TOOLS = ("bash", "submit")
 
 
