@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from slime_env.agents import paged_attention as pa
 from slime_env.agents.fused_ops import SKINNY_MAX_ROWS, skinny_linear
 from slime_env.agents.kv_blocks import SCRATCH
-from slime_env.agents.packed_forward import _rope
+from slime_env.agents.packed_forward import family_rope
 
 
 def _ladder(top: int) -> tuple[int, ...]:
@@ -129,7 +129,7 @@ class ModelRunner:
         if self.device.type == "cuda":  # the unfused weights' blocks, cached by the allocator, go back for the pool
             torch.cuda.empty_cache()
         self._split = [self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim]
-        self.rope = _rope(model.model.layers[0].self_attn)
+        self.rope = family_rope(model.model.layers[0].self_attn)
         self.max_model_len = max_model_len
         self.max_blocks = -(-max_model_len // block_size)
         self.num_blocks = num_blocks

@@ -141,7 +141,7 @@ def _attention(attn: Any, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     v = attn.v_proj(h).view(tokens, -1, d)
     if hasattr(attn, "q_norm"):  # Qwen3: RMSNorm over each head before the rotary embedding
         q, k = attn.q_norm(q), attn.k_norm(k)
-    q, k = _rope(attn)(q, k, cos, sin, unsqueeze_dim=1)
+    q, k = family_rope(attn)(q, k, cos, sin, unsqueeze_dim=1)
     kbuf[p.slots, :, p.columns] = k.to(kbuf.dtype)
     vbuf[p.slots, :, p.columns] = v.to(vbuf.dtype)
     heads, kv_heads = q.shape[1], k.shape[1]
@@ -175,6 +175,6 @@ def _attention(attn: Any, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     return out
 
 
-def _rope(attn: Any) -> Any:
+def family_rope(attn: Any) -> Any:
     """The model family's own `apply_rotary_pos_emb` (from its modeling module)."""
     return sys.modules[type(attn).__module__].apply_rotary_pos_emb

@@ -76,7 +76,7 @@ class AgentEnv:
             status, reason = "infra_error", f"{fault}, and the agent made no call after it ({reason or 'it returned'})"
         branches = gateway.close_session(session.id, status=status, reason=reason)
         if not branches:
-            return [_empty(task, "failed" if status == "completed" else status,
+            return [empty_trajectory(task, "failed" if status == "completed" else status,
                            reason or "the agent never called the model", metadata)]
         score = 0.0
         if status in self.scored_statuses and self.reward is not None:
@@ -163,6 +163,7 @@ def split_episode_time(trajectories: list[Trajectory]) -> list[Trajectory]:
         replace(t, timings={**t.timings, "total_s": float(t.timings.get("generate_s", 0.0))}) for t in sides]
 
 
-def _empty(task: Task, status: str, reason: str, metadata: dict[str, Any] | None) -> Trajectory:
+def empty_trajectory(task: Task, status: str, reason: str, metadata: dict[str, Any] | None) -> Trajectory:
+    """A trajectory with no tokens that records why an episode never ran (its status and reason)."""
     return Trajectory(task=task, prompt_ids=[], response_ids=[], loss_mask=[], rollout_logprobs=[], spans=[],
                       turn_rewards=[], reward=0.0, status=status, reason=reason, metadata=dict(metadata or {}))

@@ -69,7 +69,7 @@ def serve_env(env_id: str = typer.Argument(..., help="registered env id"),
           idle_timeout_s=idle_timeout_s or None, request_timeout_s=request_timeout_s)
 
 
-def _policy_and_tokenizer(spec: str, tokenizer: str, seed: int):
+def policy_and_tokenizer(spec: str, tokenizer: str, seed: int):
     """'default' | 'sglang://host:port' | 'openai://host:port/v1?model=NAME' -> (policy, tokenizer)."""
     from urllib.parse import parse_qs, urlsplit
 
@@ -127,7 +127,7 @@ def rollout(env: str = typer.Option(..., help="registered env id (tasks may over
     from slime_env.rollout.loop import run_loop
 
     tasks = load_tasks(data, input_key=input_key, label_key=label_key, metadata_key=metadata_key)
-    pol, tok = _policy_and_tokenizer(policy, tokenizer, seed)
+    pol, tok = policy_and_tokenizer(policy, tokenizer, seed)
     try:
         manager = RolloutManager(
             tasks, env_id=env, policy=pol, renderer=get_renderer(tok), sampling_params={"temperature": temperature},

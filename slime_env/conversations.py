@@ -19,6 +19,7 @@ from typing import Any
 
 from slime_env.errors import InvalidInput, RenderError
 from slime_env.ledger import TokenLedger
+from slime_env.task_files import read_rows
 from slime_env.trajectory import Trajectory
 from slime_env.types import ROLES, Message, Task
 
@@ -53,8 +54,6 @@ class Conversation:
 
 def load_conversations(path: str | Path) -> list[Conversation]:
     """Every row of a `.jsonl` or `.parquet` file as a `Conversation` (errors name the file and line)."""
-    from slime_env.rollout.dataset import read_rows
-
     convs = [Conversation.coerce(row, where) for where, _, row in read_rows(path)]
     if not convs:
         raise InvalidInput(f"{path}: no conversations")

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from slime_env.errors import InvalidInput
+from slime_env.task_files import coerce_tasks
 from slime_env.types import Action, Message, Task
 
 Observation = list[Message]
@@ -66,8 +67,6 @@ class Env:
         if tasks is None:
             self._task_pool = None
             return
-        from slime_env.rollout.dataset import coerce_tasks
-
         self._task_pool = coerce_tasks(tasks, f"{type(self).__name__}(tasks=...)")
 
     def task_from(self, options: Mapping[str, Any] | None, seed: int | None = None) -> Task:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any
@@ -102,6 +102,12 @@ def registry_ids() -> list[str]:
 
 def registry_specs() -> list[EnvSpec]:
     return [_REGISTRY[k] for k in sorted(_REGISTRY)]
+
+
+def adopt_specs(specs: Mapping[str, EnvSpec]) -> None:
+    """Register specs another process registered at run time (a rollout worker's parent); ids known here stay."""
+    for env_id, env_spec in specs.items():
+        _REGISTRY.setdefault(env_id, env_spec)
 
 
 def describe(spec_: EnvSpec) -> str:

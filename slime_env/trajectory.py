@@ -10,7 +10,7 @@ from slime_env.fast_pickle import fast_pickle
 from slime_env.images import VisionInputs
 from slime_env.ledger import Span, check_invariants
 from slime_env.routing import RoutingRecord, stream_routing
-from slime_env.types import Message, Task, _jsonable
+from slime_env.types import Message, Task, jsonable
 
 Status = Literal["completed", "truncated", "aborted", "failed", "infra_error"]
 STATUSES: tuple[str, ...] = ("completed", "truncated", "aborted", "failed", "infra_error")
@@ -103,7 +103,7 @@ class Trajectory:
             "status": "failed" if self.status == "infra_error" else self.status,
             "response": self.response_text,
             "prompt": self.task.to_dict()["prompt"],
-            "label": _jsonable(self.task.label),
+            "label": jsonable(self.task.label),
             "metadata": self._export_metadata(),
             "index": md.get("index"),
             "group_index": md.get("group_index"),
@@ -115,7 +115,7 @@ class Trajectory:
         }
 
     def _export_metadata(self) -> dict[str, Any]:
-        return _jsonable({**self.task.metadata, **self.metadata, "agent_id": self.agent_id,
+        return jsonable({**self.task.metadata, **self.metadata, "agent_id": self.agent_id,
                           "turn_rewards": self.turn_rewards, "num_turns": self.num_turns,
                           "status": self.status, "status_reason": self.reason,
                           "spans": [s.to_dict() for s in self.spans],
@@ -130,8 +130,8 @@ class Trajectory:
             "spans": [s.to_dict() for s in self.spans], "turn_rewards": list(self.turn_rewards),
             "reward": self.reward, "status": self.status, "reason": self.reason, "agent_id": self.agent_id,
             "num_turns": self.num_turns, "messages": [m.to_dict() for m in self.messages],
-            "response_text": self.response_text, "timings": dict(self.timings), "info": _jsonable(self.info),
-            "metadata": _jsonable(self.metadata),
+            "response_text": self.response_text, "timings": dict(self.timings), "info": jsonable(self.info),
+            "metadata": jsonable(self.metadata),
             **({"routing": self.routing.to_dict()} if self.routing is not None else {}),
             **({"vision": self.vision.to_dict()} if self.vision is not None else {}),
         }

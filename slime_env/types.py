@@ -229,13 +229,16 @@ class Task:
 
     def to_dict(self) -> dict[str, Any]:
         prompt = self.prompt if isinstance(self.prompt, str) else [m.to_dict() for m in self.prompt]
-        return {"prompt": prompt, "label": _jsonable(self.label), "metadata": _jsonable(dict(self.metadata)),
+        return {"prompt": prompt, "label": jsonable(self.label), "metadata": jsonable(dict(self.metadata)),
                 "id": self.id}
 
 
-def _jsonable(value: Any) -> Any:
-    """Round-trip through JSON so exported records never hold objects JSON cannot carry."""
+def jsonable(value: Any) -> Any:
+    """`value` round-tripped through JSON (its `repr` where JSON cannot carry it): records hold plain data only."""
     try:
         return json.loads(json.dumps(value))
     except (TypeError, ValueError):
         return repr(value)
+
+
+_jsonable = jsonable  # the name trainers/run/reward_models.py imports, until the trainers' rewrite (issue 55)

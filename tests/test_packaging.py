@@ -1,6 +1,7 @@
 """One distribution, one import name: the repository's folders install as `slime_env`, `slime_env.envs`,
-`slime_env.agents`, `slime_env.tools_sandbox` and `slime_env.trainers`; the core never imports the other four; a
-built wheel holds `slime_env/` alone at its top, and its `slime-env` command works in a venv of its own."""
+`slime_env.agents`, `slime_env.tools_sandbox` and `slime_env.trainers`; the core never imports the other four, nor
+the core's base its upper layer; no private name is imported across packages; a built wheel holds `slime_env/` alone
+at its top, and its `slime-env` command works in a venv of its own."""
 
 from __future__ import annotations
 
@@ -69,6 +70,79 @@ def test_the_core_never_imports_the_outer_packages():
                 bad.append(f"{rel}: {module}")
     assert walked > 500
     assert bad == []
+
+
+# The core's upper layer: what runs episodes at scale or serves them (rollout, gateway), the edge (integrations,
+# viewer) and the application (CLI, demo). The rest of the core is the base they stand on, and never imports them
+# (env.py once reached up into rollout/ for its task files). AgentEnv's GatewayPool starts gateways, inside a function.
+UPPER = ("slime_env.rollout", "slime_env.gateway", "slime_env.integrations", "slime_env.viewer", "slime_env.cli",
+         "slime_env.demo", "slime_env.__main__")
+LAZY_UPWARD_IMPORTS = {"slime_env/agent_env.py"}
+
+
+def _module_name(f: Path) -> str:
+    for folder, package in FOLDERS.items():
+        if f.is_relative_to(ROOT / folder):
+            return ".".join((package, *f.relative_to(ROOT / folder).with_suffix("").parts)).removesuffix(".__init__")
+    raise ValueError(f)
+
+
+def _is_in(module: str, roots: tuple[str, ...]) -> bool:
+    return any(module == r or module.startswith(r + ".") for r in roots)
+
+
+def test_the_core_never_imports_upward():
+    """A base module of the core (types, env, ledger, runner, renderers, parsers, ...) imports no upper one."""
+    bad, walked = [], 0
+    for f in sorted((ROOT / "slime_env").rglob("*.py")):
+        name = _module_name(f)
+        if name == "slime_env" or _is_in(name, UPPER):
+            continue  # the package's top re-exports both layers
+        rel = str(f.relative_to(ROOT))
+        for module, in_function in _imports(ast.parse(f.read_text())):
+            walked += 1
+            if _is_in(module, UPPER) and not (rel in LAZY_UPWARD_IMPORTS and in_function):
+                bad.append(f"{rel}: {module}")
+    assert walked > 300
+    assert bad == []
+
+
+# Private names still imported across packages, left to the trainers' rewrite (issue 55 items 1, 2, 4).
+KNOWN_PRIVATE_IMPORTS = {"trainers/run/reward_models.py: slime_env.types._jsonable",
+                         "trainers/run/trainer_group.py: slime_env.trainers.distributed._free_port"}
+
+
+def test_no_private_name_is_imported_across_packages():
+    """`from a.b import _name` where a.b is not in the importer's own package: a name other packages need is public
+    (or the helper moves to where it belongs). A package's modules never import names its `__init__` defines either:
+    the `__init__` imports them, so at import time they would find the package half loaded."""
+    bad, modules, packages = [], _modules(), _packages()
+    for folder in FOLDERS:
+        for f in sorted((ROOT / folder).rglob("*.py")):
+            name, tree = _module_name(f), ast.parse(f.read_text())
+            package = name if f.name == "__init__.py" else name.rpartition(".")[0]
+            for node in ast.walk(tree):
+                if not (isinstance(node, ast.ImportFrom) and node.level == 0 and node.module
+                        and node.module.startswith("slime_env")):
+                    continue
+                source_package = node.module if node.module in packages else node.module.rpartition(".")[0]
+                for alias in node.names:
+                    where = f"{f.relative_to(ROOT)}: {node.module}.{alias.name}"
+                    private = alias.name.startswith("_") and not alias.name.startswith("__")
+                    if private and source_package != package and where not in KNOWN_PRIVATE_IMPORTS:
+                        bad.append(where)
+                    if node in tree.body and node.module == package and f.name != "__init__.py" and \
+                            f"{package}.{alias.name}" not in modules:
+                        bad.append(f"{where} (from its own package's __init__, at import time)")
+    assert bad == []
+
+
+def _modules() -> set[str]:
+    return {_module_name(f) for folder in FOLDERS for f in (ROOT / folder).rglob("*.py")}
+
+
+def _packages() -> set[str]:
+    return {_module_name(f) for folder in FOLDERS for f in (ROOT / folder).rglob("__init__.py")}
 
 
 def test_no_module_of_ours_imports_a_top_level_folder_name():

@@ -42,7 +42,7 @@ def auto(prefer: Sequence[str] | str | None = None, *, shared: bool = True,
     notes: list[str] = []
     for name in order:
         try:
-            sandbox = _make(name, {**common, **options.get(name, {})})
+            sandbox = make_sandbox(name, {**common, **options.get(name, {})})
         except SandboxError as e:
             notes.append(f"{name}: {e}")
             continue
@@ -54,7 +54,9 @@ def auto(prefer: Sequence[str] | str | None = None, *, shared: bool = True,
     raise SandboxError("no sandbox backend works here: " + "; ".join(notes))
 
 
-def _make(name: str, kwargs: dict[str, Any]) -> Sandbox:
+def make_sandbox(name: str, kwargs: dict[str, Any]) -> Sandbox:
+    """The sandbox backend `name` (docker, bwrap, process or an http(s) server's URL) built with `kwargs`;
+    `SandboxError` where it cannot run here."""
     if name.startswith(("http://", "https://")):
         from slime_env.tools_sandbox.remote import RemoteSandbox
 

@@ -57,7 +57,7 @@ def sandbox_info(runs: int = typer.Option(5, help="timed runs of a one-line prog
     import statistics
     import time
 
-    from slime_env.tools_sandbox.auto import BACKENDS, _make, auto
+    from slime_env.tools_sandbox.auto import BACKENDS, auto, make_sandbox
     from slime_env.tools_sandbox.types import SandboxError
 
     chosen = auto(shared=False)
@@ -78,7 +78,7 @@ def sandbox_info(runs: int = typer.Option(5, help="timed runs of a one-line prog
         await chosen.close()
         for name in BACKENDS:
             try:
-                sandbox = _make(name, {})
+                sandbox = make_sandbox(name, {})
             except SandboxError as e:
                 typer.echo(f"{name:8s} unavailable: {e}")
                 continue

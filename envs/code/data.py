@@ -12,7 +12,7 @@ from typing import Any
 
 from slime_env import Task
 from slime_env.errors import InvalidInput
-from slime_env.rollout.dataset import read_rows
+from slime_env.task_files import read_rows
 from slime_env.envs.code.tests_format import parse_tests
 
 _TEST_KEYS = ("input_output", "inputs", "outputs", "fn_name", "public_tests", "private_tests", "generated_tests",

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from slime_env.trajectory import Trajectory
-from slime_env.types import Message
+from slime_env.types import Message, jsonable
 
 SCHEMA_VERSION = "ATIF-v1.8"
 
@@ -131,7 +131,7 @@ def to_atif(traj: Trajectory, *, parser: str | Callable | None = None, agent_nam
         "schema_version": SCHEMA_VERSION, "agent": agent, "steps": steps,
         "final_metrics": {"total_prompt_tokens": total_prompt, "total_completion_tokens": total_completion,
                           "total_steps": len(steps)},
-        "extra": _jsonable({"status": traj.status, "reason": traj.reason, "reward": traj.reward,
+        "extra": jsonable({"status": traj.status, "reason": traj.reason, "reward": traj.reward,
                             "turn_rewards": list(traj.turn_rewards), "num_turns": traj.num_turns,
                             "agent_id": traj.agent_id, "task_id": traj.task.id,
                             "spans": [s.to_dict() for s in traj.spans],
@@ -150,12 +150,6 @@ def _result(m: Message, ids: set[str]) -> dict[str, Any]:
     if extra and result["source_call_id"] is None:
         result["extra"] = extra
     return result
-
-
-def _jsonable(value: Any) -> Any:
-    from slime_env.types import _jsonable as convert
-
-    return convert(value)
 
 
 def write_atif(traj: Trajectory, path: str | os.PathLike, **kw) -> None:

@@ -130,7 +130,7 @@ def harbor_eval(path: str = typer.Argument(..., help="a task folder, a folder of
     import json
     from pathlib import Path
 
-    from slime_env.cli import _policy_and_tokenizer
+    from slime_env.cli import policy_and_tokenizer
     from slime_env.envs.harbor.atif import write_atif
     from slime_env.envs.harbor.env import HarborEnv, harbor_tasks
     from slime_env.errors import InvalidInput
@@ -147,7 +147,7 @@ def harbor_eval(path: str = typer.Argument(..., help="a task folder, a folder of
     except InvalidInput as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(1) from None
-    pol, tok = _policy_and_tokenizer(policy, tokenizer, seed)
+    pol, tok = policy_and_tokenizer(policy, tokenizer, seed)
     manager = RolloutManager(tasks, policy=pol, renderer=get_renderer(tok), env_id="Harbor-v0",
                              env_factory=lambda task, _: HarborEnv(mode=mode, max_turns=max_turns),
                              sampling_params={"temperature": temperature}, n_samples_per_prompt=samples,

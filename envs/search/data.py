@@ -8,7 +8,7 @@ from typing import Any
 
 from slime_env import Task
 from slime_env.errors import InvalidInput
-from slime_env.rollout.dataset import read_rows
+from slime_env.task_files import read_rows
 
 
 def search_row_to_task(row: Any, where: str, n: int) -> Task:

@@ -33,7 +33,7 @@ def patch_files(patch: str) -> list[str]:
 def apply_patch(files: dict[str, str], patch: str, *, reverse: bool = False) -> dict[str, str]:
     """`files` (path -> text) with `patch` applied (or reversed); only the files it changes are returned."""
     out: dict[str, str] = {}
-    for path, hunks in _parse(patch):
+    for path, hunks in parse_patch(patch):
         if path not in files:
             raise PatchError(f"patch changes {path}, which is not among the files given")
         lines = files[path].splitlines(keepends=True)
@@ -51,7 +51,9 @@ def apply_patch(files: dict[str, str], patch: str, *, reverse: bool = False) -> 
     return out
 
 
-def _parse(patch: str) -> list[tuple[str, list[tuple[int, list[str], list[str]]]]]:
+def parse_patch(patch: str) -> list[tuple[str, list[tuple[int, int, list[str], list[str]]]]]:
+    """A unified diff as [(path, hunks)], a hunk (old start, new start, old lines, new lines); `PatchError` if
+    malformed."""
     files: list[tuple[str, list]] = []
     lines = patch.splitlines(keepends=True)
     i = 0
@@ -95,4 +97,4 @@ def reverting_edits(patch: str) -> list[tuple[str, str, str]]:
     """`(path, old_str, new_str)` per hunk that undo `patch` as editor `str_replace` calls would: the hunk's text
     after the patch (context included, so a dropped line has an anchor) and before it. What a teacher that may read
     a task's `bug.patch` types; the student never sees the patch."""
-    return [(path, "".join(new), "".join(old)) for path, hunks in _parse(patch) for _, _, old, new in hunks]
+    return [(path, "".join(new), "".join(old)) for path, hunks in parse_patch(patch) for _, _, old, new in hunks]

@@ -18,7 +18,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from slime_env.envs.swe.manifest import WORKDIR
-from slime_env.envs.swe.patches import _parse, reverting_edits
+from slime_env.envs.swe.patches import parse_patch, reverting_edits
 from slime_env.envs.swe.task import SweTask, find_tasks, load_task
 
 TASKS_ENV = "SLIME_ENV_SWE_TASKS"
@@ -62,7 +62,7 @@ def teacher_calls(task: SweTask) -> list[str]:
     if function and function != "<module>":
         calls.append(_call("search", pattern=rf"def {re.escape(function)}\b", path=task.source_dir,
                            include="*.py"))
-    for path, hunks in _parse(task.bug_patch):  # the bugged lines, as the agent's checkout has them
+    for path, hunks in parse_patch(task.bug_patch):  # the bugged lines, as the agent's checkout has them
         for _, new_start, _, new in hunks:
             calls.append(_call("str_replace_editor", command="view", path=f"{WORKDIR}/{path}",
                                view_range=[new_start, new_start + max(len(new), 1) - 1]))

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from slime_env.agent_env import AgentEnv, _empty
+from slime_env.agent_env import AgentEnv, empty_trajectory
 from slime_env.errors import InfraError, InvalidInput
 from slime_env.loading import load_object
 from slime_env.trajectory import Trajectory
@@ -72,9 +72,10 @@ class WorkspaceAgentEnv(AgentEnv):
             else:
                 ws = await pool.acquire(self.workspace_spec(task))
         except InvalidInput as e:  # the task's own error (no workspace named, a broken task folder)
-            return [_empty(task, "failed", f"the workspace did not start: {e}", metadata)]
+            return [empty_trajectory(task, "failed", f"the workspace did not start: {e}", metadata)]
         except (SandboxError, OSError, TimeoutError, InfraError) as e:  # before the agent ran: the host's
-            return [_empty(task, "infra_error", f"the workspace did not start: {type(e).__name__}: {e}", metadata)]
+            return [empty_trajectory(task, "infra_error", f"the workspace did not start: {type(e).__name__}: {e}",
+                                     metadata)]
         episode = {"workspace": ws, "start_s": time.perf_counter() - t0, "info": {}}
         token = _EPISODE.set(episode)
         try:

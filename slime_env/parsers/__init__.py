@@ -6,25 +6,12 @@ Select one by name (`get_parser("hermes")`) or by import path (`"pkg.mod:fn"`); 
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-
 from slime_env.errors import InvalidInput
 from slime_env.loading import load_object
-from slime_env.types import ParseError, ToolCall
+from slime_env.parsers import families, hermes, python_block, qwen3_coder, search_r1
+from slime_env.parsers.result import ParseResult, Parser
+from slime_env.types import ParseError
 
-
-@dataclass(frozen=True, slots=True)
-class ParseResult:
-    """Tool calls found in one assistant turn, and the malformed ones as errors; `content`, where the parser says
-    it, is the turn's text outside the calls (what an OpenAI client shows as the message's content)."""
-
-    tool_calls: tuple[ToolCall, ...] = ()
-    errors: tuple[ParseError, ...] = ()
-    content: str | None = None
-
-
-Parser = Callable[[str], ParseResult]
 _PARSERS: dict[str, Parser] = {}
 
 
@@ -71,8 +58,6 @@ def _never_raises(fn: Parser) -> Parser:
     safe.__name__ = getattr(fn, "__name__", "parser")
     return safe
 
-
-from slime_env.parsers import families, hermes, python_block, qwen3_coder, search_r1  # noqa: E402
 
 for _mod in (hermes, qwen3_coder, search_r1, python_block):
     register_parser(_mod.NAME, _mod.parse)

@@ -27,8 +27,9 @@ import json
 import re
 from typing import Any
 
-from slime_env.parsers import ParseResult
+from slime_env.parsers import qwen3_coder
 from slime_env.parsers.blocks import tool_call_blocks
+from slime_env.parsers.result import ParseResult
 from slime_env.types import ParseError, ToolCall
 
 
@@ -308,8 +309,6 @@ _PY_LITERALS = {"True": True, "False": False, "None": None}
 
 
 def qwen3_5(text: str) -> ParseResult:
-    from slime_env.parsers import qwen3_coder
-
     r = qwen3_coder.parse(text)
     calls = tuple(ToolCall(name=c.name, arguments={k: _PY_LITERALS.get(v, v) if isinstance(v, str) else v
                                                    for k, v in c.arguments.items()}, raw=c.raw, id=c.id)

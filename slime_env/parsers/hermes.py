@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from slime_env.parsers import ParseResult
 from slime_env.parsers.blocks import tool_call_blocks
+from slime_env.parsers.result import ParseResult
 from slime_env.types import ParseError, ToolCall
 
 NAME = "hermes"

@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 import re
 
-from slime_env.parsers import ParseResult
 from slime_env.parsers.blocks import tool_call_blocks
+from slime_env.parsers.result import ParseResult
 from slime_env.types import ParseError, ToolCall
 
 NAME = "qwen3_coder"

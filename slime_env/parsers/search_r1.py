@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-from slime_env.parsers import ParseResult
+from slime_env.parsers.result import ParseResult
 from slime_env.types import ParseError, ToolCall
 
 NAME = "search_r1"

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from slime_env.renderers.template import _BASE, TemplateRenderer
+from slime_env.renderers.template import TemplateRenderer
 from slime_env.types import Message
 
 
@@ -88,9 +88,8 @@ class DeepSeekR1Renderer(TemplateRenderer):
     def _base(self, history: Sequence[Message]) -> tuple[tuple[str, str], ...]:
         # The template opens `<｜tool▁outputs▁begin｜>` only before the first tool output of the whole
         # conversation, so once the history has one, the bridge is rendered after a base that has one too.
-        if any(m.role == "tool" for m in history):
-            return (*_BASE, ("assistant", "A"), ("tool", "T"))
-        return _BASE
+        base = super()._base(history)
+        return (*base, ("assistant", "A"), ("tool", "T")) if any(m.role == "tool" for m in history) else base
 
 
 class Qwen35Renderer(Qwen3Renderer):

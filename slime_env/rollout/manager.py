@@ -119,7 +119,7 @@ class RolloutManager:
                 raise InvalidInput("partial_rollout keeps suspended episodes in the driver: use workers=0 with it")
             if ex.backend != "local":
                 raise InvalidInput("workers run envs in their own processes: use backend='local' with workers")
-            from slime_env.registry import _REGISTRY
+            from slime_env.registry import registry_specs
             from slime_env.rollout.workers import WorkerPool
 
             env_ids = {env_id, *(t.metadata.get("env_id") for t in self.tasks)} - {None}
@@ -128,7 +128,7 @@ class RolloutManager:
                 "env_kwargs": self.env_kwargs, "env_factory": env_factory, "sampling_params": self.sampling_params,
                 "n": self.n, "episode_kwargs": self.episode_kwargs, "seed": seed, "train_agents": train_agents,
                 "policy_for": policy_for}, quiet_gc=ex.quiet_gc,
-                env_specs={e: _REGISTRY[e] for e in env_ids if e in _REGISTRY})
+                env_specs={s.id: s for s in registry_specs() if s.id in env_ids})
 
     # --- public API ------------------------------------------------------------------------------
     def remaining(self) -> int:

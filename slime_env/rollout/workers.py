@@ -204,11 +204,10 @@ def _die_with_parent() -> None:
 
 
 async def _serve(conn: Any, spec: dict[str, Any]) -> None:
-    from slime_env.registry import _REGISTRY
+    from slime_env.registry import adopt_specs
     from slime_env.rollout.groups import GroupRunner
 
-    for env_id, env_spec in spec["env_specs"].items():
-        _REGISTRY.setdefault(env_id, env_spec)  # envs the parent registered at run time
+    adopt_specs(spec["env_specs"])  # envs the parent registered at run time
     runner = GroupRunner(**spec["runner"])
     loop = asyncio.get_running_loop()
     inbox: asyncio.Queue = asyncio.Queue()
