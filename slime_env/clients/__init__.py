@@ -7,6 +7,8 @@
   spans, pause / resume / abort, the weight-transfer protocol, checksums.
 - `OpenAIPolicy(base_url, model)`: OpenAI-compatible `/completions` (vLLM too, frozen), exact ids or refusal.
 - `EpisodeSession`: the per-episode view of a policy (one rid per call, abort of the live one); `Usage`.
+- `session.ServerClient`: the one construction SGLang's and vLLM's clients share (pool, timeouts, retries, usage,
+  loaded adapters).
 - `tensor_payload`: the same-host tensor payload of `update_weights_from_tensor`.
 
 `slime_env.agents` re-exports the two policies beside the engines; `slime_env.integrations` uses them from here.

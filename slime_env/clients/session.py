@@ -1,5 +1,5 @@
-"""What the engine clients share: per-episode views (one request id per call, abort of the live one), usage
-counters, the LoRA adapters a client loaded, and the served model's context length."""
+"""What the engine clients share: their construction (`ServerClient`: pooled HTTP, usage counters, the LoRA adapters
+loaded), per-episode views (one request id per call, abort of the live one), and the served model's context length."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from types import EllipsisType
 from typing import Any
 
 from slime_env import Generation
+from slime_env.http import HttpClient
 
 
 class EpisodeSession:
@@ -91,6 +92,23 @@ class LoadedAdapters:
         for name in old:
             await self.unload_lora_adapter(name)
         return old
+
+
+
+class ServerClient(LoadedAdapters):
+    """A client of one engine server at `url`: a connection pool of `max_connections`, per-request `timeout_s`,
+    `max_retries` with exponential backoff from `backoff_s` (connection errors and 5xx, never 4xx), `headers` on every
+    request; its `usage` counters, and the adapters it loaded (`loras`, oldest first: requests name the newest)."""
+
+    def __init__(self, url: str, *, max_connections: int = 256, timeout_s: float = 600.0,
+                 connect_timeout_s: float = 10.0, max_retries: int = 3, backoff_s: float = 0.2,
+                 headers: Mapping[str, str] | None = None):
+        self.url = url.rstrip("/")
+        self.http = HttpClient(self.url, max_connections=max_connections, timeout_s=timeout_s,
+                               connect_timeout_s=connect_timeout_s, max_retries=max_retries, backoff_s=backoff_s,
+                               headers=headers)
+        self.usage = Usage()
+        self.loras: list[str] = []
 
 
 async def served_context_length(http: Any) -> int | None:

@@ -16,9 +16,9 @@ from types import EllipsisType
 from typing import Any
 
 from slime_env import Generation
-from slime_env.clients.session import EpisodeSession, LoadedAdapters, Usage
+from slime_env.clients.session import EpisodeSession, ServerClient
 from slime_env.errors import InvalidInput
-from slime_env.http import HttpClient, ProtocolError, RemoteError
+from slime_env.http import ProtocolError, RemoteError
 from slime_env.policy import check_sampling_seed
 from slime_env.routing import RoutedExperts
 
@@ -75,32 +75,23 @@ def _str_or_none(value: Any) -> str | None:
     return None if value is None else str(value)
 
 
-class SGLangPolicy(LoadedAdapters):
+class SGLangPolicy(ServerClient):
     """A `slime_env.Policy` for an SGLang server or router at `url` (e.g. "http://127.0.0.1:30000").
 
-    Connection pool sized by `max_connections` (set it to your episode concurrency), per-request
-    `timeout_s`, and `max_retries` with exponential backoff on connection errors and 5xx (never on
-    4xx). Also the control calls a trainer needs (`health`, `flush_cache`, `pause_generation`,
+    `connection`: `ServerClient`'s pool, timeouts, retries and headers (size `max_connections` to your episode
+    concurrency). Also the control calls a trainer needs (`health`, `flush_cache`, `pause_generation`,
     `continue_generation`, `update_weights_from_disk`, `update_weights_from_tensor`, `abort`, `abort_all`,
     `get_model_info`).
     `routed_experts=(num_hidden_layers, num_experts_per_tok)` of a served MoE model asks every request for its
     routed experts (`return_routed_experts`; the server needs `--enable-return-routed-experts`) for routing replay.
     """
 
-    def __init__(self, url: str, *, max_connections: int = 256, timeout_s: float = 600.0,
-                 connect_timeout_s: float = 10.0, max_retries: int = 3, backoff_s: float = 0.2,
-                 headers: Mapping[str, str] | None = None, routed_experts: tuple[int, int] | None = None):
+    def __init__(self, url: str, *, routed_experts: tuple[int, int] | None = None, **connection: Any):
         if routed_experts is not None and (len(routed_experts) != 2 or min(routed_experts) < 1):
             raise InvalidInput(f"routed_experts must be (num_hidden_layers, num_experts_per_tok), "
                                f"got {routed_experts!r}")
+        super().__init__(url, **connection)
         self.routed_experts = tuple(routed_experts) if routed_experts is not None else None
-        self.url = url.rstrip("/")
-        self.http = HttpClient(self.url, max_connections=max_connections, timeout_s=timeout_s,
-                               connect_timeout_s=connect_timeout_s, max_retries=max_retries, backoff_s=backoff_s,
-                               headers=headers)
-        self.usage = Usage()
-        # LoRA: the adapters loaded on the server by this client, oldest first; requests name the newest
-        self.loras: list[str] = []
 
     async def generate(self, input_ids: Sequence[int], sampling_params: Mapping[str, Any], *,
                        rid: str | None = None, routing_key: str | None = None,

@@ -31,8 +31,8 @@ from types import EllipsisType
 from typing import Any
 
 from slime_env import Generation
-from slime_env.clients.session import EpisodeSession, LoadedAdapters, Usage
-from slime_env.http import HttpClient, ProtocolError, RemoteError
+from slime_env.clients.session import EpisodeSession, ServerClient
+from slime_env.http import ProtocolError, RemoteError
 from slime_env.policy import check_sampling_seed
 
 MIN_VERSION = (0, 20)  # the weight-transfer protocol, pause modes and weight_versions spans (read at 0.32.0)
@@ -108,22 +108,13 @@ def _span(raw: Any, n: int) -> tuple[str, int, int]:
     return span
 
 
-class VLLMPolicy(LoadedAdapters):
+class VLLMPolicy(ServerClient):
     """A `slime_env.Policy` for one vLLM server at `url` (e.g. "http://127.0.0.1:8000", no `/v1`), with the control
-    calls a trainer needs (see the module docstring). Same pooling, timeouts and retries as `SGLangPolicy`;
-    weight-update calls are never retried."""
+    calls a trainer needs (see the module docstring). `api_key` is sent as a bearer token; `connection`:
+    `ServerClient`'s pool, timeouts and retries; weight-update calls are never retried."""
 
-    def __init__(self, url: str, *, max_connections: int = 256, timeout_s: float = 600.0,
-                 connect_timeout_s: float = 10.0, max_retries: int = 3, backoff_s: float = 0.2,
-                 api_key: str | None = None):
-        self.url = url.rstrip("/")
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
-        self.http = HttpClient(self.url, max_connections=max_connections, timeout_s=timeout_s,
-                               connect_timeout_s=connect_timeout_s, max_retries=max_retries, backoff_s=backoff_s,
-                               headers=headers)
-        self.usage = Usage()
-        # LoRA: the adapters loaded on the server by this client, oldest first; requests name the newest
-        self.loras: list[str] = []
+    def __init__(self, url: str, *, api_key: str | None = None, **connection: Any):
+        super().__init__(url, headers={"Authorization": f"Bearer {api_key}"} if api_key else None, **connection)
 
     async def generate(self, input_ids: Sequence[int], sampling_params_: Mapping[str, Any], *,
                        rid: str | None = None, routing_key: str | None = None,
