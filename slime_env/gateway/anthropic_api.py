@@ -19,13 +19,26 @@ _UNSUPPORTED = {
                  "and training make it, and its reply is returned as text"),
     "mcp_servers": (lambda v: v == [], "MCP servers are not supported; run the tools in the agent"),
     "container": (lambda v: False, "code-execution containers are not supported"),
+    "context_management": (lambda v: v == {} or v == {"edits": []},
+                           "server-side context editing is not supported: the agent manages its own context"),
+    # Claude Code sends `effort` on every request; it is a hint the model is not sampled by (accepted, as a tool's
+    # `strict`); a structured-output `format` would constrain the sample and is refused
+    "output_config": (lambda v: isinstance(v, Mapping) and set(v) <= {"effort"},
+                      "only output_config.effort is accepted (not enforced); a structured-output format is not"),
 }
+# The Messages API's fields: anything else is refused as Anthropic does ("Extra inputs are not permitted")
+_KNOWN = {"model", "messages", "max_tokens", "system", "metadata", "stop_sequences", "stream", "temperature", "top_k",
+          "top_p", "tools", "tool_choice", "thinking", "service_tier", "mcp_servers", "container",
+          "context_management", "output_config", "inference_geo"}
 
 
 def parse_messages_request(body: Any) -> ChatRequest:
     """Validate an Anthropic Messages body; `GatewayError` names the first field it cannot honour."""
     if not isinstance(body, Mapping):
         raise GatewayError(400, "the request body must be a JSON object")
+    for key in body:
+        if key not in _KNOWN:
+            raise GatewayError(400, f"{key}: Extra inputs are not permitted", param=key)
     max_tokens = body.get("max_tokens")
     if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
         raise GatewayError(400, f"max_tokens: required, a positive integer (got {max_tokens!r})", param="max_tokens")
@@ -38,9 +51,12 @@ def parse_messages_request(body: Any) -> ChatRequest:
         raise GatewayError(400, "messages: expected a non-empty list", param="messages")
     for i, m in enumerate(raw):
         where = f"messages[{i}]"
-        if not isinstance(m, Mapping) or m.get("role") not in ("user", "assistant"):
-            raise GatewayError(400, f"{where}.role: 'user' or 'assistant'", param=f"{where}.role")
-        messages.extend(_message(m, where))
+        if not isinstance(m, Mapping) or m.get("role") not in ("user", "assistant", "system"):
+            raise GatewayError(400, f"{where}.role: 'user', 'assistant' or 'system'", param=f"{where}.role")
+        if m["role"] == "system":  # a system message mid-conversation (Claude Code's environment context)
+            messages.append({"role": "system", "content": _blocks_text(m.get("content"), f"{where}.content")})
+        else:
+            messages.extend(_message(m, where))
     tools = body.get("tools")
     if tools is not None:
         if not isinstance(tools, list) or not all(isinstance(t, Mapping) for t in tools):
