@@ -22,6 +22,7 @@ import os
 import socket
 import struct
 import time
+from collections.abc import Callable
 from typing import Any
 
 from slime_env.tools_sandbox.agent import AGENT_SOURCE
@@ -49,6 +50,20 @@ def docker_client(timeout_s: float = 30.0):
     except Exception as e:  # noqa: BLE001 - DockerException, connection refused, permission denied
         raise SandboxError(f"no Docker engine reachable ({type(e).__name__}: {e}); start dockerd "
                            f"(apt-get install -y docker.io && dockerd &)") from None
+
+
+def attach_and_start(container: Any, remove: Callable[[Any], None]) -> socket.socket:
+    """Attach to a created container's stdin, stdout and stderr, then start it: the hijacked connection (stdin in,
+    multiplexed stdout/stderr out), non-blocking. A failure hands the container to `remove` and raises."""
+    try:
+        sock = container.attach_socket(params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
+        container.start()
+    except BaseException:
+        remove(container)
+        raise
+    raw = sock._sock  # attached before the start, so not a byte of the agent's output is missed
+    raw.setblocking(False)
+    return raw
 
 
 def _owner() -> str:
@@ -205,15 +220,7 @@ class DockerSandbox(Sandbox):
             ulimits=[docker.types.Ulimit(name="nofile", soft=self.nofile, hard=self.nofile),
                      docker.types.Ulimit(name="core", soft=0, hard=0)],
             labels={LABEL: "1", OWNER_LABEL: _owner()})
-        try:
-            sock = container.attach_socket(params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
-            container.start()
-        except BaseException:
-            _remove(container)
-            raise
-        raw = sock._sock  # the hijacked connection: stdin in, multiplexed stdout/stderr out
-        raw.setblocking(False)
-        return container, raw
+        return container, attach_and_start(container, _remove)
 
     async def _execute(self, request: ExecRequest) -> ExecResult:
         await self.start()

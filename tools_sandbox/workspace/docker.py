@@ -18,6 +18,7 @@ import uuid
 from typing import Any
 
 from slime_env.lifeline import owner_alive, owner_id  # the owner label's value, as the run's processes carry it
+from slime_env.tools_sandbox.docker_pool import attach_and_start
 from slime_env.tools_sandbox.workspace.agent_build import agent_binary
 from slime_env.tools_sandbox.workspace.base import Workspace
 from slime_env.tools_sandbox.workspace.protocol import AgentConnection
@@ -126,15 +127,7 @@ class DockerWorkspace(Workspace):
             mounts=[docker.types.Mount(target=AGENT_PATH, source=str(agent_binary()), type="bind", read_only=True)],
             labels={LABEL: "1", OWNER_LABEL: owner_id(), RUN_LABEL: self.run_id, f"{LABEL}.id": self.id})
         _LIVE[container.id] = container
-        try:
-            sock = container.attach_socket(params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
-            container.start()
-        except BaseException:
-            _remove(container)
-            raise
-        raw = sock._sock  # the hijacked connection: stdin in, multiplexed stdout/stderr out
-        raw.setblocking(False)
-        return container, raw
+        return container, attach_and_start(container, _remove)
 
     async def _connect(self, sock) -> AgentConnection:
         reader, writer = await asyncio.open_connection(sock=sock)
