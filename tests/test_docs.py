@@ -29,6 +29,15 @@ def test_mkdocs_build_strict(tmp_path):
     assert "fonts.googleapis" not in (site / "index.html").read_text()  # no fetch from outside: works offline
 
 
+def test_the_index_lists_every_page():
+    """docs/index.md is where a newcomer starts: every page of docs/ has its row there."""
+    import re
+
+    listed = set(re.findall(r"\]\(([\w.-]+\.md)\)", (ROOT / "docs" / "index.md").read_text()))
+    pages = {p.name for p in (ROOT / "docs").glob("*.md")} - {"index.md"}
+    assert sorted(pages - listed) == []
+
+
 def test_every_training_config_field_is_documented():
     """The config reference (docs/trainers.md, with megatron.md for the GPU backend) names every field."""
     import dataclasses
