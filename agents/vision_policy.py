@@ -26,6 +26,7 @@ from slime_env import Generation
 from slime_env.agents.transformers_policy import TransformersPolicy, _check_ids
 from slime_env.errors import InvalidInput
 from slime_env.images import ImagePart
+from slime_env.renderers.vision import image_kwargs
 
 
 class ImageEmbedding(torch.nn.Embedding):
@@ -166,9 +167,7 @@ class VisionPolicy(TransformersPolicy):
 
 def pixel_inputs(processor: Any, image: ImagePart) -> dict[str, Any]:
     """The processor's pixel arrays for one image (numpy), as its `__call__` makes them."""
-    kwargs = processor._merge_kwargs(tokenizer_init_kwargs=processor.tokenizer.init_kwargs)["images_kwargs"]
-    kwargs.pop("return_tensors", None)
-    out = processor.image_processor([image.pil()], **kwargs, return_tensors="np")
+    out = processor.image_processor([image.pil()], **image_kwargs(processor), return_tensors="np")
     return {k: v for k, v in out.items() if k not in ("rows", "cols")}
 
 

@@ -74,10 +74,7 @@ class VisionRenderer(TemplateRenderer):
         if hit is not None:
             self._images.move_to_end(image.sha256)
             return hit
-        proc = self.processor
-        kwargs = proc._merge_kwargs(tokenizer_init_kwargs=proc.tokenizer.init_kwargs)["images_kwargs"]
-        kwargs.pop("return_tensors", None)
-        out, runs = proc._process_images([image.pil()], **kwargs, return_tensors="np")
+        out, runs = self.processor._process_images([image.pil()], **image_kwargs(self.processor), return_tensors="np")
         arrays = {k: v for k, v in out.items() if k not in ("rows", "cols")}
         hit = (runs[0], arrays)
         self._images[image.sha256] = hit
@@ -142,6 +139,26 @@ class VisionRenderer(TemplateRenderer):
             return self.image_run(image)
         hit = self._images.get(part.get("sha256"))  # a JSON-ready part (`Message.to_dict`): decoded only if new
         return hit[0] if hit is not None else self.image_run(ImagePart.coerce(part, "message image"))
+
+
+def image_kwargs(processor: Any) -> dict[str, Any]:
+    """The image-processor kwargs the processor's own `__call__` uses (its defaults merged with the tokenizer's), in
+    transformers 5.17 (`_merge_kwargs(ModelProcessorKwargs, ...)`) and 5.24 (`_merge_kwargs(...)`) alike."""
+    import inspect
+    import sys
+
+    merge = processor._merge_kwargs
+    if "ModelProcessorKwargs" not in inspect.signature(merge).parameters:
+        kwargs = merge(tokenizer_init_kwargs=processor.tokenizer.init_kwargs)["images_kwargs"]
+    else:  # the processor module's own *ProcessorKwargs class (a TypedDict) holds its defaults
+        from transformers.processing_utils import ProcessingKwargs
+
+        kinds = [obj for c in type(processor).__mro__ for name, obj in vars(sys.modules[c.__module__]).items()
+                 if name.endswith("ProcessorKwargs") and isinstance(getattr(obj, "_defaults", None), dict)]
+        kwargs = merge(kinds[0] if kinds else ProcessingKwargs,
+                       tokenizer_init_kwargs=processor.tokenizer.init_kwargs)["images_kwargs"]
+    kwargs.pop("return_tensors", None)
+    return kwargs
 
 
 class Idefics3Renderer(VisionRenderer):
