@@ -127,16 +127,32 @@ class EngineServer:
         start = body.get("logprob_start_len", -1)
         if not isinstance(start, int):
             return _bad("logprob_start_len must be an integer")
+        try:
+            images = self._images(body.get("image_data"), len(prompts), batched)
+        except InvalidInput as e:
+            return _bad(str(e))
         if params.get("max_new_tokens") == 0:  # SGLang's prefill-only scoring: the prompt's own log-probs
             results = await asyncio.gather(*(self._score(ids, rid, want_logprobs, start)
                                              for ids, rid in zip(prompts, rids)))
             return web.json_response(results if batched else results[0])
         try:
-            results = await asyncio.gather(*(self._one(ids, params, rid, want_logprobs, want_routed)
-                                             for ids, rid in zip(prompts, rids)))
+            results = await asyncio.gather(*(self._one(ids, params, rid, want_logprobs, want_routed, imgs)
+                                             for ids, rid, imgs in zip(prompts, rids, images)))
         except InvalidInput as e:
             return _bad(str(e))
         return web.json_response(results if batched else results[0])
+
+    def _images(self, data: Any, n: int, batched: bool) -> list[list[Any]]:
+        """SGLang's `image_data` (one list per prompt when batched; base64, data URLs or paths) as `ImagePart`s."""
+        if data is None:
+            return [[] for _ in range(n)]
+        if not hasattr(self.policy, "processor"):
+            raise InvalidInput("image_data: this engine's model takes no images (serve a vision model: an Idefics3 / "
+                               "SmolVLM folder)")
+        rows = data if batched else [data]
+        if not isinstance(rows, list) or len(rows) != n or not all(isinstance(r, list) for r in rows):
+            raise InvalidInput(f"image_data must be a list of images{' per prompt' if batched else ''}")
+        return [[_image(x, f"image_data[{i}]") for i, x in enumerate(r)] for r in rows]
 
     def _prompts(self, body: dict[str, Any]) -> tuple[list[list[int]], bool]:
         if "input_ids" in body:
@@ -157,10 +173,10 @@ class EngineServer:
         raise InvalidInput("request needs 'input_ids' or 'text'")
 
     async def _one(self, ids: list[int], params: dict[str, Any], rid: str | None, logprobs: bool,
-                   routed: bool = False) -> dict[str, Any]:
+                   routed: bool = False, images: list[Any] | None = None) -> dict[str, Any]:
         t0 = time.perf_counter()
         rid = rid or uuid.uuid4().hex
-        gen = await self.policy.generate(ids, params, rid=rid)
+        gen = await self.policy.generate(ids, params, rid=rid, **({"images": images} if images else {}))
         stop_ids = set(params.get("stop_token_ids") or ()) | {self.policy.eos_id}
         meta: dict[str, Any] = {
             "id": rid, "finish_reason": _finish_reason(gen.finish_reason, gen, stop_ids),
@@ -496,3 +512,19 @@ def serve(model: str = "default", host: str = "127.0.0.1", port: int = 30000, ma
         policy.close()
 
     serve_forever(EngineServer(policy, path, parser=parser).app, host=host, port=port, backlog=4096, on_exit=close)
+
+
+def _image(value: Any, where: str) -> Any:
+    """One `image_data` entry: a data URL, a file path, or base64 of the encoded image (what slime sends)."""
+    import base64
+    import binascii
+    from pathlib import Path
+
+    from slime_env.images import ImagePart
+
+    if isinstance(value, str) and not value.startswith("data:") and not (len(value) < 1024 and Path(value).is_file()):
+        try:
+            value = base64.b64decode(value, validate=True)
+        except (binascii.Error, ValueError):
+            raise InvalidInput(f"{where}: neither a data URL, a file, nor base64 of an image") from None
+    return ImagePart.coerce(value, where)

@@ -9,6 +9,7 @@ with a `rid`, so `abort()` stops that episode's in-flight request through `/abor
 
 from __future__ import annotations
 
+import base64
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -95,13 +96,17 @@ class SGLangPolicy(ServerClient):
 
     async def generate(self, input_ids: Sequence[int], sampling_params: Mapping[str, Any], *,
                        rid: str | None = None, routing_key: str | None = None,
-                       adapter: str | None | EllipsisType = ...) -> Generation:
+                       adapter: str | None | EllipsisType = ..., images: Sequence[Any] = ()) -> Generation:
+        """`images` (a vision ledger's `ImagePart`s, in token order) go as SGLang's `image_data`: base64 PNGs, as slime
+        sends them; the ids already hold each image's token run."""
         if sampling_params.get("sampling_seed") is not None:  # the caller's error, before any engine sees it
             check_sampling_seed(sampling_params["sampling_seed"])
         body: dict[str, Any] = {"input_ids": list(input_ids), "sampling_params": dict(sampling_params),
                                 "return_logprob": True, "rid": rid or uuid.uuid4().hex}
         if self.routed_experts is not None:
             body["return_routed_experts"] = True
+        if images:
+            body["image_data"] = [base64.b64encode(im.png).decode("ascii") for im in images]
         lora = self._adapter(adapter)  # the newest loaded unless the caller names one (None: the base model)
         if lora is not None:  # the adapter by name, as SGLang selects one per request
             body["lora_path"] = lora

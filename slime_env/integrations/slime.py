@@ -71,7 +71,7 @@ def _setup(args: Any) -> _Setup:
 
         if not tokenizer_path:
             raise ValueError("set hf_checkpoint (or slime_env_tokenizer): the chat template comes from its tokenizer")
-        tok = AutoTokenizer.from_pretrained(tokenizer_path)
+        tok = _processor(tokenizer_path) or AutoTokenizer.from_pretrained(tokenizer_path)
         _SETUPS[key] = _Setup(env_id=env_id, env_kwargs=dict(getattr(args, "slime_env_kwargs", None) or {}),
                               renderer=get_renderer(tok, family),
                               parser=getattr(args, "slime_env_parser", None) or "env",
@@ -79,6 +79,35 @@ def _setup(args: Any) -> _Setup:
                               deadline_s=getattr(args, "slime_env_deadline_s", None),
                               train_agents=getattr(args, "slime_env_train_agents", None))
     return _SETUPS[key]
+
+
+def _processor(path: str) -> Any:
+    """A vision model's processor (it places the images in the ids), as slime's `load_processor` finds one; None for
+    a text model."""
+    from transformers import AutoProcessor
+
+    try:
+        proc = AutoProcessor.from_pretrained(path)
+    except (OSError, ValueError, KeyError):
+        return None
+    return proc if getattr(proc, "image_token", None) and hasattr(proc, "replace_image_token") else None
+
+
+def _with_images(prompt: Any, multimodal_inputs: Any) -> Any:
+    """`prompt` (chat messages) with slime's `multimodal_inputs["images"]` put into its bare `{"type": "image"}`
+    parts, in order; the prompt as it is without images."""
+    images = list((multimodal_inputs or {}).get("images") or []) if isinstance(multimodal_inputs, Mapping) else []
+    if not images or isinstance(prompt, str):
+        return prompt
+    out = []
+    for m in prompt:
+        content = m.get("content") if isinstance(m, Mapping) else None
+        if isinstance(content, list):
+            content = [{**p, "image": images.pop(0)} if isinstance(p, Mapping) and p.get("type") == "image"
+                       and p.get("image") is None and images else p for p in content]
+            m = {**m, "content": content}
+        out.append(m)
+    return out
 
 
 def _policy(url: str) -> Any:
@@ -99,7 +128,7 @@ async def generate(args: Any, sample: Any, sampling_params: dict[str, Any], eval
 
     try:
         setup = _setup(args)
-        prompt = sample.prompt
+        prompt = _with_images(sample.prompt, getattr(sample, "multimodal_inputs", None))
         metadata = dict(sample.metadata or {}) if isinstance(sample.metadata, Mapping) else {}
         task = Task.coerce({"prompt": prompt, "label": sample.label, "metadata": metadata,
                             "id": None if sample.index is None else str(sample.index)}, "sample")
@@ -177,6 +206,12 @@ def _fill(sample: Any, traj: Any) -> None:
         sample.non_generation_time = exported["non_generation_time"]
     if hasattr(sample, "session_id"):
         sample.session_id = exported["session_id"]
+    if "multimodal_inputs" in exported:  # a vision ledger: slime's raw images and its trainer's processor outputs
+        import torch
+
+        sample.multimodal_inputs = exported["multimodal_inputs"]
+        arrays = exported["multimodal_train_inputs"]
+        sample.multimodal_train_inputs = {k: torch.from_numpy(v) for k, v in arrays.items()}  # slime moves tensors
     if "rollout_routed_experts" in exported and hasattr(sample, "rollout_routed_experts"):
         sample.rollout_routed_experts = exported["rollout_routed_experts"]  # MoE routing replay (slime's R3 field)
     metadata = dict(sample.metadata or {}) if isinstance(sample.metadata, Mapping) else {}
