@@ -173,6 +173,24 @@ def test_engine_and_trainer_log_probs_agree_on_the_same_images(tiny, engine):
     assert float(((other - batch.rollout_logprobs).abs() * batch.loss_mask).max()) > 1e-3
 
 
+def test_fsdp_trainer_takes_the_pixel_inputs_too(tiny, engine):
+    import copy
+
+    import torch.distributed as dist
+
+    from slime_env.trainers.fsdp_trainer import FSDPTrainer
+
+    model, proc, r = tiny
+    trajs = _episodes(engine, r, seed=2)
+    trainer = FSDPTrainer(copy.deepcopy(model), TrainerConfig(backend="fsdp"), pad_id=proc.tokenizer.pad_token_id)
+    try:  # one rank (a loopback gloo group): the same forward with the pixels, sharded
+        metrics = trainer.step(trajs, 2)
+        assert abs(metrics["train/rollout_logprob_gap"]) < 1e-4 and metrics["train/tokens"] > 0
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
 def test_prefix_cache_never_matches_two_images_behind_the_same_ids(tiny, engine):
     _, proc, r = tiny
     a, b = Message("user", [_img(10), "What is it?"]), Message("user", [_img(11), "What is it?"])

@@ -89,6 +89,9 @@ class MegatronTrainer(TorchTrainer):
         self.config = c = config or TrainerConfig(backend="megatron")
         self.pad_id = pad_id
         self.hf_config = hf_model.config
+        if getattr(hf_model.config, "vision_config", None) is not None:
+            raise ValueError(f"MegatronTrainer: {type(hf_model).__name__} is a vision-language model, which this "
+                             "megatron-core backend does not train: use trainer.backend torch or fsdp (docs/vlm.md)")
         self.cuda = torch.cuda.is_available()
         self.dtype = {"auto": torch.bfloat16 if self.cuda else torch.float32, "bfloat16": torch.bfloat16,
                       "float32": torch.float32}[c.dtype]
@@ -199,6 +202,9 @@ class MegatronTrainer(TorchTrainer):
         return [(self.ddp, self.optimizer)] + ([(self.critic_ddp, self.critic_optimizer)] if self.critic_ddp else [])
 
     def step(self, trajectories: Sequence[Trajectory], group_size: int) -> dict[str, float]:
+        if any(t.vision is not None for t in trajectories):
+            raise ValueError("MegatronTrainer: trajectories hold images (Trajectory.vision), which this megatron-core "
+                             "backend does not train: use trainer.backend torch or fsdp (docs/vlm.md)")
         self.onload()
         metrics = super().step(trajectories, group_size)
         if self.config.offload:
