@@ -21,6 +21,7 @@ from slime_env.conversations import Conversation, conversation_trajectory, load_
 from slime_env.env import Env, Wrapper
 from slime_env.episode_state import EpisodeState
 from slime_env.errors import InfraError, InvalidInput, RegistryError, RenderError, RenderMismatch, SlimeEnvError
+from slime_env.images import ImagePart, VisionInputs
 from slime_env.ledger import Span, TokenLedger
 from slime_env.gateway import Gateway
 from slime_env.multi_agent import MultiAgentEnv, run_multi_agent_episode
@@ -46,11 +47,11 @@ _register_entry_points()
 __all__ = [
     "Action", "AgentEnv", "Batch", "close_shared_clients", "Conversation", "conversation_trajectory", "Env",
     "EnvServer", "EnvSpec", "Episode", "EpisodeState", "from_sync", "Gateway", "Generation", "get_parser",
-    "get_renderer", "Group", "InfraError", "InvalidInput", "load_conversations", "load_tasks", "make", "Message",
-    "MultiAgentEnv", "ParseError", "parser_names", "ParseResult", "Policy", "register", "register_parser",
+    "get_renderer", "Group", "ImagePart", "InfraError", "InvalidInput", "load_conversations", "load_tasks", "make",
+    "Message", "MultiAgentEnv", "ParseError", "parser_names", "ParseResult", "Policy", "register", "register_parser",
     "register_renderer", "registry_ids", "RegistryError", "RemoteEnv", "RenderError", "RenderMismatch",
     "RolloutManager", "Rubric", "run_episode", "run_multi_agent_episode", "ScriptedPolicy", "SlimeEnvError", "Span",
     "spec", "StatefulToolEnv", "STATUSES", "SyncEnv", "Task", "TemplateRenderer", "TokenLedger", "tool", "Tool",
-    "ToolArgumentError", "ToolCall", "ToolEnv", "ToolError", "ToolOutput", "ToolRecord", "Trajectory", "VerifiedPrefix",
-    "Wrapper",
+    "ToolArgumentError", "ToolCall", "ToolEnv", "ToolError", "ToolOutput", "ToolRecord", "Trajectory",
+    "VerifiedPrefix", "VisionInputs", "Wrapper",
 ]
