@@ -155,17 +155,34 @@ def _scripted(tok, name: str):
     return ScriptedPolicy(tok, reply)
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_a_harness_runs_its_shell_tool_inside_the_workspace(name, images, smollm2_tok):
-    recording = Recording(_scripted(smollm2_tok, name))
-    recording.context_length = 8192
-    trajectories = _episode(recording, smollm2_tok, name, max_turns=3, max_new_tokens=128)
-    main = trajectories[0]
-    assert main.status == "completed", main.reason
-    texts = [smollm2_tok.decode(t.response_ids) for t in trajectories]
-    ran = [t for t in texts if "<tool_call>" in t]
-    assert ran and "workspace" in ran[0].split("</tool_call>", 1)[1]  # the command's output: the workspace's hostname
-    _check_ledgers(trajectories, recording.records)
+def test_each_harness_runs_its_shell_tool_inside_the_workspace(images, smollm2_tok):
+    """A scripted policy has each harness's own loop call its shell tool once (the three at once): the command runs
+    in the workspace (its hostname comes back), the reply to it continues the branch, the ledgers are exact."""
+
+    async def main():
+        from slime_env.envs.harness import HarnessEnv
+
+        runs = []
+        for name in NAMES:
+            recording = Recording(_scripted(smollm2_tok, name))
+            recording.context_length = 8192
+            gw = Gateway(recording, get_renderer(smollm2_tok, strict=True), "hermes", strict=True, max_new_tokens=128)
+            await gw.start()
+            runs.append((recording, gw, HarnessEnv(name, max_turns=3, max_output_tokens=128, timeout_s=300)))
+        try:
+            return await asyncio.gather(*(env.run(gw, _task()) for _, gw, env in runs)), [r for r, _, _ in runs]
+        finally:
+            for _, gw, _ in runs:
+                await gw.stop()
+
+    episodes, recordings = asyncio.run(main())
+    for name, trajectories, recording in zip(NAMES, episodes, recordings):
+        assert trajectories[0].status == "completed", (name, trajectories[0].reason)
+        texts = [smollm2_tok.decode(t.response_ids) for t in trajectories]
+        ran = [t for t in texts if "<tool_call>" in t]
+        # the command's output, the workspace's hostname, then the model's next reply on the same branch
+        assert ran and "workspace" in ran[0].split("</tool_call>", 1)[1] and ran[0].endswith("Done.<|im_end|>"), name
+        _check_ledgers(trajectories, recording.records)
 
 
 def test_a_missing_harness_binary_is_an_infra_error_not_a_zero(images, smollm2_tok):
@@ -245,3 +262,15 @@ def test_messages_refuses_unknown_fields_and_takes_claude_codes_shape(smollm2_to
     for (status, body), field in ((unknown, "frobnicate"), (fmt, "output_config"), (ctx, "context_management")):
         assert status == 400 and body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
         assert body["error"]["message"].startswith(f"{field}:")
+
+
+def test_harness_run_cli_names_a_bad_harness_or_task(tmp_path):
+    from typer.testing import CliRunner
+
+    from slime_env.envs.harbor.env import EXAMPLES
+    from slime_env.envs.harness.cli import harness_app
+
+    bad = CliRunner().invoke(harness_app, ["run", "cursor", str(EXAMPLES / TASK)])
+    assert bad.exit_code == 2 and "harness must be one of" in bad.output
+    missing = CliRunner().invoke(harness_app, ["run", "codex", str(tmp_path / "nope")])
+    assert missing.exit_code == 2 and "nope" in missing.output

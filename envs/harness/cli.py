@@ -15,6 +15,11 @@ harness_app = typer.Typer(add_completion=False, no_args_is_help=True,
                           help="Coding-agent CLIs (claude-code, codex, opencode, mini-swe-agent) as episode agents.")
 
 
+@harness_app.callback()
+def harness_group() -> None:
+    """Coding-agent CLIs as episode agents (a group, so `run` stays a subcommand beside future ones)."""
+
+
 @harness_app.command("run")
 def harness_run(name: str = typer.Argument(..., help="claude-code | codex | opencode | mini-swe-agent"),
                 task: str = typer.Argument(..., help="a Harbor task folder"),

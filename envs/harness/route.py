@@ -21,6 +21,7 @@ from slime_env.tools_sandbox.workspace import Workspace, WorkspaceError, Workspa
 
 NETWORK_PREFIX = "slime-env-harness-"
 _nets: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # loop -> {"name", "gateway", "users", "relays"}
+_locks: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # loop -> the lock that makes its network once
 
 
 async def start_workspace(spec: WorkspaceSpec, *, backend: str = "docker") -> Workspace:
@@ -56,18 +57,24 @@ async def gateway_url_for(ws: Workspace, url: str) -> str:
         return url
     parts = urlsplit(url)
     target = (parts.hostname or "127.0.0.1", parts.port or 80)
-    relay = net["relays"].get(target)
-    if relay is None:
-        relay = net["relays"][target] = await asyncio.start_server(
-            lambda r, w: _relay(r, w, target), net["gateway"], 0)
+    async with _locks.setdefault(asyncio.get_running_loop(), asyncio.Lock()):  # one relay per gateway
+        relay = net["relays"].get(target)
+        if relay is None:
+            relay = net["relays"][target] = await asyncio.start_server(
+                lambda r, w: _relay(r, w, target), net["gateway"], 0)
     port = relay.sockets[0].getsockname()[1]
     return urlunsplit((parts.scheme, f"{net['gateway']}:{port}", parts.path, parts.query, parts.fragment))
 
 
 async def _network(client, run: str) -> dict:
+    loop = asyncio.get_running_loop()
+    async with _locks.setdefault(loop, asyncio.Lock()):  # episodes starting at once share one network
+        return await _network_locked(client, run, loop)
+
+
+async def _network_locked(client, run: str, loop: asyncio.AbstractEventLoop) -> dict:
     from slime_env.tools_sandbox.workspace.docker import LABEL, OWNER_LABEL, RUN_LABEL, owner_id
 
-    loop = asyncio.get_running_loop()
     net = _nets.get(loop)
     if net is None:
         name = f"{NETWORK_PREFIX}{run}-{uuid.uuid4().hex[:6]}"
