@@ -1,14 +1,12 @@
 """Terminal tasks (`slime_env.envs.terminal`, `Terminal-v0`): the generator is deterministic and its splits are
 disjoint; every kind's scripted solution passes its own verifier and wrong ones fail, in real bubblewrap workspaces
-(the verifier in a fresh one); `examples/terminal_train.yaml` trains (one step, shrunk)."""
+(the verifier in a fresh one). A one-step `slime-env train` of examples/terminal_train.yaml is not here: shrunk to
+one step it took 262 s and 5.3 GB on the 2-core machine (budget: 40 s, 4 GB); docs/terminal.md has the full run."""
 
 from __future__ import annotations
 
 import asyncio
 import filecmp
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,8 +16,6 @@ from slime_env import InvalidInput, ScriptedPolicy, get_renderer, run_episode
 from slime_env.envs.terminal.kinds import HELDOUT_KINDS, KINDS, TRAIN_KINDS, make_instance, parse_instruction
 from slime_env.envs.terminal.tasks import instances, split_of, terminal_tasks, write_task
 from slime_env.envs.terminal.teacher import call, teacher_reply
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _same_tree(a: Path, b: Path) -> bool:
@@ -129,22 +125,19 @@ def test_every_kind_is_solved_by_its_script_and_wrong_or_forged_work_scores_0(sm
     assert {t["metadata"]["kind"] for t in tasks} == set(KINDS)
 
 
-@pytest.mark.slow
-def test_the_terminal_example_trains_one_step(tmp_path):
-    """examples/terminal_train.yaml as `make demo-agent` runs it, shrunk: the teacher's episodes in bubblewrap
-    workspaces, two SFT steps, one GRPO step on 2 x 2 episodes, a held-out evaluation of 2 tasks."""
+def test_a_workspace_that_does_not_start_is_infra_error_never_a_0(smollm2_tok, tmp_path):
     from workspace_support import require_backend
 
     require_backend("bwrap")
-    sets = ["eval_data.n=2", "warmup.steps=2", "warmup.batch_size=4", "warmup.data.rollouts.max_tasks=4",
-            "prompts_per_step=2", "n_samples_per_prompt=2", "max_new_tokens=48"]
-    out = subprocess.run([sys.executable, "-m", "slime_env", "train", "--config", "examples/terminal_train.yaml",
-                          "--steps", "1", *(a for s in sets for a in ("--set", s)), "--run-dir", str(tmp_path / "run")],
-                         capture_output=True, text=True, timeout=600, cwd=ROOT)
-    assert out.returncode == 0, out.stderr[-3000:]
-    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    warm = next(r for r in rows if "warmup/steps" in r)
-    assert warm["warmup/examples"] == 4 and warm["warmup/steps"] == 2
-    trained = [r for r in rows if r["step"] == 1][0]
-    assert trained["train/tokens"] > 0 and sum(trained["rollout/statuses"].values()) == 4
-    assert trained["rollout/time/container_s"] > 0
+    task = terminal_tasks(1, seed=3, split="test", root=str(tmp_path))[0]
+    env = slime_env.make("Terminal-v0", image=str(tmp_path / "no-such-root"))
+
+    async def main():
+        try:
+            return await run_episode(env, ScriptedPolicy(smollm2_tok, teacher_reply), task,
+                                     renderer=get_renderer(smollm2_tok), max_turns=4)
+        finally:
+            await env.close()
+
+    traj = asyncio.run(main())
+    assert traj.status == "infra_error" and "did not start" in traj.reason and "no-such-root" in traj.reason
