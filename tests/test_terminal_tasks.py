@@ -44,6 +44,22 @@ def test_the_generator_is_deterministic_and_its_splits_and_kinds_are_disjoint(tm
         assert 'split = "test"' in (folder / "task.toml").read_text()
 
 
+def test_every_kind_writes_a_folder_harbor_reads(tmp_path):
+    """Harbor's own task model (harbor 0.26) and our reader accept every kind's folder."""
+    import tomllib
+
+    from harbor.models.task.config import TaskConfig
+
+    from slime_env.envs.harbor import load_task
+
+    for kind in KINDS:
+        folder = write_task(tmp_path, kind, 3)
+        TaskConfig.model_validate(tomllib.loads((folder / "task.toml").read_text()))
+        task = load_task(folder)
+        assert task.config.environment.workdir == "/app"
+        assert task.instruction.strip() == make_instance(kind, 3).instruction
+
+
 def test_the_teacher_reads_every_kind_back_from_its_instruction():
     for kind in KINDS:
         for seed in range(5):

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import os
 import random
-import shlex
+import re
 import shutil
 import uuid
 import zlib
@@ -144,9 +144,9 @@ def instances(n: int, seed: int = 0, split: str | None = None,
 def terminal_tasks(n: int, seed: int = 0, split: str | None = None, kinds: str | list[str] | None = None,
                    root: str | None = None, image: str = DEFAULT_IMAGE) -> list[dict[str, Any]]:
     """`n` tasks for `train_data` / `eval_data`: `{"prompt": instruction, "metadata": {"harbor_task": folder, ...}}`,
-    folders written under `root` (default `cache_root()`) when missing. See `instances` for n, seed, split, kinds."""
-    base = Path(root) if root else cache_root()
-    base = base / shlex.quote(image).replace("/", "_").replace(":", "_").strip("'")
+    folders (their `docker_image`: `image`) written under `root` (default `cache_root()`) when missing. See
+    `instances` for n, seed, split, kinds."""
+    base = (Path(root) if root else cache_root()) / re.sub(r"[^A-Za-z0-9._-]", "_", image)  # one set per image
     base.mkdir(parents=True, exist_ok=True)
     out = []
     for kind, s in instances(n, seed, split, kinds):
