@@ -1,7 +1,8 @@
 """The weight-sync channels: the trainer's new weights reach every engine before the next generation.
 
-One channel per run, chosen by `engine.weight_sync` in the run config (`slime_env.trainers.run.engines`), and one per
-call of `trainer.sync(policy)` (`channel_for`): the run and the library API push through the same objects.
+One channel per run, chosen by `engine.weight_sync` in the run config and made by `slime_env.trainers.run.channel.
+make_channel`, and one per call of `trainer.sync(policy)` (`channel_for`): the run and the library API push through the
+same objects. What a push carries, the full weights or a LoRA adapter alone, is decided once, in `push_trainer`.
 
 - `InPlace` — the embedded `TransformersPolicy`: `update_weights(state_dict)` in the trainer's process.
 - `Distributed` — servers (SGLang, `serve-engine`) on any host: SGLang's `update_weights_from_distributed`, a
@@ -36,14 +37,44 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from slime_env.agents.weight_layout import WeightLayout
 from slime_env.errors import InvalidInput
 
-CHANNELS = ("auto", "distributed", "tensor", "disk", "none")
+if TYPE_CHECKING:
+    from slime_env.agents.lora_adapter import LoRAAdapter
+
+
+class WeightSource(Protocol):
+    """What a push takes its tensors from: a trainer (`TorchTrainer` and the backends built on it)."""
+
+    @property
+    def syncs_adapter(self) -> bool:
+        """Whether a push sends the LoRA adapter alone (`trainer.lora.sync: adapter`)."""
+        ...
+
+    def adapter(self) -> LoRAAdapter:
+        """The current LoRA adapter (a collective where the weights are sharded)."""
+        ...
+
+    def weights(self) -> Mapping[str, torch.Tensor]:
+        """The current full weights, HF names (a collective where the weights are sharded)."""
+        ...
+
+
+async def push_trainer(trainer: WeightSource, channel: InPlace | _Servers | Frozen | None,
+                       version: str) -> dict[str, float]:
+    """The trainer's new weights through `channel` as `version`: its LoRA adapter alone when `trainer.syncs_adapter`,
+    else its full weights. Every rank of a sharded trainer calls it (the gather is a collective); a rank that pushes
+    to no engine passes `channel=None` and gets {}."""
+    if trainer.syncs_adapter:
+        adapter = trainer.adapter()
+        return await channel.push_adapter(adapter, version) if channel is not None else {}
+    weights = trainer.weights()
+    return await channel.push(weights, version) if channel is not None else {}
 
 
 class InPlace:
