@@ -6,7 +6,8 @@ trainer:
   lora: {rank: 16, alpha: 32, dropout: 0.0, target_modules: all-linear}
 ```
 
-- `LoRAOptions.parse(raw)` — the section, checked (a `ValueError` naming `lora.<field>`).
+- `LoRAOptions.parse(raw)` — the section, checked (a `ValueError` naming `lora.<field>`; an unknown field an
+  `InvalidInput`, which is one, from `slime_env.trainers.config_fields.check_fields` as in every config section).
 - `check_target_modules(options, model)` — its module names against the model's layers, read from the model's
   config on the meta device (no weights): a run checks them before it starts.
 - `wrap(model, options)` — `peft.get_peft_model`: the base weights frozen, only the adapter trainable. The reference
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -62,10 +63,9 @@ class LoRAOptions:
             raw = {}
         if not isinstance(raw, Mapping):
             raise ValueError(f"lora must be a mapping (rank, alpha, dropout, target_modules, ...), got {raw!r}")
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(raw) - known)
-        if unknown:
-            raise ValueError(f"lora.{unknown[0]}: unknown field; lora takes {sorted(known)}")
+        from slime_env.trainers.config_fields import check_fields
+
+        check_fields(cls, raw, "lora")
         opts = cls(**raw)
         opts.check()
         return opts

@@ -10,11 +10,9 @@ field is documented in docs/trainers.md.
 from __future__ import annotations
 
 import math
-
 import re
-import weakref
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,18 +20,19 @@ from slime_env.errors import InvalidInput
 from slime_env.trainers.run.engines import EngineConfig, default_kind
 from slime_env.trainers.run.evaluation import EvalSet, eval_sets
 from slime_env.trainers.run.placement import ClusterConfig
-from slime_env.trainers.run.sections import check_int, check_scalars
+from slime_env.trainers.config_fields import check_fields, check_int, check_scalars
 from slime_env.trainers.run.sources import AsyncConfig
 from slime_env.trainers.run.warmup import WarmupConfig
 from slime_env.trainers.torch_trainer import TrainerConfig
 
 
-_PARSED: dict[int, RunSections] = {}  # id(a TrainConfig) -> its sections, while it lives
-
-
 @dataclass
 class TrainConfig:
     """The whole run; every field can be set in the YAML file (see docs/trainers.md)."""
+
+    # The parsed sections live in a slot beside the fields, not among them: the instance's __dict__ is the document
+    # as written (`document()`), and the sections are a value derived from it once.
+    __slots__ = ("_sections", "__dict__", "__weakref__")
 
     run_dir: str = "runs/demo"
     model: str = "default"
@@ -118,26 +117,19 @@ class TrainConfig:
         raw = dict(raw)
         if "async" in raw:  # `async` is a Python keyword: the field is `async_`
             raw["async_"] = raw.pop("async")
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(raw) - known)
-        if unknown:
-            raise InvalidInput(f"{where}: unknown field(s) {[u.rstrip('_') for u in unknown]}; known: "
-                               f"{sorted(k.rstrip('_') for k in known)}")
+        check_fields(cls, raw, where, sep=": ")
         cfg = cls(**check_scalars(cls, raw, where, sep=": "))
-        cfg._keep(RunSections.parse(cfg, where))
+        cfg._sections = RunSections.parse(cfg, where)
         return cfg
 
     @property
     def sections(self) -> RunSections:
         """The typed sections, parsed when the config was loaded (or now, for a config built directly)."""
-        parsed = _PARSED.get(id(self))
-        return parsed if parsed is not None else self._keep(RunSections.parse(self, "config"))
-
-    def _keep(self, sections: RunSections) -> RunSections:
-        # Kept beside the instance, not in it: its fields (its __dict__) are the document, as written.
-        _PARSED[id(self)] = sections
-        weakref.finalize(self, _PARSED.pop, id(self), None)
-        return sections
+        try:
+            return self._sections
+        except AttributeError:
+            self._sections = RunSections.parse(self, "config")
+            return self._sections
 
     def document(self) -> dict[str, Any]:
         """The fields as the YAML names them (`async` is `async_`): what the run writes to config.json."""
@@ -245,9 +237,10 @@ class RunSections:
                                "weights): it can evaluate, not train; use kind: vllm (a vLLM server through its RL "
                                "routes), sglang or serve")
         if trainer.off_policy == "auto" and not trainer.legacy_tis and asynchrony.mode != "off":
-            trainer.off_policy = "tis"
+            trainer = replace(trainer, off_policy="tis")
         if trainer.lora is not None and asynchrony.mode != "off":  # every in-flight request's adapter stays loaded
-            trainer.lora.keep_loaded = max(trainer.lora.keep_loaded, asynchrony.max_staleness + 1)
+            keep = max(trainer.lora.keep_loaded, asynchrony.max_staleness + 1)
+            trainer = replace(trainer, lora=replace(trainer.lora, keep_loaded=keep))
         return cls(trainer=trainer, engine=engine, cluster=cluster, asynchrony=asynchrony, warmup=warmup,
                    eval_sets=sets, eval_every=every, opponent_pool=pool, teacher=cfg.teacher or None,
                    reward=cfg.reward or None)

@@ -18,12 +18,12 @@ engine:
 ```
 
 `Engines` keeps the engines role (`slime_env.trainers.run.roles.Engines`): `policy` (what the rollout manager and the
-evaluation generate with — the embedded policy or an `slime_env.agents.EnginePool`), `tokenizer`, `channel(layout)`
-(`slime_env.trainers.weight_sync`) to the engines a sync must reach, their health (`gone`, `metrics`). `start()`
-checks, before any training, that every engine answers and serves the trainer's model; a problem is an `InvalidInput`
-naming the config field. Engines this run started are watched: one that dies is restarted and rejoins once the next
-weight sync has reached it (`slime_env.agents.engine_pool`). How each `kind` starts is `STARTS`; how each
-`weight_sync` channel is made is `CHANNELS`.
+evaluation generate with — the embedded policy or an `slime_env.agents.EnginePool`), `tokenizer`, `channel_spec()`
+(which weight channel reaches them: `slime_env.trainers.run.channel`, made by `make_channel` in the trainer group),
+`targets()` (the engines a sync must reach), their health (`gone`, `metrics`). `start()` checks, before any training,
+that every engine answers and serves the trainer's model; a problem is an `InvalidInput` naming the config field.
+Engines this run started are watched: one that dies is restarted and rejoins once the next weight sync has reached it
+(`slime_env.agents.engine_pool`). How each `kind` starts is `STARTS`.
 
 `weight_sync: auto` picks: embedded → in place; `serve` on this host → `tensor` (CUDA IPC) where every engine shares
 a trainer rank's GPU (each pushed by that rank: `pusher`), `distributed` over NCCL where every engine has a GPU of its
@@ -39,18 +39,29 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from slime_env.errors import InvalidInput
-from slime_env.trainers.run.sections import parse_section
+from slime_env.trainers.config_fields import parse_section
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase, ProcessorMixin
+
+    from slime_env.agents.engine_pool import EnginePool
+    from slime_env.agents.launcher import ServeProcess
+    from slime_env.agents.weight_layout import WeightLayout
+    from slime_env.clients.sglang import SGLangPolicy
+    from slime_env.policy import Policy
+    from slime_env.trainers.run.channel import ChannelSpec
+    from slime_env.trainers.run.roles import WeightChannel
 
 KINDS = ("embedded", "serve", "sglang", "vllm", "openai")
 
 
-@dataclass
+@dataclass(frozen=True)
 class EngineConfig:
     """`engine:` of the run config (see the module docstring)."""
 
@@ -76,14 +87,15 @@ class EngineConfig:
     api_key: str | None = None         # vllm: the server's --api-key
 
     @classmethod
-    def from_dict(cls, raw: Any, where: str = "engine", *, default_kind: str = "embedded") -> EngineConfig:
+    def from_dict(cls, raw: object, where: str = "engine", *, default_kind: str = "embedded") -> EngineConfig:
+        """The section checked (an `InvalidInput` naming the field), `kind` defaulting to `default_kind`."""
         cfg = parse_section(cls, raw, where)
         if not (isinstance(raw, Mapping) and "kind" in raw):
-            cfg.kind = default_kind
+            cfg = replace(cfg, kind=default_kind)
         if cfg.kind not in KINDS:
             raise InvalidInput(f"{where}.kind: {cfg.kind!r} is not one of {list(KINDS)}")
         if isinstance(cfg.urls, str):
-            cfg.urls = [cfg.urls]
+            cfg = replace(cfg, urls=[cfg.urls])
         if cfg.kind in ("sglang", "vllm", "openai") and not cfg.urls:
             raise InvalidInput(f"{where}.urls: kind {cfg.kind!r} needs the servers' URLs")
         if cfg.kind == "embedded" and cfg.urls:
@@ -107,12 +119,12 @@ class EngineConfig:
         if cfg.backend not in ("auto", "nccl", "gloo"):
             raise InvalidInput(f"{where}.backend: {cfg.backend!r} is not auto, nccl or gloo")
         if isinstance(cfg.gpus, int):
-            cfg.gpus = [cfg.gpus]
+            cfg = replace(cfg, gpus=[cfg.gpus])
         if cfg.device.startswith("cuda:"):  # one GPU named the torch way: the same placement as gpus: [N]
             if cfg.gpus or not cfg.device[5:].isdigit():
                 raise InvalidInput(f"{where}.device: {cfg.device!r}: give the engines' GPUs as gpus: [N] "
                                    "and device: cuda")
-            cfg.gpus, cfg.device = [int(cfg.device[5:])], "cuda"
+            cfg = replace(cfg, gpus=[int(cfg.device[5:])], device="cuda")
         if cfg.gpus and (cfg.kind != "serve" or cfg.urls):
             raise InvalidInput(f"{where}.gpus: only engines this run starts (kind: serve without urls) are placed")
         if cfg.gpus and cfg.device == "cpu":
@@ -140,15 +152,15 @@ class Engines:
     """The engines role (see the module docstring); `await start()` before use."""
 
     def __init__(self, cfg: EngineConfig, *, model_path: str, max_concurrency: int, run_dir: Path, seed: int,
-                 device: str, dtype: str, spawn: Any = None):
+                 device: str, dtype: str, spawn: Callable[..., ServeProcess] | None = None):
         self.cfg, self.model_path, self.run_dir, self.seed = cfg, model_path, run_dir, seed
         self.spawn = spawn  # spawn(index, **ServeProcess kwargs): where an engine this run starts goes
         self.max_concurrency, self.device, self.dtype = max_concurrency, device, dtype
-        self.policy: Any = None
-        self.tokenizer: Any = None
-        self.processor: Any = None
-        self.pool: Any = None
-        self.processes: list[Any] = []
+        self.policy: Policy | None = None
+        self.tokenizer: PreTrainedTokenizerBase | None = None
+        self.processor: ProcessorMixin | None = None
+        self.pool: EnginePool | None = None
+        self.processes: list[ServeProcess] = []
         self._restarts: set[asyncio.Task] = set()
         self.embedded = cfg.kind == "embedded"
         self.routed_experts: tuple[int, int] | None = None  # routing replay: (layers, top_k) asked of SGLang servers
@@ -252,7 +264,7 @@ class Engines:
         """The GPUs (this process's indices) of the engines this run starts; empty where they share the trainer's."""
         return {self.cfg.gpus[i % len(self.cfg.gpus)] for i in range(self.cfg.count)} if self.cfg.gpus else set()
 
-    async def _check(self, engines: list[Any]) -> None:
+    async def _check(self, engines: list[SGLangPolicy]) -> None:
         """Every engine answers, and serves the weights of the trainer's model (compared on the first values of
         the embedding, within bf16 rounding: the engine may run in bf16)."""
         from slime_env.http import RemoteError
@@ -279,21 +291,37 @@ class Engines:
                                    f"{want[:4]} here)")
 
     # --- weight sync -------------------------------------------------------------------------------------------
-    def channel(self, layout: Any = None, *, save: Any = None) -> Any:
-        """The weight-sync channel to these engines. `layout` (`slime_env.agents.weight_layout.WeightLayout`): how
-        the trainer's weights reach them; `save(path)`, for `disk`: a writer of the model folder other than the
-        layout's own."""
-        from slime_env.agents.weight_layout import WeightLayout
+    def channel_spec(self, trainer_gpus: set[int] | None = None, *, keep_adapters: int = 2,
+                     ray_node: bool = False) -> ChannelSpec:
+        """The weight channel that reaches these engines (`channel_kind`), as `make_channel` builds it: decided here
+        once per run. `trainer_gpus`: the GPUs of the trainer's ranks (default: this process's GPU); `keep_adapters`:
+        LoRA adapter versions each engine keeps; `ray_node`: the pushing rank is a Ray actor, which the engines reach
+        at its node's address (found there) rather than at `engine.master_address`."""
+        from slime_env.trainers.run.channel import ChannelSpec
 
-        kind = "inplace" if self.embedded else self.channel_kind()
-        channel = (VLLM_CHANNELS if self.cfg.kind == "vllm" else CHANNELS)[kind](self, layout or WeightLayout(), save)
-        if hasattr(channel, "own_adapter_folder"):  # LoRA versions, beside the disk channel's weights
-            channel.own_adapter_folder(self.sync_folder() / "adapters")
-        return channel
+        return ChannelSpec(kind=self.channel_kind(trainer_gpus), folder=str(self.sync_folder()),
+                           api="vllm" if self.cfg.kind == "vllm" else "sglang", backend=self.backend(),
+                           master_address=None if ray_node else self.cfg.master_address,
+                           bucket_bytes=self.cfg.bucket_mb << 20, keep_adapters=keep_adapters,
+                           pause_mode=self.pause_mode, verify=self.cfg.verify_sync)
+
+    def channel(self, layout: WeightLayout | None = None, *,
+                save: Callable[[Path], object] | None = None) -> WeightChannel:
+        """`make_channel` of `channel_spec()` to these engines from this process. `layout`: how the trainer's weights
+        reach them; `save(path)`, for `disk`: a writer of the model folder other than the layout's own."""
+        from slime_env.trainers.run.channel import make_channel
+
+        return make_channel(self.channel_spec(), self.targets, layout=layout, policy=self.policy, save=save)
+
+    def targets(self) -> list[Policy]:
+        """The engine servers a weight sync must reach now (none for the embedded engine)."""
+        return list(self.pool.targets()) if self.pool is not None else []
 
     def channel_kind(self, trainer_gpus: set[int] | None = None) -> str:
         """`engine.weight_sync` with `auto` resolved (see the module docstring), refused by name where it cannot
         reach the engines. `trainer_gpus`: the GPUs of the trainer's ranks (default: this process's GPU)."""
+        if self.embedded:
+            return "inplace"
         kind = self.cfg.weight_sync
         if kind == "auto":
             kind = "none" if self.cfg.kind == "openai" else "distributed"
@@ -388,7 +416,7 @@ class Engines:
         return not self.embedded and self.cfg.kind in ("serve", "sglang") and self.pool is not None
 
     # --- faults ------------------------------------------------------------------------------------------------
-    def _on_down(self, engine: Any, reason: str) -> None:
+    def _on_down(self, engine: Policy, reason: str) -> None:
         process = next((p for p in self.processes if p.url == engine.url), None)
         if process is None or not self.cfg.restart:
             return
@@ -396,7 +424,7 @@ class Engines:
         self._restarts.add(task)
         task.add_done_callback(self._restarts.discard)
 
-    async def _restart(self, process: Any, engine: Any) -> None:
+    async def _restart(self, process: ServeProcess, engine: Policy) -> None:
         if await asyncio.to_thread(process.alive):  # it answers no more but runs: stop it first (a hung engine)
             await asyncio.to_thread(process.stop)
         url = await process.start()
@@ -423,61 +451,12 @@ class Engines:
             await asyncio.to_thread(p.stop)
 
 
-def _distributed(engines: Engines, layout: Any, save: Any) -> Any:
-    from slime_env.trainers import weight_sync as ws
-
-    return ws.Distributed(engines.pool.targets, backend=engines.backend(), layout=layout,
-                          master_address=engines.cfg.master_address, bucket_bytes=engines.cfg.bucket_mb << 20)
-
-
-def _disk(engines: Engines, layout: Any, save: Any) -> Any:
-    from slime_env.trainers import weight_sync as ws
-
-    return ws.FromDisk(engines.pool.targets, layout=layout, save=save, folder=engines.sync_folder(), scratch=True)
-
-
-def _tensor(engines: Engines, layout: Any, save: Any) -> Any:
-    from slime_env.trainers import weight_sync as ws
-
-    return ws.FromTensor(engines.pool.targets, layout)
-
-
-def _in_place(engines: Engines, layout: Any, save: Any) -> Any:
-    from slime_env.trainers import weight_sync as ws
-
-    return ws.InPlace(engines.policy)
-
-
-def _frozen(engines: Engines, layout: Any, save: Any) -> Any:
-    from slime_env.trainers import weight_sync as ws
-
-    return ws.Frozen()
-
-
-def _vllm(channel: str) -> Any:
-    def make(engines: Engines, layout: Any, save: Any) -> Any:
-        from slime_env.trainers import vllm_sync
-
-        kw = {"pause_mode": engines.pause_mode, "verify": engines.cfg.verify_sync}
-        if channel == "distributed":
-            return vllm_sync.VLLMDistributed(engines.pool.targets, layout, master_address=engines.cfg.master_address,
-                                             bucket_bytes=engines.cfg.bucket_mb << 20, **kw)
-        if channel == "tensor":
-            return vllm_sync.VLLMFromTensor(engines.pool.targets, layout, **kw)
-        return vllm_sync.VLLMFromDisk(engines.pool.targets, layout=layout, save=save, folder=engines.sync_folder(),
-                                      scratch=True, **kw)
-    return make
-
-
-# engine.kind -> how its engines start; weight-sync kind -> its channel, made as CHANNELS[kind](engines, layout, save)
+# engine.kind -> how its engines start
 STARTS = {"embedded": Engines._start_embedded, "openai": Engines._start_openai, "serve": Engines._start_servers,
           "sglang": Engines._start_servers, "vllm": Engines._start_vllm}
-CHANNELS = {"inplace": _in_place, "distributed": _distributed, "tensor": _tensor, "disk": _disk, "none": _frozen}
-VLLM_CHANNELS = {"distributed": _vllm("distributed"), "tensor": _vllm("tensor"), "disk": _vllm("disk"),
-                 "none": _frozen}  # kind vllm: the same placements over vLLM's routes (slime_env.trainers.vllm_sync)
 
 
-def load_tokenizer(model_path: str) -> Any:
+def load_tokenizer(model_path: str) -> PreTrainedTokenizerBase:
     """The tokenizer saved in the model folder (the embedded model's folder holds the original one)."""
     from transformers import AutoTokenizer
 

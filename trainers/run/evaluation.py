@@ -22,12 +22,16 @@ import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from slime_env import Task
 from slime_env.errors import InvalidInput
-from slime_env.trajectory import EXCLUDED_STATUSES
-from slime_env.trainers.run.sections import check_int, check_scalars
+from slime_env.trajectory import EXCLUDED_STATUSES, Trajectory
+from slime_env.trainers.config_fields import check_int, check_scalars
+
+if TYPE_CHECKING:
+    from slime_env.policy import Policy
+    from slime_env.renderers import TemplateRenderer
 
 _SET_KEYS = ("data", "n_samples", "temperature", "top_p", "env", "env_kwargs", "max_turns", "max_new_tokens")
 
@@ -48,7 +52,7 @@ class EvalSet:
     tasks: list[Task] = field(default_factory=list)
 
 
-def eval_sets(raw: Any, where: str = "eval") -> tuple[list[EvalSet], int | None]:
+def eval_sets(raw: object, where: str = "eval") -> tuple[list[EvalSet], int | None]:
     """The sets of an `eval:` section and its `every` (None: the run's `eval_every`); InvalidInput naming the field."""
     if not raw:
         return [], None
@@ -85,20 +89,20 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
-def correct(t: Any) -> bool:
+def correct(t: Trajectory) -> bool:
     """An episode is correct when its env says so (info['correct']), else when its reward is at least 1."""
     return t.status not in EXCLUDED_STATUSES and bool(t.info.get("correct", t.reward >= 1.0))
 
 
-def tool_calls(t: Any) -> int:
+def tool_calls(t: Trajectory) -> int:
     """The tool calls an episode made (its env's `tool_stats`: a ToolEnv's calls, valid or not)."""
     stats = (t.info or {}).get("tool_stats")
     return int(sum(s.get("calls", 0) for s in stats.values() if isinstance(s, dict))) if isinstance(stats, dict) else 0
 
 
-async def play(tasks: Sequence[Task], policy: Any, renderer: Any, *, env_id: str, env_kwargs: Mapping[str, Any],
-               n_samples: int, sampling: Mapping[str, Any], max_turns: int, max_new_tokens: int,
-               max_concurrency: int) -> list[list[Any]]:
+async def play(tasks: Sequence[Task], policy: Policy, renderer: TemplateRenderer, *, env_id: str,
+               env_kwargs: Mapping[str, Any], n_samples: int, sampling: Mapping[str, Any], max_turns: int,
+               max_new_tokens: int, max_concurrency: int) -> list[list[Trajectory]]:
     """`n_samples` episodes of every task (an `AgentEnv` runs its agent program against a gateway with `sampling`);
     per task, its trajectories."""
     from slime_env import AgentEnv, make, run_episode
@@ -125,7 +129,7 @@ async def play(tasks: Sequence[Task], policy: Any, renderer: Any, *, env_id: str
     return [list(flat[i * n_samples:(i + 1) * n_samples]) for i in range(len(tasks))]
 
 
-def set_metrics(groups: Sequence[Sequence[Any]], prefix: str) -> dict[str, float]:
+def set_metrics(groups: Sequence[Sequence[Trajectory]], prefix: str) -> dict[str, float]:
     """The metrics of the module docstring over `groups` (one list of episodes per task), keys under `prefix`."""
     trajs = [t for g in groups for t in g]
     n = len(trajs)
@@ -150,7 +154,7 @@ def set_metrics(groups: Sequence[Sequence[Any]], prefix: str) -> dict[str, float
     return out
 
 
-def _majority_correct(group: Sequence[Any]) -> bool:
+def _majority_correct(group: Sequence[Trajectory]) -> bool:
     # a sample without an answer (truncated, failed) abstains
     answers = [(str(t.info["answer"]).strip(), correct(t)) for t in group if "answer" in t.info]
     if not answers:
@@ -159,7 +163,8 @@ def _majority_correct(group: Sequence[Any]) -> bool:
     return any(good for a, good in answers if a == top)
 
 
-async def evaluate(tasks: list[Task], policy: Any, renderer: Any, cfg: Any) -> dict[str, float]:
+# `cfg` below: the run's `TrainConfig` (untyped here: `config` imports this module for `eval_sets`).
+async def evaluate(tasks: list[Task], policy: Policy, renderer: TemplateRenderer, cfg: Any) -> dict[str, float]:
     """Greedy episodes on the held-out tasks (`eval/*`, see the module docstring). A multi-agent env is played with
     `eval_env_kwargs`: accuracy is then the win rate (reward > 0) of its agents, with draw and illegal-move rates."""
     from slime_env import spec
@@ -173,7 +178,7 @@ async def evaluate(tasks: list[Task], policy: Any, renderer: Any, cfg: Any) -> d
     return set_metrics(groups, "eval/")
 
 
-async def evaluate_set(s: EvalSet, policy: Any, renderer: Any, cfg: Any) -> dict[str, float]:
+async def evaluate_set(s: EvalSet, policy: Policy, renderer: TemplateRenderer, cfg: Any) -> dict[str, float]:
     """One named set's `eval/<name>/*` metrics (its tasks loaded into `s.tasks` beforehand)."""
     sampling = {"temperature": s.temperature, **({"top_p": s.top_p} if s.top_p < 1 else {})}
     groups = await play(s.tasks, policy, renderer, env_id=s.env or cfg.env,
@@ -184,7 +189,8 @@ async def evaluate_set(s: EvalSet, policy: Any, renderer: Any, cfg: Any) -> dict
     return set_metrics(groups, f"eval/{s.name}/")
 
 
-async def _evaluate_games(tasks: list[Task], policy: Any, renderer: Any, cfg: Any) -> dict[str, float]:
+async def _evaluate_games(tasks: list[Task], policy: Policy, renderer: TemplateRenderer,
+                          cfg: Any) -> dict[str, float]:
     from slime_env import make, run_multi_agent_episode
 
     sem = asyncio.Semaphore(cfg.max_concurrency)
@@ -227,7 +233,7 @@ class Evals:
     def __bool__(self) -> bool:
         return bool(self.tasks or self.sets)
 
-    async def run(self, policy: Any, renderer: Any, step: int, final: bool = False) -> dict[str, float]:
+    async def run(self, policy: Policy, renderer: TemplateRenderer, step: int, final: bool = False) -> dict[str, float]:
         import time
 
         t0, out = time.perf_counter(), {}

@@ -27,9 +27,13 @@ from __future__ import annotations
 import shutil
 import subprocess
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from slime_env.errors import InvalidInput
+
+if TYPE_CHECKING:
+    from slime_env.trainers.run.config import TrainConfig
+    from slime_env.trainers.torch_trainer import TrainerConfig
 
 GB = 1e9
 # One process's CUDA context, cuBLAS and NCCL workspaces: a released serve-engine kept 0.93 GB (nvidia-smi, an H200).
@@ -76,7 +80,7 @@ def parameter_count(model: str) -> int | None:
     return None if meta is None else sum(p.numel() for p in meta.parameters())
 
 
-def trainer_share(params: int, trainer: Any, ranks: int) -> TrainerShare:
+def trainer_share(params: int, trainer: TrainerConfig, ranks: int) -> TrainerShare:
     """One rank's weights, gradients and optimizer state for `params` parameters under `trainer` (a
     `TrainerConfig`) over `ranks` ranks; see the module docstring."""
     lora = trainer.lora is not None
@@ -101,7 +105,7 @@ def trainer_share(params: int, trainer: Any, ranks: int) -> TrainerShare:
     return TrainerShare(weights, grads, opt, weights + grads + opt, "torch, one device, float32")
 
 
-def estimate(cfg: Any, params: int, gpu_bytes: int) -> list[GPUNeed]:
+def estimate(cfg: TrainConfig, params: int, gpu_bytes: int) -> list[GPUNeed]:
     """Each GPU's need (the trainer's GPUs, and engines' GPUs of their own) for a run `cfg` (a `TrainConfig`) of a
     model of `params` parameters on GPUs of `gpu_bytes` each."""
     s = cfg.sections
@@ -153,7 +157,8 @@ def estimate(cfg: Any, params: int, gpu_bytes: int) -> list[GPUNeed]:
     return needs
 
 
-def check_fit(cfg: Any, where: str = "config", *, gpu_bytes: int | None = None, params: int | None = None) -> None:
+def check_fit(cfg: TrainConfig, where: str = "config", *, gpu_bytes: int | None = None,
+              params: int | None = None) -> None:
     """Refuse, before anything loads, a run on CUDA whose trainer and colocated engines cannot fit a GPU (see the
     module docstring): an `InvalidInput` naming the numbers and the config fields that change them. A no-op on CPUs,
     where no GPU is found, or where the model's config cannot be read here."""

@@ -7,7 +7,12 @@ into `time/engine_idle_frac` and `rollout/generated_tokens_per_s`. Any async mod
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from slime_env.policy import Policy
+    from slime_env.types import Generation
 
 
 class BusyMeter:
@@ -21,7 +26,7 @@ class BusyMeter:
         self._since = 0.0
         self._held = False
 
-    def wrap(self, policy: Any) -> Any:
+    def wrap(self, policy: Policy) -> Policy:
         return _Metered(policy, self)
 
     def enter(self) -> None:
@@ -54,10 +59,11 @@ class BusyMeter:
 class _Metered:
     """A policy (or an episode's view of it) whose generate calls the meter times; everything else passes through."""
 
-    def __init__(self, inner: Any, meter: BusyMeter):
+    def __init__(self, inner: Policy, meter: BusyMeter):
         self._inner, self._meter = inner, meter
 
-    async def generate(self, input_ids: Any, sampling_params: Any, **kwargs: Any) -> Any:
+    async def generate(self, input_ids: Sequence[int], sampling_params: Mapping[str, Any],
+                       **kwargs: Any) -> Generation:
         self._meter.enter()
         tokens = 0
         try:
@@ -67,7 +73,7 @@ class _Metered:
         finally:
             self._meter.exit(tokens)
 
-    def for_episode(self, session_id: str) -> Any:
+    def for_episode(self, session_id: str) -> Policy:
         view = getattr(self._inner, "for_episode", None)
         return _Metered(view(session_id), self._meter) if callable(view) else self
 

@@ -13,12 +13,17 @@ from __future__ import annotations
 import copy
 import random
 from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING
 
 from slime_env.errors import InvalidInput
 
+if TYPE_CHECKING:
+    from slime_env.agents.transformers_policy import TransformersPolicy
+    from slime_env.policy import Policy
+    from slime_env.trainers.run.config import OpponentPoolConfig
 
-def snapshot(engine: Any, *, version: str | None = None) -> Any:
+
+def snapshot(engine: Policy, *, version: str | None = None) -> TransformersPolicy:
     """A frozen copy of a local `TransformersPolicy` (own weights, same tokenizer and batching)."""
     from slime_env.agents.transformers_policy import TransformersPolicy
 
@@ -33,18 +38,18 @@ def snapshot(engine: Any, *, version: str | None = None) -> Any:
 class OpponentPool:
     """Opponents for multi-agent training (see the module docstring)."""
 
-    def __init__(self, live: Any, *, size: int = 4, latest_p: float = 0.0, seed: int = 0):
+    def __init__(self, live: Policy, *, size: int = 4, latest_p: float = 0.0, seed: int = 0):
         if size < 1 or not 0.0 <= latest_p <= 1.0:
             raise InvalidInput(f"opponent pool: size must be >= 1 and latest_p in [0, 1], got {size}, {latest_p}")
         self.live, self.size, self.latest_p, self.seed = live, size, latest_p, seed
-        self.snapshots: deque[Any] = deque()
+        self.snapshots: deque[Policy] = deque()
 
-    def add(self, policy: Any) -> None:
+    def add(self, policy: Policy) -> None:
         if len(self.snapshots) >= self.size:
             self._close(self.snapshots.popleft())
         self.snapshots.append(policy)
 
-    def opponent(self, episode: int) -> Any:
+    def opponent(self, episode: int) -> Policy:
         rng = random.Random(self.seed * 1_000_003 + episode)
         if not self.snapshots or rng.random() < self.latest_p:
             return self.live
@@ -55,7 +60,7 @@ class OpponentPool:
             self._close(self.snapshots.popleft())
 
     @staticmethod
-    def _close(policy: Any) -> None:
+    def _close(policy: Policy) -> None:
         close = getattr(policy, "close", None)
         if callable(close):
             close()
@@ -65,13 +70,13 @@ class League:
     """A run's league self-play (`opponent_pool:` of the run config): the seats in `config.agents` are played by
     snapshots of the embedded engine's policy — the one it starts from, then one every `config.every` steps."""
 
-    def __init__(self, config: Any, policy: Any, *, seed: int, version: int):
+    def __init__(self, config: OpponentPoolConfig, policy: Policy, *, seed: int, version: int):
         self.config, self.policy = config, policy
         self.pool = OpponentPool(policy, size=config.size, latest_p=config.latest_p, seed=seed)
         self.pool.add(snapshot(policy, version=str(version)))
         self.seats = set(config.agents)
 
-    def policy_for(self, index: int, agent: str) -> Any:
+    def policy_for(self, index: int, agent: str) -> Policy | None:
         """The rollout manager's `policy_for`: a seat's opponent for episode `index` (None: the live policy)."""
         return self.pool.opponent(index) if agent in self.seats else None
 

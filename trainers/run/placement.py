@@ -25,17 +25,22 @@ between nodes (the engines' HTTP ports; the weight-update group's rendezvous por
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
 from slime_env.errors import InvalidInput
-from slime_env.trainers.run.sections import parse_section
+from slime_env.trainers.config_fields import parse_section
+
+if TYPE_CHECKING:
+    from slime_env.agents.launcher import ServeProcess
+    from slime_env.trainers.run.engines import EngineConfig
+    from slime_env.trainers.torch_trainer import TrainerConfig
 
 
 BACKENDS = ("local", "process", "ray")
 
 
-@dataclass
+@dataclass(frozen=True)
 class ClusterConfig:
     """`cluster:` of the run config (see the module docstring)."""
 
@@ -48,12 +53,12 @@ class ClusterConfig:
     num_cpus: int | None = None
 
     @classmethod
-    def from_dict(cls, raw: Any, where: str = "cluster") -> ClusterConfig:
+    def from_dict(cls, raw: object, where: str = "cluster") -> ClusterConfig:
         cfg = parse_section(cls, raw, where)
         if cfg.backend not in BACKENDS:
             raise InvalidInput(f"{where}.backend: {cfg.backend!r} is not one of {list(BACKENDS)}")
-        cfg.trainer = {"nodes": 1, "gpus_per_node": 1, **(cfg.trainer or {})}
-        cfg.rollout = {"gpus": 0, "gpus_per_engine": 1, **(cfg.rollout or {})}
+        cfg = replace(cfg, trainer={"nodes": 1, "gpus_per_node": 1, **(cfg.trainer or {})},
+                      rollout={"gpus": 0, "gpus_per_engine": 1, **(cfg.rollout or {})})
         for section, keys in (("trainer", ("nodes", "gpus_per_node")), ("rollout", ("gpus", "gpus_per_engine"))):
             values = getattr(cfg, section)
             bad = sorted(set(values) - set(keys))
@@ -74,7 +79,7 @@ class ClusterConfig:
     def engines(self) -> int:
         return self.rollout["gpus"] // self.rollout["gpus_per_engine"]
 
-    def _check_sizes(self, trainer: Any, where: str) -> None:
+    def _check_sizes(self, trainer: TrainerConfig, where: str) -> None:
         if self.ranks > 1 and trainer.backend == "torch":
             raise InvalidInput(f"{where}: cluster.trainer has {self.ranks} ranks; trainer.backend "
                                f"{trainer.backend!r} runs on one device (use backend: megatron or fsdp)")
@@ -85,7 +90,7 @@ class ClusterConfig:
                 raise InvalidInput(f"{where}: trainer.{name} {n} does not divide the "
                                    f"{self.ranks} trainer ranks (cluster.trainer nodes x gpus_per_node)")
 
-    def check(self, engine: Any, trainer: Any, where: str = "config") -> None:
+    def check(self, engine: EngineConfig, trainer: TrainerConfig, where: str = "config") -> None:
         """Sizes that must agree between the sections, refused with the numbers named before anything starts."""
         if self.backend == "local":
             if self.ranks > 1:
@@ -153,7 +158,7 @@ class Placement:
                 list(range(cfg.ranks, cfg.ranks + len(engines)))
 
     # --- engines ---------------------------------------------------------------------------------------------
-    def spawn_engine(self, index: int, **kwargs: Any) -> Any:
+    def spawn_engine(self, index: int, **kwargs: Any) -> ServeProcess | _RayServeProcess:
         """A process-like engine (`slime_env.agents.launcher.ServeProcess`'s interface) for engine `index`."""
         if self.cfg.backend != "ray":
             from slime_env.agents.launcher import ServeProcess

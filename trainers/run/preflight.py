@@ -6,12 +6,15 @@ colocated engines fit each GPU (`gpu_memory.check_fit`). Each problem is an
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from slime_env.errors import InvalidInput, RegistryError
 
+if TYPE_CHECKING:
+    from slime_env.trainers.run.config import TrainConfig
 
-def check_before_start(cfg: Any) -> None:
+
+def check_before_start(cfg: TrainConfig) -> None:
     """`cfg` (a `TrainConfig`): its `model`, its `env` with `env_kwargs` and every eval set's, the module names of
     `trainer.lora` against the model's layers, and on CUDA the GPU memory it needs; InvalidInput naming the field."""
     check_model(cfg.model, "model")

@@ -26,9 +26,15 @@ import shutil
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from slime_env.rollout.metrics import time_split, tool_metrics
+
+if TYPE_CHECKING:
+    from slime_env.rollout import Group
+    from slime_env.trajectory import Trajectory
+    from slime_env.trainers.run.meter import BusyMeter
+    from slime_env.trainers.run.roles import TrainerGroup
 
 
 class Recorder:
@@ -76,7 +82,7 @@ class Recorder:
             self.writer.close()
 
     # --- checkpoints -----------------------------------------------------------------------------------------
-    def resume(self, trainer: Any) -> tuple[int, dict[str, Any]]:
+    def resume(self, trainer: TrainerGroup) -> tuple[int, dict[str, Any]]:
         """Load the latest checkpoint into `trainer`: (its step, the batch source's saved state). The per-step
         records after that step are dropped (they are rolled back with the weights; see the module docstring).
         (0, {}) when there is none."""
@@ -99,7 +105,7 @@ class Recorder:
             self.log(f"resumed from {ckpt} (step {self.start})")
         return self.start, state
 
-    def checkpoint(self, trainer: Any, name: str, state: Mapping[str, Any] | None) -> Path:
+    def checkpoint(self, trainer: TrainerGroup, name: str, state: Mapping[str, Any] | None) -> Path:
         """Save the trainer under checkpoints/NAME (with the batch source's `state`, if any), point `latest` at it,
         and delete the checkpoints no longer kept (`keep_last`, `keep_every`)."""
         where, partial = self.checkpoints / name, self.checkpoints / f"{name}.partial"
@@ -140,16 +146,16 @@ class Recorder:
             self.writer.flush()
         return row
 
-    def samples(self, step: int, groups: list[Any]) -> None:
+    def samples(self, step: int, groups: list[Group]) -> None:
         _save_samples(self.samples_path, step, groups[:max(self.sample_groups, 0)])
 
     # --- a step's timing ---------------------------------------------------------------------------------------
-    def step_started(self, meter: Any) -> None:
+    def step_started(self, meter: BusyMeter) -> None:
         """A step (or the run's steps) starts now: the engine-idle and token counts restart here."""
         self._t_prev, self._busy_prev, self._tokens_prev = time.perf_counter(), meter.busy(), meter.tokens
 
-    def step_metrics(self, metrics: Mapping[str, Any], trajectories: list[Any], meter: Any, *, rollout_s: float,
-                     sync_s: float) -> dict[str, Any]:
+    def step_metrics(self, metrics: Mapping[str, Any], trajectories: list[Trajectory], meter: BusyMeter, *,
+                     rollout_s: float, sync_s: float) -> dict[str, Any]:
         """Time, idle shares and rollout counts of the step that ends now."""
         now = time.perf_counter()
         wall = max(now - self._t_prev, 1e-9)
@@ -253,7 +259,7 @@ def _truncate_steps(path: Path, last_step: int) -> None:
     tmp.replace(path)
 
 
-def _save_samples(path: Path, step: int, groups: list[Any]) -> None:
+def _save_samples(path: Path, step: int, groups: list[Group]) -> None:
     """This step's first groups, whole, for the report's trajectory viewer."""
     if not groups:
         return

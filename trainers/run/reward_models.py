@@ -27,10 +27,14 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from slime_env.errors import InvalidInput
 from slime_env.trajectory import EXCLUDED_STATUSES, Trajectory
+
+if TYPE_CHECKING:
+    from slime_env.policy import Policy
+    from slime_env.renderers import TemplateRenderer
 
 _COMMON = {"kind", "weight", "env_weight"}
 
@@ -70,7 +74,7 @@ _KEYS = {"classifier": {"model", "device", "batch_size", "max_length"},
          "judge": {"url", "prompt", "pattern", "scale", "max_new_tokens", "max_concurrency"}}
 
 
-def check_spec(spec: Any, where: str = "reward") -> None:
+def check_spec(spec: object, where: str = "reward") -> None:
     """InvalidInput naming `where` and the field unless `spec` is a valid `reward:` section."""
     if not isinstance(spec, Mapping) or spec.get("kind") not in _KEYS:
         raise InvalidInput(f"{where}.kind: one of {sorted(_KEYS)}")
@@ -94,6 +98,18 @@ def check_spec(spec: Any, where: str = "reward") -> None:
         except (KeyError, IndexError, ValueError) as e:
             raise InvalidInput(f"{where}.prompt: a template over {{question}}, {{response}}, {{label}} only ({e!r})"
                                ) from None
+
+
+class RewardModel(Protocol):
+    """What scores an episode (`ClassifierRM`, `RemoteRM`, `JudgeRM`)."""
+
+    async def score(self, x: RewardInput) -> float:
+        """The episode's score (the run combines it with the env's reward)."""
+        ...
+
+    async def close(self) -> None:
+        """Release the model, its clients; idempotent."""
+        ...
 
 
 class ClassifierRM:
@@ -195,7 +211,7 @@ class RemoteRM:
 class JudgeRM:
     """A generative judge on an engine (see the module docstring)."""
 
-    def __init__(self, policy: Any, renderer: Any, *, prompt: str, pattern: str, scale: float = 1.0,
+    def __init__(self, policy: Policy, renderer: TemplateRenderer, *, prompt: str, pattern: str, scale: float = 1.0,
                  max_new_tokens: int = 64, max_concurrency: int = 64, owned: bool = False):
         self.policy, self.renderer, self.prompt = policy, renderer, prompt
         self.pattern, self.scale, self.max_new_tokens = re.compile(pattern), float(scale), max_new_tokens
@@ -223,8 +239,8 @@ class JudgeRM:
                 await result
 
 
-def make_reward_model(spec: Mapping[str, Any], *, policy: Any = None, renderer: Any = None,
-                      where: str = "reward") -> Any:
+def make_reward_model(spec: Mapping[str, Any], *, policy: Policy | None = None,
+                      renderer: TemplateRenderer | None = None, where: str = "reward") -> RewardModel:
     """The scorer of a `reward:` section; a judge without `url` runs on `policy` (the run's engine)."""
     check_spec(spec, where)
     kind = spec["kind"]
@@ -246,7 +262,7 @@ def make_reward_model(spec: Mapping[str, Any], *, policy: Any = None, renderer: 
                    max_concurrency=int(spec.get("max_concurrency", 64)), owned=owned)
 
 
-async def apply_rewards(rm: Any, trajectories: Sequence[Trajectory], *, weight: float = 1.0,
+async def apply_rewards(rm: RewardModel, trajectories: Sequence[Trajectory], *, weight: float = 1.0,
                         env_weight: float = 1.0) -> list[Trajectory]:
     """`trajectories` with the combined reward (see the module docstring); a scoring failure marks its episode
     failed with the reason."""

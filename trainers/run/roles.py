@@ -4,27 +4,38 @@ A run is four roles and the loop between them (DESIGN.md, "three roles and one c
 
 - `Engines` generate (the embedded engine, or servers speaking SGLang's or OpenAI's API);
 - the `TrainerGroup` turns batches into gradient steps (one process, or ranks as Ray actors);
-- a `WeightChannel` carries the trainer's weights to the engines;
+- a `WeightChannel` carries the trainer's weights to the engines (the trainer group owns it: `sync(version)`);
 - the `BatchSource` hands the trainer its batches — the async mode lives in it and nowhere else.
 
-Each kind is picked from a small registry: `engines.STARTS` / `engines.CHANNELS` (by `engine.kind` /
-`engine.weight_sync`), `trainer_group.TRAINER_GROUPS` / `trainer_group.BACKENDS` (by `cluster.backend` /
-`trainer.backend`), `sources.SOURCES` (by `async.mode`). These Protocols are checked by nothing at run time; they are
-the documentation of what an implementation must do, and `isinstance` works on them (`runtime_checkable`).
+Each kind is picked from a small registry: `engines.STARTS` (by `engine.kind`), `channel.make_channel` (by the
+`ChannelSpec` that `Engines.channel_spec` resolves from `engine.weight_sync`), `trainer_group.TRAINER_GROUPS` /
+`trainer_group.BACKENDS` (by `cluster.backend` / `trainer.backend`), `sources.SOURCES` (by `async.mode`). These
+Protocols are checked by nothing at run time; they are the documentation of what an implementation must do, and
+`isinstance` works on them (`runtime_checkable`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedTokenizerBase
+
+    from slime_env.agents.lora_adapter import LoRAAdapter
+    from slime_env.policy import Policy
+    from slime_env.rollout import Batch, RolloutManager
+    from slime_env.trajectory import Trajectory
+    from slime_env.types import Task
 
 
 @runtime_checkable
 class WeightChannel(Protocol):
     """Carries one trainer's weights to every engine (`slime_env.trainers.weight_sync`)."""
 
-    async def push(self, weights: Mapping[str, Any], version: str) -> dict[str, float]:
+    async def push(self, weights: Mapping[str, torch.Tensor], version: str) -> dict[str, float]:
         """Make `weights` (HF names, the trainer model's own layout) the engines' weights, as version `version`.
 
         When it returns, every engine the channel reaches generates with the new weights, and no request saw half of
@@ -33,6 +44,12 @@ class WeightChannel(Protocol):
         names, one copy of tied tensors, the layout's dtype) — the same tensors as the trainer's checkpoint. Returns
         metrics (`sync/s`, and per channel `sync/bytes`, `sync/group_s`, `sync/save_s`). Raises on failure; the
         engines may then hold either version, and the next push starts over."""
+        ...
+
+    async def push_adapter(self, adapter: LoRAAdapter, version: str) -> dict[str, float]:
+        """Make `adapter` (a LoRA adapter over the engines' base weights) the engines' as version `version`: loaded by
+        name and version (`{name}@{version}`), the older ones beyond the newest few unloaded. Same guarantees as
+        `push`."""
         ...
 
     async def close(self) -> None:
@@ -44,9 +61,9 @@ class WeightChannel(Protocol):
 class Engines(Protocol):
     """The engines of a run (`slime_env.trainers.run.engines.Engines`)."""
 
-    policy: Any
+    policy: Policy
     """The `slime_env.Policy` the rollout manager and the evaluation generate with (one engine, or a pool)."""
-    tokenizer: Any
+    tokenizer: PreTrainedTokenizerBase
     """The model's tokenizer (the renderer's, the trainer's pad id)."""
     model_path: str
     """The model folder the trainer starts from (the same weights the engines serve)."""
@@ -58,8 +75,10 @@ class Engines(Protocol):
         `InvalidInput` naming the config field (`engine.urls[0]: ...`), before any training."""
         ...
 
-    def channel(self, layout: Any = None, *, save: Any = None) -> WeightChannel:
-        """The weight channel of `engine.weight_sync` to these engines, sending tensors in `layout`."""
+    def targets(self) -> Sequence[Policy]:
+        """The engine servers a weight sync must reach now (a restarted one included; none when embedded). Which
+        channel reaches them is the engines' to say (`slime_env.trainers.run.engines.Engines.channel_spec`), the
+        trainer group's to make (`slime_env.trainers.run.channel.make_channel`)."""
         ...
 
     def synced(self) -> None:
@@ -101,26 +120,23 @@ class TrainerGroup(Protocol):
         """RL steps taken (a resumed run continues from its checkpoint's)."""
         ...
 
-    async def step(self, trajectories: Sequence[Any], group_size: int) -> dict[str, float]:
+    async def step(self, trajectories: Sequence[Trajectory], group_size: int) -> dict[str, float]:
         """One RL update on consecutive groups of `group_size` trajectories; its `train/*` metrics (at least
         `train/reward_mean` and `train/step_s`). Every rank takes the same trajectories; the event loop is never
         blocked (the step runs in a thread or in the actors)."""
         ...
 
-    async def sft_step(self, trajectories: Sequence[Any], lr: float | None = None) -> dict[str, float]:
+    async def sft_step(self, trajectories: Sequence[Trajectory], lr: float | None = None) -> dict[str, float]:
         """One supervised step on the trajectories' loss-masked tokens (not counted in `step_count`); `sft/*`."""
         ...
 
-    def channel(self, engines: Engines) -> Any:
-        """What `sync` pushes through: the engines' channel in this trainer's weight layout (or, for ranks in other
-        processes, the spec from which rank 0 builds it there)."""
+    async def sync(self, version: str) -> dict[str, float]:
+        """Push the current weights to the engines as `version` through the group's own weight channel, made once when
+        the group was (`make_channel`): the LoRA adapter alone under `trainer.lora.sync: adapter`
+        (`weight_sync.push_trainer`). Every rank gathers; the pushing ranks send. Returns the channel's metrics."""
         ...
 
-    async def sync(self, channel: Any, version: str) -> dict[str, float]:
-        """Push the current weights through `channel` as `version` (every rank gathers; rank 0 sends)."""
-        ...
-
-    def weights(self) -> dict[str, Any]:
+    def weights(self) -> dict[str, torch.Tensor]:
         """The current full weights with HF names, in the model's own layout (a collective under TP / PP / EP)."""
         ...
 
@@ -134,6 +150,10 @@ class TrainerGroup(Protocol):
 
     def save_weights(self, path: str | Path) -> None:
         """The HF model folder alone at `path`: what an engine loads (with LoRA, the merged weights)."""
+        ...
+
+    async def close_channel(self) -> None:
+        """Close the weight channel (before `close`); the engines keep the weights they hold."""
         ...
 
     def close(self) -> None:
@@ -150,7 +170,7 @@ class BatchSource(Protocol):
         """Whether the engines generate while the trainer steps (an async mode: their memory stays)."""
         ...
 
-    def tasks(self, train_tasks: Sequence[Any], steps: int, start: int) -> list[Any]:
+    def tasks(self, train_tasks: Sequence[Task], steps: int, start: int) -> list[Task]:
         """The tasks the rollout manager runs, in order, for steps `start + 1 .. steps`."""
         ...
 
@@ -158,16 +178,16 @@ class BatchSource(Protocol):
         """The `RolloutManager` keywords the mode decides (groups to skip, partial rollouts)."""
         ...
 
-    def attach(self, manager: Any, version: int) -> None:
+    def attach(self, manager: RolloutManager, version: int) -> None:
         """Generate with `manager`; the engines hold weight version `version`. Called once, before `next`."""
         ...
 
-    async def next(self, step: int, last: bool) -> Any:
+    async def next(self, step: int, last: bool) -> Batch:
         """Step `step`'s batch (a `slime_env.rollout.Batch` of `prompts_per_step` groups); `last`: no step follows,
         so nothing is generated ahead."""
         ...
 
-    def trained(self, batch: Any) -> None:
+    def trained(self, batch: Batch) -> None:
         """`batch` is in the trainer's weights now."""
         ...
 
@@ -179,7 +199,7 @@ class BatchSource(Protocol):
         """The engines hold `version`: generation goes on with it."""
         ...
 
-    def metrics(self, batch: Any, step: int) -> dict[str, Any]:
+    def metrics(self, batch: Batch, step: int) -> dict[str, Any]:
         """The mode's metrics of the batch trained at `step` (staleness, stale groups)."""
         ...
 

@@ -7,7 +7,12 @@ import asyncio
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from slime_env.rollout import Group
+    from slime_env.trainers.run.reward_models import RewardModel
+    from slime_env.trainers.run.teacher import Teacher
 
 
 @dataclass
@@ -16,11 +21,11 @@ class Scorers:
     token), either or both. Each group's trajectories are replaced in place, so samples.jsonl and the trainer see the
     same rewards. Called with the batch's groups; returns `reward/*` and `time/*` metrics."""
 
-    rm: Any = None
+    rm: RewardModel | None = None
     reward: Mapping[str, Any] = field(default_factory=dict)
-    teacher: Any = None
+    teacher: Teacher | None = None
 
-    async def __call__(self, groups: list[Any]) -> dict[str, float]:
+    async def __call__(self, groups: list[Group]) -> dict[str, float]:
         from slime_env.trainers.run.reward_models import apply_rewards
         from slime_env.trainers.run.teacher import annotate
 

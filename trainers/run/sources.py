@@ -22,17 +22,24 @@ import asyncio
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from slime_env.errors import InvalidInput
 from slime_env.rollout.heap import quiet_gc
 from slime_env.rollout.stream import group_weight_version
-from slime_env.trainers.run.sections import parse_section
+from slime_env.trainers.config_fields import parse_section
+
+if TYPE_CHECKING:
+    import contextlib
+
+    from slime_env.rollout import Batch, Group, RolloutManager
+    from slime_env.rollout.stream import GroupStream
+    from slime_env.types import Task
 
 MODES = ("off", "overlap", "full")
 
 
-@dataclass
+@dataclass(frozen=True)
 class AsyncConfig:
     """The run config's `async:` section (see docs/async.md)."""
 
@@ -42,7 +49,7 @@ class AsyncConfig:
     interrupt: str = "finish"
 
     @classmethod
-    def from_dict(cls, raw: Mapping[str, Any] | None, where: str = "async") -> AsyncConfig:
+    def from_dict(cls, raw: object, where: str = "async") -> AsyncConfig:
         cfg = parse_section(cls, raw, where)
         if cfg.mode not in MODES:
             raise InvalidInput(f"{where}.mode: {cfg.mode!r} is not one of {MODES}")
@@ -65,7 +72,7 @@ class AsyncConfig:
                                f"n_samples_per_prompt={group_size}")
 
 
-def staleness_metrics(groups: list[Any], trainer_version: int) -> dict[str, Any]:
+def staleness_metrics(groups: list[Group], trainer_version: int) -> dict[str, Any]:
     """Staleness (trainer version − the oldest weight version of a group's tokens) over the groups trained on:
     mean, max, a histogram, and the share of episodes whose turns came from more than one version."""
     values = [trainer_version - v for g in groups if (v := group_weight_version(g)) is not None]
@@ -85,11 +92,11 @@ class BatchSource:
 
     def __init__(self, config: AsyncConfig, per_step: int):
         self.config, self.per_step = config, per_step
-        self.manager: Any = None
+        self.manager: RolloutManager | None = None
         self.engine_resumes = False  # the engines keep requests in flight through a weight update (vLLM pause keep)
         self.done_groups = 0  # the groups of the steps before `start` (a resumed run's): never run again
 
-    def tasks(self, train_tasks: Sequence[Any], steps: int, start: int) -> list[Any]:
+    def tasks(self, train_tasks: Sequence[Task], steps: int, start: int) -> list[Task]:
         """The rollout manager's tasks: one batch of `per_step` per step, cycling through the split. Indexed from the
         run's first step whatever `start` is: a resumed run skips the groups of the steps before it, so its groups
         and episodes keep the indices (and the env and sampling seeds) the uninterrupted run gives them."""
@@ -101,14 +108,14 @@ class BatchSource:
         """`RolloutManager` keywords the mode decides (after `tasks`)."""
         return {"skip": list(range(self.done_groups))} if self.done_groups else {}
 
-    def attach(self, manager: Any, version: int) -> None:
+    def attach(self, manager: RolloutManager, version: int) -> None:
         """Generate with `manager`; the engines hold weight version `version`."""
         self.manager = manager
 
-    async def next(self, step: int, last: bool) -> Any:
+    async def next(self, step: int, last: bool) -> Batch:
         return await self.manager.generate_batch(self.per_step)
 
-    def trained(self, batch: Any) -> None:
+    def trained(self, batch: Batch) -> None:
         """`batch` is in the trainer's weights now (synced or not)."""
 
     async def before_sync(self) -> None:
@@ -117,7 +124,7 @@ class BatchSource:
     def after_sync(self, version: int) -> None:
         return None
 
-    def metrics(self, batch: Any, step: int) -> dict[str, Any]:
+    def metrics(self, batch: Batch, step: int) -> dict[str, Any]:
         return {}
 
     def state(self) -> dict[str, Any] | None:
@@ -140,7 +147,7 @@ class OverlapSource(BatchSource):
         super().__init__(config, per_step)
         self.pending: asyncio.Task | None = None
 
-    async def next(self, step: int, last: bool) -> Any:
+    async def next(self, step: int, last: bool) -> Batch:
         if self.pending is None:
             self.pending = asyncio.ensure_future(self.manager.generate_batch(self.per_step))
         task, self.pending = self.pending, None
@@ -153,7 +160,7 @@ class OverlapSource(BatchSource):
         if self.pending is not None:  # the engines finish the next batch under the old weights first
             await asyncio.wait([self.pending])
 
-    def metrics(self, batch: Any, step: int) -> dict[str, Any]:
+    def metrics(self, batch: Batch, step: int) -> dict[str, Any]:
         return {**staleness_metrics(batch.groups, step - 1),
                 "async/groups_stale": batch.metrics.get("rollout/groups_stale", 0.0)}
 
@@ -171,11 +178,11 @@ class StreamSource(BatchSource):
 
     def __init__(self, config: AsyncConfig, per_step: int):
         super().__init__(config, per_step)
-        self.stream: Any = None
-        self._quiet: Any = None
+        self.stream: GroupStream | None = None
+        self._quiet: contextlib.AbstractContextManager[None] | None = None
         self.trained_groups: list[int] = []  # the group indices trained on so far (a resumed run skips them)
 
-    def tasks(self, train_tasks: Sequence[Any], steps: int, start: int) -> list[Any]:
+    def tasks(self, train_tasks: Sequence[Task], steps: int, start: int) -> list[Task]:
         # Groups finish out of order: index every group of the run; those trained on are skipped.
         total = (steps + self.config.max_staleness + 2) * self.per_step
         return [train_tasks[i % len(train_tasks)] for i in range(total)]
@@ -183,7 +190,7 @@ class StreamSource(BatchSource):
     def manager_options(self) -> dict[str, Any]:
         return {"skip": list(self.trained_groups), "partial_rollout": self.config.interrupt == "resume"}
 
-    def attach(self, manager: Any, version: int) -> None:
+    def attach(self, manager: RolloutManager, version: int) -> None:
         super().attach(manager, version)
         c = self.config
         self.stream = manager.stream(in_flight=c.in_flight, per_step=self.per_step, max_staleness=c.max_staleness,
@@ -192,10 +199,10 @@ class StreamSource(BatchSource):
         self._quiet = quiet_gc(manager.quiet_gc)
         self._quiet.__enter__()
 
-    async def next(self, step: int, last: bool) -> Any:
+    async def next(self, step: int, last: bool) -> Batch:
         return await self.stream.take(self.per_step, trainer_version=step - 1)  # take() starts what it needs
 
-    def trained(self, batch: Any) -> None:
+    def trained(self, batch: Batch) -> None:
         self.trained_groups.extend(g.group_index for g in batch.groups)
 
     async def before_sync(self) -> None:
@@ -207,7 +214,7 @@ class StreamSource(BatchSource):
         self.stream.version = version
         self.stream.resume()
 
-    def metrics(self, batch: Any, step: int) -> dict[str, Any]:
+    def metrics(self, batch: Batch, step: int) -> dict[str, Any]:
         return {**staleness_metrics(batch.groups, step - 1),
                 "async/groups_stale": batch.metrics.get("rollout/groups_stale", 0.0),
                 "async/groups": [g.group_index for g in batch.groups]}

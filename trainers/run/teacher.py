@@ -19,10 +19,15 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from slime_env.errors import InvalidInput
 from slime_env.trajectory import EXCLUDED_STATUSES, Trajectory
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from slime_env.http import HttpClient
 
 PROBE = "Teacher probe: 12 * 7 + 5 = 89; <tool_call>{\"name\": \"x\"}</tool_call> ünïcödé"
 
@@ -32,12 +37,12 @@ class Teacher(Protocol):
 
     async def logprobs(self, ids: Sequence[int]) -> list[float]: ...
 
-    async def check_tokenizer(self, tokenizer: Any) -> None: ...
+    async def check_tokenizer(self, tokenizer: PreTrainedTokenizerBase) -> None: ...
 
     async def close(self) -> None: ...
 
 
-async def input_logprobs(client: Any, url: str, body: Mapping[str, Any]) -> list[list[Any]]:
+async def input_logprobs(client: HttpClient, url: str, body: Mapping[str, Any]) -> list[list[Any]]:
     """`meta_info.input_token_logprobs` of a prefill-only `/generate` of `body` (its `input_ids` or `text`, and e.g. a
     `lora_path`) on the SGLang-compatible server at `url` (`client`: its `slime_env.http.HttpClient`)."""
     from slime_env.http import ProtocolError
@@ -78,7 +83,7 @@ class ServerTeacher:
     async def logprobs(self, ids: Sequence[int]) -> list[float]:
         return token_logprobs(await self._score({"input_ids": list(ids)}), ids, self.url)
 
-    async def check_tokenizer(self, tokenizer: Any) -> None:
+    async def check_tokenizer(self, tokenizer: PreTrainedTokenizerBase) -> None:
         rows = await self._score({"text": PROBE})
         theirs = [r[1] for r in rows]
         ours = tokenizer.encode(PROBE, add_special_tokens=False)
@@ -112,7 +117,7 @@ class LocalTeacher:
         async with self._lock:
             return await asyncio.to_thread(sequence_logprobs, self.model, list(ids))
 
-    async def check_tokenizer(self, tokenizer: Any) -> None:
+    async def check_tokenizer(self, tokenizer: PreTrainedTokenizerBase) -> None:
         from transformers import AutoTokenizer
 
         theirs = AutoTokenizer.from_pretrained(self.path)
@@ -124,7 +129,7 @@ class LocalTeacher:
         self.model = None
 
 
-def check_spec(spec: Any, where: str = "teacher") -> None:
+def check_spec(spec: object, where: str = "teacher") -> None:
     """InvalidInput naming `where` unless `spec` is a valid `teacher:` section."""
     keys = set(spec) if isinstance(spec, Mapping) else set()
     if len(keys & {"url", "model"}) != 1 or keys - {"url", "model", "device", "max_concurrency"}:

@@ -23,13 +23,20 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from slime_env.errors import InvalidInput
-from slime_env.trainers.run.sections import check_scalars
+from slime_env.trainers.config_fields import check_scalars
+
+if TYPE_CHECKING:
+    from slime_env.policy import Policy
+    from slime_env.renderers import TemplateRenderer
+    from slime_env.trajectory import Trajectory
+    from slime_env.trainers.run.roles import Engines, TrainerGroup
+    from slime_env.types import Task
 
 
-@dataclass
+@dataclass(frozen=True)
 class WarmupConfig:
     """The `warmup:` section (see the module docstring)."""
 
@@ -39,7 +46,7 @@ class WarmupConfig:
     data: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def from_dict(cls, raw: Any, where: str = "warmup") -> WarmupConfig:
+    def from_dict(cls, raw: object, where: str = "warmup") -> WarmupConfig:
         if not raw:
             return cls()
         if not isinstance(raw, dict):
@@ -67,8 +74,10 @@ class WarmupConfig:
         return wc
 
 
-async def warmup_trajectories(wc: WarmupConfig, cfg: Any, policy: Any, renderer: Any, train_tasks: list[Any],
-                              log: Callable[[str], None] = print) -> tuple[list[Any], dict[str, float]]:
+# `cfg` below: the run's `TrainConfig` (untyped here: `config` imports this module for `WarmupConfig`).
+async def warmup_trajectories(wc: WarmupConfig, cfg: Any, policy: Policy, renderer: TemplateRenderer,
+                              train_tasks: list[Task], log: Callable[[str], None] = print,
+                              ) -> tuple[list[Trajectory], dict[str, float]]:
     """The SFT trajectories of `wc.data` and what making them measured (`warmup/*`); a teacher plays `train_tasks`
     (the run's train split, or the tasks of `rollouts.tasks`, loaded by the caller)."""
     data = wc.data
@@ -115,11 +124,11 @@ async def warmup_trajectories(wc: WarmupConfig, cfg: Any, policy: Any, renderer:
                   "warmup/acceptance": len(kept) / max(len(played), 1)}
 
 
-async def run_warmup(wc: WarmupConfig, trainer: Any, trajectories: list[Any], run: Path, seed: int,
-                     log: Callable[[str], None] = print) -> list[dict[str, Any]]:
+async def run_warmup(wc: WarmupConfig, trainer: TrainerGroup, trajectories: list[Trajectory], run: Path, seed: int,
+                     log: Callable[[str], None] = print) -> list[dict[str, float]]:
     """`wc.steps` SFT steps over `trajectories` (shuffled passes); rows appended to `run/sft_metrics.jsonl`."""
     rng = random.Random(seed)
-    order: list[Any] = []
+    order: list[Trajectory] = []
     rows = []
     path = run / "sft_metrics.jsonl"
     path.unlink(missing_ok=True)
@@ -141,8 +150,8 @@ async def run_warmup(wc: WarmupConfig, trainer: Any, trajectories: list[Any], ru
     return rows
 
 
-async def warm_up(wc: WarmupConfig, cfg: Any, run: Path, engines: Any, trainer: Any, channel: Any,
-                  train_tasks: list[Any], log: Callable[[str], None]) -> dict[str, float]:
+async def warm_up(wc: WarmupConfig, cfg: Any, run: Path, engines: Engines, trainer: TrainerGroup,
+                  train_tasks: list[Task], log: Callable[[str], None]) -> dict[str, float]:
     """The whole warm-up of a run: its data, its SFT steps, its weights pushed to the engines (still weight version 0:
     RL steps count from there); returns its `warmup/*` metrics."""
     import math
@@ -157,7 +166,7 @@ async def warm_up(wc: WarmupConfig, cfg: Any, run: Path, engines: Any, trainer: 
     renderer = get_renderer(getattr(engines, "processor", None) or engines.tokenizer)  # a VLM's processor, if any
     trajs, stats = await warmup_trajectories(wc, cfg, engines.policy, renderer, tasks, log)
     rows = await run_warmup(wc, trainer, trajs, run, cfg.seed, log)
-    await trainer.sync(channel, "0")
+    await trainer.sync("0")
     engines.synced()
     return {**stats, "warmup/steps": float(len(rows)), "warmup/loss_first": rows[0].get("sft/loss", math.nan),
             "warmup/loss_last": rows[-1].get("sft/loss", math.nan), "warmup/s": time.perf_counter() - t0}

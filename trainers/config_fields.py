@@ -1,5 +1,8 @@
-"""One parser for the run config's sections (`engine:`, `cluster:`, `async:`): a mapping of a dataclass's fields,
-each scalar of the type its field declares (`check_scalars`)."""
+"""Config sections as dataclasses, checked one way: the run config's sections (`engine:`, `cluster:`, `async:`, the
+document itself) and the trainer's (`trainer.lora`). A section is a mapping of a dataclass's fields (`parse_section`):
+no field the dataclass does not know (`check_fields`), each scalar of the type its field declares (`check_scalars`).
+Every refusal is an `InvalidInput` naming the field's path. Imports the core's errors alone (the run and the trainers
+use it)."""
 
 from __future__ import annotations
 
@@ -22,11 +25,18 @@ def parse_section(cls: type[T], raw: Any, where: str) -> T:
         return cls()
     if not isinstance(raw, Mapping):
         raise InvalidInput(f"{where}: expected a mapping, got {type(raw).__name__}")
-    known = {f.name for f in fields(cls)}
-    unknown = sorted(set(raw) - known)
-    if unknown:
-        raise InvalidInput(f"{where}: unknown field(s) {unknown}; known: {sorted(known)}")
+    check_fields(cls, raw, where)
     return cls(**check_scalars(cls, raw, where))
+
+
+def check_fields(cls: type, raw: Mapping[str, Any], where: str, sep: str = ".") -> None:
+    """An `InvalidInput` when `raw` has keys that are no field of the dataclass `cls`, naming the first one's path
+    (`where.field`; `sep` instead of the dot), all of them, and the known fields. A field named with a trailing `_`
+    (`async_`: a Python keyword) is named without it, as the YAML writes it."""
+    known = sorted(f.name.rstrip("_") for f in fields(cls))
+    unknown = sorted(k.rstrip("_") if isinstance(k, str) else repr(k) for k in set(raw) - {f.name for f in fields(cls)})
+    if unknown:
+        raise InvalidInput(f"{where}{sep}{unknown[0]}: unknown field(s) {unknown}; known: {known}")
 
 
 def check_scalars(cls: type, raw: Mapping[str, Any], where: str, sep: str = ".") -> dict[str, Any]:
