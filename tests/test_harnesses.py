@@ -69,10 +69,9 @@ def images():
 
 @pytest.fixture(scope="module")
 def smollm2():
-    from slime_env.agents import TransformersPolicy, load_default_model
+    from slime_env.agents import load_default_model
 
-    model, tok = load_default_model()
-    return TransformersPolicy(model, tok, max_batch_size=3), tok
+    return load_default_model()
 
 
 def _episode(policy, tok, name: str, *, max_new_tokens: int = 24, **env_kw):
@@ -110,33 +109,38 @@ def _check_ledgers(trajectories, records) -> None:
         t.check()
 
 
-def test_each_harness_runs_one_real_episode_with_smollm2(images, smollm2):
-    """The three at once on one gateway and engine (its batch holds their calls together): each its own session,
-    workspace and verifier. One call each (one turn: Claude Code's --max-turns, OpenCode's steps; Codex has no turn
-    limit, and SmolLM2 makes no parseable call, so its turn ends on the first reply)."""
-    policy, tok = smollm2
-    recording = Recording(policy)
+@pytest.mark.parametrize("name", NAMES)
+def test_a_harness_runs_one_real_episode_with_smollm2(name, images, smollm2):
+    """One turn (Claude Code's --max-turns, OpenCode's steps; Codex has no turn limit, and SmolLM2 makes no
+    parseable call, so its turn ends on the first reply); OpenCode's title call is a branch of its own. Greedy, with
+    room for SmolLM2 to end its reply itself: a reply cut at the limit makes Claude Code ask again for the rest (up to
+    three times), each call another prefill."""
+    from slime_env.agents import TransformersPolicy
+
+    model, tok = smollm2
+    recording = None
 
     async def main():
         from slime_env.envs.harness import HarnessEnv
 
-        gw = Gateway(recording, get_renderer(tok, strict=True), "hermes", strict=True, max_new_tokens=8)
+        nonlocal recording
+        recording = Recording(TransformersPolicy(model, tok, max_batch_size=2))  # its engine on this episode's loop
+        gw = Gateway(recording, get_renderer(tok, strict=True), "hermes", strict=True, max_new_tokens=48,
+                     overrides={"temperature": 0.0})
         await gw.start()
         try:
-            envs = [HarnessEnv(n, max_turns=1, max_output_tokens=8, timeout_s=400) for n in NAMES]
-            return await asyncio.gather(*(env.run(gw, _task()) for env in envs))
+            return await HarnessEnv(name, max_turns=1, max_output_tokens=48, timeout_s=400).run(gw, _task())
         finally:
             await gw.stop()
 
-    episodes = dict(zip(NAMES, asyncio.run(main())))
-    for name, trajectories in episodes.items():
-        main_t = trajectories[0]
-        assert main_t.status == "completed", (name, main_t.reason)
-        record = main_t.metadata["workspace"]
-        assert record["harbor"]["status"] == "ok" and record["harbor"]["mode"] == "isolated", name  # its verifier ran
-        assert main_t.reward == record["harbor"]["rewards"]["reward"]
-        assert main_t.metadata["calls"][0]["prompt_tokens"] < 4096, name  # the short system prompt took
-    _check_ledgers([t for ts in episodes.values() for t in ts], recording.records)
+    trajectories = asyncio.run(main())
+    main_t = trajectories[0]
+    assert main_t.status == "completed", main_t.reason
+    record = main_t.metadata["workspace"]
+    assert record["harbor"]["status"] == "ok" and record["harbor"]["mode"] == "isolated"  # the task's verifier ran
+    assert main_t.reward == record["harbor"]["rewards"]["reward"]
+    assert main_t.metadata["calls"][0]["prompt_tokens"] < 4096  # the short system prompt took
+    _check_ledgers(trajectories, recording.records)
 
 
 def _scripted(tok, name: str):

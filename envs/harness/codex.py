@@ -36,6 +36,7 @@ env_key = "SLIME_GATEWAY_KEY"
 wire_api = "responses"
 request_max_retries = 0
 stream_max_retries = 0
+stream_idle_timeout_ms = {int(ctx.bounds.timeout_s * 1000)}
 [history]
 persistence = "none"
 [analytics]
