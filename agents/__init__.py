@@ -18,7 +18,7 @@ _EXPORTS = {
     "OpenAIPolicy": "slime_env.clients.openai", "VLLMPolicy": "slime_env.clients.vllm",
     "TransformersPolicy": "slime_env.agents.transformers_policy",
     "load_default_model": "slime_env.agents.default_model", "default_model_path": "slime_env.agents.default_model",
-    "load_policy": "slime_env.agents.default_model", "resolve_device": "slime_env.agents.default_model",
+    "load_policy": "slime_env.agents.policy_loader", "resolve_device": "slime_env.agents.default_model",
     "RemoteError": "slime_env.http", "ProtocolError": "slime_env.http",
 }
 

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from aiohttp import web
-from slime_env.agents.default_model import load_policy
+from slime_env.agents.policy_loader import load_policy
 from slime_env.agents.transformers_policy import TransformersPolicy
 
 from slime_env.errors import InvalidInput

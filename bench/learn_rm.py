@@ -35,7 +35,7 @@ RULE = re.compile(r"<answer>\s*-?\d+\s*</answer>")
 
 async def sample_replies(n_prompts: int, n: int, device: str = "cpu") -> list[tuple[list[dict], str]]:
     """(conversation, reply) pairs of the base model at temperature 1 on train-seed prompts."""
-    from slime_env.agents.default_model import load_policy
+    from slime_env.agents.policy_loader import load_policy
     from slime_env.envs.math.reasoning_gym_env import reasoning_gym_tasks
 
     from slime_env import Message, get_renderer

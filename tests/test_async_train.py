@@ -138,7 +138,7 @@ def test_off_equals_the_synchronous_loop_written_by_hand(tmp_path, model_dir, mo
     async def by_hand() -> list[dict]:
         import random
 
-        from slime_env.agents.default_model import load_policy
+        from slime_env.agents.policy_loader import load_policy
         from slime_env.trainers.run.engines import load_tokenizer
         from slime_env.trainers.run import load_split, make_trainer, trainer_config
 

@@ -288,7 +288,7 @@ def test_opponent_pool_picks_one_opponent_per_episode_reproducibly(runner, smoll
 
 def test_snapshots_are_frozen_copies_of_a_local_engine(runner):
     import torch
-    from slime_env.agents.default_model import load_policy
+    from slime_env.agents.policy_loader import load_policy
     from slime_env.trainers import snapshot
 
     engine, _ = load_policy("default", max_batch_size=2)

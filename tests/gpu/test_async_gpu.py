@@ -48,7 +48,7 @@ def test_paged_engine_on_its_stream_is_exact_beside_a_busy_default_stream(model_
     own forward (the engine's stream must not read half-written inputs or race the other thread's memory)."""
     import threading
 
-    from slime_env.agents.default_model import load_policy
+    from slime_env.agents.policy_loader import load_policy
 
     policy, _ = load_policy(model_folder, max_batch_size=16, device="cuda", dtype="bfloat16", seed=0)
     stop = threading.Event()

@@ -171,7 +171,7 @@ class Engines:
         await STARTS[self.cfg.kind](self)
 
     async def _start_embedded(self) -> None:
-        from slime_env.agents.default_model import load_policy
+        from slime_env.agents.policy_loader import load_policy
 
         self.policy, self.model_path = load_policy(self.model_path, max_batch_size=self.max_concurrency,
                                                    batch_window_s=0.005, device=self.device, dtype=self.dtype,
