@@ -98,7 +98,7 @@ def main() -> None:
         from slime_env.trainers.lora import base_weights
 
         names = {id(p): n for n, p in trainer.model.named_parameters()}
-        after = base_weights(trainer.model, trainer._model_state())  # gathered, every rank joins
+        after = base_weights(trainer.model, trainer.backend.model_state())  # gathered, every rank joins
         lora = {"adapter_sums": {k: float(v.double().sum()) for k, v in trainer.adapter().tensors.items()},
                 "base_moved": [k for k in base if not torch.equal(after[k].cpu(), base[k])],
                 "optimizer_params": [names[id(p)] for g in trainer.optimizer.param_groups for p in g["params"]]}

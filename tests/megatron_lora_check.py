@@ -63,7 +63,7 @@ def main() -> None:
     out["optimizer_numel_is_the_adapters"] = (sum(p.numel() for g in t.optimizer.param_groups for p in g["params"])
                                               == sum(p.numel() for p in trainable.values()))
     base_before = {k: v.clone() for k, v in t.hf_state_dict().items()}
-    out["reference"] = t._reference_logprobs(batch).cpu()[batch.loss_mask.bool()].tolist()
+    out["reference"] = t.backend.reference_logprobs(batch).cpu()[batch.loss_mask.bool()].tolist()
     out["before"] = lp(t, batch)
     m = t.step(trajs, group_size=4)
     out.update(loss=m["train/loss"], grad_norm=m["train/grad_norm"], kl=m["train/kl"])

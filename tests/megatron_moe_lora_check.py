@@ -74,7 +74,7 @@ def main() -> None:
             parts[0] = torch.where(parts[0] != 0, parts[0], p)
         return parts[0].cpu()[mask].tolist()
 
-    out["reference"] = everyone(t._reference_logprobs(batch))
+    out["reference"] = everyone(t.backend.reference_logprobs(batch))
     with torch.no_grad():
         out["before"] = everyone(t.logprobs(t.model, batch))
     m = t.step(trajs, group_size=4)

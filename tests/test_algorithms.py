@@ -204,8 +204,8 @@ def test_micro_batches_stop_at_the_token_budget_and_the_step_is_the_same():
         trainer = TorchTrainer(copy.deepcopy(model), TrainerConfig(lr=1e-3, micro_batch_size=8,
                                                                    max_tokens_per_micro_batch=budget), pad_id=0)
         calls = []
-        slices = trainer._micro_slices
-        trainer._micro_slices = lambda batch: calls.append(slices(batch)) or calls[-1]
+        slices = trainer.backend.micro_slices
+        trainer.backend.micro_slices = lambda batch: calls.append(slices(batch)) or calls[-1]
         metrics = trainer.step(trajs, group_size=4)
         runs[budget] = (len(calls[-1]), metrics, {k: v.detach().clone() for k, v in trainer.model.state_dict().items()})
     (one, whole, w_whole), (many, sliced, w_sliced) = runs[1 << 20], runs[40]

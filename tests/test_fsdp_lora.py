@@ -56,14 +56,14 @@ def test_fsdp_lora_reference_is_the_base_and_bf16_compute_trains_the_adapter():
     assert trainer.ref_model is None
     trajs = trajectories(8, seed=1)
     batch = pack(trajs, group_size=4, pad_id=0)
-    ref0 = trainer._reference_logprobs(batch)
+    ref0 = trainer.backend.reference_logprobs(batch)
     plain = TorchTrainer(tiny("llama"), TrainerConfig(micro_batch_size=4), pad_id=0)
-    assert torch.allclose(plain._frozen_logprobs(plain.model, batch), ref0, atol=1e-5)
+    assert torch.allclose(plain.backend.frozen_logprobs(plain.model, batch), ref0, atol=1e-5)
     for _ in range(2):
         metrics = trainer.step(trajs, group_size=4)
     assert metrics["train/kl"] > 0
-    assert torch.allclose(trainer._reference_logprobs(batch), ref0)
-    assert not torch.allclose(trainer._frozen_logprobs(trainer.model, batch), ref0)
+    assert torch.allclose(trainer.backend.reference_logprobs(batch), ref0)
+    assert not torch.allclose(trainer.backend.frozen_logprobs(trainer.model, batch), ref0)
 
     bf16 = fsdp_lora(kl_coef=0.1, dtype="bfloat16")
     assert bf16.step(trajs, group_size=4)["train/grad_norm"] > 0

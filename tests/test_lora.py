@@ -85,18 +85,18 @@ def test_only_the_adapter_trains_and_the_reference_is_the_base_model():
 
     trajs = trajectories(8, seed=1)
     batch = pack(trajs, group_size=4, pad_id=0)
-    ref0 = trainer._reference_logprobs(batch)
+    ref0 = trainer.backend.reference_logprobs(batch)
     for _ in range(2):
         metrics = trainer.step(trajs, group_size=4)
     assert metrics["train/kl"] > 0  # the policy moved away from the reference
     after = {k: v for k, v in trainer.model.get_base_model().state_dict().items() if ".lora_" not in k}
     assert all(torch.equal(base_before[k], after[k]) for k in base_before)  # the base never moves
-    assert torch.allclose(trainer._reference_logprobs(batch), ref0)  # the reference stays the base model
-    policy_lp = trainer._frozen_logprobs(trainer.model, batch)
+    assert torch.allclose(trainer.backend.reference_logprobs(batch), ref0)  # the reference stays the base model
+    policy_lp = trainer.backend.frozen_logprobs(trainer.model, batch)
     assert not torch.allclose(policy_lp, ref0)  # the adapter changed the policy
     # the reference equals a separate base model's log-probs
     plain = TorchTrainer(tiny("llama"), TrainerConfig(micro_batch_size=4), pad_id=0)
-    assert torch.allclose(plain._frozen_logprobs(plain.model, batch), ref0, atol=1e-5)
+    assert torch.allclose(plain.backend.frozen_logprobs(plain.model, batch), ref0, atol=1e-5)
 
 
 def test_checkpoint_is_the_adapter_alone_in_peft_format(tmp_path):

@@ -4,7 +4,10 @@ The maths (small pure functions over tensors):
 - `slime_env.trainers.algorithms`: advantage estimators and policy losses; `critic`: PPO's value model.
 - `pack`, `TrainBatch`: trajectories -> padded / packed tensors with per-token advantages.
 
-The trainer backends (one `step / sft_step / save / load / sync / weights` contract):
+One RL step over pluggable backends (one `step / sft_step / save / load / sync / weights` contract): the step is
+written once in `slime_env.trainers.step` (`RLStep`) over its `Backend` Protocol; the backends are
+`trainers.backends.torch`, `trainers.backends.fsdp` and `trainers.megatron.backend`, each trainer below one of them
+and the step composed (`trainers.trainer.Trainer`):
 - `TorchTrainer`, `TrainerConfig`: the reference trainer on a Hugging Face causal LM (CPU or one GPU); the config
   holds each backend's fields beside the RL step's (`MegatronOptions`, `FSDPOptions`).
 - `MegatronTrainer`: the same RL step on megatron-core (GPUs, TP x DP x EP, MoE); imported on first use, since

@@ -191,6 +191,19 @@ def pack(trajectories: Sequence[Trajectory], *, group_size: int, pad_id: int, es
         if routed is not None and t.routing is not None and not failed:
             rows = stream_routing(p, r, t.routing)  # row j: the forward over token j, which gives token j + 1
             routed[i, o:o + len(rows)] = torch.from_numpy(rows)
+    per_token, advantages = _advantages(trajectories, main, is_main, rewards, turn_rewards, turn_of, loss_mask,
+                                        group_size=group_size, estimator=estimator,
+                                        reward_assignment=reward_assignment, role_baselines=role_baselines)
+    return TrainBatch(input_ids, attention, loss_mask, rollout, advantages, turn_of, rewards, group_size, per_token,
+                      teacher, routed, vision_rows(trajectories))
+
+
+def _advantages(trajectories: Sequence[Trajectory], main: list[int], is_main: list[bool], rewards: torch.Tensor,
+                turn_rewards: torch.Tensor, turn_of: torch.Tensor, loss_mask: torch.Tensor, *, group_size: int,
+                estimator: str, reward_assignment: str, role_baselines: RoleBaselines | None
+                ) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """`pack`'s (per-token rewards for PPO's GAE or None, [B, L] advantages)."""
+    B = len(trajectories)
     if estimator == "rae":
         if role_baselines is None:
             raise ValueError("estimator 'rae' needs role_baselines (slime_env.trainers.algorithms.RoleBaselines)")
@@ -222,8 +235,7 @@ def pack(trajectories: Sequence[Trajectory], *, group_size: int, pad_id: int, es
         std = (var.sqrt() if group_size > 1 else torch.zeros_like(g[:, :1])).expand(-1, group_size).reshape(-1, 1)
         scale = 1.0 if estimator == "dr_grpo" else 1.0 / (std + 1e-6)
         advantages = (returns - mean) * scale * loss_mask
-    return TrainBatch(input_ids, attention, loss_mask, rollout, advantages, turn_of, rewards, group_size, per_token,
-                      teacher, routed, vision_rows(trajectories))
+    return per_token, advantages
 
 
 def vision_rows(trajectories: Sequence[Trajectory]) -> dict[str, torch.Tensor] | None:

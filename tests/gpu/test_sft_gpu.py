@@ -25,12 +25,12 @@ def test_megatron_sft_steps_lower_the_nll_and_opd_pulls_toward_the_teacher():
 
     hf, teacher_hf = tiny("qwen2", seed=1), tiny("qwen2", seed=2)
     trainer = MegatronTrainer(copy.deepcopy(hf), TrainerConfig(backend="megatron", lr=1e-6), pad_id=0)
-    lrs = [g["lr"] for g in trainer._param_groups()]
+    lrs = [g["lr"] for g in trainer.backend.param_groups()]
     trajs = trajectories(16, seed=3)
     first = trainer.sft_step(trajs, lr=3e-3)
     losses = [trainer.sft_step(trajs, lr=3e-3)["sft/loss"] for _ in range(20)]
     assert losses[-1] < 0.7 * first["sft/loss"], (first, losses)
-    assert [g["lr"] for g in trainer._param_groups()] == lrs and trainer.step_count == 0
+    assert [g["lr"] for g in trainer.backend.param_groups()] == lrs and trainer.step_count == 0
 
     student = MegatronTrainer(copy.deepcopy(hf), TrainerConfig(backend="megatron", lr=3e-3, opd_coef=1.0), pad_id=0)
     batch = pack(trajs, group_size=1, pad_id=0)
