@@ -1,14 +1,18 @@
 """The terminal-task learning check on one GPU: SmolLM2-135M-Instruct, an SFT warm-up on the scripted teacher's
 successful episodes (train kinds, train seeds), then GRPO, on generated terminal tasks (`Terminal-v0`) in bubblewrap
 workspaces; held out: the other side of the seed partition of the train kinds, and four kinds never trained on
-(`HELDOUT_KINDS`: move a file into a folder, count matching lines, copy a file, append a line).
+(`HELDOUT_KINDS`: move a file into a folder, count matching lines, copy a file, append a line), each its own eval set
+so the report has a pass rate per held-out kind beside their mean.
 
 No Docker is needed: the workspaces are bubblewrap over this host's root file system (`--image /`; a root exported
 from a Docker image also works). Reported: held-out pass rates (greedy) of the base model, after SFT and after GRPO,
 for held-out seeds and held-out kinds; the train reward curve; the episodes' time split (generation / env /
 container, summed over episodes) and the trainer's time per step; wall clock.
 
-Usage: python bench/learn_terminal_gpu.py [--budget-min 8] [--backend torch|megatron] [--out DIR]
+`--demo-config examples/terminal_train.yaml` then also runs the CPU demo's config here (its data and steps, this
+host's workspaces and device), to see whether its held-out-seed lift holds after a change to the generator.
+
+Usage: python bench/learn_terminal_gpu.py [--budget-min 8] [--backend torch|megatron] [--out DIR] [--demo-config Y]
 """
 
 from __future__ import annotations
@@ -32,14 +36,17 @@ TEACHER = "slime_env.envs.terminal.teacher:teacher_reply"
 def config(args):
     from slime_env.trainers.run import TrainConfig
 
+    from slime_env.envs.terminal.kinds import HELDOUT_KINDS
+
     seeds = {"generator": GEN, "n": args.eval_n, "seed": 2, "split": "test"}
-    kinds = {"generator": GEN, "n": args.eval_n, "seed": 3, "kinds": "heldout"}
+    per_kind = max(1, args.eval_n // len(HELDOUT_KINDS))
+    kinds = {f"kind_{k}": {"data": {"generator": GEN, "n": per_kind, "seed": 3, "kinds": [k]}} for k in HELDOUT_KINDS}
     cfg = {
         "run_dir": args.run_dir, "model": args.model, "env": "Terminal-v0",
         "env_kwargs": {"max_turns": args.max_turns, "image": args.image},
         "train_data": {"generator": GEN, "n": 4096, "seed": 1, "split": "train"},
         "eval_data": seeds,
-        "eval": {"sets": {"heldout_kinds": {"data": kinds}}, "every": args.eval_every},
+        "eval": {"sets": kinds, "every": args.eval_every},
         "steps": args.steps, "prompts_per_step": args.prompts, "n_samples_per_prompt": args.n,
         "max_turns": args.max_turns, "max_new_tokens": args.max_new_tokens, "temperature": 1.0,
         "eval_every": args.eval_every, "max_concurrency": args.concurrency, "time_budget_s": args.train_budget_s,
@@ -96,13 +103,14 @@ def main() -> None:
     ap.add_argument("--sft-steps", type=int, default=40)
     ap.add_argument("--sft-lr", type=float, default=1e-4)
     ap.add_argument("--sft-batch", type=int, default=32)
-    ap.add_argument("--sft-tasks", type=int, default=512)
+    ap.add_argument("--sft-tasks", type=int, default=1024, help="teacher episodes (13 kinds x 4 paraphrases)")
     ap.add_argument("--micro-batch", type=int, default=32)
     ap.add_argument("--eval-n", type=int, default=96)
     ap.add_argument("--eval-every", type=int, default=10)
     ap.add_argument("--concurrency", type=int, default=64, help="episodes in flight")
     ap.add_argument("--run-dir", default="runs/learn_terminal_gpu")
     ap.add_argument("--out", default=None, help="also copy the summary and metrics.jsonl here")
+    ap.add_argument("--demo-config", default=None, help="then run this YAML config too (module docstring)")
     args = ap.parse_args()
     t0 = time.perf_counter()
 
@@ -125,15 +133,39 @@ def main() -> None:
     summary = asyncio.run(train(config(args)))
     rows = [json.loads(line) for line in open(summary["metrics"])]
     report(args, rows, summary, time.perf_counter() - t0)
+    if args.demo_config:
+        demo(args, log)
+
+
+def demo(args, log) -> None:
+    """The YAML config `args.demo_config` on this host (its run_dir under this run's, `image` and device this run's);
+    its held-out pass rates by stage."""
+    from slime_env.trainers.run import TrainConfig, train
+
+    run_dir = Path(args.run_dir) / "demo"
+    cfg = TrainConfig.from_yaml(args.demo_config, run_dir=str(run_dir), device=args.device, env_kwargs={
+        "max_turns": args.max_turns, "image": args.image})
+    summary = asyncio.run(train(cfg))
+    rows = [json.loads(line) for line in open(summary["metrics"])]
+    evals = [(r["step"], r["eval/accuracy"]) for r in rows if "eval/accuracy" in r]
+    log(f"demo config {args.demo_config}: held-out seeds by stage (step, pass rate) {evals}")
+    if args.out:
+        shutil.copy(summary["metrics"], os.path.join(args.out, "demo_metrics.jsonl"))
 
 
 def report(args, rows, summary, wall_s) -> None:
     import torch
 
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
+    from slime_env.envs.terminal.kinds import HELDOUT_KINDS
+
     evals = [r for r in rows if "eval/accuracy" in r]
     steps = [r for r in rows if "train/reward_mean" in r]
     kinds = "eval/heldout_kinds/accuracy"
+    per_kind = [f"eval/kind_{k}/accuracy" for k in HELDOUT_KINDS]
+    for r in evals:  # the held-out kinds' mean (equal-sized sets)
+        if all(k in r for k in per_kind):
+            r[kinds] = sum(r[k] for k in per_kind) / len(per_kind)
 
     def total(key):
         return round(sum(r.get(key, 0.0) for r in steps), 1)
@@ -149,6 +181,7 @@ def report(args, rows, summary, wall_s) -> None:
     out = {
         "device": device, "trainer": args.backend, "image": args.image, "wall_clock_min": round(wall_s / 60, 2),
         "heldout_seeds_greedy": stage("eval/accuracy"), "heldout_kinds_greedy": stage(kinds),
+        "heldout_kind_greedy": {k: stage(f"eval/kind_{k}/accuracy") for k in HELDOUT_KINDS},
         "all_evals": [(r["step"], r["eval/accuracy"], r.get(kinds)) for r in evals],
         "train_reward_curve": [(r["step"], round(r["train/reward_mean"], 3)) for r in steps],
         "grpo_steps": len(steps), "warmup": {k: v for k, v in evals[1].items() if k.startswith("warmup/")}

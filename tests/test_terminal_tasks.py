@@ -69,6 +69,23 @@ def test_the_teacher_reads_every_kind_back_from_its_instruction():
             assert teacher_reply(context) == call("bash", command=inst.solution[0])
 
 
+def test_every_template_reads_back_and_no_held_out_sentence_is_trained_on():
+    """Every paraphrase of every kind parses back to its own kind and fields (the teacher's only input), and no
+    train kind's template is a held-out kind's: the held-out kinds' sentences reach neither SFT nor GRPO."""
+    for kind, k in KINDS.items():
+        names = {tuple(sorted(p.groupindex)) for p in k.patterns}
+        assert len(names) == 1, kind  # every template names the same fields
+        fields = make_instance(kind, 1).fields
+        for template in k.templates:
+            text = f"<|im_start|>user\n{template.format(**fields)}<|im_end|>\n"
+            assert parse_instruction(text) == (k, fields), (kind, template)
+    train = {t for k in TRAIN_KINDS for t in KINDS[k].templates}
+    assert all(len(KINDS[k].templates) >= 3 for k in TRAIN_KINDS)
+    assert not train & {t for k in HELDOUT_KINDS for t in KINDS[k].templates}
+    # instances draw their paraphrase: a train kind's instances show more than one sentence
+    assert all(len({make_instance(k, s).instruction.split(" /app")[0] for s in range(40)}) > 1 for k in TRAIN_KINDS)
+
+
 def test_bad_input_names_the_field(tmp_path):
     with pytest.raises(InvalidInput, match=r"unknown kinds \['nope'\]"):
         terminal_tasks(2, kinds=["count_lines", "nope"], root=str(tmp_path))
@@ -88,6 +105,10 @@ WRONG = {  # a plausible wrong solution per kind: the verifier must say 0
     "delete_ext": "rm {folder}/*",
     "line_n": "head -n {n} {path} > /app/answer.txt",
     "fix_typo": "sed -i '1d' {path}",
+    "backup": "mv {src} {dst}",                               # the original is gone
+    "add_entry": "echo {text} > {path}",                      # the earlier entries are gone
+    "sort_by_ext": "cp {src}/*.{ext} {folder}/",              # the originals stay
+    "count_level": "grep {level} {path} | head -1 > /app/answer.txt",
     "move_into": "cp {src} {folder}/",
     "count_matches": "grep {word} {path} > /app/answer.txt",
     "copy_file": "mv {src} {dst}",

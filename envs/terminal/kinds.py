@@ -2,8 +2,10 @@
 the verifier checks) and knows the scripted solution (the teacher's bash commands).
 
 A kind is a small class with `make(rng) -> Instance` and `solve(fields, last_output) -> commands`; `KINDS` maps
-names to kinds. Instructions are one templated sentence per kind (its `pattern` reads the fields back, so the
-teacher needs only the conversation's text); every path is absolute under `WORKDIR`. Checks are data
+names to kinds. A train kind's instruction is one of several paraphrased templates (drawn per instance), so a model
+learns what the words ask for rather than one sentence per command; a held-out kind has one template, never trained
+on. Each template's regex reads the fields back, so the teacher needs only the conversation's text; every path is
+absolute under `WORKDIR`. Checks are data
 (`Instance.checks`, read by `verifier_check.py` in the verifier's fresh workspace): the verdict is the final file
 system, never what the agent printed.
 """
@@ -11,6 +13,8 @@ system, never what the agent printed.
 from __future__ import annotations
 
 import builtins
+import dataclasses
+import functools
 import keyword
 import random
 import re
@@ -75,11 +79,17 @@ def _abs(rel: str) -> str:
 
 
 class Kind:
-    """A task kind: `name`, the instruction `template` (fields in braces), `make(rng)`, `solve(fields, output)`."""
+    """A task kind: `name`, its instruction `templates` (fields in braces; every template names the same fields),
+    `make(rng)`, `solve(fields, step, output)`."""
 
     name = ""
-    template = ""
+    templates: tuple[str, ...] = ()
     steps = 1  # commands before submit in the scripted solution
+
+    @property
+    def template(self) -> str:
+        """The first (canonical) template."""
+        return self.templates[0]
 
     def make(self, rng: random.Random) -> Instance:
         raise NotImplementedError
@@ -89,13 +99,16 @@ class Kind:
         when the work is done (then it submits)."""
         raise NotImplementedError
 
-    @property
-    def pattern(self) -> re.Pattern[str]:
-        """The template as a regex whose named groups are the fields (each a run of characters other than blanks and
+    @functools.cached_property
+    def patterns(self) -> tuple[re.Pattern[str], ...]:
+        """Each template as a regex whose named groups are the fields (each a run of characters other than blanks and
         `<`, where a chat template's markers begin)."""
-        parts = re.split(r"\{(\w+)\}", self.template)
-        regex = "".join(re.escape(p) if i % 2 == 0 else f"(?P<{p}>[^\\s<]+)" for i, p in enumerate(parts))
-        return re.compile(regex)
+        out = []
+        for template in self.templates:
+            parts = re.split(r"\{(\w+)\}", template)
+            out.append(re.compile("".join(re.escape(p) if i % 2 == 0 else f"(?P<{p}>[^\\s<]+)"
+                                          for i, p in enumerate(parts))))
+        return tuple(out)
 
     def instance(self, files: dict[str, str], checks: list[dict[str, Any]], hint: str = "", **fields: str) -> Instance:
         """The instance; its solution is `solve` played with `hint` as every command's output."""
@@ -107,7 +120,10 @@ class Kind:
 
 class CountLines(Kind):
     name = "count_lines"
-    template = "Count the lines in {path} and write the number to /app/answer.txt."
+    templates = ("Count the lines in {path} and write the number to /app/answer.txt.",
+                 "How many lines does {path} have? Write the number to /app/answer.txt.",
+                 "Write the number of lines in {path} to /app/answer.txt.",
+                 "Find out how many lines the file {path} has and put that number in /app/answer.txt.")
 
     def make(self, rng):
         rel = f"{rng.choice(_DIRS)}/{_file(rng)}"
@@ -122,7 +138,10 @@ class CountLines(Kind):
 
 class CountFiles(Kind):
     name = "count_files"
-    template = "Count the files in the folder {folder} and write the number to /app/answer.txt."
+    templates = ("Count the files in the folder {folder} and write the number to /app/answer.txt.",
+                 "How many files are in {folder}? Write the number to /app/answer.txt.",
+                 "Write the number of files in the folder {folder} to /app/answer.txt.",
+                 "Put the count of files inside {folder} in /app/answer.txt.")
 
     def make(self, rng):
         folder = rng.choice(_DIRS)
@@ -139,8 +158,12 @@ class CountFiles(Kind):
 
 class FindWord(Kind):
     name = "find_word"
-    template = ("One file in the folder {folder} contains the word {word}. "
-                "Write the path of that file to /app/answer.txt.")
+    templates = ("One file in the folder {folder} contains the word {word}. Write the path of that file to "
+                 "/app/answer.txt.",
+                 "Which file in {folder} contains {word}? Write its path to /app/answer.txt.",
+                 "Find the file under {folder} that mentions {word} and write its path to /app/answer.txt.",
+                 "Search the folder {folder} for the word {word} and put the path of the file that has it in "
+                 "/app/answer.txt.")
 
     def make(self, rng):
         folder, word = rng.choice(_DIRS), f"{rng.choice(_WORDS)}{rng.randint(10, 99)}"
@@ -160,7 +183,10 @@ class FindWord(Kind):
 
 class Rename(Kind):
     name = "rename"
-    template = "Rename the file {src} to {dst}."
+    templates = ("Rename the file {src} to {dst}.",
+                 "Move the file {src} to {dst}.",
+                 "Change the name of {src} to {dst}.",
+                 "Give the file {src} the new name {dst}.")
 
     def make(self, rng):
         src = _file(rng)
@@ -178,7 +204,10 @@ class Rename(Kind):
 
 class Replace(Kind):
     name = "replace"
-    template = "In the file {path}, replace every {old} with {new}."
+    templates = ("In the file {path}, replace every {old} with {new}.",
+                 "Replace each {old} in {path} with {new}.",
+                 "Change every {old} to {new} in the file {path}.",
+                 "In {path}, swap every occurrence of {old} for {new}.")
 
     def make(self, rng):
         rel = f"{rng.choice(_DIRS)}/{_file(rng)}"
@@ -198,7 +227,10 @@ class Replace(Kind):
 
 class Create(Kind):
     name = "create"
-    template = "Create the file {path} containing the single line {text} and nothing else."
+    templates = ("Create the file {path} containing the single line {text} and nothing else.",
+                 "Make a new file {path} whose only line is {text}.",
+                 "Write {text} into a new file {path}, as its one line.",
+                 "Create {path} with the one line {text} in it.")
 
     def make(self, rng):
         rel = f"{rng.choice(_DIRS)}/{_file(rng, 'txt')}"
@@ -215,7 +247,10 @@ class Create(Kind):
 
 class DeleteExt(Kind):
     name = "delete_ext"
-    template = "Delete every .{ext} file in the folder {folder} and keep the other files."
+    templates = ("Delete every .{ext} file in the folder {folder} and keep the other files.",
+                 "Remove all the .{ext} files from {folder}, leaving the rest.",
+                 "In the folder {folder}, delete the .{ext} files only.",
+                 "Get rid of the .{ext} files in {folder} but not the others.")
 
     def make(self, rng):
         folder, ext = rng.choice(_DIRS), rng.choice(_EXTS)
@@ -235,7 +270,10 @@ class DeleteExt(Kind):
 
 class LineN(Kind):
     name = "line_n"
-    template = "Write line {n} of {path} to /app/answer.txt."
+    templates = ("Write line {n} of {path} to /app/answer.txt.",
+                 "What is line {n} of the file {path}? Write it to /app/answer.txt.",
+                 "Put the text of line {n} of {path} in /app/answer.txt.",
+                 "Save line number {n} of {path} to /app/answer.txt.")
 
     def make(self, rng):
         rel = f"{rng.choice(_DIRS)}/{_file(rng)}"
@@ -277,7 +315,10 @@ def nearest_builtin(typo: str) -> str:
 
 class FixTypo(Kind):
     name = "fix_typo"
-    template = "The Python script {path} fails. Fix the one-letter typo in it so that it runs."
+    templates = ("The Python script {path} fails. Fix the one-letter typo in it so that it runs.",
+                 "Running {path} with python3 fails on a misspelt name. Fix the typo so that it runs.",
+                 "The script {path} has a one-letter typo that stops it from running. Fix it.",
+                 "Make the Python file {path} run again: one name in it is misspelt by one letter.")
     steps = 2
 
     def make(self, rng):
@@ -314,10 +355,107 @@ class FixTypo(Kind):
         return None
 
 
+# train kinds that teach, in other contexts, the primitives the held-out kinds compose: cp (a backup), echo >> (a
+# log entry), mv into a folder (files sorted by extension), grep -c (log lines of one level). Their templates never
+# use a held-out kind's sentence.
+class Backup(Kind):
+    name = "backup"
+    templates = ("Make a backup of {src} at {dst}.",
+                 "Back up the file {src} to {dst}.",
+                 "Save a spare copy of {src} as {dst}.",
+                 "Duplicate {src} as {dst} so that there are two of it.")
+
+    def make(self, rng):
+        src = f"{rng.choice(_DIRS)}/{_file(rng)}"
+        dst = rng.choice([f"{src}.bak", f"backup/{src.split('/')[-1]}", f"{src.rsplit('.', 1)[0]}.old"])
+        text = _text(_lines(rng))
+        files = {src: text}
+        if dst.startswith("backup/"):
+            files["backup/README.md"] = "backups\n"  # the folder exists
+        _distractors(rng, files, src.split("/")[0])
+        files[src] = text
+        return self.instance(files, [{"file": _abs(dst), "text": text}, {"file": _abs(src), "text": text}],
+                             src=_abs(src), dst=_abs(dst))
+
+    def solve(self, fields, step, last_output):
+        return f"cp {fields['src']} {fields['dst']}" if step == 0 else None
+
+
+class AddEntry(Kind):
+    name = "add_entry"
+    templates = ("Append the entry {text} to the log {path}.",
+                 "Log {text} in {path}: it goes after the last entry.",
+                 "Record {text} in the log file {path} without changing the entries already there.",
+                 "The log {path} needs one more entry at its end: {text}.")
+
+    def make(self, rng):
+        rel = f"logs/{rng.choice(_NAMES)}.log"
+        text = f"{rng.choice(['done', 'start', 'stop', 'ok', 'sent'])}-{rng.choice(_WORDS)}{rng.randint(1, 99)}"
+        before = _text(_lines(rng))
+        return self.instance({rel: before}, [{"file": _abs(rel), "text": before + text + "\n"}],
+                             text=text, path=_abs(rel))
+
+    def solve(self, fields, step, last_output):
+        return f"echo {fields['text']} >> {fields['path']}" if step == 0 else None
+
+
+class SortByExt(Kind):
+    name = "sort_by_ext"
+    templates = ("Move every .{ext} file in {src} into the folder {folder}.",
+                 "Put all the .{ext} files from {src} into the folder {folder}.",
+                 "Sort the .{ext} files of {src} into {folder}.",
+                 "The .{ext} files in {src} belong in the folder {folder}: move them there.")
+
+    def make(self, rng):
+        src, folder = rng.sample(_DIRS, 2)
+        ext = rng.choice(_EXTS)
+        files: dict[str, str] = {f"{folder}/{rng.choice(_NAMES)}.{rng.choice(_EXTS)}": _text(_lines(rng))}
+        moved = {}
+        for _ in range(rng.randint(1, 3)):
+            moved.setdefault(_file(rng, ext), _text(_lines(rng)))
+        moved = {n: t for n, t in moved.items() if f"{folder}/{n}" not in files}
+        if not moved:  # the folder already held a file of that name: take another name
+            moved = {f"new{rng.randint(1, 9)}.{ext}": _text(_lines(rng))}
+        stay = {f"{src}/{_file(rng, rng.choice([e for e in _EXTS if e != ext]))}": _text(_lines(rng))}
+        files.update({f"{src}/{n}": t for n, t in moved.items()})
+        files.update(stay)
+        checks = [c for n, t in sorted(moved.items())
+                  for c in ({"file": _abs(f"{folder}/{n}"), "text": t}, {"absent": _abs(f"{src}/{n}")})]
+        checks += [{"file": _abs(p), "text": t} for p, t in stay.items()]
+        return self.instance(files, checks, ext=ext, src=_abs(src), folder=_abs(folder))
+
+    def solve(self, fields, step, last_output):
+        return f"mv {fields['src']}/*.{fields['ext']} {fields['folder']}/" if step == 0 else None
+
+
+_LEVELS = ("ERROR", "WARN", "INFO", "DEBUG")
+
+
+class CountLevel(Kind):
+    name = "count_level"
+    templates = ("Count the {level} lines in the log {path} and write the number to /app/answer.txt.",
+                 "How many {level} entries does the log {path} have? Write the number to /app/answer.txt.",
+                 "Write the number of {level} lines of {path} to /app/answer.txt.",
+                 "Find how many lines of the log {path} are {level} lines and put that number in /app/answer.txt.",
+                 "How many lines of the log {path} mention {level}? Write the number to /app/answer.txt.")
+
+    def make(self, rng):
+        rel = f"logs/{rng.choice(_NAMES)}.log"
+        level = rng.choice(_LEVELS)
+        lines = [f"{rng.choice(_LEVELS)} {_line(rng)}" for _ in range(rng.randint(4, 12))]
+        lines[rng.randrange(len(lines))] = f"{level} {_line(rng)}"  # at least one
+        count = sum(line.startswith(level + " ") for line in lines)
+        return self.instance({rel: _text(lines)}, [{"answer": ANSWER, "accept": [str(count)]}],
+                             level=level, path=_abs(rel))
+
+    def solve(self, fields, step, last_output):
+        return f"grep -c {fields['level']} {fields['path']} > {ANSWER}" if step == 0 else None
+
+
 # held-out kinds: never in training data by default; each is a neighbour of a training kind
 class MoveInto(Kind):
     name = "move_into"
-    template = "Move the file {src} into the folder {folder}."
+    templates = ("Move the file {src} into the folder {folder}.",)
 
     def make(self, rng):
         src, folder = _file(rng, "txt"), rng.choice(_DIRS)
@@ -331,7 +469,7 @@ class MoveInto(Kind):
 
 class CountMatches(Kind):
     name = "count_matches"
-    template = "Count the lines in {path} that contain the word {word} and write the number to /app/answer.txt."
+    templates = ("Count the lines in {path} that contain the word {word} and write the number to /app/answer.txt.",)
 
     def make(self, rng):
         rel = f"{rng.choice(_DIRS)}/{_file(rng)}"
@@ -349,7 +487,7 @@ class CountMatches(Kind):
 
 class CopyFile(Kind):
     name = "copy_file"
-    template = "Copy the file {src} to {dst} and keep the original."
+    templates = ("Copy the file {src} to {dst} and keep the original.",)
 
     def make(self, rng):
         src, dst = _file(rng, "txt"), f"{rng.choice(_DIRS)}/{_file(rng, 'md')}"
@@ -364,7 +502,7 @@ class CopyFile(Kind):
 
 class AppendLine(Kind):
     name = "append_line"
-    template = "Add the line {text} at the end of {path}."
+    templates = ("Add the line {text} at the end of {path}.",)
 
     def make(self, rng):
         rel = f"{rng.choice(_DIRS)}/{_file(rng)}"
@@ -378,8 +516,8 @@ class AppendLine(Kind):
 
 
 KINDS: dict[str, Kind] = {k.name: k for k in (CountLines(), CountFiles(), FindWord(), Rename(), Replace(), Create(),
-                                              DeleteExt(), LineN(), FixTypo(), MoveInto(), CountMatches(), CopyFile(),
-                                              AppendLine())}
+                                              DeleteExt(), LineN(), FixTypo(), Backup(), AddEntry(), SortByExt(),
+                                              CountLevel(), MoveInto(), CountMatches(), CopyFile(), AppendLine())}
 HELDOUT_KINDS = ("move_into", "count_matches", "copy_file", "append_line")
 TRAIN_KINDS = tuple(k for k in KINDS if k not in HELDOUT_KINDS)
 
@@ -390,14 +528,24 @@ def make_instance(kind: str, seed: int) -> Instance:
         from slime_env.errors import InvalidInput
 
         raise InvalidInput(f"unknown terminal task kind {kind!r}; the kinds are {sorted(KINDS)}")
-    return KINDS[kind].make(random.Random(f"{kind}:{seed}"))
+    rng = random.Random(f"{kind}:{seed}")
+    inst = KINDS[kind].make(rng)
+    # the paraphrase is drawn after the instance, so the files and checks of a (kind, seed) do not depend on it
+    return dataclasses.replace(inst, instruction=rng.choice(KINDS[kind].templates).format(**inst.fields))
+
+
+def find_instruction(text: str) -> tuple[Kind, dict[str, str], int] | None:
+    """The kind, fields and start offset of the last instruction in `text` (a conversation), or None."""
+    best = None
+    for kind in KINDS.values():
+        for pattern in kind.patterns:
+            for m in pattern.finditer(text):
+                if best is None or m.start() > best[2]:
+                    best = (kind, m.groupdict(), m.start())
+    return best
 
 
 def parse_instruction(text: str) -> tuple[Kind, dict[str, str]] | None:
     """The kind and fields of the last instruction in `text` (a conversation), or None if it holds none."""
-    best = None
-    for kind in KINDS.values():
-        for m in kind.pattern.finditer(text):
-            if best is None or m.start() > best[2]:
-                best = (kind, m.groupdict(), m.start())
-    return None if best is None else (best[0], best[1])
+    found = find_instruction(text)
+    return None if found is None else (found[0], found[1])

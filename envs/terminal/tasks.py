@@ -26,7 +26,7 @@ from typing import Any
 from slime_env.envs.terminal.kinds import HELDOUT_KINDS, KINDS, TRAIN_KINDS, WORKDIR, make_instance
 from slime_env.errors import InvalidInput
 
-VERSION = 1  # of the generator: the cache folder carries it, so changed kinds never reuse stale folders
+VERSION = 2  # of the generator (2: paraphrases, four primitive kinds): changed kinds never reuse stale folders
 DEFAULT_IMAGE = "python:3.11-slim"
 CACHE_ENV = "SLIME_ENV_TERMINAL_TASKS"
 CHECK_SCRIPT = Path(__file__).with_name("verifier_check.py")

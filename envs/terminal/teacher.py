@@ -1,6 +1,6 @@
 """The scripted teacher of the terminal tasks (SFT warm-up data: `warmup.data.rollouts.policy:
 slime_env.envs.terminal.teacher:teacher_reply`). A scripted policy sees only the conversation's text: the teacher
-reads the task's kind and fields back from the instruction (each kind's template), counts the bash calls it already
+reads the task's kind and fields back from the instruction (each kind's templates), counts the bash calls it already
 made after it, and replies with the kind's next command (reading the last tool output where the kind needs it, as
 `fix_typo` reads Python's NameError) or, when the work is done, with `submit`. Replies are hermes `<tool_call>`s.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import re
 
-from slime_env.envs.terminal.kinds import parse_instruction
+from slime_env.envs.terminal.kinds import find_instruction
 
 _CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.DOTALL)
 # SmolLM2's ChatML turns: a tool result is the text of the turn after the assistant's call
@@ -24,11 +24,11 @@ def call(name: str, **arguments: str) -> str:
 
 def teacher_reply(context: str) -> str:
     """The teacher's next reply for the conversation `context` (module docstring); `submit` when it finds no task."""
-    found = parse_instruction(context)
+    found = find_instruction(context)
     if found is None:
         return call("submit")
-    kind, fields = found
-    after = context[context.rfind(kind.template.split("{")[0]):]
+    kind, fields, start = found
+    after = context[start:]
     calls = [c for c in _CALL.findall(after) if '"bash"' in c]
     outputs = [text for role, text in _TURN.findall(after) if role == "tool"]
     last_output = outputs[-1] if outputs else ""
