@@ -22,14 +22,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
-
-if TYPE_CHECKING:
-    from slime_env.trainers.step import Backend
 
 DatumLoss = Callable[[torch.Tensor, Mapping[str, torch.Tensor]], torch.Tensor]
 """(log-probs of a datum's targets [n], differentiable; its `inputs`) -> its loss, a scalar; a call's loss is the sum
@@ -119,59 +116,3 @@ class SplitStepTrainer(Protocol):
     def load(self, path: str | Path, *, optimizer: bool = True) -> None:
         """Resume from a `save`: the weights, and the optimizer state and step too when `optimizer`."""
         ...
-
-
-class SplitStep:
-    """`SplitStepTrainer`'s three training calls over a trainer's `Backend` (`slime_env.trainers.step`)."""
-
-    def __init__(self, backend: Backend):
-        self.backend = backend
-
-    def forward(self, data: Sequence[Datum]) -> list[torch.Tensor]:
-        """Each datum's log-probs of its targets, no gradient (`SplitStepTrainer.forward`)."""
-        model = self.backend.model
-        was_training = model.training
-        model.eval()
-        try:
-            with torch.no_grad():
-                return [lp.cpu() for chunk in self._chunks(data) for lp in self.backend.datum_logprobs(chunk)]
-        finally:
-            model.train(was_training)
-
-    def forward_backward(self, data: Sequence[Datum], loss: DatumLoss) -> tuple[list[torch.Tensor], float]:
-        """Log-probs and the summed `loss`; its gradient accumulates until `optim_step`
-        (`SplitStepTrainer.forward_backward`). Micro-batches of `micro_batch_size` data bound the memory."""
-        b = self.backend
-        b.train_mode()
-        out, total = [], 0.0
-        for chunk in self._chunks(data):
-            logps = b.datum_logprobs(chunk)
-            chunk_loss = sum((loss(lp, {k: v.to(b.device) for k, v in d.inputs.items()})
-                              for lp, d in zip(logps, chunk)), torch.zeros((), device=b.device))
-            b.backward(chunk_loss, b.split_share())  # a sum over data: weighted for replicas only
-            total += float(chunk_loss.detach())
-            out += [lp.detach().cpu() for lp in logps]
-        return out, total
-
-    def optim_step(self, adam: AdamParams) -> dict[str, float]:
-        """AdamW with `adam`'s hyper-parameters on the accumulated gradients, then zero them
-        (`SplitStepTrainer.optim_step`); counts as a step of `step_count` (what a checkpoint resumes)."""
-        b = self.backend
-        for g in b.param_groups():
-            g.update(lr=adam.learning_rate, betas=(adam.beta1, adam.beta2), eps=adam.eps,  # megatron's groups
-                     weight_decay=adam.weight_decay * g.get("wd_mult", 1.0))  # without decay (norms, biases) keep none
-        saved = b.config
-        b.config = replace(saved, max_grad_norm=adam.grad_clip_norm or math.inf)  # what `optimizer_step` clips to
-        try:
-            grad_norm = b.optimizer_step()
-        finally:
-            b.config = saved
-        b.zero_grad()
-        b.step_count += 1
-        return {"grad_norm": grad_norm, "learning_rate": adam.learning_rate}
-
-    def _chunks(self, data: Sequence[Datum]) -> list[Sequence[Datum]]:
-        if not data:
-            raise ValueError("data is empty: forward / forward_backward need at least one Datum")
-        n = self.backend.config.micro_batch_size
-        return [data[i:i + n] for i in range(0, len(data), n)]

@@ -13,8 +13,8 @@ from typing import Any
 import torch
 
 from slime_env.trainers.batch import TrainBatch
-from slime_env.trainers.split_step import AdamParams, Datum, DatumLoss, SplitStep
-from slime_env.trainers.step import Backend, RLStep
+from slime_env.trainers.split_step import AdamParams, Datum, DatumLoss
+from slime_env.trainers.step import Backend, RLStep, SplitStep
 from slime_env.trajectory import Trajectory
 
 

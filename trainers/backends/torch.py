@@ -25,7 +25,7 @@ from slime_env.trainers.batch import TrainBatch
 from slime_env.trainers.distributed import padded_slices
 from slime_env.trainers.split_step import Datum
 from slime_env.trainers.step import frozen_logprobs, no_context
-from slime_env.trainers.torch_trainer import TrainerConfig
+from slime_env.trainers.trainer_config import TrainerConfig
 from slime_env.trajectory import Trajectory
 
 
