@@ -1,5 +1,6 @@
 """Terminal tasks: a procedurally generated family of Harbor task folders (count, find, rename, replace, create,
-delete, extract a line, fix a one-letter typo; four held-out kinds) for agentic RL in containers, with a verifier
+delete, extract a line, fix a one-letter typo, back up, append to a log, sort by extension, count log levels; several
+paraphrased instructions per train kind; four held-out kinds) for agentic RL in containers, with a verifier
 per task that reads only the final files, a scripted teacher per kind for SFT warm-ups, and `Terminal-v0`
 (`TerminalEnv`: `bash` + `submit` in bubblewrap workspaces).
 
