@@ -18,6 +18,9 @@ from slime_env.trainers.step import Backend, RLStep, SplitStep
 from slime_env.trajectory import Trajectory
 
 
+_OWN = ("backend", "rl", "split")
+
+
 class Trainer:
     """`backend` driven by one RL step (`RLStep`) and the split step (`SplitStep`)."""
 
@@ -27,28 +30,18 @@ class Trainer:
         self.split = SplitStep(backend)
 
     def __getattr__(self, name: str) -> Any:
-        # the backend's own attributes and methods (model, optimizer, device, offload, hf_state_dict, ...)
-        if name in ("backend", "rl", "split"):
+        # the backend's own attributes and methods (model, optimizer, device, offload, config, step_count, ...)
+        if name in _OWN:
             raise AttributeError(name)
         return getattr(self.backend, name)
 
-    @property
-    def config(self) -> Any:
-        """The `TrainerConfig` in effect (the backend's)."""
-        return self.backend.config
-
-    @config.setter
-    def config(self, value: Any) -> None:
-        self.backend.config = value
-
-    @property
-    def step_count(self) -> int:
-        """RL steps (and split-step `optim_step`s) taken; what a checkpoint resumes."""
-        return self.backend.step_count
-
-    @step_count.setter
-    def step_count(self, value: int) -> None:
-        self.backend.step_count = value
+    def __setattr__(self, name: str, value: Any) -> None:
+        # writes go where reads come from: `trainer.routing_shape = None` or `trainer.config = ...` must change what
+        # the backend uses, not shadow it on this object
+        if name not in _OWN and not hasattr(type(self), name) and hasattr(self.backend, name):
+            setattr(self.backend, name, value)
+        else:
+            object.__setattr__(self, name, value)
 
     @property
     def sft_steps(self) -> int:
