@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import uuid
 import weakref
 from dataclasses import replace
 from urllib.parse import urlsplit, urlunsplit
@@ -73,20 +72,12 @@ async def _network(client, run: str) -> dict:
 
 
 async def _network_locked(client, run: str, loop: asyncio.AbstractEventLoop) -> dict:
-    from slime_env.tools_sandbox.workspace.docker import LABEL, OWNER_LABEL, RUN_LABEL, owner_id
+    from slime_env.tools_sandbox.workspace.open import internal_network
 
     net = _nets.get(loop)
     if net is None:
-        name = f"{NETWORK_PREFIX}{run}-{uuid.uuid4().hex[:6]}"
-
-        def create():
-            n = client.networks.create(name, driver="bridge", internal=True,
-                                       labels={LABEL: "network", OWNER_LABEL: owner_id(), RUN_LABEL: run})
-            n.reload()
-            return n, n.attrs["IPAM"]["Config"][0]["Gateway"]
-
-        handle, gateway = await asyncio.to_thread(create)
-        net = _nets[loop] = {"name": name, "handle": handle, "gateway": gateway, "users": 0, "relays": {}}
+        handle, gateway = await asyncio.to_thread(internal_network, client, NETWORK_PREFIX, run)
+        net = _nets[loop] = {"name": handle.name, "handle": handle, "gateway": gateway, "users": 0, "relays": {}}
     net["users"] += 1
     return net
 

@@ -7,6 +7,7 @@ import asyncio
 import os
 import uuid
 import weakref
+from typing import Any
 
 from slime_env.tools_sandbox.workspace.base import Workspace
 from slime_env.tools_sandbox.workspace.types import WorkspaceError, WorkspaceSpec
@@ -69,25 +70,27 @@ def _auto_backend() -> str:
         return "bwrap"
 
 
+def internal_network(client, prefix: str, run: str) -> tuple[Any, str]:
+    """(network, its gateway address): a new internal Docker bridge network (no route out) named `prefix`, `run` and
+    a random tail, labelled as ours so that the reaper finds it. Blocking: call it in a thread."""
+    from slime_env.tools_sandbox.workspace.docker import LABEL, OWNER_LABEL, RUN_LABEL, owner_id
+
+    net = client.networks.create(f"{prefix}{run}-{uuid.uuid4().hex[:6]}", driver="bridge", internal=True,
+                                 labels={LABEL: "network", OWNER_LABEL: owner_id(), RUN_LABEL: run})
+    net.reload()
+    return net, net.attrs["IPAM"]["Config"][0]["Gateway"]
+
+
 async def _allowlist_network(client, allowed: tuple[str, ...], run: str):
     """(internal network name, proxy URL, release) for `allowed`: one network and proxy per event loop and host list,
     shared by the workspaces that use it; `await release()` when one stops (the last one removes both)."""
-    from slime_env.tools_sandbox.workspace.docker import LABEL, OWNER_LABEL, RUN_LABEL, owner_id
     from slime_env.tools_sandbox.workspace.proxy import NETWORK_PREFIX, AllowlistProxy
 
     loop = asyncio.get_running_loop()
     per_loop = _networks.setdefault(loop, {})
     key = tuple(sorted(allowed))
     if key not in per_loop:
-        name = f"{NETWORK_PREFIX}{run}-{uuid.uuid4().hex[:6]}"
-
-        def create():
-            net = client.networks.create(name, driver="bridge", internal=True,
-                                         labels={LABEL: "network", OWNER_LABEL: owner_id(), RUN_LABEL: run})
-            net.reload()
-            return net, net.attrs["IPAM"]["Config"][0]["Gateway"]
-
-        net, gateway = await asyncio.to_thread(create)
+        net, gateway = await asyncio.to_thread(internal_network, client, NETWORK_PREFIX, run)
         try:
             proxy = await AllowlistProxy(key, host=gateway).start()
         except BaseException:

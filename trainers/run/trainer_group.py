@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Self
 
 from slime_env.errors import InvalidInput
 from slime_env.trainers.run.channel import ChannelSpec, make_channel
@@ -307,6 +307,15 @@ class _RemoteTrainerGroup:
         """`value` as it travels to every rank (Ray: one object in its store)."""
         return value
 
+    def _connected(self, engines: Engines, tc: TrainerConfig) -> Self:
+        """This group with its ranks joined to the run's weight channel; closed (its ranks stopped) if that fails."""
+        try:
+            self._connect(engines, tc)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
     def _connect(self, engines: Engines, tc: TrainerConfig) -> None:
         """The group's channel: `engines.channel_spec` from its ranks, refused by name where a rank cannot make it."""
         if engines.cfg.kind == "vllm":
@@ -390,13 +399,7 @@ class RayTrainerGroup(_RemoteTrainerGroup):
     @classmethod
     def make(cls, placement: Placement, tc: TrainerConfig, engines: Engines, pad_id: int,
              device: str) -> RayTrainerGroup:
-        group = cls(placement, tc, engines.model_path, pad_id, device)
-        try:
-            group._connect(engines, tc)
-        except BaseException:
-            group.close()
-            raise
-        return group
+        return cls(placement, tc, engines.model_path, pad_id, device)._connected(engines, tc)
 
     def _world(self) -> int:
         return len(self.actors)
@@ -454,13 +457,7 @@ class ProcessTrainerGroup(_RemoteTrainerGroup):
     @classmethod
     def make(cls, placement: Placement, tc: TrainerConfig, engines: Engines, pad_id: int,
              device: str) -> ProcessTrainerGroup:
-        group = cls(placement.cfg.ranks, tc, engines.model_path, pad_id, device, engines.run_dir)
-        try:
-            group._connect(engines, tc)
-        except BaseException:
-            group.close()
-            raise
-        return group
+        return cls(placement.cfg.ranks, tc, engines.model_path, pad_id, device, engines.run_dir)._connected(engines, tc)
 
     def _world(self) -> int:
         return len(self.ranks)
