@@ -241,4 +241,3 @@ def jsonable(value: Any) -> Any:
         return repr(value)
 
 
-_jsonable = jsonable  # the name trainers/run/reward_models.py imports, until the trainers' rewrite (issue 55)

@@ -108,8 +108,7 @@ def test_the_core_never_imports_upward():
 
 
 # Private names still imported across packages, left to the trainers' rewrite (issue 55 items 1, 2, 4).
-KNOWN_PRIVATE_IMPORTS = {"trainers/run/reward_models.py: slime_env.types._jsonable",
-                         "trainers/run/trainer_group.py: slime_env.trainers.distributed._free_port"}
+KNOWN_PRIVATE_IMPORTS: set[str] = set()  # none left; a new one fails
 
 
 def test_no_private_name_is_imported_across_packages():

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -34,7 +34,7 @@ def init_process_group() -> tuple[int, int]:
         if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
             dist.init_process_group("nccl" if cuda else "gloo")
         else:
-            dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{_free_port()}",
+            dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{free_port()}",
                                     rank=0, world_size=1)
     return dist.get_rank(), dist.get_world_size()
 

@@ -43,7 +43,8 @@ import torch
 
 from slime_env.agents.weight_layout import WeightLayout
 from slime_env.errors import InvalidInput
-from slime_env.trainers.weight_sync import _VersionFolders, _free_port, _Servers, channel_for as _channel_for
+from slime_env.trainers.distributed import free_port
+from slime_env.trainers.weight_sync import _VersionFolders, _Servers, channel_for as _channel_for
 
 
 class WeightSyncMismatch(RuntimeError):
@@ -172,7 +173,7 @@ class VLLMDistributed(_VLLMChannel):
 
     async def _form(self, engines: list[Any]) -> None:
         sizes = [await e.world_size() for e in engines]
-        world, port = 1 + sum(sizes), _free_port()
+        world, port = 1 + sum(sizes), free_port()
         offsets = [1 + sum(sizes[:i]) for i in range(len(engines))]
         joins = [asyncio.ensure_future(e.init_weight_transfer_engine(
             {"master_address": self.master_address, "master_port": port, "rank_offset": off, "world_size": world}))

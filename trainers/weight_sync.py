@@ -31,7 +31,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import shutil
-import socket
 import tempfile
 import threading
 import time
@@ -43,6 +42,7 @@ import torch
 
 from slime_env.agents.weight_layout import WeightLayout
 from slime_env.errors import InvalidInput
+from slime_env.trainers.distributed import free_port
 
 if TYPE_CHECKING:
     from slime_env.agents.lora_adapter import LoRAAdapter
@@ -195,7 +195,7 @@ class Distributed(_Servers):
             bounded = bounded and isinstance(info.get("update_buffer_bytes"), int)
         world = 1 + sum(ranks)
         name = f"{self.base_name}_{next(_GROUP_IDS)}"  # unique in this process: an aborted group may linger
-        port = _free_port()
+        port = free_port()
         offsets = [1 + sum(ranks[:i]) for i in range(len(engines))]
         joins = [asyncio.ensure_future(e.init_weights_update_group(self.master_address, port, off, world, name,
                                                                    self.backend))
@@ -406,9 +406,3 @@ def _flat_views(named: list[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.
 
 def _nbytes(tensors: Any) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]

@@ -322,6 +322,6 @@ async def slime_reward(args: Any, sample: Any, **kwargs: Any) -> float | list[fl
 
 
 def _jsonable(value: Any) -> Any:
-    from slime_env.types import _jsonable as convert
+    from slime_env.types import jsonable as convert
 
     return convert(value)

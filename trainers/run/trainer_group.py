@@ -443,11 +443,11 @@ class ProcessTrainerGroup(_RemoteTrainerGroup):
     channels = ("distributed", "tensor", "disk", "none")
 
     def __init__(self, ranks: int, tc: TrainerConfig, model_path: str, pad_id: int, device: str, run_dir: Path):
-        from slime_env.trainers.distributed import _free_port
+        from slime_env.trainers.distributed import free_port
 
         self.ranks = [RankProcess(f"{__name__}:_TrainerRank", name=f"trainer rank {r}",
                                   log=Path(run_dir) / f"trainer_rank{r}.log") for r in range(ranks)]
-        master = ("127.0.0.1", _free_port())
+        master = ("127.0.0.1", free_port())
         try:  # every rank at once: the trainers' setup has collectives
             self._each([("setup", r, ranks, master, asdict(tc), model_path, pad_id, device, r) for r in range(ranks)])
         except BaseException:
