@@ -182,12 +182,15 @@ def test_fsdp_trainer_takes_the_pixel_inputs_too(tiny, engine):
 
     model, proc, r = tiny
     trajs = _episodes(engine, r, seed=2)
+    # a group an earlier module of this worker made (megatron's parallel state holds its subgroups) is left alone:
+    # destroying it broke test_ppo's megatron tests after this module ("group is not registered")
+    ours = not dist.is_initialized()
     trainer = FSDPTrainer(copy.deepcopy(model), TrainerConfig(backend="fsdp"), pad_id=proc.tokenizer.pad_token_id)
     try:  # one rank (a loopback gloo group): the same forward with the pixels, sharded
         metrics = trainer.step(trajs, 2)
         assert abs(metrics["train/rollout_logprob_gap"]) < 1e-4 and metrics["train/tokens"] > 0
     finally:
-        if dist.is_initialized():
+        if ours and dist.is_initialized():
             dist.destroy_process_group()
 
 
