@@ -8,6 +8,8 @@ weights); they speak SGLang's API, which is what these tests exercise — SGLang
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -41,6 +43,31 @@ def _config(tmp_path, **over) -> TrainConfig:
 def _digests(weights) -> dict[str, str]:
     return {n: hashlib.sha256(t.detach().float().contiguous().cpu().numpy().tobytes()).hexdigest()
             for n, t in weights.items()}
+
+
+def _saved(folder, stack: contextlib.ExitStack) -> dict:
+    """The tensors of a saved HF model folder by name, each read from its file when called: a model's weights held
+    whole in this process, beside the trainer ranks and engines of these tests, made the suite's memory peak."""
+    from safetensors import safe_open
+
+    folder = folder / "model" if (folder / "model").is_dir() else folder
+    tensors = {}
+    for f in sorted(folder.glob("*.safetensors")):
+        opened = stack.enter_context(safe_open(str(f), "pt"))
+        tensors.update({name: functools.partial(opened.get_tensor, name) for name in opened.keys()})
+    return tensors
+
+
+def _saved_digests(folder) -> dict[str, str]:
+    with contextlib.ExitStack() as stack:
+        return {name: _digests({name: read()})[name] for name, read in _saved(folder, stack).items()}
+
+
+def _saved_difference(folder, reference) -> tuple[bool, float]:
+    """Whether the two saved folders hold the same weight names, and the largest absolute difference between them."""
+    with contextlib.ExitStack() as stack:
+        a, b = _saved(folder, stack), _saved(reference, stack)
+        return a.keys() == b.keys(), max((a[n]() - b[n]()).abs().max().item() for n in a.keys() & b.keys())
 
 
 def test_two_serve_engines_get_the_trainers_weights_over_a_gloo_group_after_every_step(tmp_path, smollm2_tok):
@@ -282,14 +309,13 @@ def test_ray_placement_with_two_trainer_ranks_and_two_engines_equals_the_one_pro
     pytest.importorskip("megatron.core")
     import yaml
 
-    from slime_env.trainers.torch_trainer import read_hf_weights
-
     example = yaml.safe_load(open(os.path.join(ROOT, "examples", "long_context_megatron_train.yaml")))["trainer"]
     shrunk = {"recompute": example["recompute"], "recompute_layers": example["recompute_layers"]}
     assert example["cp"] == 2 and example["pp"] == 2
     layouts = {"dp": (_RAY2, {}), "cp": (_RAY2, {**shrunk, "cp": example["cp"]}),
                "pp": (_RAY2, {**shrunk, "pp": example["pp"]})}
-    runs = {}
+    # the one-process run's first step (its second changes nothing before it: a constant learning rate)
+    local_rows, local_w = megatron_local_run["rows"][:1], megatron_local_run["weights_after_step_1"]
     for name, (cluster, trainer) in layouts.items():
         saved = tmp_path / name / "weights_after_step_1"
 
@@ -303,24 +329,22 @@ def test_ray_placement_with_two_trainer_ranks_and_two_engines_equals_the_one_pro
                                      "steps": 1, "engine": {"kind": "serve", "count": 2},
                                      "trainer": {**BASE["trainer"], "backend": "megatron", **trainer}})
         summary = asyncio.run(train(cfg, on_step=grab, log=lambda _: None))
-        runs[name] = ([json.loads(line) for line in open(summary["metrics"])], read_hf_weights(saved))
-    # the one-process run's first step (its second changes nothing before it: a constant learning rate)
-    local_rows, local_w = megatron_local_run["rows"][:1], read_hf_weights(megatron_local_run["weights_after_step_1"])
-    for name, (rows, w) in runs.items():
+        rows = [json.loads(line) for line in open(summary["metrics"])]
         assert len(rows) == 1, name
         for a, b in zip(rows, local_rows):
             assert a["train/reward_mean"] == b["train/reward_mean"], name
             assert a["train/loss"] == pytest.approx(b["train/loss"], abs=1e-5), name
             assert a["train/grad_norm"] == pytest.approx(b["train/grad_norm"], rel=1e-5), name
-        assert w.keys() == local_w.keys()
-        assert max((w[k] - local_w[k]).abs().max().item() for k in local_w) < 1e-4, name
+        same_names, difference = _saved_difference(saved, local_w)
+        assert same_names and difference < 1e-4, (name, difference)
 
 
 _RAY2 = {"backend": "ray", "trainer": {"nodes": 1, "gpus_per_node": 2}, "num_cpus": 8}
 
 
-async def _engines_hold_the_trainers_weights(step, engines, trainer, checks: list) -> None:
-    want = _digests(trainer.weights())
+async def _engines_hold_the_trainers_weights(step, engines, trainer, checks: list, folder) -> None:
+    trainer.save_weights(folder / f"step{step}")  # a multi-rank trainer's ranks write them: not held here whole
+    want = _saved_digests(folder / f"step{step}")
     for engine in engines.pool.up():
         got = await engine.get_weights_checksum()
         assert got["weight_version"] == str(step)
@@ -337,12 +361,9 @@ def megatron_local_run(tmp_path_factory):
     checks that both engines held them."""
     pytest.importorskip("megatron.core")
     checks, where = [], tmp_path_factory.mktemp("local")
-    first = where / "weights_after_step_1"  # on disk, not held in memory while the module's other runs go
 
     async def check(step, engines, trainer):
-        await _engines_hold_the_trainers_weights(step, engines, trainer, checks)
-        if step == 1:
-            trainer.save_weights(first)  # as the multi-rank runs save theirs
+        await _engines_hold_the_trainers_weights(step, engines, trainer, checks, where)
 
     cfg = TrainConfig.from_dict({**BASE, "run_dir": str(where / "run"), "seed_sampling": True,
                                  "engine": {"kind": "serve", "count": 2},
@@ -350,7 +371,7 @@ def megatron_local_run(tmp_path_factory):
     summary = asyncio.run(train(cfg, on_step=check, log=lambda _: None))
     checks = [(step, count, None) for step, count, _ in checks]  # the digests were compared on the way
     return {"rows": [json.loads(line) for line in open(summary["metrics"])], "checks": checks,
-            "weights_after_step_1": first}
+            "weights_after_step_1": where / "step1"}  # on disk, not held while the module's other runs go
 
 
 def test_trainer_ranks_in_child_processes_equal_the_one_process_run_and_leave_nothing_behind(tmp_path,
@@ -366,7 +387,7 @@ def test_trainer_ranks_in_child_processes_equal_the_one_process_run_and_leave_no
         checks = []
 
         async def check(step, engines, trainer, checks=checks):
-            await _engines_hold_the_trainers_weights(step, engines, trainer, checks)
+            await _engines_hold_the_trainers_weights(step, engines, trainer, checks, tmp_path / "weights" / name)
             groups.append(trainer)
 
         cfg = TrainConfig.from_dict({**BASE, "run_dir": str(tmp_path / name), "seed_sampling": True,

@@ -1,6 +1,6 @@
-"""The megatron backend's optimizer: megatron DDP and distributed Adam on CUDA, AdamW with megatron's gradient rules
-on CPU (gloo), and the per-rank optimizer shards a checkpoint holds. The functions take the backend (`b`: a
-`MegatronBackend`) for its config and parallel sizes.
+"""The megatron backend's optimizer: megatron DDP and distributed Adam on CUDA; on CPU (gloo) AdamW with megatron's
+gradient rules, its state sharded over the data-parallel ranks as megatron's is; the per-rank optimizer shards a
+checkpoint holds. The functions take the backend (`b`: a `MegatronBackend`) for its config and parallel sizes.
 """
 
 from __future__ import annotations
@@ -15,11 +15,20 @@ import torch.distributed as dist
 
 
 def build(b: Any, module: torch.nn.Module, lr: float):
-    """(megatron DDP, megatron distributed Adam) on CUDA; (None, AdamW) on CPU."""
+    """(megatron DDP, megatron distributed Adam) on CUDA; (None, AdamW) on CPU, its state sharded over DP x CP."""
     c = b.config
     if not b.cuda:
-        return None, torch.optim.AdamW([p for p in module.parameters() if p.requires_grad], lr=lr, betas=c.betas,
-                                       weight_decay=c.weight_decay)
+        named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        adamw = {"lr": lr, "betas": c.betas, "weight_decay": c.weight_decay}
+        from slime_env.trainers.megatron import moe
+
+        shared = [n for n, _ in named if not moe.is_expert_param(n)]  # experts: their own expert-DP ranks
+        if b.dp * b.cp > 1 and len(shared) >= b.dp * b.cp:
+            from megatron.core import parallel_state as ps
+
+            return None, ShardedAdamW(named, ps.get_data_parallel_group(with_context_parallel=True),
+                                      set(shared), **adamw)
+        return None, torch.optim.AdamW([p for _, p in named], **adamw)
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
@@ -37,6 +46,46 @@ def build(b: Any, module: torch.nn.Module, lr: float):
         for group in inner.param_groups:
             group["foreach"], group["fused"] = False, True
     return ddp, optimizer
+
+class ShardedAdamW(torch.optim.AdamW):
+    """AdamW that keeps the moments of each parameter of `shared` (replicated over the DP x CP `group`) on one rank
+    of the group, which steps it and broadcasts the result: megatron's distributed optimizer on gloo, the same
+    updates as AdamW on every rank with 1/(DP x CP) of its state. The other parameters step on every rank."""
+
+    def __init__(self, named: list[tuple[str, torch.nn.Parameter]], group: Any, shared: set[str], **adamw: Any):
+        ranks, me = dist.get_process_group_ranks(group), dist.get_rank()
+        load = [0] * len(ranks)
+        self.group, self.every = group, [p for _, p in named]
+        self.owners: list[tuple[torch.nn.Parameter, int]] = []  # (a shared parameter, its owner's global rank)
+        mine = []
+        for name, p in named:
+            if name in shared:  # to the least loaded rank so far, in a fixed order: every rank computes the same
+                r = load.index(min(load))
+                load[r] += p.numel()
+                self.owners.append((p, ranks[r]))
+                if ranks[r] != me:
+                    continue
+            mine.append(p)
+        super().__init__(mine, **adamw)
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        me = dist.get_rank()
+        for p, owner in self.owners:  # another rank steps it: its gradient goes before the moments are made
+            if owner != me:
+                p.grad = None
+        loss = super().step(closure)
+        for p, owner in self.owners:
+            dist.broadcast(p.data, src=owner, group=self.group)
+        return loss
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p in self.every:  # every parameter's, not only the ones this rank steps
+            if set_to_none:
+                p.grad = None
+            elif p.grad is not None:
+                p.grad.zero_()
+
 
 # --- weights in megatron and HF names --------------------------------------------------------------
 def step(b: Any, module: torch.nn.Module, ddp: Any, optimizer: Any) -> float:
