@@ -92,6 +92,10 @@ def main() -> None:
     sums = [float(p.detach().double().sum()) for p in trainer.model.parameters()] if args.backend != "fsdp" else [0.0]
     gathered: list = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, sums)  # pipeline stages hold different parameters
+    stepped = sum(p.numel() for g in trainer.optimizer.param_groups for p in g["params"]) \
+        if args.backend == "megatron" else 0
+    stepped_by: list = [None] * dist.get_world_size()  # the parameter elements each rank's optimizer holds state for
+    dist.all_gather_object(stepped_by, stepped)
     w = trainer.weights()  # the full HF weights after the step, gathered over TP / EP / FSDP (every rank joins)
     lora = {}
     if args.lora:
@@ -114,6 +118,7 @@ def main() -> None:
                        "weight_sums": {k: float(v.double().sum()) for k, v in w.items()},
                        "logprobs": lp[mask].tolist(), "logprobs_after": lp_after[mask].tolist(), "param_sums": gathered,
                        "parallel": getattr(trainer, "parallel", {"world": dist.get_world_size()}),
+                       "stepped_by": stepped_by, "trainable": sum(p.numel() for p in trainer.model.parameters()),
                        "kept_calls": SDPAttention.kept_calls, "layers": args.layers, **lora}, f)
     dist.barrier()
     dist.destroy_process_group()

@@ -273,7 +273,14 @@ def test_the_real_model_behind_the_gateway_answers_the_openai_sdk_with_an_exact_
 
     model, tok = load_default_model()
     policy = TransformersPolicy(model, tok, max_batch_size=2)
-    gw = Gateway(policy, get_renderer(tok, strict=True), strict=True, max_new_tokens=12)
+    try:
+        _the_real_model_behind_the_gateway(Gateway(policy, get_renderer(tok, strict=True), strict=True,
+                                                   max_new_tokens=12))
+    finally:
+        policy.close()  # its engine thread holds the model for the rest of the run otherwise
+
+
+def _the_real_model_behind_the_gateway(gw) -> None:
 
     async def agent(gw):
         s = gw.open_session("chat")

@@ -440,13 +440,16 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_dp2_tp2_and_sequence_parallel_on_cpu_equal_one_process(tmp_path):
-    """torchrun with two gloo processes: DP=2 gives the one-process gradient and identical parameters on both
-    ranks; TP=2, and TP=2 with sequence parallelism (an odd token count: the padding path), give the one-process
+    """torchrun with two gloo processes: DP=2 gives the one-process gradient and weights, identical on both ranks,
+    with each rank's optimizer holding the state of about half the parameters (the two halves: all of them); TP=2, and TP=2 with sequence parallelism (an odd token count: the padding path), give the one-process
     log-probs, gradient norm and weights after the step (fp32: to rounding)."""
     one, dp2, tp2, sp2 = (run_dist_check(tmp_path, n, tp, *x) for n, tp, x in
                           ((1, 1, ()), (2, 1, ()), (2, 2, ()), (2, 2, ("--sp",))))
     assert dp2["parallel"]["dp"] == 2 and tp2["parallel"]["tp"] == 2 and tp2["parallel"]["dp"] == 1
     assert dp2["param_sums"][0] == dp2["param_sums"][1]
+    same_weights(dp2["weight_sums"], one["weight_sums"])
+    assert one["stepped_by"] == [one["trainable"]] and sum(dp2["stepped_by"]) == dp2["trainable"]
+    assert max(dp2["stepped_by"]) < 0.6 * dp2["trainable"]
     assert dp2["grad_norm"] == pytest.approx(one["grad_norm"], rel=1e-5)
     assert dp2["loss"] == pytest.approx(one["loss"], rel=1e-5, abs=1e-7)
     for run in (tp2, sp2):
