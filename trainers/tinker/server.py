@@ -22,6 +22,7 @@ with `prompt_logprobs_last_n` return log-probs for the last n prompt tokens only
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import time
@@ -55,7 +56,18 @@ def user_error(message: str, status: int = 400) -> web.Response:
     return web.json_response({"error": message, "category": "user", "detail": message}, status=status)
 
 
-@web.middleware
+def refusing_bad_input(handler: Any) -> Any:
+    """`handler` answering as `refuse_bad_input` says. A wrapper, not an aiohttp middleware: aiohttp caches each
+    handler's middleware chain in a module-level cache of 1,024 entries, which kept a closed server alive, its
+    model among it, for the rest of the process."""
+
+    @functools.wraps(handler)
+    async def refusing(request: web.Request) -> web.StreamResponse:
+        return await refuse_bad_input(request, handler)
+
+    return refusing
+
+
 async def refuse_bad_input(request: web.Request, handler: Any) -> web.StreamResponse:
     """Bad input found while reading a request is the client's 400, not aiohttp's 500 "Server got itself in
     trouble"; anything else that escapes a handler is a server error, still in the SDK's shape."""
@@ -124,7 +136,7 @@ class TinkerServer:
         self.calls: dict[str, int] = {}
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=1 << 30, middlewares=[refuse_bad_input])
+        app = web.Application(client_max_size=1 << 30)
         get = {"/api/v1/healthz": self.healthz, "/api/v1/get_server_capabilities": self.capabilities}
         post = {
             "/api/v1/client/config": self.client_config, "/api/v1/client/dynamic_config": self.dynamic_config,
@@ -136,14 +148,14 @@ class TinkerServer:
             "/api/v1/create_sampling_session": self.create_sampling_session, "/api/v1/asample": self.sample,
             "/api/v1/retrieve_future": self.retrieve_future,
         }
+        post.update({"/api/v1/sessions/{session_id}/finish": self.finish_session,
+                     "/api/v1/cancel_future": self.cancel_future})
+        get["/api/v1/samplers/{sampler_id}"] = self.get_sampler
         for path, handler in get.items():
-            app.router.add_get(path, handler)
+            app.router.add_get(path, refusing_bad_input(handler))
         for path, handler in post.items():
-            app.router.add_post(path, handler)
-        app.router.add_post("/api/v1/sessions/{session_id}/finish", self.finish_session)
-        app.router.add_post("/api/v1/cancel_future", self.cancel_future)
-        app.router.add_get("/api/v1/samplers/{sampler_id}", self.get_sampler)
-        app.router.add_route("*", "/{tail:.*}", self.refused)
+            app.router.add_post(path, refusing_bad_input(handler))
+        app.router.add_route("*", "/{tail:.*}", refusing_bad_input(self.refused))
         app.on_cleanup.append(self._cleanup)
         return app
 
