@@ -80,6 +80,14 @@ PARSER = {"qwen3_5": "qwen3_5", "qwen3_6": "qwen3_coder", "deepseek_v31": "deeps
 _toks: dict = {}
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _tokenizers_go_with_the_module():
+    """The families' tokenizers are built once for this module and let go after it: a module global outlives its
+    module in a test worker, and these eight held 0.8 GB for the rest of the suite."""
+    yield
+    _toks.clear()
+
+
 def tok(family):
     if family not in _toks:
         _toks[family] = BUILDERS[family]()
