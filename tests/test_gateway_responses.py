@@ -187,8 +187,9 @@ def smollm2_gateway():
     from slime_env.agents import TransformersPolicy, load_default_model
 
     model, tok = load_default_model()
-    return Gateway(TransformersPolicy(model, tok, max_batch_size=2), get_renderer(tok, strict=True), strict=True,
-                   max_new_tokens=8)
+    policy = TransformersPolicy(model, tok, max_batch_size=2)
+    yield Gateway(policy, get_renderer(tok, strict=True), strict=True, max_new_tokens=8)
+    policy.close()
 
 
 def test_smollm2_answers_plain_and_streamed_responses_on_one_exact_ledger(smollm2_gateway):

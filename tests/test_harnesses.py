@@ -124,7 +124,8 @@ def test_a_harness_runs_one_real_episode_with_smollm2(name, images, smollm2):
         from slime_env.envs.harness import HarnessEnv
 
         nonlocal recording
-        recording = Recording(TransformersPolicy(model, tok, max_batch_size=2))  # its engine on this episode's loop
+        policy = TransformersPolicy(model, tok, max_batch_size=2)
+        recording = Recording(policy)  # its engine on this episode's loop
         gw = Gateway(recording, get_renderer(tok, strict=True), "hermes", strict=True, max_new_tokens=48,
                      overrides={"temperature": 0.0})
         await gw.start()
@@ -132,6 +133,7 @@ def test_a_harness_runs_one_real_episode_with_smollm2(name, images, smollm2):
             return await HarnessEnv(name, max_turns=1, max_output_tokens=48, timeout_s=400).run(gw, _task())
         finally:
             await gw.stop()
+            policy.close()
 
     trajectories = asyncio.run(main())
     main_t = trajectories[0]

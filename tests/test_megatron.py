@@ -441,8 +441,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def test_dp2_tp2_and_sequence_parallel_on_cpu_equal_one_process(tmp_path):
     """torchrun with two gloo processes: DP=2 gives the one-process gradient and weights, identical on both ranks,
-    with each rank's optimizer holding the state of about half the parameters (the two halves: all of them); TP=2, and TP=2 with sequence parallelism (an odd token count: the padding path), give the one-process
-    log-probs, gradient norm and weights after the step (fp32: to rounding)."""
+    with each rank's optimizer holding the state of about half the parameters (the two halves: all of them); TP=2,
+    and TP=2 with sequence parallelism (an odd token count: the padding path), give the one-process log-probs,
+    gradient norm and weights after the step (fp32: to rounding)."""
     one, dp2, tp2, sp2 = (run_dist_check(tmp_path, n, tp, *x) for n, tp, x in
                           ((1, 1, ()), (2, 1, ()), (2, 2, ()), (2, 2, ("--sp",))))
     assert dp2["parallel"]["dp"] == 2 and tp2["parallel"]["tp"] == 2 and tp2["parallel"]["dp"] == 1

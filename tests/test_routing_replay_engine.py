@@ -31,6 +31,22 @@ def moe():
     return tiny("qwen3_moe")
 
 
+_OPEN: list = []
+
+
+def _policy(*args, **kwargs):
+    """A TransformersPolicy closed after the test (its engine thread would hold the model for the rest of the run)."""
+    _OPEN.append(TransformersPolicy(*args, **kwargs))
+    return _OPEN[-1]
+
+
+@pytest.fixture(autouse=True)
+def _close_policies():
+    yield
+    while _OPEN:
+        _OPEN.pop().close()
+
+
 def reference(model, ids: list[int], gen: list[int]) -> torch.Tensor:
     """The routing of one unbatched forward over prompt + generated ids at the positions that sampled each token."""
     cap = RoutingCapture(model)
@@ -44,7 +60,7 @@ def reference(model, ids: list[int], gen: list[int]) -> torch.Tensor:
 
 @pytest.mark.parametrize("batching", ["continuous", "static"])
 def test_engine_returns_routed_experts_per_generated_token(moe, batching):
-    policy = TransformersPolicy(moe, Tok(), max_batch_size=4, batching=batching)
+    policy = _policy(moe, Tok(), max_batch_size=4, batching=batching)
     assert policy.capture is not None and (policy.capture.num_layers, policy.capture.top_k) == (3, 2)
     prompts = [[5, 6, 7, 8, 9], [10, 11, 12], [13, 14, 15, 16, 17, 18, 19]]
 
@@ -69,7 +85,7 @@ def test_engine_returns_routed_experts_per_generated_token(moe, batching):
 
 
 def test_dense_model_has_no_capture():
-    policy = TransformersPolicy(tiny("llama"), Tok(), max_batch_size=2, batching="static")
+    policy = _policy(tiny("llama"), Tok(), max_batch_size=2, batching="static")
     assert policy.capture is None
     out = asyncio.run(policy.generate([3, 4, 5], GREEDY))
     assert out.routed_experts is None
@@ -78,7 +94,7 @@ def test_dense_model_has_no_capture():
 def test_serve_engine_answers_in_sglang_form_and_sglang_policy_decodes(moe):
     import aiohttp.web
 
-    policy = TransformersPolicy(moe, Tok(), max_batch_size=4)
+    policy = _policy(moe, Tok(), max_batch_size=4)
 
     async def main():
         runner = aiohttp.web.AppRunner(EngineServer(policy, "tiny-moe").app(), access_log=None)
@@ -118,7 +134,7 @@ def test_serve_engine_answers_in_sglang_form_and_sglang_policy_decodes(moe):
 def test_serve_engine_refuses_routed_experts_of_a_dense_model():
     import aiohttp.web
 
-    policy = TransformersPolicy(tiny("llama"), Tok(), max_batch_size=2)
+    policy = _policy(tiny("llama"), Tok(), max_batch_size=2)
 
     async def main():
         runner = aiohttp.web.AppRunner(EngineServer(policy, "tiny").app(), access_log=None)

@@ -52,7 +52,10 @@ def rollouts(engine_model, n=4, lose_second_turn=(), seed=0):
 
     async def main():
         return await asyncio.gather(*(one(i) for i in range(n)))
-    return asyncio.run(main())
+    try:
+        return asyncio.run(main())
+    finally:
+        policy.close()
 
 
 def trainer_routing(trainer, batch):
