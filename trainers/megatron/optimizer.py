@@ -47,6 +47,7 @@ def build(b: Any, module: torch.nn.Module, lr: float):
             group["foreach"], group["fused"] = False, True
     return ddp, optimizer
 
+
 class ShardedAdamW(torch.optim.AdamW):
     """AdamW that keeps the moments of each parameter of `shared` (replicated over the DP x CP `group`) on one rank
     of the group, which steps it and broadcasts the result: megatron's distributed optimizer on gloo, the same
