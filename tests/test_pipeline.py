@@ -40,9 +40,12 @@ def _config(tmp_path, **over) -> TrainConfig:
     return TrainConfig.from_dict({**BASE, "run_dir": str(tmp_path / "run"), **over})
 
 
+def _digest(t) -> str:
+    return hashlib.sha256(t.detach().float().contiguous().cpu().numpy().tobytes()).hexdigest()
+
+
 def _digests(weights) -> dict[str, str]:
-    return {n: hashlib.sha256(t.detach().float().contiguous().cpu().numpy().tobytes()).hexdigest()
-            for n, t in weights.items()}
+    return {n: _digest(t) for n, t in weights.items()}
 
 
 def _saved(folder, stack: contextlib.ExitStack) -> dict:
@@ -60,7 +63,7 @@ def _saved(folder, stack: contextlib.ExitStack) -> dict:
 
 def _saved_digests(folder) -> dict[str, str]:
     with contextlib.ExitStack() as stack:
-        return {name: _digests({name: read()})[name] for name, read in _saved(folder, stack).items()}
+        return {name: _digest(read()) for name, read in _saved(folder, stack).items()}
 
 
 def _saved_difference(folder, reference) -> tuple[bool, float]:

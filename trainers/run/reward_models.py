@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from slime_env.errors import InvalidInput
 from slime_env.trajectory import EXCLUDED_STATUSES, Trajectory
+from slime_env.types import jsonable
 
 if TYPE_CHECKING:
     from slime_env.policy import Policy
@@ -198,7 +199,7 @@ class RemoteRM:
     async def score(self, x: RewardInput) -> float:
         async with self._sem:
             out = await self.client.request("POST", "", {"prompt": x.prompt, "response": x.response,
-                                                         "label": _jsonable(x.label)})
+                                                         "label": jsonable(x.label)})
         value = out.get("reward", out.get("score")) if isinstance(out, Mapping) else out
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ValueError(f"{self.url} answered {out!r}: expected a number, or {{'reward': x}} / {{'score': x}}")
@@ -319,9 +320,3 @@ async def slime_reward(args: Any, sample: Any, **kwargs: Any) -> float | list[fl
     meta["slime_env"] = {**record, "env_reward": env_reward, "rm_score": score, "reward": total}
     sample.metadata = meta
     return total
-
-
-def _jsonable(value: Any) -> Any:
-    from slime_env.types import jsonable as convert
-
-    return convert(value)

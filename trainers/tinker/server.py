@@ -57,30 +57,25 @@ def user_error(message: str, status: int = 400) -> web.Response:
 
 
 def refusing_bad_input(handler: Any) -> Any:
-    """`handler` answering as `refuse_bad_input` says. A wrapper, not an aiohttp middleware: aiohttp caches each
-    handler's middleware chain in a module-level cache of 1,024 entries, which kept a closed server alive, its
-    model among it, for the rest of the process."""
+    """`handler` with bad input found while reading a request answered as the client's 400, not aiohttp's 500
+    "Server got itself in trouble"; anything else that escapes it is a server error, still in the SDK's shape. A
+    wrapper, not an aiohttp middleware: aiohttp caches each handler's middleware chain in a module-level cache of
+    1,024 entries, which kept a closed server alive, its model among it, for the rest of the process."""
 
     @functools.wraps(handler)
     async def refusing(request: web.Request) -> web.StreamResponse:
-        return await refuse_bad_input(request, handler)
+        try:
+            return await handler(request)
+        except InvalidInput as e:
+            return user_error(str(e), 404 if isinstance(e, CheckpointGone) else 400)
+        except web.HTTPException:
+            raise
+        except Exception as e:  # noqa: BLE001 - logged here, answered in the SDK's shape
+            log.error("%s %s failed", request.method, request.path, exc_info=e)
+            message = f"{request.path}: {type(e).__name__}: {e}"
+            return web.json_response({"error": message, "category": "server", "detail": message}, status=500)
 
     return refusing
-
-
-async def refuse_bad_input(request: web.Request, handler: Any) -> web.StreamResponse:
-    """Bad input found while reading a request is the client's 400, not aiohttp's 500 "Server got itself in
-    trouble"; anything else that escapes a handler is a server error, still in the SDK's shape."""
-    try:
-        return await handler(request)
-    except InvalidInput as e:
-        return user_error(str(e), 404 if isinstance(e, CheckpointGone) else 400)
-    except web.HTTPException:
-        raise
-    except Exception as e:  # noqa: BLE001 - logged here, answered in the SDK's shape
-        log.error("%s %s failed", request.method, request.path, exc_info=e)
-        message = f"{request.path}: {type(e).__name__}: {e}"
-        return web.json_response({"error": message, "category": "server", "detail": message}, status=500)
 
 
 async def json_body(request: web.Request) -> dict[str, Any]:
@@ -137,7 +132,8 @@ class TinkerServer:
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=1 << 30)
-        get = {"/api/v1/healthz": self.healthz, "/api/v1/get_server_capabilities": self.capabilities}
+        get = {"/api/v1/healthz": self.healthz, "/api/v1/get_server_capabilities": self.capabilities,
+               "/api/v1/samplers/{sampler_id}": self.get_sampler}
         post = {
             "/api/v1/client/config": self.client_config, "/api/v1/client/dynamic_config": self.dynamic_config,
             "/api/v1/create_session": self.create_session, "/api/v1/session_heartbeat": self.heartbeat,
@@ -146,11 +142,9 @@ class TinkerServer:
             "/api/v1/optim_step": self.optim_step, "/api/v1/save_weights": self.save_weights,
             "/api/v1/load_weights": self.load_weights, "/api/v1/save_weights_for_sampler": self.save_for_sampler,
             "/api/v1/create_sampling_session": self.create_sampling_session, "/api/v1/asample": self.sample,
-            "/api/v1/retrieve_future": self.retrieve_future,
+            "/api/v1/retrieve_future": self.retrieve_future, "/api/v1/cancel_future": self.cancel_future,
+            "/api/v1/sessions/{session_id}/finish": self.finish_session,
         }
-        post.update({"/api/v1/sessions/{session_id}/finish": self.finish_session,
-                     "/api/v1/cancel_future": self.cancel_future})
-        get["/api/v1/samplers/{sampler_id}"] = self.get_sampler
         for path, handler in get.items():
             app.router.add_get(path, refusing_bad_input(handler))
         for path, handler in post.items():
